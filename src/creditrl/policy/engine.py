@@ -1,0 +1,158 @@
+"""The generation engine interface and its reference implementation for HF causal LMs.
+
+Prompts (or any prefixes: a prompt plus part of a response) go in as token-id lists; ``n``
+samples of each come out with their token ids and the log-probability of every sampled token
+under the *policy* distribution (raw logits, temperature 1, no truncation) -- the distribution
+the PPO loss differentiates, so the old-policy log-probs need no second forward pass.
+Temperature and top-p shape only what is sampled.
+
+Faster engines (static KV cache, vLLM) implement the same :class:`GenerationEngine` protocol.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import torch
+from transformers import PreTrainedModel
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample. ``temperature == 0`` means greedy decoding."""
+
+    max_new_tokens: int = 48
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass
+class Generation:
+    """Samples for N = len(prompts) * n requests, prompt-major (all samples of prompt 0 first)."""
+
+    prompt_index: list[int]  # (N,) index into the input prompts
+    prompt_ids: list[list[int]]  # (N, *) the prefix each sample continued
+    tokens: list[list[int]]  # (N, *) generated ids, ending with eos when ``finished``
+    logprobs: list[list[float]]  # (N, *) log pi(token) under the raw policy distribution
+    finished: list[bool]  # (N,) produced eos within max_new_tokens
+
+
+class GenerationEngine(Protocol):
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        n: int,
+        params: SamplingParams,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> Generation: ...
+
+
+def left_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad id lists into ``(ids, attention_mask)``, both (N, max_len)."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if len(s):
+            ids[i, width - len(s) :] = torch.as_tensor(list(s), dtype=torch.long)
+            mask[i, width - len(s) :] = 1
+    return ids, mask
+
+
+def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Position ids that start at 0 on the first real token of each row (left padding)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def sample_next(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> torch.Tensor:
+    """Pick one token per row from ``logits`` (N, V) with temperature and nucleus (top-p)."""
+    if params.temperature == 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits / params.temperature, dim=-1)
+    if params.top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        # keep the smallest prefix whose mass reaches top_p (the first token is always kept)
+        drop = sorted_p.cumsum(-1) - sorted_p >= params.top_p
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+class HFEngine:
+    """Batched sampling with the HF KV cache; stops when every row has produced eos."""
+
+    def __init__(self, model: PreTrainedModel, *, eos_id: int, pad_id: int) -> None:
+        self.model = model
+        self.eos_id = eos_id
+        self.pad_id = pad_id
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        n: int,
+        params: SamplingParams,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> Generation:
+        if n < 1 or not prompts:
+            raise ValueError(f"need at least one prompt and n >= 1, got {len(prompts)} prompts, n={n}")
+        requests = [list(p) for p in prompts for _ in range(n)]
+        if any(len(p) == 0 for p in requests):
+            raise ValueError("every prompt needs at least one token (e.g. bos)")
+        was_training = self.model.training
+        self.model.eval()
+        ids, attn = left_pad(requests, self.pad_id)
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=positions_from_mask(attn), use_cache=True)
+        cache, logits = out.cache, out.logits[:, -1].float()
+        next_pos = positions_from_mask(attn)[:, -1] + 1
+        n_req = len(requests)
+        finished = torch.zeros(n_req, dtype=torch.bool)
+        tokens, logps = [], []
+        for _ in range(params.max_new_tokens):
+            tok = sample_next(logits, params, generator)
+            tok = torch.where(finished, torch.full_like(tok, self.pad_id), tok)
+            logp = torch.log_softmax(logits, dim=-1).gather(-1, tok[:, None]).squeeze(-1)
+            tokens.append(tok)
+            logps.append(logp)
+            finished = finished | (tok == self.eos_id)
+            if bool(finished.all()):
+                break
+            attn = torch.cat([attn, torch.ones((n_req, 1), dtype=attn.dtype)], dim=1)
+            out = self.model(
+                input_ids=tok[:, None],
+                attention_mask=attn,
+                position_ids=next_pos[:, None],
+                cache=cache,
+                use_cache=True,
+            )
+            cache, logits = out.cache, out.logits[:, -1].float()
+            next_pos = next_pos + 1
+        self.model.train(was_training)
+        tok_mat = torch.stack(tokens, dim=1).tolist()
+        lp_mat = torch.stack(logps, dim=1).tolist()
+        out_tokens, out_logps, done = [], [], []
+        for row_t, row_l in zip(tok_mat, lp_mat):
+            length = row_t.index(self.eos_id) + 1 if self.eos_id in row_t else len(row_t)
+            out_tokens.append(row_t[:length])
+            out_logps.append(row_l[:length])
+            done.append(self.eos_id in row_t)
+        return Generation(
+            prompt_index=[i for i in range(len(prompts)) for _ in range(n)],
+            prompt_ids=requests,
+            tokens=out_tokens,
+            logprobs=out_logps,
+            finished=done,
+        )

@@ -1,0 +1,312 @@
+"""Multi-step integer arithmetic with a checkable canonical solution path.
+
+A problem is an expression such as ``"7+3*2-5="``. Its canonical evaluation
+reduces one operator per step: while operators remain, the leftmost ``*`` if any
+``*`` remains, else the leftmost operator (so ``+``/``-`` go left to right).
+Each reduction is written ``a{op}b={c}``; steps are joined with ``";"`` and the
+completion ends with ``";#"`` and the final value::
+
+    "7+3*2-5="  ->  "3*2=6;7+6=13;13-5=8;#8"
+    "3-7+2="    ->  "3-7=-4;-4+2=-2;#-2"
+
+Integers are always written canonically: ASCII digits, no leading zeros, no
+``+`` sign, a leading ``-`` only for negative values. Operands are
+non-negative, and since every ``*`` is reduced before any ``+``/``-``, only the
+left operand of a ``+``/``-`` step can be negative.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import random
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from creditrl.tasks.base import Problem, register_task
+
+__all__ = [
+    "SPLITS",
+    "Step",
+    "ArithmeticConfig",
+    "ArithmeticTask",
+    "canonical_steps",
+    "evaluate_expression",
+    "split_completion",
+]
+
+SPLITS: tuple[str, ...] = ("train", "heldout")
+"""Valid values of the ``split`` argument of :meth:`ArithmeticTask.sample`."""
+
+Step = tuple[int, str, int, int]
+"""One reduction ``(a, op, b, c)`` with ``c == a op b``."""
+
+_ALLOWED_OPERATORS = "+-*"
+# [0-9], not \d: \d also matches non-ASCII digits such as "８", which int() accepts.
+_EXPRESSION_RE = re.compile(r"[0-9]+(?:[+\-*][0-9]+)*")
+_TOKEN_RE = re.compile(r"[0-9]+|[+\-*]")
+# A sampling attempt that finds no problem of the requested split in this many
+# consecutive draws means the split is (practically) empty for the config; a
+# split holding even 1 in 1000 expressions misses this often with p < 1e-40.
+_MAX_CONSECUTIVE_MISSES = 100_000
+
+
+@dataclass(frozen=True)
+class ArithmeticConfig:
+    """Distribution of arithmetic problems.
+
+    Attributes:
+        min_ops: Fewest operators in an expression (>= 1).
+        max_ops: Most operators in an expression (>= min_ops).
+        operand_min: Smallest operand (0 <= operand_min <= operand_max).
+        operand_max: Largest operand.
+        operators: Operators to draw from: a non-empty string of distinct
+            characters of ``"+-*"``.
+        heldout_mod: A prompt is held out iff its SHA-256 (as an integer) is
+            divisible by ``heldout_mod`` (>= 2), i.e. about 1 in ``heldout_mod``.
+    """
+
+    min_ops: int = 1
+    max_ops: int = 3
+    operand_min: int = 1
+    operand_max: int = 9
+    operators: str = "+-*"
+    heldout_mod: int = 10
+
+    def __post_init__(self) -> None:
+        """Reject out-of-range fields with a ValueError naming the field and its allowed range."""
+        if self.min_ops < 1:
+            raise ValueError(f"min_ops must be >= 1, got {self.min_ops}")
+        if self.max_ops < self.min_ops:
+            raise ValueError(f"max_ops must be >= min_ops ({self.min_ops}), got {self.max_ops}")
+        if self.operand_min < 0:
+            raise ValueError(f"operand_min must be >= 0, got {self.operand_min}")
+        if self.operand_max < self.operand_min:
+            raise ValueError(
+                f"operand_max must be >= operand_min ({self.operand_min}), got {self.operand_max}"
+            )
+        ops = self.operators
+        if not ops or len(set(ops)) != len(ops) or not set(ops) <= set(_ALLOWED_OPERATORS):
+            raise ValueError(
+                f"operators must be a non-empty string of distinct characters from "
+                f"{_ALLOWED_OPERATORS!r}, got {ops!r}"
+            )
+        if self.heldout_mod < 2:
+            raise ValueError(f"heldout_mod must be >= 2, got {self.heldout_mod}")
+
+
+def _parse(prompt_or_expr: str) -> tuple[list[int], list[str]]:
+    """Split ``"7+3*2="`` or ``"7+3*2"`` into operands ``[7, 3, 2]`` and operators ``["+", "*"]``.
+
+    Raises:
+        ValueError: If the text is not non-negative integers joined by ``+-*``.
+    """
+    expr = prompt_or_expr.removesuffix("=")
+    if _EXPRESSION_RE.fullmatch(expr) is None:
+        raise ValueError(f"not an arithmetic expression: {prompt_or_expr!r}")
+    tokens = _TOKEN_RE.findall(expr)
+    return [int(t) for t in tokens[0::2]], tokens[1::2]
+
+
+def _reduce(operands: list[int], ops: list[str]) -> tuple[list[Step], int]:
+    """Reduce the expression canonically; return the steps and the final value."""
+    operands, ops = list(operands), list(ops)
+    steps: list[Step] = []
+    while ops:
+        i = ops.index("*") if "*" in ops else 0
+        a, op, b = operands[i], ops[i], operands[i + 1]
+        c = a * b if op == "*" else a + b if op == "+" else a - b
+        steps.append((a, op, b, c))
+        operands[i : i + 2] = [c]
+        del ops[i]
+    return steps, operands[0]
+
+
+def canonical_steps(prompt_or_expr: str) -> list[Step]:
+    """Return the canonical reductions ``(a, op, b, c)`` of an expression, in order.
+
+    The expression may carry a trailing ``"="``. Each step reduces the leftmost
+    ``*`` while any ``*`` remains, otherwise the leftmost operator.
+
+    Raises:
+        ValueError: If the text is not non-negative integers joined by ``+-*``.
+    """
+    return _reduce(*_parse(prompt_or_expr))[0]
+
+
+def evaluate_expression(prompt_or_expr: str) -> int:
+    """Return the value of an expression (``*`` before ``+``/``-``, left to right).
+
+    Raises:
+        ValueError: If the text is not non-negative integers joined by ``+-*``.
+    """
+    return _reduce(*_parse(prompt_or_expr))[1]
+
+
+def _format_step(step: Step) -> str:
+    """Write a step as ``a{op}b={c}`` with canonical integers."""
+    a, op, b, c = step
+    return f"{a}{op}{b}={c}"
+
+
+def split_completion(completion: str) -> list[str]:
+    """Split a completion into step segments, keeping the answer tail whole.
+
+    Rule: the text before the first ``"#"`` is split at ``";"``; when that text
+    ends with ``";"`` the empty piece after it is dropped, and when it is empty
+    it yields no segment. The text from the first ``"#"`` to the end is then
+    appended as one final segment. So ``"3*2=6;7+6=13;#13"`` gives
+    ``["3*2=6", "7+6=13", "#13"]``, ``"#8;3+3=6"`` gives ``["#8;3+3=6"]``,
+    ``"3*2=6;"`` gives ``["3*2=6"]`` and ``""`` gives ``[]``.
+    """
+    hash_at = completion.find("#")
+    head, tail = (completion, "") if hash_at < 0 else (completion[:hash_at], completion[hash_at:])
+    segments = head.split(";") if head else []
+    if len(segments) > 1 and segments[-1] == "":
+        segments.pop()
+    if tail:
+        segments.append(tail)
+    return segments
+
+
+def _stream_seed(seed: int, split: str) -> int:
+    """Derive the RNG seed of one split from ``seed``, stably across processes."""
+    digest = hashlib.sha256(f"arithmetic/{split}/{seed}".encode()).digest()
+    return int.from_bytes(digest[:8], "big")
+
+
+@register_task("arithmetic")
+class ArithmeticTask:
+    """Integer arithmetic task (registry name ``"arithmetic"``, step separator ``";"``)."""
+
+    name: str = "arithmetic"
+    step_separator: str | None = ";"
+
+    def __init__(self, config: ArithmeticConfig | None = None, **overrides: Any) -> None:
+        """Build from ``config`` (default :class:`ArithmeticConfig`) with ``overrides`` applied.
+
+        ``overrides`` are ArithmeticConfig fields; the result is validated again.
+        """
+        base = config if config is not None else ArithmeticConfig()
+        self.config: ArithmeticConfig = dataclasses.replace(base, **overrides)
+
+    def split_of(self, prompt: str) -> str:
+        """Return ``"heldout"`` iff ``int(sha256(prompt).hexdigest(), 16) % heldout_mod == 0``.
+
+        Otherwise return ``"train"``; ``prompt`` is UTF-8 encoded and includes the ``"="``.
+        """
+        digest = int(hashlib.sha256(prompt.encode()).hexdigest(), 16)
+        return "heldout" if digest % self.config.heldout_mod == 0 else "train"
+
+    def make_problem(self, prompt_or_expr: str) -> Problem:
+        """Build the problem for an expression (with or without the trailing ``"="``).
+
+        ``meta`` holds ``n_ops`` (number of operators) and ``split``.
+        """
+        operands, ops = _parse(prompt_or_expr)
+        steps, value = _reduce(operands, ops)
+        prompt = prompt_or_expr.removesuffix("=") + "="
+        solution = ";".join([_format_step(s) for s in steps] + [f"#{value}"])
+        meta = {"n_ops": len(ops), "split": self.split_of(prompt)}
+        return Problem(prompt=prompt, answer=str(value), solution=solution, meta=meta)
+
+    def _draw_expression(self, rng: random.Random) -> str:
+        cfg = self.config
+        n_ops = rng.randint(cfg.min_ops, cfg.max_ops)
+        operands = [rng.randint(cfg.operand_min, cfg.operand_max) for _ in range(n_ops + 1)]
+        ops = [rng.choice(cfg.operators) for _ in range(n_ops)]
+        return "".join(f"{x}{op}" for x, op in zip(operands, ops)) + str(operands[-1])
+
+    def sample(self, n: int, *, split: str, seed: int) -> list[Problem]:
+        """Return ``n`` problems of ``split``, deterministic for a given (config, split, seed).
+
+        Expressions are drawn from ``random.Random`` seeded by a SHA-256 of
+        ``(split, seed)`` (so each split has its own stream) and rejected unless
+        :meth:`split_of` their prompt is ``split``. Duplicates may occur.
+
+        Raises:
+            ValueError: If ``split`` is not in :data:`SPLITS`, if ``n < 0``, or if
+                100000 consecutive draws miss ``split`` (the config's problem
+                space has (almost) no expressions in it).
+        """
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        rng = random.Random(_stream_seed(seed, split))
+        problems: list[Problem] = []
+        misses = 0
+        while len(problems) < n:
+            prompt = self._draw_expression(rng) + "="
+            if self.split_of(prompt) != split:
+                misses += 1
+                if misses >= _MAX_CONSECUTIVE_MISSES:
+                    raise ValueError(
+                        f"no {split!r} problem in {misses} consecutive draws; the problem "
+                        f"space of {self.config} is too small for this split"
+                    )
+                continue
+            misses = 0
+            problems.append(self.make_problem(prompt))
+        return problems
+
+    def check_outcome(self, problem: Problem, completion: str) -> bool:
+        """Return whether ``completion`` states the right final answer.
+
+        Rule: take the text after the FIRST ``"#"`` and strip surrounding
+        whitespace (``str.strip``); it must equal ``problem.answer`` exactly,
+        i.e. the canonical integer: ASCII digits, optional leading ``-``, no
+        leading zeros, no ``+``, no ``"-0"``. No ``"#"`` means False, and so does
+        anything after the number (``"#8;3+3=6"``).
+        """
+        hash_at = completion.find("#")
+        return hash_at >= 0 and completion[hash_at + 1 :].strip() == problem.answer
+
+    def check_steps(self, problem: Problem, segments: list[str]) -> list[bool]:
+        """Return one label per segment: whether that step is correct.
+
+        Each segment is normalised by stripping surrounding whitespace, then ONE
+        trailing ``";"``, then surrounding whitespace again.
+
+        * An answer segment (normalised text starts with ``"#"``) is correct iff
+          it is the first answer segment and ``check_outcome(problem, segment)``
+          holds, regardless of the steps before it.
+        * Any other segment is an arithmetic segment (empty text included). It is
+          correct iff (1) every earlier arithmetic segment was correct, (2) no
+          answer segment came earlier, and (3) its text equals exactly
+          ``f"{a}{op}{b}={c}"`` for the next canonical reduction ``(a, op, b, c)``
+          of the current expression state, with canonical integers (so it
+          matches ``(-?[0-9]+)([+\\-*])([0-9]+)=(-?[0-9]+)``, ``(a, op, b)`` is the
+          next reduction and ``c == a op b``). A correct step advances the state;
+          once the expression is fully reduced every further step is incorrect.
+          After the first incorrect arithmetic segment all later ones are
+          incorrect ("stop at the first error", as in PRM800K).
+        """
+        expected = [_format_step(s) for s in canonical_steps(problem.prompt)]
+        labels: list[bool] = []
+        n_done = 0
+        failed = False
+        seen_answer = False
+        for segment in segments:
+            text = segment.strip().removesuffix(";").strip()
+            if text.startswith("#"):
+                labels.append(not seen_answer and self.check_outcome(problem, text))
+                seen_answer = True
+                continue
+            ok = (
+                not failed
+                and not seen_answer
+                and n_done < len(expected)
+                and text == expected[n_done]
+            )
+            labels.append(ok)
+            if ok:
+                n_done += 1
+            else:
+                failed = True
+        return labels
+
+    def label_completion(self, problem: Problem, completion: str) -> list[bool]:
+        """Return ``check_steps(problem, split_completion(completion))``."""
+        return self.check_steps(problem, split_completion(completion))

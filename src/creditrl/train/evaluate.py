@@ -1,0 +1,70 @@
+"""Held-out evaluation: greedy decoding, exact match of the final answer and step accuracy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from creditrl.policy.engine import HFEngine, SamplingParams
+from creditrl.tasks.base import Problem, Task
+
+
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:
+    """bos + the prompt's tokens (no special tokens added by the tokenizer itself)."""
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    return ([tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []) + list(ids)
+
+
+def decode_response(tokenizer: PreTrainedTokenizerBase, tokens: list[int]) -> str:
+    return tokenizer.decode(tokens, skip_special_tokens=True)
+
+
+@dataclass
+class EvalResult:
+    accuracy: float  # share of problems whose final answer is right
+    step_accuracy: float  # mean over problems of the share of generated steps judged correct
+    mean_length: float  # generated tokens per response
+    completions: list[str]
+
+
+def step_labels(task: Task, problem: Problem, completion: str) -> list[bool]:
+    """Step checker labels of a completion split at the task's separator."""
+    if task.step_separator is None:
+        return []
+    return task.check_steps(problem, completion.split(task.step_separator))
+
+
+@torch.no_grad()
+def evaluate(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    task: Task,
+    problems: list[Problem],
+    *,
+    max_new_tokens: int,
+    batch_size: int = 256,
+) -> EvalResult:
+    """Greedy exact match and step accuracy on ``problems``."""
+    engine = HFEngine(model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
+    completions: list[str] = []
+    lengths: list[int] = []
+    for start in range(0, len(problems), batch_size):
+        chunk = problems[start : start + batch_size]
+        gen = engine.generate([encode_prompt(tokenizer, p.prompt) for p in chunk], 1, params)
+        completions += [decode_response(tokenizer, t) for t in gen.tokens]
+        lengths += [len(t) for t in gen.tokens]
+    correct = [task.check_outcome(p, c) for p, c in zip(problems, completions)]
+    step_acc = []
+    for p, c in zip(problems, completions):
+        labels = step_labels(task, p, c)
+        step_acc.append(sum(labels) / len(labels) if labels else float(task.check_outcome(p, c)))
+    n = max(1, len(problems))
+    return EvalResult(
+        accuracy=sum(correct) / n,
+        step_accuracy=sum(step_acc) / n,
+        mean_length=sum(lengths) / n,
+        completions=completions,
+    )

@@ -1,0 +1,204 @@
+"""The RL loop: wiring only. Each iteration runs the stages of :mod:`creditrl.train.stages`.
+
+A run directory holds ``config.yaml`` (fully resolved), ``metrics.jsonl`` (one JSON object per
+iteration), and ``checkpoints/iter_NNNNNN`` (atomic). Every iteration draws its prompts and its
+sampling generator from ``(train.seed, iteration)`` alone, so a resumed run replays exactly the
+iterations an uninterrupted run would have.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from creditrl.config import Config, load_config
+from creditrl.policy.engine import HFEngine, SamplingParams
+from creditrl.policy.model import load_policy
+from creditrl.rewards.sources import get_source
+from creditrl.rollout.segment import TokenTexts, separator_segmenter
+from creditrl.tasks import make_task
+from creditrl.train import stages
+from creditrl.train.checkpoint import latest_checkpoint, load_training_state, mark_latest, save_checkpoint
+from creditrl.train.evaluate import evaluate
+from creditrl.train.sft import cached_sft
+
+EVAL_SEED = 12345  # the held-out problems are the same for every run of a config
+
+
+def iteration_seed(seed: int, iteration: int) -> int:
+    return seed * 1_000_003 + iteration
+
+
+def resolve_init(cfg: Config, progress: bool) -> str:
+    """The model path RL starts from (and the reference policy for KL)."""
+    if cfg.train.init == "sft":
+        path, _ = cached_sft(cfg, progress=progress)
+        return str(path)
+    if cfg.train.init == "policy":
+        return cfg.policy.model
+    return cfg.train.init
+
+
+@dataclass
+class RLResult:
+    run_dir: Path
+    history: list[dict[str, Any]]  # every metrics.jsonl row
+
+
+class RLTrainer:
+    """Holds the model, reference, optimizer and task; ``run()`` executes the iterations."""
+
+    def __init__(self, cfg: Config, run_dir: Path, *, init_path: str | None = None) -> None:
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if cfg.train.threads:
+            torch.set_num_threads(cfg.train.threads)
+        self.init_path = init_path or resolve_init(cfg, cfg.train.progress)
+        self.model, self.tokenizer = load_policy(self.init_path, seed=cfg.policy.init_seed)
+        self.ref_model = None
+        if cfg.loss.kl_coef > 0:
+            self.ref_model, _ = load_policy(self.init_path, seed=cfg.policy.init_seed)
+            self.ref_model.eval().requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, betas=(0.9, 0.99)
+        )
+        self.task = make_task(cfg.task.name, **cfg.task.args)
+        self.source = get_source(cfg.reward.source)
+        sep = getattr(self.task, "step_separator", None)
+        self.segment_fn = separator_segmenter(sep) if sep else None
+        self.texts_of = TokenTexts(self.tokenizer)
+        self.engine = HFEngine(self.model, eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id)
+        self.params = SamplingParams(
+            max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p
+        )
+        self.heldout = self.task.sample(cfg.train.eval_size, split="heldout", seed=EVAL_SEED)
+        self.start_iteration = 0
+        self.totals = {"samples": 0, "tokens": 0, "time_s": 0.0}
+
+    # -- persistence -------------------------------------------------------------------------
+    @property
+    def metrics_path(self) -> Path:
+        return self.run_dir / "metrics.jsonl"
+
+    def save(self, iteration: int) -> None:
+        ckpt_dir = self.run_dir / "checkpoints"
+        name = f"iter_{iteration:06d}"
+        state = {"iteration": iteration, "totals": self.totals, "init_path": self.init_path}
+        save_checkpoint(ckpt_dir / name, self.model, self.tokenizer, self.optimizer, state)
+        mark_latest(ckpt_dir, name)
+
+    @classmethod
+    def resume(cls, run_dir: Path) -> "RLTrainer":
+        """Rebuild a trainer from ``run_dir``'s config and latest checkpoint."""
+        run_dir = Path(run_dir)
+        ckpt = latest_checkpoint(run_dir / "checkpoints")
+        if ckpt is None:
+            raise FileNotFoundError(f"{run_dir}: no checkpoints/latest to resume from")
+        cfg = load_config(run_dir / "config.yaml")
+        state = json.loads((ckpt / "trainer_state.json").read_text())
+        trainer = cls(cfg, run_dir, init_path=state["init_path"])
+        trainer.model, _ = load_policy(str(ckpt))
+        trainer.engine.model = trainer.model
+        trainer.optimizer = torch.optim.AdamW(
+            trainer.model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, betas=(0.9, 0.99)
+        )
+        load_training_state(ckpt, trainer.optimizer)
+        trainer.start_iteration = state["iteration"]
+        trainer.totals = state["totals"]
+        # drop metric rows written after the checkpoint (the iterations are replayed)
+        if trainer.metrics_path.exists():
+            rows = [json.loads(x) for x in trainer.metrics_path.read_text().splitlines() if x.strip()]
+            kept = [r for r in rows if r["iteration"] <= trainer.start_iteration]
+            trainer.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        return trainer
+
+    # -- the loop ------------------------------------------------------------------------------
+    def evaluate(self) -> dict[str, float]:
+        res = evaluate(self.model, self.tokenizer, self.task, self.heldout, max_new_tokens=self.cfg.rollout.max_new_tokens)
+        return {"eval/accuracy": res.accuracy, "eval/step_accuracy": res.step_accuracy, "eval/length": res.mean_length}
+
+    def iteration(self, it: int) -> dict[str, Any]:
+        cfg = self.cfg
+        gen = torch.Generator().manual_seed(iteration_seed(cfg.train.seed, it))
+        t0 = time.perf_counter()
+        problems = self.task.sample(cfg.rollout.prompts_per_iter, split="train", seed=iteration_seed(cfg.train.seed, it))
+        batch = stages.rollout(self.engine, self.tokenizer, problems, cfg.rollout.group_size, self.params, gen)
+        t1 = time.perf_counter()
+        scored = stages.score(batch, self.task, self.source, self.texts_of, self.segment_fn, cfg.reward.on_error)
+        t2 = time.perf_counter()
+        adv, _ = stages.credit(batch, scored, cfg)
+        t3 = time.perf_counter()
+        mask = batch.response_mask & scored.keep[:, None]
+        upd = stages.update(self.model, self.ref_model, self.optimizer, batch, adv, mask, cfg, gen)
+        t4 = time.perf_counter()
+        n_tokens = int(batch.response_lengths.sum())
+        self.totals["samples"] += batch.size
+        self.totals["tokens"] += n_tokens
+        self.totals["time_s"] += t4 - t0
+        seq_reward = (scored.rewards * batch.response_mask).sum(-1)
+        valid_adv = adv[mask]
+        row: dict[str, Any] = {
+            "iteration": it + 1,
+            "reward/mean": float(seq_reward.mean()),
+            "reward/std": float(seq_reward.std()) if batch.size > 1 else 0.0,
+            "reward/errors": scored.errors,
+            "train/accuracy": float(scored.outcome.mean()),
+            "train/step_accuracy": float(scored.step_correct.mean()),
+            "response/length": float(batch.response_lengths.float().mean()),
+            "response/truncated": float((~batch.finished).float().mean()),
+            "adv/mean": float(valid_adv.mean()) if valid_adv.numel() else 0.0,
+            "adv/std": float(valid_adv.std()) if valid_adv.numel() > 1 else 0.0,
+            "adv/abs_max": float(valid_adv.abs().max()) if valid_adv.numel() else 0.0,
+            **upd,
+            "time/rollout_s": t1 - t0,
+            "time/score_s": t2 - t1,
+            "time/credit_s": t3 - t2,
+            "time/update_s": t4 - t3,
+            "time/iter_s": t4 - t0,
+            "samples/total": self.totals["samples"],
+            "tokens/total": self.totals["tokens"],
+            "time/total_s": self.totals["time_s"],
+        }
+        return row
+
+    def run(self) -> RLResult:
+        cfg = self.cfg
+        cfg.dump(self.run_dir / "config.yaml")
+        history: list[dict[str, Any]] = []
+        if self.metrics_path.exists():
+            history = [json.loads(x) for x in self.metrics_path.read_text().splitlines() if x.strip()]
+        if self.start_iteration == 0 and not history:
+            row = {"iteration": 0, "samples/total": 0, "tokens/total": 0, "time/total_s": 0.0, **self.evaluate()}
+            self._log(row, history)
+        bar = tqdm(
+            range(self.start_iteration, cfg.train.iterations),
+            initial=self.start_iteration,
+            total=cfg.train.iterations,
+            desc=f"rl {cfg.credit.estimator}/{cfg.reward.source}",
+            disable=not cfg.train.progress,
+            dynamic_ncols=True,
+        )
+        last_eval = history[-1].get("eval/accuracy") if history else None
+        for it in bar:
+            row = self.iteration(it)
+            done = it + 1
+            if done % cfg.train.eval_every == 0 or done == cfg.train.iterations:
+                row.update(self.evaluate())
+                last_eval = row["eval/accuracy"]
+            self._log(row, history)
+            if done % cfg.train.checkpoint_every == 0 or done == cfg.train.iterations:
+                self.save(done)
+            bar.set_postfix(reward=f"{row['reward/mean']:.2f}", acc=f"{row['train/accuracy']:.2f}", eval=last_eval)
+        return RLResult(self.run_dir, history)
+
+    def _log(self, row: dict[str, Any], history: list[dict[str, Any]]) -> None:
+        history.append(row)
+        with self.metrics_path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
