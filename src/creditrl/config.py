@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 import types
 import typing
 from dataclasses import asdict, dataclass, field
@@ -21,6 +22,21 @@ import yaml
 
 class ConfigError(ValueError):
     """A configuration problem; the message names the key and what was expected."""
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that also reads ``1e-4`` as a float (YAML 1.1 needs a dot: ``1.0e-4``)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def _yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
 
 
 @dataclass
@@ -179,9 +195,10 @@ def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Recursive update: mappings merge key by key (``task.args`` too), other values replace."""
     out = dict(base)
     for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) and k != "args" else v
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
 
 
@@ -196,24 +213,24 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
         node = out
         for p in parts[:-1]:
             node = node.setdefault(p, {})
-        node[parts[-1]] = yaml.safe_load(raw)
+        node[parts[-1]] = _yaml(raw)
     return out
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | dict[str, Any] | None = None) -> Config:
-    """Defaults <- YAML file <- overrides, then type-checked and validated."""
-    data: dict[str, Any] = {}
+    """Defaults <- YAML file <- overrides (mappings merge key by key), then type-checked and validated."""
+    data: dict[str, Any] = asdict(Config())
     if path is not None:
         p = Path(path)
         if not p.exists():
             raise ConfigError(f"config file not found: {p}")
         try:
-            loaded = yaml.safe_load(p.read_text()) or {}
+            loaded = _yaml(p.read_text()) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
         if not isinstance(loaded, dict):
             raise ConfigError(f"{p}: expected a mapping of sections at the top level")
-        data = loaded
+        data = _merge(data, loaded)
     if overrides:
         over = parse_overrides(overrides) if isinstance(overrides, list) else overrides
         data = _merge(data, over)

@@ -1,0 +1,1 @@
+"""Experiments: the demo comparison, summaries, reports and plots."""

@@ -1,0 +1,91 @@
+"""Summaries of finished runs: the comparison table, ``report.md`` and accuracy plots."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; no display on servers or in CI
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+@dataclass
+class ArmSummary:
+    name: str
+    before_accuracy: float
+    after_accuracy: float
+    best_accuracy: float
+    before_step_accuracy: float
+    after_step_accuracy: float
+    samples_to_target: int | None  # first evaluated sample count with accuracy >= target
+    samples: int
+    tokens: int
+    wall_s: float  # RL wall time (rollout + score + credit + update), evaluations excluded
+
+    @property
+    def gain_points(self) -> float:
+        return 100.0 * (self.after_accuracy - self.before_accuracy)
+
+
+def eval_rows(history: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in history if "eval/accuracy" in r]
+
+
+def summarise(name: str, history: list[dict[str, Any]], target: float) -> ArmSummary:
+    evals = eval_rows(history)
+    if not evals:
+        raise ValueError(f"arm '{name}' has no evaluation rows")
+    first, last = evals[0], evals[-1]
+    reached = next((r["samples/total"] for r in evals if r["eval/accuracy"] >= target), None)
+    return ArmSummary(
+        name=name,
+        before_accuracy=first["eval/accuracy"],
+        after_accuracy=last["eval/accuracy"],
+        best_accuracy=max(r["eval/accuracy"] for r in evals),
+        before_step_accuracy=first["eval/step_accuracy"],
+        after_step_accuracy=last["eval/step_accuracy"],
+        samples_to_target=reached,
+        samples=history[-1]["samples/total"],
+        tokens=history[-1]["tokens/total"],
+        wall_s=history[-1]["time/total_s"],
+    )
+
+
+def markdown_table(arms: list[ArmSummary], target: float) -> str:
+    head = (
+        "| arm | exact match before | after | gain (points) | best | step acc before | after "
+        f"| samples to {100 * target:.0f}% | samples | tokens | RL wall time |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|\n"
+    )
+    rows = []
+    for a in arms:
+        reach = "not reached" if a.samples_to_target is None else f"{a.samples_to_target:,}"
+        rows.append(
+            f"| {a.name} | {100 * a.before_accuracy:.1f}% | {100 * a.after_accuracy:.1f}% | {a.gain_points:+.1f} "
+            f"| {100 * a.best_accuracy:.1f}% | {100 * a.before_step_accuracy:.1f}% | {100 * a.after_step_accuracy:.1f}% "
+            f"| {reach} | {a.samples:,} | {a.tokens:,} | {a.wall_s:.0f} s |"
+        )
+    return head + "\n".join(rows) + "\n"
+
+
+def plot_accuracy(histories: dict[str, list[dict[str, Any]]], path: Path, title: str) -> None:
+    """Held-out exact match and step accuracy against RL samples, one line per arm."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=120)
+    for name, history in histories.items():
+        evals = eval_rows(history)
+        xs = [r["samples/total"] for r in evals]
+        axes[0].plot(xs, [100 * r["eval/accuracy"] for r in evals], marker="o", label=name)
+        axes[1].plot(xs, [100 * r["eval/step_accuracy"] for r in evals], marker="o", label=name)
+    for ax, ylabel in zip(axes, ("held-out exact match (%)", "held-out step accuracy (%)")):
+        ax.set_xlabel("RL samples")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

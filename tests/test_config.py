@@ -1,0 +1,272 @@
+"""Config loading: defaults, YAML + --set overrides, strict keys and types, registry names, dump."""
+
+import dataclasses
+import hashlib
+import json
+
+import pytest
+
+from creditrl.config import (
+    Config,
+    ConfigError,
+    CreditConfig,
+    config_hash,
+    load_config,
+    parse_overrides,
+    validate,
+)
+from creditrl.tasks import TASKS, register_task
+
+SECTIONS = "policy, task, sft, rollout, reward, credit, loss, optim, train"
+
+
+def write(tmp_path, text, name="cfg.yaml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+# ----------------------------------------------------------------------------- defaults
+
+
+def test_defaults_load_and_validate():
+    cfg = load_config()
+    assert cfg == Config()
+    validate(cfg)
+    assert cfg.policy.model == "tiny"
+    assert cfg.task.name == "arithmetic" and cfg.task.args == {"min_ops": 4, "max_ops": 6}
+    assert (cfg.credit.estimator, cfg.credit.normaliser) == ("grpo", "none")
+    assert (cfg.reward.source, cfg.reward.on_error) == ("outcome", "raise")
+    assert (cfg.loss.aggregation, cfg.loss.kl_estimator, cfg.loss.clip_eps_high) == ("token-mean", "k3", None)
+    assert [f.name for f in dataclasses.fields(Config)] == SECTIONS.split(", ")
+
+
+def test_default_mutable_fields_are_not_shared():
+    a, b = Config(), Config()
+    a.task.args["min_ops"] = 1
+    assert b.task.args["min_ops"] == 4
+
+
+# ----------------------------------------------------------------------------- file + --set
+
+
+def test_yaml_file_and_overrides(tmp_path):
+    path = write(
+        tmp_path,
+        """
+credit:
+  estimator: rloo
+  gamma: 0.99
+optim:
+  lr: 0.001
+  weight_decay: 0.1
+rollout:
+  group_size: 4
+""",
+    )
+    cfg = load_config(
+        path,
+        [
+            "optim.lr=0.01",  # beats the file
+            "credit.lam=0.95",  # merges into the file's section
+            "loss.clip_eps_high=0.28",
+            "loss.dual_clip=null",
+            "train.progress=false",
+            "rollout.temperature=1",  # an int where a float is expected becomes a float
+            "task.args={min_ops: 2, max_ops: 3}",
+            "policy.model=some/dir=with=equals",  # only the first '=' splits
+        ],
+    )
+    assert cfg.credit == CreditConfig(estimator="rloo", normaliser="none", gamma=0.99, lam=0.95)
+    assert cfg.optim.lr == 0.01 and cfg.optim.weight_decay == 0.1
+    assert cfg.rollout.group_size == 4 and cfg.rollout.prompts_per_iter == 16
+    assert cfg.loss.clip_eps_high == 0.28 and cfg.loss.dual_clip is None
+    assert cfg.train.progress is False
+    assert cfg.rollout.temperature == 1.0 and isinstance(cfg.rollout.temperature, float)
+    assert cfg.task.args == {"min_ops": 2, "max_ops": 3}
+    assert cfg.policy.model == "some/dir=with=equals"
+
+
+def test_overrides_as_dict():
+    cfg = load_config(overrides={"credit": {"estimator": "dr_grpo"}, "train": {"iterations": 3}})
+    assert cfg.credit.estimator == "dr_grpo" and cfg.train.iterations == 3
+
+
+def test_parse_overrides_nests_and_types_values():
+    out = parse_overrides(["a.b.c=1", "a.b.d=0.5", "a.e=true", "f=[1, 2]", "g=text", "h=null", "i='007'"])
+    assert out == {"a": {"b": {"c": 1, "d": 0.5}, "e": True}, "f": [1, 2], "g": "text", "h": None, "i": "007"}
+    with pytest.raises(ConfigError, match="--set expects key=value, got 'credit.estimator'"):
+        parse_overrides(["credit.estimator"])
+
+
+@pytest.mark.parametrize("text, value", [("1e-4", 1e-4), ("3E-5", 3e-5), ("2e3", 2000.0), ("1.0e-4", 1e-4)])
+def test_set_accepts_scientific_notation(text, value):
+    # parse_overrides' own docstring example; learning rates are written this way
+    assert load_config(overrides=[f"optim.lr={text}"]).optim.lr == pytest.approx(value)
+
+
+def test_yaml_file_accepts_scientific_notation(tmp_path):
+    cfg = load_config(write(tmp_path, "optim:\n  lr: 3e-4\nsft:\n  lr: 1e-3\n"))
+    assert (cfg.optim.lr, cfg.sft.lr) == (pytest.approx(3e-4), pytest.approx(1e-3))
+
+
+def test_file_errors(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "missing.yaml")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(write(tmp_path, "credit: [unclosed\n", "bad.yaml"))
+    with pytest.raises(ConfigError, match="expected a mapping of sections at the top level"):
+        load_config(write(tmp_path, "- a\n- b\n", "list.yaml"))
+    assert load_config(write(tmp_path, "", "empty.yaml")) == Config()
+
+
+# ----------------------------------------------------------------------------- unknown keys, types
+
+
+def test_unknown_section_lists_sections():
+    with pytest.raises(ConfigError, match=f"unknown key 'critic' in the top level; valid keys: {SECTIONS}"):
+        load_config(overrides=["critic.lr=1"])
+
+
+def test_unknown_key_lists_the_section_keys():
+    with pytest.raises(ConfigError, match="unknown key 'lambda' in section 'credit'; valid keys: estimator, normaliser, gamma, lam"):
+        load_config(overrides=["credit.lambda=0.9"])
+
+
+def test_unknown_key_in_file(tmp_path):
+    with pytest.raises(ConfigError, match="unknown key 'epochs' in section 'optim'; valid keys: lr, weight_decay"):
+        load_config(write(tmp_path, "optim:\n  epochs: 2\n"))
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("credit=3", "credit: expected a mapping of CreditConfig keys, got 3"),
+        ("optim.ppo_epochs=1.5", "optim.ppo_epochs: expected an integer, got 1.5"),
+        ("train.iterations=true", "train.iterations: expected an integer, got True"),
+        ("optim.lr=fast", "optim.lr: expected a number, got 'fast'"),
+        ("optim.lr=false", "optim.lr: expected a number, got False"),
+        ("train.progress=1", "train.progress: expected true/false, got 1"),
+        ("credit.estimator=3", "credit.estimator: expected a string, got 3"),
+        ("task.args=[1]", r"task.args: expected a mapping, got \[1\]"),
+        ("loss.clip_eps_high=abc", "loss.clip_eps_high: expected float | None, got 'abc'"),
+    ],
+)
+def test_wrong_types_name_the_key(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(overrides=[override])
+
+
+# ----------------------------------------------------------------------------- registry names, ranges
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("credit.estimator=ppo", "credit.estimator: unknown value 'ppo'; valid: dr_grpo, grpo, grpo_process, reinforce, reinforce_baseline, rloo"),
+        ("credit.normaliser=zscore", "credit.normaliser: unknown value 'zscore'; valid: batch, group, none"),
+        ("reward.source=prm", "reward.source: unknown value 'prm'; valid: oracle_steps, outcome"),
+        ("reward.on_error=ignore", "reward.on_error: unknown value 'ignore'; valid: raise, skip, zero"),
+        ("loss.aggregation=sum", "loss.aggregation: unknown value 'sum'; valid: seq-mean-token-mean, seq-mean-token-sum-norm, token-mean"),
+        ("loss.kl_estimator=k4", "loss.kl_estimator: unknown value 'k4'; valid: k1, k2, k3"),
+        ("task.name=gsm8k", "task.name: unknown value 'gsm8k'; valid: arithmetic"),
+    ],
+)
+def test_unknown_names_list_valid_ones(override, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides=[override])
+    assert str(info.value) == message
+
+
+def test_task_args_errors_name_the_key():
+    with pytest.raises(ConfigError, match="task.args: .*unexpected keyword argument 'bogus'"):
+        load_config(overrides=["task.args={bogus: 1}"])
+    with pytest.raises(ConfigError, match="task.args: max_ops must be >= min_ops"):
+        load_config(overrides=["task.args={min_ops: 5, max_ops: 2}"])
+    with pytest.raises(ConfigError, match="sft.task_args: min_ops must be >= 1, got 0"):
+        load_config(overrides=["sft.task_args={min_ops: 0}"])
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("optim.lr=0", "optim.lr: must be > 0, got 0.0"),
+        ("rollout.group_size=0", "rollout.group_size: must be > 0, got 0"),
+        ("train.iterations=-1", "train.iterations: must be >= 0, got -1"),
+        ("rollout.temperature=-0.5", "rollout.temperature: must be >= 0, got -0.5"),
+        ("rollout.top_p=1.5", r"rollout.top_p: must be in \(0, 1\], got 1.5"),
+        ("loss.clip_eps=1", r"loss.clip_eps: must be in \(0, 1\), got 1.0"),
+        ("optim.minibatches=1000", "optim.minibatches: more minibatches than responses per iteration"),
+    ],
+)
+def test_ranges(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(overrides=[override])
+    assert load_config(overrides=["train.iterations=0", "rollout.temperature=0"]).train.iterations == 0
+
+
+@pytest.fixture
+def stepless_task():
+    name = "test_config_stepless"
+
+    @register_task(name)
+    class Stepless:
+        step_separator = None
+
+        def __init__(self, **kwargs):
+            pass
+
+    yield name
+    del TASKS[name]
+
+
+def test_step_source_needs_a_task_with_steps(stepless_task):
+    assert load_config(overrides=["reward.source=oracle_steps"]).reward.source == "oracle_steps"
+    with pytest.raises(ConfigError, match=f"reward.source: 'oracle_steps' needs steps, but task '{stepless_task}' has no step separator"):
+        load_config(overrides=[f"task.name={stepless_task}", "task.args={}", "reward.source=oracle_steps"])
+
+
+def test_config_error_is_a_value_error():
+    assert issubclass(ConfigError, ValueError)
+
+
+# ----------------------------------------------------------------------------- dump, hash
+
+
+def test_dump_and_load_round_trip(tmp_path):
+    cfg = load_config(
+        overrides=[
+            "credit.estimator=grpo_process",
+            "reward.source=oracle_steps",
+            "loss.clip_eps_high=0.28",
+            "loss.dual_clip=3.0",
+            "optim.lr=0.00003",
+            "train.progress=false",
+            "task.args={min_ops: 2, max_ops: 5, operators: '+*'}",
+        ]
+    )
+    path = tmp_path / "config.yaml"
+    cfg.dump(path)
+    again = load_config(path)
+    assert again == cfg
+    assert again.to_dict() == cfg.to_dict()
+    assert load_config(path).to_dict() == again.to_dict()
+    Config().dump(path)
+    assert load_config(path) == Config()
+
+
+def test_config_hash_is_stable():
+    a = {"x": 1, "y": [1, 2], "z": {"b": 2.5, "a": None}}
+    b = {"z": {"a": None, "b": 2.5}, "y": [1, 2], "x": 1}  # same content, other key order
+    h = config_hash(a)
+    assert h == config_hash(b)
+    assert len(h) == 16 and int(h, 16) >= 0
+    assert h == hashlib.sha256(json.dumps(a, sort_keys=True).encode()).hexdigest()[:16]  # no process-local state
+    assert config_hash({"x": 2, "y": [1, 2], "z": {"b": 2.5, "a": None}}) != h
+    assert config_hash(Config().to_dict()) == config_hash(load_config().to_dict())
+    assert config_hash(Config().to_dict()) != config_hash(load_config(overrides=["optim.lr=0.1"]).to_dict())
+
+
+def test_task_args_override_merges_key_by_key() -> None:
+    cfg = load_config(overrides=["task.args.min_ops=5"])
+    assert cfg.task.args == {"min_ops": 5, "max_ops": 6}
