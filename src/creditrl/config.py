@@ -99,6 +99,7 @@ class LossConfig:
 @dataclass
 class OptimConfig:
     lr: float = 5e-5
+    warmup_iterations: int = 0  # linear lr warm-up; Adam's first steps are sign-like and noisy in RL
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     ppo_epochs: int = 1  # passes over each batch
@@ -294,6 +295,7 @@ def validate(cfg: Config) -> None:
         ("loss.kl_coef", cfg.loss.kl_coef),
         ("rollout.temperature", cfg.rollout.temperature),
         ("train.threads", cfg.train.threads),
+        ("optim.warmup_iterations", cfg.optim.warmup_iterations),
     ):
         _positive(key, value, allow_zero=True)
     if not 0 < cfg.rollout.top_p <= 1:

@@ -247,7 +247,8 @@ def test_oracle_steps_source(task, problem):
     wrong_segs = ["3*2=6;", "7+6=14;", "14-5=9;", "#9"]
     late_answer = ["3*2=6;", "7+6=13;", "13-5=8;", ""]  # eos after ';': empty final segment
     res = score_batch(src, task, [problem] * 3, ["".join(good_segs), "".join(wrong_segs), "x"], [good_segs, wrong_segs, late_answer])
-    assert res.scores == [[1.0, 1.0, 1.0, 1.0], [1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]]
+    # labels stop at the first error (PRM800K convention): later steps are unlabelled (None)
+    assert res.scores == [[1.0, 1.0, 1.0, 1.0], [1.0, 0.0, None, None], [1.0, 1.0, 1.0, 0.0]]
     assert res.errors == 0
 
 
@@ -266,6 +267,21 @@ def test_segment_score_place_end_to_end(task, problem):
     src = get_source("oracle_steps")
     res = score_batch(src, task, [problem] * 2, [GOOD, WRONG], seg.texts)
     rewards, placed = place(src.granularity, res.scores, response_mask=mask, step_ends=seg.step_ends)
-    assert placed.nonzero().tolist() == [[0, 5], [0, 12], [0, 19], [0, 22], [1, 5], [1, 12], [1, 19], [1, 21]]
+    # the wrong response is labelled up to its first error only
+    assert placed.nonzero().tolist() == [[0, 5], [0, 12], [0, 19], [0, 22], [1, 5], [1, 12]]
     assert rewards[0].sum().item() == 4.0
-    assert rewards[1, 5].item() == 1.0 and rewards[1].sum().item() == 1.0
+    assert rewards[1, 5].item() == 1.0 and rewards[1, 12].item() == 0.0 and rewards[1].sum().item() == 1.0
+
+
+def test_step_placement_skips_unlabelled_steps():
+    mask = torch.ones((1, 6), dtype=torch.bool)
+    ends = torch.tensor([[False, True, False, True, False, True]])
+    rewards, placed = place("step", [[0.5, None, 0.0]], response_mask=mask, step_ends=ends)
+    assert placed.tolist() == [[False, True, False, False, False, True]]
+    assert rewards.tolist() == [[0.0, 0.5, 0.0, 0.0, 0.0, 0.0]]
+
+
+def test_sequence_source_returning_none_is_an_error(task, problem):
+    src = RewardSource("none_seq", "sequence", lambda *a: [None])
+    res = score_batch(src, task, [problem], ["#8"], [["#8"]], on_error="zero")
+    assert res.errors == 1 and "must return a score" in res.first_error

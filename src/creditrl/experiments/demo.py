@@ -8,6 +8,7 @@ credit assignment and nothing else.
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import asdict
 from importlib import resources
@@ -31,7 +32,7 @@ def demo_config_path(quick: bool) -> Path:
 
 
 def _slug(name: str) -> str:
-    return "".join(c if c.isalnum() else "_" for c in name).strip("_")
+    return re.sub(r"[^0-9a-zA-Z]+", "_", name).strip("_")
 
 
 def run_demo(run_dir: Path, *, quick: bool = False, overrides: list[str] | None = None) -> list[ArmSummary]:

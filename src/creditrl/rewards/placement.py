@@ -6,7 +6,8 @@ Every placement has one signature::
 
 ``scores[b]`` is a list of floats for response b: one score for ``sequence`` (put on the last
 valid token), one per step for ``step`` (the k-th score on the k-th ``step_ends`` token).
-``reward_mask`` marks where a reward was placed, including a placed 0.0.
+``reward_mask`` marks where a reward was placed, including a placed 0.0; a ``None`` step score
+places nothing (an unlabelled step).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def register_placement(name: str) -> Callable[[PlacementFn], PlacementFn]:
 
 def place(
     name: str,
-    scores: Sequence[Sequence[float]],
+    scores: Sequence[Sequence[float | None]],
     *,
     response_mask: torch.Tensor,
     step_ends: torch.Tensor | None = None,
@@ -71,9 +72,9 @@ def place_sequence(
 
 @register_placement("step")
 def place_step(
-    scores: Sequence[Sequence[float]], *, response_mask: torch.Tensor, step_ends: torch.Tensor | None = None
+    scores: Sequence[Sequence[float | None]], *, response_mask: torch.Tensor, step_ends: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Score k of response b on the k-th True of ``step_ends[b]`` (restricted to valid tokens)."""
+    """Score k of response b on the k-th True of ``step_ends[b]`` (valid tokens only); None skips."""
     if step_ends is None or step_ends.shape != response_mask.shape:
         raise ValueError("step placement needs step_ends with the shape of response_mask (run a segmenter)")
     ends = step_ends & response_mask
@@ -83,7 +84,8 @@ def place_step(
         cols = ends[b].nonzero().squeeze(-1)
         if len(s) != len(cols):
             raise ValueError(f"row {b}: {len(s)} step scores for {len(cols)} step ends")
-        if len(cols):
-            rewards[b, cols] = torch.as_tensor(list(s), dtype=torch.float32)
-            reward_mask[b, cols] = True
+        for col, value in zip(cols.tolist(), s):
+            if value is not None:
+                rewards[b, col] = float(value)
+                reward_mask[b, col] = True
     return rewards, reward_mask

@@ -127,6 +127,9 @@ class RLTrainer:
     def iteration(self, it: int) -> dict[str, Any]:
         cfg = self.cfg
         gen = torch.Generator().manual_seed(iteration_seed(cfg.train.seed, it))
+        lr = cfg.optim.lr * min(1.0, (it + 1) / cfg.optim.warmup_iterations) if cfg.optim.warmup_iterations else cfg.optim.lr
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         t0 = time.perf_counter()
         problems = self.task.sample(cfg.rollout.prompts_per_iter, split="train", seed=iteration_seed(cfg.train.seed, it))
         batch = stages.rollout(self.engine, self.tokenizer, problems, cfg.rollout.group_size, self.params, gen)
@@ -156,6 +159,7 @@ class RLTrainer:
             "adv/mean": float(valid_adv.mean()) if valid_adv.numel() else 0.0,
             "adv/std": float(valid_adv.std()) if valid_adv.numel() > 1 else 0.0,
             "adv/abs_max": float(valid_adv.abs().max()) if valid_adv.numel() else 0.0,
+            "optim/lr": lr,
             **upd,
             "time/rollout_s": t1 - t0,
             "time/score_s": t2 - t1,
