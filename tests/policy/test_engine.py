@@ -12,7 +12,6 @@ from creditrl.policy.engine import (
     positions_from_mask,
     sample_next,
 )
-from creditrl.policy.model import TinyPreset, build_tiny
 
 PROMPTS = [[1, 5, 6], [1], [1, 20, 30, 40, 50, 60, 70], [1, 14, 15, 16]]  # lengths 3, 1, 7, 4
 STOP = 57  # a token the fixture policy emits often: used as the engine's eos to get mixed lengths
@@ -21,23 +20,9 @@ STOP = 57  # a token the fixture policy emits often: used as the engine's eos to
 
 
 @pytest.fixture(scope="module")
-def policy():
-    """A tiny Llama whose next-token distributions are far from uniform.
-
-    The default init (std 0.02, tied embeddings) gives near-uniform logits whose argmax is the
-    input token, so greedy decoding would just repeat the prompt's last char and every check
-    below would be weak. Re-drawing the matrices at unit gain and scaling the final norm
-    gives peaked, context-dependent distributions.
-    """
-    model, tok = build_tiny(0, TinyPreset(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64))
-    gen = torch.Generator().manual_seed(123)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[1]))
-        model.model.norm.weight.fill_(3.0)
-    model.eval()
-    return model, tok
+def policy(peaked_tiny):
+    """A tiny Llama with peaked, context-dependent next-token distributions (see conftest)."""
+    return peaked_tiny(0, 123)
 
 
 def full_logits(model, seq):

@@ -1,7 +1,6 @@
 """The character tokenizer: one token per printable ASCII char, exact round trips, HF save/load."""
 
 import random
-import string
 
 import pytest
 from transformers import AutoTokenizer

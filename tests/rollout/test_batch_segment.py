@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from creditrl.policy.engine import Generation, HFEngine, SamplingParams
-from creditrl.policy.model import TinyPreset, build_tiny
 from creditrl.policy.tokenizer import build_char_tokenizer
 from creditrl.rollout.batch import (
     TrajectoryBatch,
@@ -28,16 +27,9 @@ def tok():
 
 
 @pytest.fixture(scope="module")
-def model():
-    """A tiny Llama with peaked, context-dependent next-token distributions (see test_engine)."""
-    m, _ = build_tiny(1, TinyPreset(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64))
-    gen = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for p in m.parameters():
-            if p.dim() == 2:
-                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[1]))
-        m.model.norm.weight.fill_(3.0)
-    return m.eval()
+def model(peaked_tiny):
+    """A tiny Llama with peaked, context-dependent next-token distributions (see conftest)."""
+    return peaked_tiny(1, 5)[0]
 
 
 def hand_generation():
