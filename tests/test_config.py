@@ -134,7 +134,7 @@ def test_unknown_key_lists_the_section_keys():
 
 
 def test_unknown_key_in_file(tmp_path):
-    with pytest.raises(ConfigError, match="unknown key 'epochs' in section 'optim'; valid keys: lr, weight_decay"):
+    with pytest.raises(ConfigError, match="unknown key 'epochs' in section 'optim'; valid keys: lr, warmup_iterations, weight_decay"):
         load_config(write(tmp_path, "optim:\n  epochs: 2\n"))
 
 
