@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -30,14 +31,13 @@ EASY = [
 
 
 @pytest.fixture(scope="module")
-def sft_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    import os
-
-    os.environ["CREDITRL_CACHE"] = str(tmp_path_factory.mktemp("cache"))
-    cfg = load_config(overrides=EASY)
-    path, metrics = cached_sft(cfg, progress=False)
-    assert 0.0 <= metrics["eval/accuracy"] <= 1.0
-    return str(path)
+def sft_dir(tmp_path_factory: pytest.TempPathFactory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CREDITRL_CACHE", str(tmp_path_factory.mktemp("cache")))
+        path, metrics = cached_sft(load_config(overrides=EASY), progress=False)
+        assert 0.0 <= metrics["eval/accuracy"] <= 1.0
+        assert path.parent.parent == Path(os.environ["CREDITRL_CACHE"])  # written to the cache
+        yield str(path)
 
 
 def rows(run_dir: Path) -> list[dict]:
@@ -91,3 +91,16 @@ def test_run_directory_contents(sft_dir: str, tmp_path: Path) -> None:
         for f in ("model.safetensors", "tokenizer.json", "optimizer.pt", "rng.pt", "trainer_state.json"):
             assert (ckpts / name / f).exists()
     assert not list(ckpts.glob("*.tmp"))
+
+
+def test_sft_is_cached_by_config_hash(sft_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from creditrl.train.sft import sft_key
+
+    monkeypatch.setenv("CREDITRL_CACHE", str(Path(sft_dir).parent.parent))
+    cfg = load_config(overrides=EASY)
+    again, metrics = cached_sft(cfg, progress=False)  # no retraining: the state file is read back
+    assert str(again) == sft_dir
+    state = json.loads((again / "trainer_state.json").read_text())
+    assert metrics == state["metrics"]
+    assert sft_key(load_config(overrides=EASY + ["sft.steps=31"])) != sft_key(cfg)
+    assert sft_key(load_config(overrides=EASY + ["train.iterations=7"])) == sft_key(cfg)
