@@ -195,11 +195,11 @@ def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
     return cls(**kwargs)
 
 
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     """Recursive update: mappings merge key by key (``task.args`` too), other values replace."""
     out = dict(base)
     for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
 
 
@@ -231,10 +231,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | dict[str,
             raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
         if not isinstance(loaded, dict):
             raise ConfigError(f"{p}: expected a mapping of sections at the top level")
-        data = _merge(data, loaded)
+        data = merge(data, loaded)
     if overrides:
         over = parse_overrides(overrides) if isinstance(overrides, list) else overrides
-        data = _merge(data, over)
+        data = merge(data, over)
     cfg = _build(Config, data, "")
     validate(cfg)
     return cfg

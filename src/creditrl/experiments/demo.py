@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from creditrl.config import Config, load_config, parse_overrides
+from creditrl.config import Config, load_config, merge, parse_overrides
 from creditrl.experiments.report import ArmSummary, markdown_table, plot_accuracy, summarise
 from creditrl.train.rl import RLTrainer
 from creditrl.train.sft import cached_sft
@@ -78,10 +78,7 @@ def run_demo(run_dir: Path, *, quick: bool = False, overrides: list[str] | None 
 
 def _with(overrides: list[str], arm: dict[str, Any]) -> dict[str, Any]:
     """User ``--set`` overrides, then the arm's reward/credit (the arm defines the comparison)."""
-    merged = parse_overrides(overrides)
-    for section, values in arm.items():
-        merged.setdefault(section, {}).update(values)
-    return merged
+    return merge(parse_overrides(overrides), arm)
 
 
 def _report(cfg: Config, sft: dict[str, Any], table: str, elapsed: float, quick: bool) -> str:

@@ -127,7 +127,8 @@ class RLTrainer:
     def iteration(self, it: int) -> dict[str, Any]:
         cfg = self.cfg
         gen = torch.Generator().manual_seed(iteration_seed(cfg.train.seed, it))
-        lr = cfg.optim.lr * min(1.0, (it + 1) / cfg.optim.warmup_iterations) if cfg.optim.warmup_iterations else cfg.optim.lr
+        warmup = cfg.optim.warmup_iterations
+        lr = cfg.optim.lr * (min(1.0, (it + 1) / warmup) if warmup else 1.0)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         t0 = time.perf_counter()

@@ -133,12 +133,11 @@ def update(
                 dual_clip=lc.dual_clip,
             )
             loss = aggregate(lc.aggregation, pg, m)
+            # logged always, differentiated only when it is in the loss
+            entropy_logits = logits if lc.entropy_coef > 0 else logits.detach()
+            entropy = aggregate(lc.aggregation, token_entropy(entropy_logits), m)
             if lc.entropy_coef > 0:
-                entropy = aggregate(lc.aggregation, token_entropy(logits), m)
                 loss = loss - lc.entropy_coef * entropy
-            else:  # logged always, differentiated only when it is in the loss
-                with torch.no_grad():
-                    entropy = aggregate(lc.aggregation, token_entropy(logits), m)
             kl = torch.zeros(())
             if ref_logp is not None:
                 kl = aggregate(lc.aggregation, kl_estimate(logp, ref_logp[rows], lc.kl_estimator), m)
