@@ -1,20 +1,29 @@
 """Credit assignment: turn per-token rewards into per-token advantages, then normalise them.
 
 ``estimate(name, rewards, reward_mask, response_mask, ...)`` runs a registered estimator;
-``normalise(name, advantages, response_mask, ...)`` runs a registered normaliser.
+``estimate_at(resolution, name, ...)`` runs it with one time step per token or per reasoning
+step; ``normalise(name, advantages, response_mask, ...)`` runs a registered normaliser.
 """
 
-# Importing the estimators module is what registers the estimators in ESTIMATORS.
-from creditrl.credit.estimators import reward_to_go
+# Importing the estimator modules is what registers the estimators in ESTIMATORS.
+from creditrl.credit.estimators import discounted_cumsum, reward_to_go
+from creditrl.credit.gae import gae
 from creditrl.credit.normalise import NORMALISERS, normalise
 from creditrl.credit.registry import ESTIMATORS, estimate, register_estimator, requires
+from creditrl.credit.resolution import RESOLUTIONS, StepView, estimate_at, step_view
 
 __all__ = [
     "ESTIMATORS",
     "NORMALISERS",
+    "RESOLUTIONS",
+    "StepView",
+    "discounted_cumsum",
     "estimate",
+    "estimate_at",
+    "gae",
     "normalise",
     "register_estimator",
     "requires",
     "reward_to_go",
+    "step_view",
 ]

@@ -42,18 +42,53 @@ def expand(packed: Tensor, order: Tensor, response_mask: Tensor) -> Tensor:
     return torch.where(response_mask, out, 0)
 
 
-def discounted_cumsum(x: Tensor, gamma: float) -> Tensor:
-    """y[:, t] = sum_{s >= t} gamma^(s - t) x[:, s] over plain columns (no mask); x, y (B, T)."""
-    if gamma == 1.0:
+BLOCK = 64  # columns per block of ``discounted_cumsum``: one (64, 64) matmul per block
+
+
+def _discount_matrix(c: float, n: int, like: Tensor) -> Tensor:
+    """M[s, t] = c^(s - t) for s >= t and 0 for s < t, (n, n) in the dtype and device of
+    ``like``; built in float64 so that every entry is a correctly rounded power of c."""
+    steps = torch.arange(n, device=like.device)
+    gap = steps[:, None] - steps[None, :]  # (n, n): s - t
+    # gap.clamp(min=0) keeps the exponent >= 0 (no c^-k), and torch.pow gives 0^0 = 1, so the
+    # diagonal is 1 even for c = 0 (y = x).
+    powers = torch.pow(torch.tensor(c, dtype=torch.float64, device=like.device), gap.clamp(min=0))
+    return torch.where(gap >= 0, powers, 0).to(like.dtype)
+
+
+def discounted_cumsum(x: Tensor, c: float) -> Tensor:
+    """y[:, t] = sum_{s >= t} c^(s - t) x[:, s] over plain columns (no mask); x, y (B, T).
+
+    Equivalently ``y_t = x_t + c * y_{t+1}`` with ``y_T = 0``, for any decay c in [0, 1]: the
+    discount gamma for a reward-to-go, gamma * lam for GAE. A blocked scan, with no Python loop
+    over time: T is cut into blocks of n = min(T, BLOCK) columns; inside block j,
+
+        y_j = x_j @ M + c^(n - i) * y[:, start of block j + 1]     (i = 0..n-1, column in block)
+
+    with M[s, i] = c^(s - i) for s >= i. The block starts themselves obey
+    ``Y_j = f_j + c^n * Y_{j+1}`` (f_j = first column of x_j @ M), a discounted cumsum with
+    decay c^n over T / n columns, computed by the same function. Only non-negative powers of c
+    appear, so it is stable for every c in [0, 1] (a closed form through c^-t overflows for long
+    T), and it needs O(n^2) memory for M where a (T, T) discount matrix would need O(T^2).
+    """
+    rows, length = x.shape
+    if c == 1.0 or length == 0:
         return x.flip(1).cumsum(1).flip(1)
-    out = torch.empty_like(x)
-    running = x.new_zeros(x.shape[0])
-    # y_t = x_t + gamma * y_{t+1} is sequential in t; the batch stays vectorised. A closed form
-    # via gamma^-t overflows for long T, and a (T, T) discount matrix costs O(T^2) memory.
-    for t in range(x.shape[1] - 1, -1, -1):
-        running = x[:, t] + gamma * running
-        out[:, t] = running
-    return out
+    n = min(length, BLOCK)
+    blocks = -(-length // n)
+    # Zero columns appended at the end add nothing to any earlier y_t.
+    padded = torch.nn.functional.pad(x, (0, blocks * n - length))
+    local = padded.view(rows, blocks, n) @ _discount_matrix(c, n, x)  # (B, blocks, n)
+    if blocks == 1:
+        return local.view(rows, n)[:, :length]
+    starts = discounted_cumsum(local[:, :, 0], c**n)  # (B, blocks): Y_j = y at block j's start
+    carry = torch.nn.functional.pad(starts[:, 1:], (0, 1))  # (B, blocks): Y_{j+1}, 0 after last
+    decay = torch.pow(  # (n,): c^(n - i), how much of Y_{j+1} reaches column i of block j
+        torch.tensor(c, dtype=torch.float64, device=x.device),
+        n - torch.arange(n, device=x.device),
+    ).to(x.dtype)
+    y = local + carry[:, :, None] * decay  # (B, blocks, n)
+    return y.view(rows, blocks * n)[:, :length]
 
 
 def reward_to_go(rewards: Tensor, response_mask: Tensor, gamma: float = 1.0) -> Tensor:
