@@ -17,7 +17,7 @@ from creditrl.config import (
 )
 from creditrl.tasks import TASKS, register_task
 
-SECTIONS = "policy, task, sft, rollout, reward, credit, loss, optim, train"
+SECTIONS = "policy, task, sft, rollout, reward, shaping, hybrid, value, credit, loss, optim, train"
 
 
 def write(tmp_path, text, name="cfg.yaml"):
@@ -163,13 +163,20 @@ def test_wrong_types_name_the_key(override, message):
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("credit.estimator=ppo", "credit.estimator: unknown value 'ppo'; valid: dr_grpo, grpo, grpo_process, reinforce, reinforce_baseline, rloo"),
+        ("credit.estimator=ppo", "credit.estimator: unknown value 'ppo'; valid: dr_grpo, gae, grpo, grpo_process, reinforce, reinforce_baseline, rloo"),
         ("credit.normaliser=zscore", "credit.normaliser: unknown value 'zscore'; valid: batch, group, none"),
         ("reward.source=prm", "reward.source: unknown value 'prm'; valid: oracle_steps, outcome"),
         ("reward.on_error=ignore", "reward.on_error: unknown value 'ignore'; valid: raise, skip, zero"),
         ("loss.aggregation=sum", "loss.aggregation: unknown value 'sum'; valid: seq-mean-token-mean, seq-mean-token-sum-norm, token-mean"),
         ("loss.kl_estimator=k4", "loss.kl_estimator: unknown value 'k4'; valid: k1, k2, k3"),
         ("task.name=gsm8k", "task.name: unknown value 'gsm8k'; valid: arithmetic"),
+        ("reward.granularity=word", "reward.granularity: unknown value 'word'; valid: key_token, segment, sequence, step, token"),
+        ("value.source=td", "value.source: unknown value 'td'; valid: critic, dual_critic, mc, none"),
+        ("value.model=tied", "value.model: unknown value 'tied'; valid: separate, shared"),
+        ("credit.resolution=word", "credit.resolution: unknown value 'word'; valid: auto, step, token"),
+        ("hybrid.filter=best", "hybrid.filter: unknown value 'best'; valid: group_accuracy, none, top_q"),
+        ("hybrid.schedule=cosine", "hybrid.schedule: unknown value 'cosine'; valid: constant, linear, switch"),
+        ("shaping.kl_estimator=k5", "shaping.kl_estimator: unknown value 'k5'; valid: k1, k2, k3"),
     ],
 )
 def test_unknown_names_list_valid_ones(override, message):
@@ -197,6 +204,12 @@ def test_task_args_errors_name_the_key():
         ("rollout.top_p=1.5", r"rollout.top_p: must be in \(0, 1\], got 1.5"),
         ("loss.clip_eps=1", r"loss.clip_eps: must be in \(0, 1\), got 1.0"),
         ("optim.minibatches=1000", "optim.minibatches: more minibatches than responses per iteration"),
+        ("credit.lam=1.5", r"credit.lam: must lie in \[0, 1\], got 1.5"),
+        ("credit.lam_end=-0.1", r"credit.lam_end: must lie in \[0, 1\], got -0.1"),
+        ("hybrid.filter_q=0", r"hybrid.filter_q: must lie in \(0, 1\], got 0.0"),
+        ("value.mc_samples=0", "value.mc_samples: must be > 0, got 0"),
+        ("shaping.overlong_cache=64", r"shaping.overlong_cache: must be < rollout.max_new_tokens \(64\), got 64"),
+        ("reward.segment_tokens=0", "reward.segment_tokens: must be > 0, got 0"),
     ],
 )
 def test_ranges(override, message):
@@ -222,8 +235,54 @@ def stepless_task():
 
 def test_step_source_needs_a_task_with_steps(stepless_task):
     assert load_config(overrides=["reward.source=oracle_steps"]).reward.source == "oracle_steps"
-    with pytest.raises(ConfigError, match=f"reward.source: 'oracle_steps' needs steps, but task '{stepless_task}' has no step separator"):
-        load_config(overrides=[f"task.name={stepless_task}", "task.args={}", "reward.source=oracle_steps"])
+    stepless = [f"task.name={stepless_task}", "task.args={}", "sft.task_args={}"]
+    with pytest.raises(ConfigError, match=f"reward.granularity: 'step' needs a step separator, but task '{stepless_task}' has none"):
+        load_config(overrides=stepless + ["reward.source=oracle_steps"])
+    # a separator given in the config makes steps (the source's default granularity) available
+    assert load_config(overrides=stepless + ["reward.source=oracle_steps", "reward.step_separator=';'"]).reward.step_separator == ";"
+    # segments need no separator
+    load_config(overrides=stepless + ["reward.source=oracle_steps", "reward.granularity=segment"])
+
+
+# ----------------------------------------------------------------------------- combinations
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["credit.estimator=gae"], "credit.estimator: 'gae' needs values; set value.source to one of critic, dual_critic, mc"),
+        (["value.source=critic"], "value.source: 'critic' gives values that estimator 'grpo' never reads; use credit.estimator=gae or value.source=none"),
+        (["credit.estimator=gae", "value.source=mc", "credit.resolution=token"], "credit.resolution: 'mc' values exist only at step boundaries; use credit.resolution=step \\(or auto\\)"),
+        (["reward.granularity=step"], "reward.granularity: reward source 'outcome' scores whole sequences only \\(granularities: sequence\\); it cannot be used at granularity 'step'"),
+        (["hybrid.schedule=switch"], "hybrid.schedule/calibrate/dense_granularity: these weight a second reward source; set hybrid.dense_source"),
+        (["hybrid.calibrate=true"], "hybrid.schedule/calibrate/dense_granularity: these weight a second reward source"),
+        (["hybrid.filter_lo=0.9", "hybrid.filter_hi=0.1"], "hybrid.filter_lo/filter_hi: need 0 <= lo <= hi <= 1, got \\[0.9, 0.1\\]"),
+        (["value.warmup_iterations=3"], "value.warmup_iterations: only a learned critic has a warm-up"),
+        (["hybrid.dense_source=outcome", "hybrid.dense_granularity=token"], "hybrid.dense_granularity: reward source 'outcome' scores whole sequences only"),
+    ],
+)
+def test_combinations_that_make_no_sense_fail_with_the_reason(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(overrides=overrides)
+
+
+def test_combinations_that_make_sense_load():
+    for over in (
+        ["credit.estimator=gae", "value.source=critic"],
+        ["credit.estimator=gae", "value.source=dual_critic", "value.model=shared"],
+        ["credit.estimator=gae", "value.source=mc", "credit.lam=0.0"],
+        ["credit.estimator=grpo", "credit.resolution=step"],
+        ["reward.source=oracle_steps", "reward.granularity=token", "credit.estimator=rloo"],
+        ["reward.source=oracle_steps", "reward.granularity=key_token", "credit.estimator=grpo_process"],
+        ["hybrid.dense_source=oracle_steps", "hybrid.schedule=switch", "hybrid.calibrate=true"],
+        ["hybrid.filter=top_q", "hybrid.filter_q=0.25"],
+        ["shaping.kl_coef=0.1", "shaping.length_coef=0.01", "shaping.length_budget=40", "shaping.overlong_cache=8"],
+    ):
+        load_config(overrides=over)
+    from creditrl.config.validate import resolved_resolution
+
+    assert resolved_resolution(load_config(overrides=["credit.estimator=gae", "value.source=mc"])) == "step"
+    assert resolved_resolution(load_config(overrides=["credit.estimator=gae", "value.source=critic"])) == "token"
 
 
 def test_config_error_is_a_value_error():

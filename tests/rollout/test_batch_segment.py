@@ -14,7 +14,17 @@ from creditrl.rollout.batch import (
     token_entropy,
     token_logprobs,
 )
-from creditrl.rollout.segment import TokenTexts, segment, separator_segmenter
+from creditrl.rollout.segment import (
+    TokenTexts,
+    after_text,
+    block_segmenter,
+    key_token_segmenter,
+    last_token_segmenter,
+    load_callable,
+    segment,
+    separator_segmenter,
+    token_segmenter,
+)
 
 PAD = 0
 
@@ -208,16 +218,16 @@ def test_segment_on_separator(tok):
         [],
         ["#7"],
     ]
-    assert seg.step_ends.dtype == torch.bool and seg.step_ends.shape == ids.shape
+    assert seg.end_mask.dtype == torch.bool and seg.end_mask.shape == ids.shape
     for i, ends in enumerate(seg.ends):
-        assert seg.step_ends[i].nonzero().squeeze(-1).tolist() == ends
+        assert seg.end_mask[i].nonzero().squeeze(-1).tolist() == ends
         # step texts concatenate to the response text (specials decode to nothing)
         assert "".join(seg.texts[i]) == tok.decode(rows[i], skip_special_tokens=True)
         # every step end is a ';' or the last valid token, never padding
         for e in ends:
             assert e < lengths[i]
             assert tok.decode([rows[i][e]]) == ";" or e == lengths[i] - 1
-    assert not seg.step_ends[4].any()
+    assert not seg.end_mask[4].any()
 
 
 def test_user_segment_function_is_cleaned_and_closed(tok):
@@ -251,3 +261,61 @@ def test_token_texts_specials_are_empty(tok):
     assert [texts(i) for i in (0, 1, 2, 3)] == ["", "", "", ""]
     assert texts(encode(tok, ";")[0]) == ";"
     assert texts(encode(tok, " ")[0]) == " "
+
+
+def test_block_token_and_last_token_segmenters():
+    texts = list("abcdefg")
+    assert block_segmenter(3)(texts) == [2, 5]
+    assert block_segmenter(1)(texts) == list(range(7))
+    assert block_segmenter(10)(texts) == []
+    assert token_segmenter()(texts) == list(range(7))
+    assert last_token_segmenter()(texts) == [6]
+    assert last_token_segmenter()([]) == [] and token_segmenter()([]) == [] and block_segmenter(2)([]) == []
+    with pytest.raises(ValueError, match="block size must be >= 1, got 0"):
+        block_segmenter(0)
+
+
+def test_key_token_segmenter_and_after_text():
+    after_eq = after_text("=")
+    texts = ["1", "+", "2", "=", "3", ";", "x=", "4", "5"]
+    assert [i for i in range(len(texts)) if after_eq(texts, i)] == [4, 7]
+    assert not after_eq(["=", "1"], 0)  # the first token has no previous token
+    assert key_token_segmenter(after_eq)(texts) == [4, 7]
+    assert key_token_segmenter(lambda t, i: t[i].isdigit())(texts) == [0, 2, 4, 7, 8]
+    with pytest.raises(ValueError, match="after_text needs a non-empty string"):
+        after_text("")
+
+
+def test_builtin_segmenters_through_segment(tok):
+    """The last valid token closes the final span whatever the segmenter; blocks restart per row."""
+    eos = tok.eos_token_id
+    rows = [encode(tok, "1+2=3;#3") + [eos], encode(tok, "12=")]
+    ids, lengths = pack(tok, rows)
+    texts_of = TokenTexts(tok)
+    assert segment(ids, lengths, texts_of, block_segmenter(3)).ends == [[2, 5, 8], [2]]
+    assert segment(ids, lengths, texts_of, last_token_segmenter()).texts == [["1+2=3;#3"], ["12="]]
+    key = segment(ids, lengths, texts_of, key_token_segmenter(after_text("=")))
+    assert key.ends == [[4, 8], [2]] and key.texts == [["1+2=3", ";#3"], ["12="]]
+    assert segment(ids, lengths, texts_of, token_segmenter()).texts[1] == ["1", "2", "="]
+
+
+def test_segment_checks_shapes(tok):
+    with pytest.raises(ValueError, match=r"expected response_ids \(B, T\) and response_lengths \(B,\), got \(2, 3\) and \(3,\)"):
+        segment(torch.zeros(2, 3, dtype=torch.long), torch.tensor([1, 2, 3]), TokenTexts(tok), token_segmenter())
+
+
+def test_load_callable_imports_and_explains_failures():
+    assert load_callable("creditrl.rollout.segment:token_segmenter") is token_segmenter
+    from creditrl.tasks.arithmetic import ArithmeticTask
+
+    assert load_callable("creditrl.tasks.arithmetic:ArithmeticTask.check_outcome") is ArithmeticTask.check_outcome
+    with pytest.raises(ValueError, match=r"'creditrl.rollout.segment.token_segmenter' is not of the form 'package.module:attribute'"):
+        load_callable("creditrl.rollout.segment.token_segmenter")
+    with pytest.raises(ValueError, match=r"':f' is not of the form"):
+        load_callable(":f")
+    with pytest.raises(ValueError, match=r"cannot import module 'creditrl.no_such_module' named in 'creditrl.no_such_module:f'"):
+        load_callable("creditrl.no_such_module:f")
+    with pytest.raises(ValueError, match=r"'creditrl.rollout.segment:nope': 'creditrl.rollout.segment' has no attribute 'nope'"):
+        load_callable("creditrl.rollout.segment:nope")
+    with pytest.raises(ValueError, match=r"'creditrl.tasks.arithmetic:SPLITS' is not callable \(it is a tuple\)"):
+        load_callable("creditrl.tasks.arithmetic:SPLITS")

@@ -1,14 +1,43 @@
-"""Rewards: sources that score responses, and placement of the scores into (B, T) tensors."""
+"""Rewards: sources that score spans, placement of the scores into (B, T) tensors, shaping."""
 
-from creditrl.rewards.placement import PLACEMENTS, place, register_placement
-from creditrl.rewards.sources import REWARD_SOURCES, RewardSource, get_source, register_source, score_batch
+from creditrl.rewards.placement import (
+    GRANULARITIES,
+    Granularity,
+    SegmenterOptions,
+    get_granularity,
+    make_segmenter,
+    place,
+    register_granularity,
+)
+from creditrl.rewards.shaping import add_shaping, kl_penalty, length_penalty, overlong_penalty
+from creditrl.rewards.sources import (
+    ERROR_POLICIES,
+    REWARD_SOURCES,
+    RewardSource,
+    ScoreResult,
+    check_granularity,
+    get_source,
+    register_source,
+    score_batch,
+)
 
 __all__ = [
-    "PLACEMENTS",
+    "GRANULARITIES",
+    "Granularity",
+    "SegmenterOptions",
+    "get_granularity",
+    "make_segmenter",
     "place",
-    "register_placement",
+    "register_granularity",
+    "add_shaping",
+    "kl_penalty",
+    "length_penalty",
+    "overlong_penalty",
+    "ERROR_POLICIES",
     "REWARD_SOURCES",
     "RewardSource",
+    "ScoreResult",
+    "check_granularity",
     "get_source",
     "register_source",
     "score_batch",

@@ -1,24 +1,27 @@
 """Reward sources and the scoring stage.
 
-A reward source scores one response and declares its granularity (the placement its scores
-need)::
+A reward source scores the spans of one response (the spans of a granularity's segmenter, see
+:mod:`creditrl.rewards.placement`)::
 
-    fn(task, problem, completion, segments) -> list[float | None]
+    fn(task, problem, completion, spans) -> list[float | None]   # one score per span
 
-``segments`` are the response's step texts from the segmenter; a ``step`` source returns one
-score per segment (``None`` = no label: nothing is placed there), a ``sequence`` source one
-float. The scoring stage runs a source over a batch
-under an explicit error policy: a source that raises, returns NaN/inf, or the wrong number of
-scores is never silently used (``raise`` stops, ``zero`` scores it 0.0, ``skip`` drops the
-response from the loss); each such response is counted in ``reward/errors``.
+A ``None`` score is "no label": nothing is placed on that span. Each source declares the
+granularities it can score and a default one; at ``sequence`` granularity there is one span
+(the whole response) and the score may not be ``None``.
+
+The scoring stage runs a source over a batch under an explicit error policy: a source that
+raises, returns NaN/inf, or the wrong number of scores is never silently used (``raise`` stops,
+``zero`` scores it 0.0, ``skip`` drops the response from the loss); each such response is
+counted in ``reward/errors``.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
+from creditrl.rewards.placement import GRANULARITIES
 from creditrl.tasks.base import Problem, Task
 
 SourceFn = Callable[[Task, Problem, str, Sequence[str]], list[float | None]]
@@ -28,18 +31,35 @@ ERROR_POLICIES = ("raise", "zero", "skip")
 @dataclass(frozen=True)
 class RewardSource:
     name: str
-    granularity: str  # a placement name: "sequence" or "step"
+    granularities: frozenset[str]  # the granularities whose spans it can score
+    default_granularity: str
     fn: SourceFn
+
+    def __post_init__(self) -> None:
+        if self.default_granularity not in self.granularities:
+            raise ValueError(
+                f"reward source '{self.name}': default granularity '{self.default_granularity}' "
+                f"is not among its granularities ({', '.join(sorted(self.granularities))})"
+            )
 
 
 REWARD_SOURCES: dict[str, RewardSource] = {}
 
 
-def register_source(name: str, granularity: str) -> Callable[[SourceFn], SourceFn]:
+def register_source(
+    name: str, granularities: Iterable[str] = ("sequence",), default: str | None = None
+) -> Callable[[SourceFn], SourceFn]:
+    """Decorator registering ``fn`` as source ``name``; ``default`` may be omitted for one granularity."""
+    grans = frozenset(granularities)
+    if default is None:
+        if len(grans) != 1:
+            raise ValueError(f"reward source '{name}' scores several granularities; name its default")
+        (default,) = grans
+
     def deco(fn: SourceFn) -> SourceFn:
         if name in REWARD_SOURCES:
             raise ValueError(f"reward source '{name}' is already registered")
-        REWARD_SOURCES[name] = RewardSource(name, granularity, fn)
+        REWARD_SOURCES[name] = RewardSource(name, grans, default, fn)
         return fn
 
     return deco
@@ -51,29 +71,98 @@ def get_source(name: str) -> RewardSource:
     return REWARD_SOURCES[name]
 
 
-@register_source("outcome", granularity="sequence")
-def outcome_reward(task: Task, problem: Problem, completion: str, segments: Sequence[str]) -> list[float]:
+def check_granularity(source: RewardSource, granularity: str) -> None:
+    """Raise ValueError unless ``granularity`` exists and ``source`` can score it."""
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"unknown granularity '{granularity}'; valid: {', '.join(sorted(GRANULARITIES))}")
+    if granularity not in source.granularities:
+        valid = ", ".join(sorted(source.granularities))
+        what = "whole sequences only" if source.granularities == {"sequence"} else "spans"
+        raise ValueError(
+            f"reward source '{source.name}' scores {what} (granularities: {valid}); "
+            f"it cannot be used at granularity '{granularity}'"
+        )
+
+
+# ----------------------------------------------------------------------------- built-in sources
+
+
+@register_source("outcome", granularities=("sequence",))
+def outcome_reward(task: Task, problem: Problem, completion: str, spans: Sequence[str]) -> list[float]:
     """1.0 when the task's outcome checker accepts the completion, else 0.0."""
     return [1.0 if task.check_outcome(problem, completion) else 0.0]
 
 
-@register_source("oracle_steps", granularity="step")
-def oracle_step_reward(
-    task: Task, problem: Problem, completion: str, segments: Sequence[str]
-) -> list[float | None]:
-    """1.0 / 0.0 per step from the task's step checker, up to and including the first error.
+def first_error_labels(labels: Iterable[bool]) -> list[float | None]:
+    """1.0 per correct step up to the first wrong one, 0.0 on it, ``None`` (unlabelled) after.
 
-    Steps after the first incorrect one carry no label (``None``), as in PRM800K and
-    Math-Shepherd: once a solution has gone wrong, later steps are not evidence about the
-    policy's step quality, and labelling the whole cascade wrong would pile negative credit onto
-    the correct steps before the error. The answer step's label is the outcome.
+    This is the PRM800K / Math-Shepherd convention: once a solution has gone wrong, later steps
+    are not evidence about the policy's step quality, and labelling the whole cascade wrong
+    would pile negative credit onto the correct steps before the error.
     """
-    scores: list[float | None] = []
-    for ok in task.check_steps(problem, list(segments)):
-        scores.append(1.0 if ok else 0.0)
-        if not ok:
-            break
-    return scores + [None] * (len(segments) - len(scores))
+    out: list[float | None] = []
+    failed = False
+    for ok in labels:
+        out.append(None if failed else 1.0 if ok else 0.0)
+        failed = failed or not ok
+    return out
+
+
+def split_steps(text: str, separator: str) -> list[str]:
+    """Cut ``text`` after every ``separator``: each step keeps its separator and the text after
+    the last separator is the final step, possibly empty (``"a;b;"`` -> ``["a;", "b;", ""]``).
+    The steps concatenate to ``text``."""
+    pieces = text.split(separator)
+    return [p + separator for p in pieces[:-1]] + [pieces[-1]]
+
+
+def _span_anchor(start: int, span: str) -> int:
+    """The character of a span that decides its step: its last non-whitespace character (a
+    token such as ``";\\n"`` belongs to the step its ``;`` ends), else its last character, and
+    for an empty span (a special token) the character after it."""
+    stripped = span.rstrip()
+    return start + len(stripped if stripped else span) - 1 if span else start
+
+
+@register_source("oracle_steps", granularities=("step", "segment", "token", "key_token"), default="step")
+def oracle_step_reward(task: Task, problem: Problem, completion: str, spans: Sequence[str]) -> list[float | None]:
+    """The task's step checker, first-error convention, mapped onto any spans.
+
+    The text of the spans (they concatenate to the completion) is cut into steps after each
+    ``task.step_separator``; the step checker labels the steps, 1.0 up to the first wrong step,
+    0.0 on it and ``None`` after (:func:`first_error_labels`). Each span then takes the label of
+    the step holding its last non-whitespace character (an empty span: the step of the
+    character after it; an empty last step "" is only labelled when such a span lies at the
+    very end, e.g. an eos right after a separator, which the arithmetic checker calls wrong).
+    At step granularity the spans ARE the steps, so span k gets step k's label; at token
+    granularity every token gets its step's label; at key_token granularity the key token of a
+    step (the first character of its result) gets that step's label.
+    """
+    sep = task.step_separator
+    if not sep:
+        raise ValueError(f"task '{task.name}' has no step separator; oracle_steps needs steps")
+    text = "".join(spans)
+    starts = [0]
+    for span in spans[:-1]:
+        starts.append(starts[-1] + len(span))
+    anchors = [_span_anchor(s, span) for s, span in zip(starts, spans)]
+    steps = split_steps(text, sep)
+    if steps[-1] == "" and not any(a == len(text) for a in anchors):
+        steps.pop()  # a trailing separator with nothing after it: no final step to label
+    labels = first_error_labels(task.check_steps(problem, steps))
+    step_ends: list[int] = []  # exclusive end offset of each step
+    for step in steps:
+        step_ends.append((step_ends[-1] if step_ends else 0) + len(step))
+    out: list[float | None] = []
+    k = 0
+    for a in anchors:  # anchors ascend, so the step index only moves forward
+        while k < len(steps) - 1 and a >= step_ends[k]:
+            k += 1
+        out.append(labels[k])
+    return out
+
+
+# ----------------------------------------------------------------------------- scoring stage
 
 
 @dataclass
@@ -89,24 +178,48 @@ def score_batch(
     task: Task,
     problems: Sequence[Problem],
     completions: Sequence[str],
-    segments: Sequence[Sequence[str]],
+    spans: Sequence[Sequence[str]],
     *,
+    granularity: str | None = None,
     on_error: str = "raise",
 ) -> ScoreResult:
-    """Score every response with ``source`` under the ``on_error`` policy (see module doc)."""
+    """Score every response's spans with ``source`` under the ``on_error`` policy (module doc).
+
+    ``granularity`` (default: the source's default) must be one the source supports
+    (ValueError otherwise, whatever the policy). Every response needs ``len(spans[i])`` scores
+    (``sequence``: one span, one score, never ``None``). A response without spans (empty) has
+    nothing to place: its score list is empty and the source is not called.
+    """
+    granularity = granularity or source.default_granularity
+    check_granularity(source, granularity)
     if on_error not in ERROR_POLICIES:
         raise ValueError(f"unknown reward error policy '{on_error}'; valid: {', '.join(ERROR_POLICIES)}")
+    if not len(problems) == len(completions) == len(spans):
+        raise ValueError(
+            f"got {len(problems)} problems, {len(completions)} completions and {len(spans)} span lists"
+        )
+    if granularity == "sequence":
+        for i, row_spans in enumerate(spans):
+            if len(row_spans) > 1:
+                raise ValueError(
+                    f"sequence granularity has one span per response (the last_token segmenter); "
+                    f"response {i} has {len(row_spans)}"
+                )
     scores: list[list[float | None]] = []
     keep: list[bool] = []
     errors, first = 0, None
-    for i, (prob, comp, segs) in enumerate(zip(problems, completions, segments)):
-        expected = 1 if source.granularity == "sequence" else len(segs)
+    for i, (prob, comp, row_spans) in enumerate(zip(problems, completions, spans)):
+        expected = len(row_spans)
+        if expected == 0:
+            scores.append([])
+            keep.append(True)
+            continue
         try:
-            out = [None if x is None else float(x) for x in source.fn(task, prob, comp, segs)]
+            out = [None if x is None else float(x) for x in source.fn(task, prob, comp, row_spans)]
             if len(out) != expected:
                 raise ValueError(f"returned {len(out)} scores, expected {expected}")
-            if source.granularity == "sequence" and out[0] is None:
-                raise ValueError("a sequence-level source must return a score, got None")
+            if granularity == "sequence" and None in out:
+                raise ValueError("a sequence-granularity score must be a number, got None")
             if not all(x is None or math.isfinite(x) for x in out):
                 raise ValueError(f"returned a non-finite score {out}")
         except Exception as exc:  # noqa: BLE001 - any failure of user code is subject to the policy

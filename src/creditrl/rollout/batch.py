@@ -76,15 +76,42 @@ def batch_from_generation(gen: Generation, group_ids: list[int], pad_id: int) ->
     )
 
 
-def response_logits(model: PreTrainedModel, batch: TrajectoryBatch) -> torch.Tensor:
-    """Logits (B, T, V) that predict each response token, from one forward pass."""
+def _joined(batch: TrajectoryBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(ids, attention_mask, position_ids)`` of prompt + response, each (B, P + T)."""
     width = batch.response_ids.shape[1]
     valid = (torch.arange(width)[None, :] < batch.response_lengths[:, None]).long()
     ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=1)  # (B, P+T)
     attn = torch.cat([batch.prompt_mask, valid], dim=1)
-    logits = model(input_ids=ids, attention_mask=attn, position_ids=positions_from_mask(attn)).logits
-    p = batch.prompt_ids.shape[1]
-    return logits[:, p - 1 : p - 1 + width].float()
+    return ids, attn, positions_from_mask(attn)
+
+
+def _response_slice(x: torch.Tensor, batch: TrajectoryBatch) -> torch.Tensor:
+    """Positions ``P-1 .. P+T-2`` of a (B, P + T, ...) output: the states that emit each response token."""
+    p, width = batch.prompt_ids.shape[1], batch.response_ids.shape[1]
+    return x[:, p - 1 : p - 1 + width]
+
+
+def response_logits(model: PreTrainedModel, batch: TrajectoryBatch) -> torch.Tensor:
+    """Logits (B, T, V) that predict each response token, from one forward pass."""
+    return response_forward(model, batch)[0]
+
+
+def response_forward(
+    model: PreTrainedModel, batch: TrajectoryBatch, *, hidden: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logits (B, T, V) predicting each response token and, with ``hidden``, the last hidden
+    state (B, T, H) at the same positions: the state *before* each token is emitted, which is
+    what a value head reads (V(s_t) in DESIGN.md)."""
+    ids, attn, pos = _joined(batch)
+    out = model(input_ids=ids, attention_mask=attn, position_ids=pos, output_hidden_states=hidden)
+    states = _response_slice(out.hidden_states[-1], batch) if hidden else None
+    return _response_slice(out.logits, batch).float(), states
+
+
+def response_states(backbone: torch.nn.Module, batch: TrajectoryBatch) -> torch.Tensor:
+    """Last hidden states (B, T, H) of a base model (no LM head) before each response token."""
+    ids, attn, pos = _joined(batch)
+    return _response_slice(backbone(input_ids=ids, attention_mask=attn, position_ids=pos).last_hidden_state, batch)
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

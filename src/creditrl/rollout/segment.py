@@ -1,27 +1,40 @@
-"""Segmenters: find reasoning steps in generated token sequences (``step_ends``).
+"""Segmenters: cut generated token sequences into the spans that rewards land on.
 
-A step ends on the token whose text contains the separator (e.g. ``;``); the last valid token
-of a response always ends its final step. Segment texts are returned alongside, decoded without
-special tokens, so a step checker judges exactly the spans that rewards will land on.
+A segmenter maps the per-token texts of one response to the indices of the tokens that END a
+span (``SegmentFn = (texts) -> [index, ...]``). :func:`segment` applies one to a (B, T) batch:
+it cleans the indices (sorted, unique, inside the response), always closes the final span on
+the last valid token, and returns each span's text, decoded without special tokens, so a reward
+source judges exactly the spans its scores will land on. Span texts concatenate to the
+response's text.
+
+The builders below give every granularity's segmenter (see :mod:`creditrl.rewards.placement`):
+``separator_segmenter`` (steps), ``block_segmenter`` (fixed segments), ``token_segmenter``,
+``last_token_segmenter`` (the whole sequence) and ``key_token_segmenter`` (a predicate).
+They are built with ``functools.partial`` over module-level functions so that they pickle
+(worker processes can receive them).
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from functools import partial
+from typing import Any, Callable, Sequence
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
-# A user segmenter maps the per-token texts of one response to the indices of step-end tokens.
+# A segmenter maps the per-token texts of one response to the indices of span-end tokens.
 SegmentFn = Callable[[Sequence[str]], list[int]]
+# A key-token predicate: is token i (of the response's per-token texts) a key token?
+KeyPredicate = Callable[[Sequence[str], int], bool]
 
 
 @dataclass
 class Segmentation:
-    step_ends: torch.Tensor  # bool (B, T)
-    ends: list[list[int]]  # per response, indices of step-end tokens (ascending)
-    texts: list[list[str]]  # per response, the text of each step
+    end_mask: torch.Tensor  # bool (B, T), True on span-end tokens
+    ends: list[list[int]]  # per response, indices of span-end tokens (ascending)
+    texts: list[list[str]]  # per response, the text of each span
 
 
 class TokenTexts:
@@ -40,22 +53,119 @@ class TokenTexts:
         return text
 
 
+# ----------------------------------------------------------------------------- builders
+
+
+def _ends_on_separator(separator: str, texts: Sequence[str]) -> list[int]:
+    return [i for i, t in enumerate(texts) if separator in t]
+
+
+def _ends_every_k(k: int, texts: Sequence[str]) -> list[int]:
+    return list(range(k - 1, len(texts), k))
+
+
+def _ends_everywhere(texts: Sequence[str]) -> list[int]:
+    return list(range(len(texts)))
+
+
+def _ends_last(texts: Sequence[str]) -> list[int]:
+    return [len(texts) - 1] if texts else []
+
+
+def _ends_on_key(predicate: KeyPredicate, texts: Sequence[str]) -> list[int]:
+    return [i for i in range(len(texts)) if predicate(texts, i)]
+
+
+def _previous_ends_with(suffix: str, texts: Sequence[str], i: int) -> bool:
+    return i > 0 and texts[i - 1].endswith(suffix)
+
+
 def separator_segmenter(separator: str) -> SegmentFn:
-    """Step ends = tokens whose text contains ``separator``."""
+    """Span ends = tokens whose text contains ``separator`` (reasoning steps, e.g. ``;``)."""
     if not separator:
         raise ValueError("separator must be a non-empty string")
-    return lambda texts: [i for i, t in enumerate(texts) if separator in t]
+    return partial(_ends_on_separator, separator)
+
+
+def block_segmenter(k: int) -> SegmentFn:
+    """Fixed blocks of ``k`` tokens: span ends at k-1, 2k-1, ... (the rest closes at the end)."""
+    if k < 1:
+        raise ValueError(f"block size must be >= 1, got {k}")
+    return partial(_ends_every_k, k)
+
+
+def token_segmenter() -> SegmentFn:
+    """Every token ends a span (one span per token)."""
+    return _ends_everywhere
+
+
+def last_token_segmenter() -> SegmentFn:
+    """Only the last token ends a span: one span, the whole response."""
+    return _ends_last
+
+
+def key_token_segmenter(predicate: KeyPredicate) -> SegmentFn:
+    """Span ends = tokens i with ``predicate(texts, i)``; the last token closes the rest."""
+    return partial(_ends_on_key, predicate)
+
+
+def after_text(suffix: str) -> KeyPredicate:
+    """Predicate "the previous token's text ends with ``suffix``".
+
+    ``after_text("=")`` marks the token right after ``=``: in arithmetic, the first character of
+    a step's result, where the step's correctness is decided.
+    """
+    if not suffix:
+        raise ValueError("after_text needs a non-empty string")
+    return partial(_previous_ends_with, suffix)
+
+
+def load_callable(spec: str) -> Callable[..., Any]:
+    """Import the callable named by ``"package.module:attribute"`` (the attribute may be dotted).
+
+    Raises:
+        ValueError: naming ``spec`` and what is wrong: no ``:``, the module cannot be imported,
+            the attribute is missing, or it is not callable.
+    """
+    module_name, colon, attr_path = spec.partition(":")
+    if not colon or not module_name or not attr_path:
+        raise ValueError(f"'{spec}' is not of the form 'package.module:attribute'")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - any failure to import (missing, syntax error, ...)
+        raise ValueError(f"cannot import module '{module_name}' named in '{spec}': {exc}") from exc
+    for part in attr_path.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"'{spec}': '{module_name}' has no attribute '{attr_path}'")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ValueError(f"'{spec}' is not callable (it is a {type(obj).__name__})")
+    return obj
+
+
+# ----------------------------------------------------------------------------- segment
 
 
 def segment(
     response_ids: torch.Tensor,
     response_lengths: torch.Tensor,
-    texts_of: TokenTexts,
+    texts_of: TokenTexts | Callable[[int], str],
     segment_fn: SegmentFn,
 ) -> Segmentation:
-    """Split every response (B, T) into steps; the last valid token always closes a step."""
+    """Split every response into spans with ``segment_fn``.
+
+    response_ids long (B, T), response_lengths long (B,). ``segment_fn`` sees the texts of the
+    valid tokens only; indices it returns outside ``[0, length)`` are dropped, duplicates
+    merged, and the last valid token always closes the final span. An empty response has no
+    span.
+    """
+    if response_ids.dim() != 2 or response_lengths.shape != response_ids.shape[:1]:
+        raise ValueError(
+            f"expected response_ids (B, T) and response_lengths (B,), got "
+            f"{tuple(response_ids.shape)} and {tuple(response_lengths.shape)}"
+        )
     b, t = response_ids.shape
-    step_ends = torch.zeros((b, t), dtype=torch.bool)
+    end_mask = torch.zeros((b, t), dtype=torch.bool)
     all_ends: list[list[int]] = []
     all_texts: list[list[str]] = []
     for row, length in zip(response_ids.tolist(), response_lengths.tolist()):
@@ -68,5 +178,5 @@ def segment(
         all_texts.append(["".join(tok_texts[s : e + 1]) for s, e in zip(starts, ends)])
     for i, ends in enumerate(all_ends):
         if ends:
-            step_ends[i, ends] = True
-    return Segmentation(step_ends=step_ends, ends=all_ends, texts=all_texts)
+            end_mask[i, ends] = True
+    return Segmentation(end_mask=end_mask, ends=all_ends, texts=all_texts)

@@ -38,8 +38,12 @@ def save_checkpoint(
     tokenizer: PreTrainedTokenizerBase,
     optimizer: torch.optim.Optimizer | None,
     state: dict[str, Any],
+    extra: dict[str, Any] | None = None,
 ) -> Path:
-    """Write a checkpoint to ``path`` atomically (replacing an older one of the same name)."""
+    """Write a checkpoint to ``path`` atomically (replacing an older one of the same name).
+
+    ``extra`` holds further training state (critic weights and optimizer, calibrator) in
+    ``extra.pt``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent))
@@ -48,6 +52,8 @@ def save_checkpoint(
     if optimizer is not None:
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save(rng_state(), tmp / "rng.pt")
+    if extra:
+        torch.save(extra, tmp / "extra.pt")
     (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
     if path.exists():
         old = path.with_name(path.name + ".old")
@@ -82,3 +88,9 @@ def load_training_state(path: Path, optimizer: torch.optim.Optimizer | None) -> 
         optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
     set_rng_state(torch.load(path / "rng.pt", weights_only=False))
     return json.loads((path / "trainer_state.json").read_text())
+
+
+def load_extra(path: Path) -> dict[str, Any]:
+    """The ``extra`` state saved with a checkpoint ({} when there was none)."""
+    f = Path(path) / "extra.pt"
+    return torch.load(f, weights_only=False) if f.exists() else {}

@@ -20,13 +20,15 @@ from tqdm import tqdm
 from creditrl.config import Config, load_config
 from creditrl.policy.engine import HFEngine, SamplingParams
 from creditrl.policy.model import load_policy
-from creditrl.rewards.sources import get_source
-from creditrl.rollout.segment import TokenTexts, separator_segmenter
+from creditrl.credit.schedule import linear_schedule
+from creditrl.losses import explained_variance
+from creditrl.rollout.batch import response_logits, token_logprobs
 from creditrl.tasks import make_task
 from creditrl.train import stages
-from creditrl.train.checkpoint import latest_checkpoint, load_training_state, mark_latest, save_checkpoint
+from creditrl.train.checkpoint import latest_checkpoint, load_extra, load_training_state, mark_latest, save_checkpoint
 from creditrl.train.evaluate import evaluate
 from creditrl.train.sft import cached_sft
+from creditrl.values.stage import ValueStage
 
 EVAL_SEED = 12345  # the held-out problems are the same for every run of a config
 
@@ -63,21 +65,19 @@ class RLTrainer:
         self.init_path = init_path or resolve_init(cfg, cfg.train.progress)
         self.model, self.tokenizer = load_policy(self.init_path, seed=cfg.policy.init_seed)
         self.ref_model = None
-        if cfg.loss.kl_coef > 0:
+        if cfg.loss.kl_coef > 0 or cfg.shaping.kl_coef > 0:
             self.ref_model, _ = load_policy(self.init_path, seed=cfg.policy.init_seed)
             self.ref_model.eval().requires_grad_(False)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, betas=(0.9, 0.99)
         )
         self.task = make_task(cfg.task.name, **cfg.task.args)
-        self.source = get_source(cfg.reward.source)
-        sep = getattr(self.task, "step_separator", None)
-        self.segment_fn = separator_segmenter(sep) if sep else None
-        self.texts_of = TokenTexts(self.tokenizer)
+        self.scorer = stages.Scorer(cfg, self.task, self.tokenizer)
         self.engine = HFEngine(self.model, eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id)
         self.params = SamplingParams(
             max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p
         )
+        self.value_stage = ValueStage(cfg, self.model, self.engine, self.tokenizer, self.task, self.params)
         self.heldout = self.task.sample(cfg.train.eval_size, split="heldout", seed=EVAL_SEED)
         self.start_iteration = 0
         self.totals = {"samples": 0, "tokens": 0, "time_s": 0.0}
@@ -91,7 +91,10 @@ class RLTrainer:
         ckpt_dir = self.run_dir / "checkpoints"
         name = f"iter_{iteration:06d}"
         state = {"iteration": iteration, "totals": self.totals, "init_path": self.init_path}
-        save_checkpoint(ckpt_dir / name, self.model, self.tokenizer, self.optimizer, state)
+        extra = {"value": self.value_stage.state_dict()}
+        if self.scorer.calibrator is not None:
+            extra["calibrator"] = self.scorer.calibrator.state_dict()
+        save_checkpoint(ckpt_dir / name, self.model, self.tokenizer, self.optimizer, state, extra)
         mark_latest(ckpt_dir, name)
 
     @classmethod
@@ -106,10 +109,15 @@ class RLTrainer:
         trainer = cls(cfg, run_dir, init_path=state["init_path"])
         trainer.model, _ = load_policy(str(ckpt))
         trainer.engine.model = trainer.model
+        trainer.value_stage.set_policy(trainer.model)
         trainer.optimizer = torch.optim.AdamW(
             trainer.model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, betas=(0.9, 0.99)
         )
         load_training_state(ckpt, trainer.optimizer)
+        extra = load_extra(ckpt)
+        trainer.value_stage.load_state_dict(extra.get("value", {}))
+        if trainer.scorer.calibrator is not None and "calibrator" in extra:
+            trainer.scorer.calibrator.load_state_dict(extra["calibrator"])
         trainer.start_iteration = state["iteration"]
         trainer.totals = state["totals"]
         # drop metric rows written after the checkpoint (the iterations are replayed)
@@ -131,46 +139,73 @@ class RLTrainer:
         lr = cfg.optim.lr * (min(1.0, (it + 1) / warmup) if warmup else 1.0)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        t0 = time.perf_counter()
+        progress = it / max(1, cfg.train.iterations)
+        lam = linear_schedule(cfg.credit.lam, cfg.credit.lam_end, progress)
+        clock = [time.perf_counter()]
         problems = self.task.sample(cfg.rollout.prompts_per_iter, split="train", seed=iteration_seed(cfg.train.seed, it))
         batch = stages.rollout(self.engine, self.tokenizer, problems, cfg.rollout.group_size, self.params, gen)
-        t1 = time.perf_counter()
-        scored = stages.score(batch, self.task, self.source, self.texts_of, self.segment_fn, cfg.reward.on_error)
-        t2 = time.perf_counter()
-        adv, _ = stages.credit(batch, scored, cfg)
-        t3 = time.perf_counter()
+        ref_logp = None
+        if self.ref_model is not None:
+            with torch.no_grad():
+                ref_logp = token_logprobs(response_logits(self.ref_model, batch), batch.response_ids)
+        clock.append(time.perf_counter())
+        scored = self.scorer(batch, progress=progress, generator=gen, ref_logprobs=ref_logp)
+        clock.append(time.perf_counter())
+        vout = self.value_stage(batch, scored.step_ends, gen)
+        clock.append(time.perf_counter())
+        adv, ret = stages.credit(batch, scored, cfg, values=vout.values, lam=lam)
+        clock.append(time.perf_counter())
         mask = batch.response_mask & scored.keep[:, None]
-        upd = stages.update(self.model, self.ref_model, self.optimizer, batch, adv, mask, cfg, gen)
-        t4 = time.perf_counter()
+        critic = None
+        if self.value_stage.critic is not None:
+            critic = stages.CriticTarget(self.value_stage.critic, self.value_stage.optimizer, ret, vout.member_values)
+        train_policy = it >= cfg.value.warmup_iterations
+        upd = stages.update(
+            self.model, self.optimizer, batch, adv, mask, cfg, gen,
+            ref_logprobs=ref_logp, critic=critic, train_policy=train_policy,
+        )
+        clock.append(time.perf_counter())
         n_tokens = int(batch.response_lengths.sum())
         self.totals["samples"] += batch.size
         self.totals["tokens"] += n_tokens
-        self.totals["time_s"] += t4 - t0
+        self.totals["time_s"] += clock[-1] - clock[0]
         seq_reward = (scored.rewards * batch.response_mask).sum(-1)
-        valid_adv = adv[mask]
         row: dict[str, Any] = {
             "iteration": it + 1,
             "reward/mean": float(seq_reward.mean()),
             "reward/std": float(seq_reward.std()) if batch.size > 1 else 0.0,
+            "reward/placed_per_response": float(scored.reward_mask.sum(-1).float().mean()),
             "reward/errors": scored.errors,
+            "reward/filtered": scored.filtered,
+            **scored.stats,
             "train/accuracy": float(scored.outcome.mean()),
             "train/step_accuracy": float(scored.step_correct.mean()),
             "response/length": float(batch.response_lengths.float().mean()),
             "response/truncated": float((~batch.finished).float().mean()),
-            "adv/mean": float(valid_adv.mean()) if valid_adv.numel() else 0.0,
-            "adv/std": float(valid_adv.std()) if valid_adv.numel() > 1 else 0.0,
-            "adv/abs_max": float(valid_adv.abs().max()) if valid_adv.numel() else 0.0,
+            **_stats("adv", adv, mask),
+            **_stats("return", ret, mask),
+            "credit/lam": lam,
             "optim/lr": lr,
+            "policy/updated": float(train_policy),
             **upd,
-            "time/rollout_s": t1 - t0,
-            "time/score_s": t2 - t1,
-            "time/credit_s": t3 - t2,
-            "time/update_s": t4 - t3,
-            "time/iter_s": t4 - t0,
-            "samples/total": self.totals["samples"],
-            "tokens/total": self.totals["tokens"],
-            "time/total_s": self.totals["time_s"],
+            **vout.stats,
         }
+        if vout.values is not None:
+            row.update(_stats("value", vout.values, mask))
+            row["value/explained_variance"] = explained_variance(vout.values, ret, mask)
+        row.update(
+            {
+                "time/rollout_s": clock[1] - clock[0],
+                "time/score_s": clock[2] - clock[1],
+                "time/value_s": clock[3] - clock[2],
+                "time/credit_s": clock[4] - clock[3],
+                "time/update_s": clock[5] - clock[4],
+                "time/iter_s": clock[5] - clock[0],
+                "samples/total": self.totals["samples"],
+                "tokens/total": self.totals["tokens"],
+                "time/total_s": self.totals["time_s"],
+            }
+        )
         return row
 
     def run(self) -> RLResult:
@@ -207,3 +242,13 @@ class RLTrainer:
         history.append(row)
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(row) + "\n")
+
+
+def _stats(prefix: str, x: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """Mean, std and largest magnitude of ``x`` (B, T) over the valid tokens of ``mask``."""
+    v = x[mask]
+    return {
+        f"{prefix}/mean": float(v.mean()) if v.numel() else 0.0,
+        f"{prefix}/std": float(v.std()) if v.numel() > 1 else 0.0,
+        f"{prefix}/abs_max": float(v.abs().max()) if v.numel() else 0.0,
+    }

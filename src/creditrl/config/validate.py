@@ -1,0 +1,206 @@
+"""Validation at load time: names against their registries, numeric ranges, and combinations.
+
+The axes of a run (``reward.granularity``, ``credit.estimator``, ``value.source``,
+``credit.normaliser``, ``loss.*``) are named independently; every combination that makes sense
+runs, and one that does not fails here, before anything is sampled, with a message saying why.
+"""
+
+from __future__ import annotations
+
+import typing
+
+from creditrl.config.schema import Config, ConfigError
+
+
+def _one_of(key: str, value: str, valid: typing.Iterable[str]) -> None:
+    valid = sorted(valid)
+    if value not in valid:
+        raise ConfigError(f"{key}: unknown value '{value}'; valid: {', '.join(valid)}")
+
+
+def _positive(key: str, value: float, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ConfigError(f"{key}: must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+
+
+def _unit(key: str, value: float, *, open_low: bool = False) -> None:
+    if not (0 < value <= 1 if open_low else 0 <= value <= 1):
+        raise ConfigError(f"{key}: must lie in {'(0, 1]' if open_low else '[0, 1]'}, got {value}")
+
+
+def resolved_granularity(source_name: str, granularity: str) -> str:
+    """``granularity`` or, when empty, the source's default one."""
+    from creditrl.rewards.sources import REWARD_SOURCES
+
+    return granularity or REWARD_SOURCES[source_name].default_granularity
+
+
+def resolved_resolution(cfg: Config) -> str:
+    """``credit.resolution`` with ``auto`` resolved: step for values that exist only at steps."""
+    from creditrl.values.registry import VALUE_SOURCES
+
+    if cfg.credit.resolution != "auto":
+        return cfg.credit.resolution
+    return "step" if VALUE_SOURCES[cfg.value.source].needs_steps else "token"
+
+
+def has_steps(cfg: Config) -> bool:
+    """Whether responses can be cut into reasoning steps (a separator or a cut function)."""
+    from creditrl.tasks import make_task
+
+    if cfg.reward.step_separator or cfg.reward.cut_fn:
+        return True
+    return getattr(make_task(cfg.task.name, **cfg.task.args), "step_separator", None) is not None
+
+
+def _check_source(key: str, source_name: str, granularity: str, cfg: Config) -> None:
+    from creditrl.rewards.placement import GRANULARITIES
+    from creditrl.rewards.sources import REWARD_SOURCES, check_granularity
+
+    _one_of(f"{key}.source" if key == "reward" else "hybrid.dense_source", source_name, REWARD_SOURCES)
+    gkey = "reward.granularity" if key == "reward" else "hybrid.dense_granularity"
+    if granularity:
+        _one_of(gkey, granularity, GRANULARITIES)
+    gran = resolved_granularity(source_name, granularity)
+    try:
+        check_granularity(REWARD_SOURCES[source_name], gran)
+    except ValueError as exc:
+        raise ConfigError(f"{gkey}: {exc}") from exc
+    if gran == "step" and not has_steps(cfg):
+        raise ConfigError(
+            f"{gkey}: 'step' needs a step separator, but task '{cfg.task.name}' has none; "
+            "set reward.step_separator or reward.cut_fn"
+        )
+
+
+def _check_ranges(cfg: Config) -> None:
+    for key, value in (
+        ("rollout.prompts_per_iter", cfg.rollout.prompts_per_iter),
+        ("rollout.group_size", cfg.rollout.group_size),
+        ("rollout.max_new_tokens", cfg.rollout.max_new_tokens),
+        ("optim.lr", cfg.optim.lr),
+        ("optim.ppo_epochs", cfg.optim.ppo_epochs),
+        ("optim.minibatches", cfg.optim.minibatches),
+        ("train.eval_every", cfg.train.eval_every),
+        ("train.eval_size", cfg.train.eval_size),
+        ("train.checkpoint_every", cfg.train.checkpoint_every),
+        ("sft.batch_size", cfg.sft.batch_size),
+        ("sft.lr", cfg.sft.lr),
+        ("reward.segment_tokens", cfg.reward.segment_tokens),
+        ("value.lr", cfg.value.lr),
+        ("value.mc_samples", cfg.value.mc_samples),
+    ):
+        _positive(key, value)
+    for key, value in (
+        ("train.iterations", cfg.train.iterations),
+        ("sft.steps", cfg.sft.steps),
+        ("loss.kl_coef", cfg.loss.kl_coef),
+        ("rollout.temperature", cfg.rollout.temperature),
+        ("train.threads", cfg.train.threads),
+        ("optim.warmup_iterations", cfg.optim.warmup_iterations),
+        ("shaping.length_budget", cfg.shaping.length_budget),
+        ("shaping.length_coef", cfg.shaping.length_coef),
+        ("shaping.overlong_cache", cfg.shaping.overlong_cache),
+        ("shaping.overlong_coef", cfg.shaping.overlong_coef),
+        ("shaping.kl_coef", cfg.shaping.kl_coef),
+        ("hybrid.dense_weight", cfg.hybrid.dense_weight),
+        ("value.coef", cfg.value.coef),
+        ("value.warmup_iterations", cfg.value.warmup_iterations),
+    ):
+        _positive(key, value, allow_zero=True)
+    _unit("credit.gamma", cfg.credit.gamma)
+    _unit("credit.lam", cfg.credit.lam)
+    if cfg.credit.lam_end is not None:
+        _unit("credit.lam_end", cfg.credit.lam_end)
+    _unit("hybrid.filter_q", cfg.hybrid.filter_q, open_low=True)
+    _unit("hybrid.switch_at", cfg.hybrid.switch_at)
+    _unit("hybrid.calibration_momentum", cfg.hybrid.calibration_momentum)
+    if not 0 <= cfg.hybrid.filter_lo <= cfg.hybrid.filter_hi <= 1:
+        raise ConfigError(
+            f"hybrid.filter_lo/filter_hi: need 0 <= lo <= hi <= 1, got [{cfg.hybrid.filter_lo}, {cfg.hybrid.filter_hi}]"
+        )
+    if not 0 < cfg.rollout.top_p <= 1:
+        raise ConfigError(f"rollout.top_p: must be in (0, 1], got {cfg.rollout.top_p}")
+    if not 0 < cfg.loss.clip_eps < 1:
+        raise ConfigError(f"loss.clip_eps: must be in (0, 1), got {cfg.loss.clip_eps}")
+    if cfg.value.clip_eps is not None:
+        _positive("value.clip_eps", cfg.value.clip_eps)
+    if cfg.shaping.overlong_cache >= cfg.rollout.max_new_tokens:
+        raise ConfigError(
+            f"shaping.overlong_cache: must be < rollout.max_new_tokens ({cfg.rollout.max_new_tokens}), "
+            f"got {cfg.shaping.overlong_cache}"
+        )
+    if cfg.rollout.prompts_per_iter * cfg.rollout.group_size < cfg.optim.minibatches:
+        raise ConfigError("optim.minibatches: more minibatches than responses per iteration")
+
+
+def _check_combinations(cfg: Config) -> None:
+    from creditrl.credit import requires
+    from creditrl.values.registry import VALUE_SOURCES
+
+    needs_values = "values" in requires(cfg.credit.estimator)
+    source = VALUE_SOURCES[cfg.value.source]
+    if needs_values and source.kind == "none":
+        raise ConfigError(
+            f"credit.estimator: '{cfg.credit.estimator}' needs values; set value.source to one of "
+            f"{', '.join(n for n, v in VALUE_SOURCES.items() if v.kind != 'none')}"
+        )
+    if not needs_values and source.kind != "none":
+        raise ConfigError(
+            f"value.source: '{cfg.value.source}' gives values that estimator '{cfg.credit.estimator}' "
+            "never reads; use credit.estimator=gae or value.source=none"
+        )
+    resolution = resolved_resolution(cfg)
+    if source.needs_steps and resolution != "step":
+        raise ConfigError(
+            f"credit.resolution: '{cfg.value.source}' values exist only at step boundaries; "
+            "use credit.resolution=step (or auto)"
+        )
+    if (resolution == "step" or source.needs_steps) and not has_steps(cfg):
+        raise ConfigError(
+            f"credit.resolution/value.source: step-level credit needs steps, but task '{cfg.task.name}' "
+            "has no step separator; set reward.step_separator or reward.cut_fn"
+        )
+    if source.kind != "critic" and cfg.value.warmup_iterations:
+        raise ConfigError("value.warmup_iterations: only a learned critic has a warm-up; set it to 0")
+    h = cfg.hybrid
+    if not h.dense_source:
+        if h.schedule != "constant" or h.calibrate or h.dense_granularity:
+            raise ConfigError(
+                "hybrid.schedule/calibrate/dense_granularity: these weight a second reward source; "
+                "set hybrid.dense_source (e.g. oracle_steps)"
+            )
+
+
+def validate(cfg: Config) -> None:
+    """Check names against the registries, ranges and combinations; raise ConfigError on the first problem."""
+    from creditrl.credit import ESTIMATORS, NORMALISERS, RESOLUTIONS
+    from creditrl.losses import AGGREGATIONS, KL_ESTIMATORS
+    from creditrl.rewards.hybrid import FILTERS, SCHEDULES
+    from creditrl.rewards.sources import ERROR_POLICIES
+    from creditrl.tasks import TASKS, make_task
+    from creditrl.values.critic import CRITIC_MODELS
+    from creditrl.values.registry import VALUE_SOURCES
+
+    _one_of("task.name", cfg.task.name, TASKS)
+    for key, args in (("task.args", cfg.task.args), ("sft.task_args", cfg.sft.task_args)):
+        try:
+            make_task(cfg.task.name, **args)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{key}: {exc}") from exc
+    _one_of("credit.estimator", cfg.credit.estimator, ESTIMATORS)
+    _one_of("credit.normaliser", cfg.credit.normaliser, NORMALISERS)
+    _one_of("credit.resolution", cfg.credit.resolution, ("auto", *RESOLUTIONS))
+    _one_of("reward.on_error", cfg.reward.on_error, ERROR_POLICIES)
+    _one_of("loss.aggregation", cfg.loss.aggregation, AGGREGATIONS)
+    _one_of("loss.kl_estimator", cfg.loss.kl_estimator, KL_ESTIMATORS)
+    _one_of("shaping.kl_estimator", cfg.shaping.kl_estimator, KL_ESTIMATORS)
+    _one_of("hybrid.filter", cfg.hybrid.filter, FILTERS)
+    _one_of("hybrid.schedule", cfg.hybrid.schedule, SCHEDULES)
+    _one_of("value.source", cfg.value.source, VALUE_SOURCES)
+    _one_of("value.model", cfg.value.model, CRITIC_MODELS)
+    _check_ranges(cfg)
+    _check_source("reward", cfg.reward.source, cfg.reward.granularity, cfg)
+    if cfg.hybrid.dense_source:
+        _check_source("hybrid", cfg.hybrid.dense_source, cfg.hybrid.dense_granularity, cfg)
+    _check_combinations(cfg)

@@ -1,0 +1,156 @@
+"""Monte-Carlo state values at step boundaries (VinePPO).
+
+VinePPO (Kazemnejad et al., 2024, arXiv:2410.01679) replaces the learned critic by unbiased
+Monte-Carlo estimates: a language model can be rolled out again from any prefix of its own
+response, so the value of the state reached after some steps is the average outcome of K fresh
+continuations of that prefix, sampled from the current policy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from creditrl.policy.engine import GenerationEngine, SamplingParams
+from creditrl.rollout.batch import TrajectoryBatch
+
+OutcomeFn = Callable[[int, str], float]
+"""``outcome_fn(b, completion) -> float``: the outcome of a full completion of row b's prompt
+(e.g. 1.0 when the task's outcome checker accepts it)."""
+
+
+@dataclass
+class MCValues:
+    values: Tensor  # float (B, T): V(s_k) on every valid token of step k, 0 on masked tokens
+    n_states: int  # distinct prefixes estimated (each once, however many rows share it)
+    n_continuations: int  # continuations sampled: samples x states that had a budget left
+    n_tokens: int  # tokens the engine generated for them, before truncation to the budget
+
+
+@dataclass
+class _State:
+    row: int  # the first row that reached this state: its outcome_fn judges the completions
+    prompt: list[int]
+    prefix: list[int]  # response tokens before the step
+
+
+def step_spans(step_ends: list[bool], length: int) -> list[tuple[int, int]]:
+    """``[(start, end), ...]`` (end exclusive) of the steps of one response of ``length`` tokens.
+
+    A step ends on each ``step_ends`` token before ``length``; the last token always ends the
+    final step, so the spans tile ``0..length-1``. An empty response has no steps.
+    """
+    ends = [t for t in range(length) if step_ends[t]]
+    if length and (not ends or ends[-1] != length - 1):
+        ends.append(length - 1)
+    starts = [0] + [e + 1 for e in ends[:-1]]
+    return [(s, e + 1) for s, e in zip(starts, ends)]
+
+
+def mc_values(
+    engine: GenerationEngine,
+    batch: TrajectoryBatch,
+    step_ends: Tensor,
+    outcome_fn: OutcomeFn,
+    *,
+    samples: int,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    decode: Callable[[list[int]], str],
+) -> MCValues:
+    """Monte-Carlo values V(s_k) of the state before each step of each response (VinePPO).
+
+    For row b with response y (``response_lengths[b]`` tokens) cut into steps k = 0..n_b-1 by
+    ``step_ends`` (bool (B, T), True on the last token of a step; the last valid token always
+    ends the final step), the state before step k is ``s_k = (x, y_{<start_k})``: the prompt x
+    plus the response tokens of steps 0..k-1 (``s_0`` = the prompt alone). Its value is::
+
+        V(s_k) = (1/K) sum_{j=1..K} outcome_fn(b, decode(y_{<start_k} + c_j)),
+        c_j ~ pi( . | s_k),  K = samples
+
+    with the continuations c_j sampled by ``engine`` under ``params``. ``values[b, t] = V(s_k)``
+    on every token t of step k where ``response_mask`` is 1, and 0 elsewhere: the value of the
+    state before a token is the value at the boundary that opened its step. The state after the
+    final step is terminal and is not estimated (the estimator takes V = 0 there; VinePPO's
+    advantage of step k is ``A_k = r_k + V(s_{k+1}) - V(s_k)``, shared by the step's tokens).
+
+    Deduplication: states are keyed by (prompt ids without padding, response prefix). Identical
+    states -- s_0 of the G responses of one prompt, or two responses that agree on their first
+    steps -- are estimated once and shared. The completions of a shared state are judged by
+    ``outcome_fn`` of the first row that reached it: rows with the same prompt ids are assumed
+    to pose the same problem.
+
+    Length budget: the original response could hold ``params.max_new_tokens`` tokens, so a
+    continuation of a prefix of p response tokens may add at most ``max_new_tokens - p``. All
+    states are sampled in one ``engine.generate`` call with ``params`` and each continuation is
+    cut to its budget (the first n tokens of a longer sample have the distribution of an
+    n-token sample). A prefix with no budget left (p >= max_new_tokens) is not sampled: its
+    value is ``outcome_fn`` of the prefix itself.
+
+    Cost: ``samples`` continuations per distinct state with a budget left, i.e. at most
+    ``samples * sum_b n_b`` sequences (fewer after deduplication; ``n_continuations`` and
+    ``n_tokens`` report what was spent), against the ``B`` sequences of the rollout itself.
+
+    Shapes: ``batch.response_ids`` long (B, T), ``step_ends`` bool (B, T) -> ``MCValues`` with
+    ``values`` float32 (B, T) on the device of ``batch.response_ids``.
+    """
+    shape = tuple(batch.response_ids.shape)
+    if not isinstance(step_ends, Tensor):
+        raise TypeError(f"step_ends must be a torch.Tensor; got {type(step_ends).__name__}")
+    if step_ends.dtype != torch.bool or tuple(step_ends.shape) != shape:
+        raise ValueError(
+            f"step_ends must be a bool tensor of shape (B, T) = {shape}; "
+            f"got dtype {step_ends.dtype}, shape {tuple(step_ends.shape)}"
+        )
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
+
+    budget_total = params.max_new_tokens
+    prompt_ids, prompt_mask = batch.prompt_ids.tolist(), batch.prompt_mask.bool().tolist()
+    response_ids, lengths = batch.response_ids.tolist(), batch.response_lengths.tolist()
+    ends = step_ends.tolist()
+
+    index: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
+    states: list[_State] = []
+    spans: list[tuple[int, int, int, int]] = []  # (row, start, end, state)
+    for b in range(shape[0]):
+        prompt = [t for t, m in zip(prompt_ids[b], prompt_mask[b]) if m]
+        response = response_ids[b][: lengths[b]]
+        for start, end in step_spans(ends[b], lengths[b]):
+            key = (tuple(prompt), tuple(response[:start]))
+            if key not in index:
+                index[key] = len(states)
+                states.append(_State(row=b, prompt=prompt, prefix=response[:start]))
+            spans.append((b, start, end, index[key]))
+
+    state_values = [0.0] * len(states)
+    sampled = [i for i, s in enumerate(states) if len(s.prefix) < budget_total]
+    for i, s in enumerate(states):
+        if len(s.prefix) >= budget_total:
+            state_values[i] = float(outcome_fn(s.row, decode(s.prefix)))
+    n_tokens = 0
+    if sampled:
+        requests = [states[i].prompt + states[i].prefix for i in sampled]
+        gen = engine.generate(requests, samples, params, generator=generator)
+        totals = [0.0] * len(sampled)
+        for request, tokens in zip(gen.prompt_index, gen.tokens):
+            s = states[sampled[request]]
+            continuation = tokens[: budget_total - len(s.prefix)]
+            totals[request] += float(outcome_fn(s.row, decode(s.prefix + continuation)))
+            n_tokens += len(tokens)
+        for request, total in enumerate(totals):
+            state_values[sampled[request]] = total / samples
+
+    values = torch.zeros(shape, dtype=torch.float32)
+    for b, start, end, i in spans:
+        values[b, start:end] = state_values[i]
+    values = torch.where(batch.response_mask.cpu(), values, 0.0)
+    return MCValues(
+        values=values.to(batch.response_ids.device),
+        n_states=len(states),
+        n_continuations=len(sampled) * samples,
+        n_tokens=n_tokens,
+    )

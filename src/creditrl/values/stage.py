@@ -1,0 +1,97 @@
+"""The value stage: where ``values`` (B, T) come from for the estimator (``value.source``).
+
+- ``none``: no values;
+- ``critic`` / ``dual_critic``: a learned :class:`~creditrl.values.critic.Critic`, evaluated here
+  (no grad) and trained in the update stage toward the estimator's returns;
+- ``mc``: VinePPO Monte-Carlo values from continuations of every step prefix
+  (:func:`~creditrl.values.mc.mc_values`), recomputed each iteration with the current policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from creditrl.config import Config
+from creditrl.policy.engine import GenerationEngine, SamplingParams
+from creditrl.rollout.batch import TrajectoryBatch, response_forward
+from creditrl.tasks.base import Task
+from creditrl.values.critic import Critic, build_critic
+from creditrl.values.mc import mc_values
+from creditrl.values.registry import VALUE_SOURCES
+
+
+@dataclass
+class ValueOut:
+    values: torch.Tensor | None  # float (B, T) or None
+    member_values: torch.Tensor | None  # float (M, B, T), a critic's heads before the min
+    stats: dict[str, float] = field(default_factory=dict)
+
+
+class ValueStage:
+    """Holds the critic (and its optimizer) or the MC settings of a run."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        policy: PreTrainedModel,
+        engine: GenerationEngine,
+        tokenizer: PreTrainedTokenizerBase,
+        task: Task,
+        params: SamplingParams,
+    ) -> None:
+        self.cfg, self.policy, self.engine, self.tokenizer, self.task, self.params = (
+            cfg, policy, engine, tokenizer, task, params,
+        )
+        self.info = VALUE_SOURCES[cfg.value.source]
+        self.critic: Critic | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        if self.info.kind == "critic":
+            self.critic = build_critic(
+                policy, members=self.info.members, placement=cfg.value.model, seed=cfg.value.seed
+            )
+            self.optimizer = torch.optim.AdamW(self.critic.parameters(), lr=cfg.value.lr, betas=(0.9, 0.99))
+
+    def set_policy(self, policy: PreTrainedModel) -> None:
+        """Point a shared critic (and the MC engine's model) at a reloaded policy."""
+        self.policy = policy
+
+    @torch.no_grad()
+    def __call__(self, batch: TrajectoryBatch, step_ends: torch.Tensor, generator: torch.Generator) -> ValueOut:
+        if self.info.kind == "none":
+            return ValueOut(None, None)
+        if self.critic is not None:
+            states = None
+            if self.critic.shared:
+                self.policy.eval()
+                states = response_forward(self.policy, batch, hidden=True)[1]
+            self.critic.eval()
+            members = self.critic.member_values(batch, states)  # (M, B, T)
+            return ValueOut(self.critic.combine(members), members)
+        problems = batch.extras["problems"]
+        out = mc_values(
+            self.engine,
+            batch,
+            step_ends,
+            lambda row, text: float(self.task.check_outcome(problems[row], text)),
+            samples=self.cfg.value.mc_samples,
+            params=self.params,
+            generator=generator,
+            decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
+        )
+        stats = {"value/mc_states": float(out.n_states), "value/mc_tokens": float(out.n_tokens)}
+        return ValueOut(out.values, None, stats)
+
+    # -- checkpointing -----------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        if self.critic is None:
+            return {}
+        return {"critic": self.critic.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.critic is not None and state:
+            self.critic.load_state_dict(state["critic"])
+            self.optimizer.load_state_dict(state["optimizer"])
