@@ -258,6 +258,7 @@ def test_step_source_needs_a_task_with_steps(stepless_task):
         (["hybrid.calibrate=true"], "hybrid.schedule/calibrate/dense_granularity: these weight a second reward source"),
         (["hybrid.filter_lo=0.9", "hybrid.filter_hi=0.1"], "hybrid.filter_lo/filter_hi: need 0 <= lo <= hi <= 1, got \\[0.9, 0.1\\]"),
         (["value.warmup_iterations=3"], "value.warmup_iterations: only a learned critic has a warm-up"),
+        (["credit.estimator=gae", "value.source=critic", "value.model=shared", "value.backbone=tiny"], "value.backbone: only a separate critic has a backbone of its own"),
         (["hybrid.dense_source=outcome", "hybrid.dense_granularity=token"], "hybrid.dense_granularity: reward source 'outcome' scores whole sequences only"),
     ],
 )

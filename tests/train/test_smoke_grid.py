@@ -161,3 +161,37 @@ def test_lambda_schedule_reaches_the_loop(sft_dir: str, tmp_path: Path) -> None:
         ["train.iterations=4", "credit.estimator=gae", "value.source=critic", "credit.lam=0.5", "credit.lam_end=0.9"],
     )
     assert [r["credit/lam"] for r in rows[1:]] == pytest.approx([0.5, 0.6, 0.7, 0.8])
+
+
+def test_separate_critic_on_its_own_backbone(sft_dir: str, tmp_path: Path) -> None:
+    cfg = load_config(overrides=SMALL + ["credit.estimator=gae", "value.source=dual_critic", "value.backbone=tiny"])
+    trainer = RLTrainer(cfg, tmp_path / "run", init_path=sft_dir)
+    critic = trainer.value_stage.critic
+    assert not critic.shared and len(critic.backbones) == 2
+    # fresh tiny backbones, not copies of the SFT policy
+    policy_embed = trainer.model.base_model.embed_tokens.weight
+    assert not torch.equal(critic.backbones[0].embed_tokens.weight, policy_embed)
+    assert all_finite(trainer.run().history)
+
+
+def test_resume_with_critic_and_calibrator_gives_the_same_metrics(sft_dir: str, tmp_path: Path) -> None:
+    over = SMALL + [
+        "train.iterations=4", "train.checkpoint_every=2", "train.eval_every=2",
+        "credit.estimator=gae", "value.source=critic", "value.lr=1e-3",
+        "hybrid.dense_source=oracle_steps", "hybrid.calibrate=true",
+    ]
+    RLTrainer(load_config(overrides=over), tmp_path / "full", init_path=sft_dir).run()
+    part = RLTrainer(load_config(overrides=over), tmp_path / "part", init_path=sft_dir)
+    part.cfg.train.iterations = 2
+    part.run()
+    cfg_text = (tmp_path / "part" / "config.yaml").read_text().replace("iterations: 2", "iterations: 4")
+    (tmp_path / "part" / "config.yaml").write_text(cfg_text)
+    RLTrainer.resume(tmp_path / "part").run()
+    import json
+
+    a, b = ([json.loads(x) for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()] for d in ("full", "part"))
+    assert [r["iteration"] for r in a] == [r["iteration"] for r in b] == [0, 1, 2, 3, 4]
+    for ra, rb in zip(a, b):
+        for key in ra:
+            if not key.startswith("time/"):
+                assert ra[key] == pytest.approx(rb[key], abs=1e-6), (ra["iteration"], key)

@@ -91,6 +91,7 @@ class HybridConfig:
 class ValueConfig:
     source: str = "none"  # none | critic | dual_critic | mc
     model: str = "separate"  # critic heads on a separate backbone or shared with the policy
+    backbone: str = ""  # separate critic: "" = a copy of the initial policy, "tiny", or a local model path
     lr: float = 1e-4  # critic optimizer
     clip_eps: float | None = 0.2  # clipped value loss; None = plain squared error
     coef: float = 0.5  # weight of the value loss in the policy loss (shared critic)

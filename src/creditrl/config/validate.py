@@ -161,6 +161,8 @@ def _check_combinations(cfg: Config) -> None:
             f"credit.resolution/value.source: step-level credit needs steps, but task '{cfg.task.name}' "
             "has no step separator; set reward.step_separator or reward.cut_fn"
         )
+    if cfg.value.backbone and (source.kind != "critic" or cfg.value.model != "separate"):
+        raise ConfigError("value.backbone: only a separate critic has a backbone of its own (value.model=separate)")
     if source.kind != "critic" and cfg.value.warmup_iterations:
         raise ConfigError("value.warmup_iterations: only a learned critic has a warm-up; set it to 0")
     h = cfg.hybrid

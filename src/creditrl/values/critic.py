@@ -87,16 +87,27 @@ class Critic(nn.Module):
 
 
 def build_critic(
-    policy: PreTrainedModel, *, members: int, placement: str, seed: int = 0
+    policy: PreTrainedModel, *, members: int, placement: str, seed: int = 0, backbone: str = ""
 ) -> Critic:
-    """A critic for ``policy``: ``separate`` copies its backbone once per member (the critic
-    starts from the policy's weights), ``shared`` puts the heads on the policy itself."""
+    """A critic for ``policy``: ``shared`` puts the heads on the policy itself; ``separate``
+    gives every member its own backbone: a copy of the policy's (``backbone=""``, the critic
+    starts from the policy's weights) or the base model of ``backbone`` (``"tiny"`` or a local
+    causal-LM path), which must read the policy's token ids (same vocabulary size)."""
     if placement not in CRITIC_MODELS:
         raise ValueError(f"unknown critic placement {placement!r}; valid: {', '.join(CRITIC_MODELS)}")
-    hidden = int(policy.config.hidden_size)
     if placement == "shared":
-        return Critic(hidden, members=members, seed=seed)
-    backbones = [copy.deepcopy(policy.base_model) for _ in range(members)]
+        return Critic(int(policy.config.hidden_size), members=members, seed=seed)
+    source = policy
+    if backbone:
+        from creditrl.policy.model import load_policy
+
+        source, _ = load_policy(backbone, seed=seed)
+        if source.config.vocab_size != policy.config.vocab_size:
+            raise ValueError(
+                f"value.backbone: '{backbone}' has a vocabulary of {source.config.vocab_size} tokens, the policy "
+                f"{policy.config.vocab_size}; a separate critic must read the policy's token ids"
+            )
+    backbones = [copy.deepcopy(source.base_model) for _ in range(members)]
     for b in backbones:
         b.requires_grad_(True)
-    return Critic(hidden, members=members, backbones=backbones, seed=seed)
+    return Critic(int(source.config.hidden_size), members=members, backbones=backbones, seed=seed)

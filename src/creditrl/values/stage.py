@@ -51,7 +51,8 @@ class ValueStage:
         self.optimizer: torch.optim.Optimizer | None = None
         if self.info.kind == "critic":
             self.critic = build_critic(
-                policy, members=self.info.members, placement=cfg.value.model, seed=cfg.value.seed
+                policy, members=self.info.members, placement=cfg.value.model, seed=cfg.value.seed,
+                backbone=cfg.value.backbone,
             )
             self.optimizer = torch.optim.AdamW(self.critic.parameters(), lr=cfg.value.lr, betas=(0.9, 0.99))
 
