@@ -91,7 +91,8 @@ def sample_next(
 
 
 class HFEngine:
-    """Batched sampling with the HF KV cache; stops when every row has produced eos."""
+    """Batched sampling with the HF KV cache; a row that has produced eos leaves the batch (its
+    cache rows are dropped), and decoding stops when every row has."""
 
     def __init__(self, model: PreTrainedModel, *, eos_id: int, pad_id: int) -> None:
         self.model = model
@@ -120,8 +121,11 @@ class HFEngine:
         next_pos = positions_from_mask(attn)[:, -1] + 1
         n_req = len(requests)
         finished = torch.zeros(n_req, dtype=torch.bool)
+        active = torch.arange(n_req)  # rows still decoding; the cache holds only these
         tokens, logps = [], []
         for _ in range(params.max_new_tokens):
+            # Sample for every row (finished rows keep stale logits and are overwritten with pad),
+            # so the generator is consumed exactly as without the early exit below.
             tok = sample_next(logits, params, generator)
             tok = torch.where(finished, torch.full_like(tok, self.pad_id), tok)
             logp = torch.log_softmax(logits, dim=-1).gather(-1, tok[:, None]).squeeze(-1)
@@ -130,15 +134,23 @@ class HFEngine:
             finished = finished | (tok == self.eos_id)
             if bool(finished.all()):
                 break
-            attn = torch.cat([attn, torch.ones((n_req, 1), dtype=attn.dtype)], dim=1)
+            still = ~finished[active]
+            if not bool(still.all()):
+                # Early exit: drop finished rows from the cache and from every later forward pass.
+                keep = still.nonzero().squeeze(-1)
+                cache.batch_select_indices(keep)
+                active, attn, next_pos = active[keep], attn[keep], next_pos[keep]
+            attn = torch.cat([attn, torch.ones((len(active), 1), dtype=attn.dtype)], dim=1)
             out = self.model(
-                input_ids=tok[:, None],
+                input_ids=tok[active][:, None],
                 attention_mask=attn,
                 position_ids=next_pos[:, None],
                 cache=cache,
                 use_cache=True,
             )
-            cache, logits = out.cache, out.logits[:, -1].float()
+            cache = out.cache
+            logits = logits.clone()
+            logits[active] = out.logits[:, -1].float()
             next_pos = next_pos + 1
         self.model.train(was_training)
         tok_mat = torch.stack(tokens, dim=1).tolist()
