@@ -17,7 +17,7 @@ from creditrl.config import (
 )
 from creditrl.tasks import TASKS, register_task
 
-SECTIONS = "policy, task, sft, rollout, reward, shaping, hybrid, value, credit, loss, optim, train"
+SECTIONS = "policy, task, sft, rollout, reward, shaping, hybrid, value, credit, loss, optim, train, prm"
 
 
 def write(tmp_path, text, name="cfg.yaml"):
@@ -165,7 +165,7 @@ def test_wrong_types_name_the_key(override, message):
     [
         ("credit.estimator=ppo", "credit.estimator: unknown value 'ppo'; valid: dr_grpo, gae, grpo, grpo_process, reinforce, reinforce_baseline, rloo"),
         ("credit.normaliser=zscore", "credit.normaliser: unknown value 'zscore'; valid: batch, group, none"),
-        ("reward.source=prm", "reward.source: unknown value 'prm'; valid: oracle_steps, outcome"),
+        ("reward.source=orm", "reward.source: unknown value 'orm'; valid: oracle_steps, outcome, prm"),
         ("reward.on_error=ignore", "reward.on_error: unknown value 'ignore'; valid: raise, skip, zero"),
         ("loss.aggregation=sum", "loss.aggregation: unknown value 'sum'; valid: seq-mean-token-mean, seq-mean-token-sum-norm, token-mean"),
         ("loss.kl_estimator=k4", "loss.kl_estimator: unknown value 'k4'; valid: k1, k2, k3"),
@@ -258,6 +258,9 @@ def test_step_source_needs_a_task_with_steps(stepless_task):
         (["hybrid.calibrate=true"], "hybrid.schedule/calibrate/dense_granularity: these weight a second reward source"),
         (["hybrid.filter_lo=0.9", "hybrid.filter_hi=0.1"], "hybrid.filter_lo/filter_hi: need 0 <= lo <= hi <= 1, got \\[0.9, 0.1\\]"),
         (["value.warmup_iterations=3"], "value.warmup_iterations: only a learned critic has a warm-up"),
+        (["reward.source=prm"], "reward.prm: source 'prm' needs it set"),
+        (["reward.source=prm", "reward.prm=/nonexistent/prm"], "reward.prm: '/nonexistent/prm' is not a directory"),
+        (["reward.source=prm", "reward.prm=/tmp", "reward.granularity=token"], "reward.granularity: reward source 'prm' scores spans \\(granularities: step\\)"),
         (["credit.estimator=gae", "value.source=critic", "value.model=shared", "value.backbone=tiny"], "value.backbone: only a separate critic has a backbone of its own"),
         (["hybrid.dense_source=outcome", "hybrid.dense_granularity=token"], "hybrid.dense_granularity: reward source 'outcome' scores whole sequences only"),
     ],

@@ -1,4 +1,4 @@
-"""The ``creditrl`` command line: ``demo``, ``sft``, ``train``."""
+"""The ``creditrl`` command line: ``demo``, ``sft``, ``train``, ``prm ...``."""
 
 from __future__ import annotations
 
@@ -83,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", help="where to write (default runs/train-TIMESTAMP)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
     p.set_defaults(func=cmd_train)
+
+    from creditrl.prm.cli import add_prm_parser
+
+    add_prm_parser(sub, add_config_args)
     return parser
 
 

@@ -311,8 +311,8 @@ def test_builtin_sources_declare_their_granularities():
     out, orc = get_source("outcome"), get_source("oracle_steps")
     assert out.granularities == {"sequence"} and out.default_granularity == "sequence"
     assert orc.granularities == {"step", "segment", "token", "key_token"} and orc.default_granularity == "step"
-    with pytest.raises(ValueError, match="unknown reward source 'prm'; valid: oracle_steps, outcome"):
-        get_source("prm")
+    with pytest.raises(ValueError, match="unknown reward source 'orm'; valid: oracle_steps, outcome, prm"):
+        get_source("orm")
 
 
 def test_register_source_checks():

@@ -60,6 +60,7 @@ class RewardConfig:
     segment_tokens: int = 8  # K of fixed K-token segments
     key_after: str = "="  # key_token: a token is key when the previous token's text ends with this
     key_fn: str | None = None  # "module:function" key-token predicate (token texts, index) -> bool
+    prm: str | None = None  # a trained PRM directory (creditrl prm train), read by the `prm` source
 
 
 @dataclass
@@ -144,6 +145,28 @@ class TrainConfig:
 
 
 @dataclass
+class PRMConfig:
+    labeler: str = "oracle"  # oracle | outcome_heuristic | mc | vote (creditrl prm label)
+    vote_labelers: str = "outcome_heuristic,mc"  # comma-separated labelers for vote
+    vote_threshold: float = 1.0  # keep a voted label when this share of labelers agrees
+    problems: int = 512  # problems whose policy samples are labelled
+    samples: int = 4  # solutions per problem
+    temperature: float = 1.0  # sampling temperature of those solutions
+    split: str = "train"  # task split the problems come from
+    mc_n: int = 8  # mc: continuations per step prefix (N)
+    mc_mode: str = "hard"  # hard (any continuation correct) | soft (share correct)
+    members: int = 1  # ensemble members (each a backbone + head)
+    combine: str = "mean"  # mean | min over members
+    steps: int = 600  # optimizer steps of PRM training
+    batch_size: int = 32
+    lr: float = 1e-3
+    soft: bool = False  # train on soft labels (BCE toward the float) instead of hard ones
+    augment_rate: float = 0.0  # share of all-correct examples copied with one corrupted step
+    max_step_tokens: int | None = None  # drop training examples with a longer step (shortcut defence)
+    seed: int = 0
+
+
+@dataclass
 class Config:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -157,6 +180,7 @@ class Config:
     loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    prm: PRMConfig = field(default_factory=PRMConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

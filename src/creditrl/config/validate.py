@@ -8,6 +8,7 @@ runs, and one that does not fails here, before anything is sampled, with a messa
 from __future__ import annotations
 
 import typing
+from pathlib import Path
 
 from creditrl.config.schema import Config, ConfigError
 
@@ -30,9 +31,9 @@ def _unit(key: str, value: float, *, open_low: bool = False) -> None:
 
 def resolved_granularity(source_name: str, granularity: str) -> str:
     """``granularity`` or, when empty, the source's default one."""
-    from creditrl.rewards.sources import REWARD_SOURCES
+    from creditrl.rewards.sources import get_source
 
-    return granularity or REWARD_SOURCES[source_name].default_granularity
+    return granularity or get_source(source_name).default_granularity
 
 
 def resolved_resolution(cfg: Config) -> str:
@@ -55,15 +56,21 @@ def has_steps(cfg: Config) -> bool:
 
 def _check_source(key: str, source_name: str, granularity: str, cfg: Config) -> None:
     from creditrl.rewards.placement import GRANULARITIES
-    from creditrl.rewards.sources import REWARD_SOURCES, check_granularity
+    from creditrl.rewards.sources import check_granularity, get_source, source_names
 
-    _one_of(f"{key}.source" if key == "reward" else "hybrid.dense_source", source_name, REWARD_SOURCES)
+    _one_of(f"{key}.source" if key == "reward" else "hybrid.dense_source", source_name, source_names())
+    for option in getattr(get_source(source_name), "requires", ()):
+        value = getattr(cfg.reward, option)
+        if not value:
+            raise ConfigError(f"reward.{option}: source '{source_name}' needs it set")
+        if option == "prm" and not Path(value).is_dir():
+            raise ConfigError(f"reward.prm: '{value}' is not a directory (write one with `creditrl prm train`)")
     gkey = "reward.granularity" if key == "reward" else "hybrid.dense_granularity"
     if granularity:
         _one_of(gkey, granularity, GRANULARITIES)
     gran = resolved_granularity(source_name, granularity)
     try:
-        check_granularity(REWARD_SOURCES[source_name], gran)
+        check_granularity(get_source(source_name), gran)
     except ValueError as exc:
         raise ConfigError(f"{gkey}: {exc}") from exc
     if gran == "step" and not has_steps(cfg):
@@ -174,6 +181,26 @@ def _check_combinations(cfg: Config) -> None:
             )
 
 
+def _check_prm(cfg: Config) -> None:
+    from creditrl.prm.pipeline import LABELER_NAMES
+    from creditrl.tasks.arithmetic import SPLITS
+
+    p = cfg.prm
+    _one_of("prm.labeler", p.labeler, LABELER_NAMES)
+    _one_of("prm.mc_mode", p.mc_mode, ("hard", "soft"))
+    _one_of("prm.combine", p.combine, ("mean", "min"))
+    _one_of("prm.split", p.split, SPLITS)
+    for name in p.vote_labelers.split(","):
+        _one_of("prm.vote_labelers", name.strip(), ("oracle", "outcome_heuristic", "mc"))
+    for key in ("problems", "samples", "mc_n", "members", "steps", "batch_size", "lr"):
+        _positive(f"prm.{key}", getattr(p, key))
+    _positive("prm.temperature", p.temperature, allow_zero=True)
+    _unit("prm.vote_threshold", p.vote_threshold, open_low=True)
+    _unit("prm.augment_rate", p.augment_rate)
+    if p.max_step_tokens is not None:
+        _positive("prm.max_step_tokens", p.max_step_tokens)
+
+
 def validate(cfg: Config) -> None:
     """Check names against the registries, ranges and combinations; raise ConfigError on the first problem."""
     from creditrl.credit import ESTIMATORS, NORMALISERS, RESOLUTIONS
@@ -202,6 +229,7 @@ def validate(cfg: Config) -> None:
     _one_of("value.source", cfg.value.source, VALUE_SOURCES)
     _one_of("value.model", cfg.value.model, CRITIC_MODELS)
     _check_ranges(cfg)
+    _check_prm(cfg)
     _check_source("reward", cfg.reward.source, cfg.reward.granularity, cfg)
     if cfg.hybrid.dense_source:
         _check_source("hybrid", cfg.hybrid.dense_source, cfg.hybrid.dense_granularity, cfg)

@@ -13,12 +13,17 @@ from creditrl.rewards.shaping import add_shaping, kl_penalty, length_penalty, ov
 from creditrl.rewards.sources import (
     ERROR_POLICIES,
     REWARD_SOURCES,
+    SOURCE_FACTORIES,
     RewardSource,
     ScoreResult,
+    SourceFactory,
     check_granularity,
     get_source,
+    make_source,
     register_source,
+    register_source_factory,
     score_batch,
+    source_names,
 )
 
 __all__ = [
@@ -35,10 +40,15 @@ __all__ = [
     "overlong_penalty",
     "ERROR_POLICIES",
     "REWARD_SOURCES",
+    "SOURCE_FACTORIES",
     "RewardSource",
     "ScoreResult",
+    "SourceFactory",
     "check_granularity",
     "get_source",
+    "make_source",
     "register_source",
+    "register_source_factory",
     "score_batch",
+    "source_names",
 ]

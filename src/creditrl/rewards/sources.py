@@ -5,6 +5,11 @@ A reward source scores the spans of one response (the spans of a granularity's s
 
     fn(task, problem, completion, spans) -> list[float | None]   # one score per span
 
+A source may also carry a ``batch_fn(task, problems, completions, spans_list)`` that scores a
+whole batch at once (a model-backed source such as a PRM runs one forward pass); the stage uses
+it first and falls back to ``fn`` per response if it raises. Sources that need options (a PRM's
+path) are built by a factory: ``register_source_factory`` / ``make_source(name, options)``.
+
 A ``None`` score is "no label": nothing is placed on that span. Each source declares the
 granularities it can score and a default one; at ``sequence`` granularity there is one span
 (the whole response) and the score may not be ``None``.
@@ -19,12 +24,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from creditrl.rewards.placement import GRANULARITIES
 from creditrl.tasks.base import Problem, Task
 
 SourceFn = Callable[[Task, Problem, str, Sequence[str]], list[float | None]]
+BatchFn = Callable[
+    [Task, Sequence[Problem], Sequence[str], Sequence[Sequence[str]]], list[list[float | None]]
+]
 ERROR_POLICIES = ("raise", "zero", "skip")
 
 
@@ -34,6 +42,7 @@ class RewardSource:
     granularities: frozenset[str]  # the granularities whose spans it can score
     default_granularity: str
     fn: SourceFn
+    batch_fn: BatchFn | None = None
 
     def __post_init__(self) -> None:
         if self.default_granularity not in self.granularities:
@@ -65,13 +74,55 @@ def register_source(
     return deco
 
 
-def get_source(name: str) -> RewardSource:
-    if name not in REWARD_SOURCES:
-        raise ValueError(f"unknown reward source '{name}'; valid: {', '.join(sorted(REWARD_SOURCES))}")
-    return REWARD_SOURCES[name]
+@dataclass(frozen=True)
+class SourceFactory:
+    """A source built from options at run time (e.g. a trained model's path)."""
+
+    name: str
+    granularities: frozenset[str]
+    default_granularity: str
+    build: Callable[[dict[str, Any]], RewardSource]
+    requires: tuple[str, ...] = ()  # ``reward.*`` config keys the build reads (must be set)
 
 
-def check_granularity(source: RewardSource, granularity: str) -> None:
+SOURCE_FACTORIES: dict[str, SourceFactory] = {}
+
+
+def register_source_factory(
+    name: str, granularities: Iterable[str], default: str, requires: Iterable[str] = ()
+) -> Callable[[Callable[[dict[str, Any]], RewardSource]], Callable[[dict[str, Any]], RewardSource]]:
+    """Decorator registering ``build(options) -> RewardSource`` under ``name``."""
+
+    def deco(build: Callable[[dict[str, Any]], RewardSource]) -> Callable[[dict[str, Any]], RewardSource]:
+        if name in REWARD_SOURCES or name in SOURCE_FACTORIES:
+            raise ValueError(f"reward source '{name}' is already registered")
+        SOURCE_FACTORIES[name] = SourceFactory(name, frozenset(granularities), default, build, tuple(requires))
+        return build
+
+    return deco
+
+
+def source_names() -> list[str]:
+    """Every source a config may name: the static ones and the factories."""
+    return sorted({*REWARD_SOURCES, *SOURCE_FACTORIES})
+
+
+def get_source(name: str) -> RewardSource | SourceFactory:
+    """The static source ``name``, or the factory of a source built from options."""
+    if name in REWARD_SOURCES:
+        return REWARD_SOURCES[name]
+    if name in SOURCE_FACTORIES:
+        return SOURCE_FACTORIES[name]
+    raise ValueError(f"unknown reward source '{name}'; valid: {', '.join(source_names())}")
+
+
+def make_source(name: str, options: dict[str, Any] | None = None) -> RewardSource:
+    """A ready source: the static one, or the factory's build with ``options``."""
+    found = get_source(name)
+    return found.build(dict(options or {})) if isinstance(found, SourceFactory) else found
+
+
+def check_granularity(source: RewardSource | SourceFactory, granularity: str) -> None:
     """Raise ValueError unless ``granularity`` exists and ``source`` can score it."""
     if granularity not in GRANULARITIES:
         raise ValueError(f"unknown granularity '{granularity}'; valid: {', '.join(sorted(GRANULARITIES))}")
@@ -91,6 +142,15 @@ def check_granularity(source: RewardSource, granularity: str) -> None:
 def outcome_reward(task: Task, problem: Problem, completion: str, spans: Sequence[str]) -> list[float]:
     """1.0 when the task's outcome checker accepts the completion, else 0.0."""
     return [1.0 if task.check_outcome(problem, completion) else 0.0]
+
+
+@register_source_factory("prm", granularities=("step",), default="step", requires=("prm",))
+def _prm_source(options: dict[str, Any]) -> RewardSource:
+    """A trained process reward model (``reward.prm``, written by ``creditrl prm train``): each
+    step's reward is the PRM's probability that the step is correct."""
+    from creditrl.prm.source import prm_reward_source
+
+    return prm_reward_source(options["prm"])
 
 
 def first_error_labels(labels: Iterable[bool]) -> list[float | None]:
@@ -205,6 +265,14 @@ def score_batch(
                     f"sequence granularity has one span per response (the last_token segmenter); "
                     f"response {i} has {len(row_spans)}"
                 )
+    batched: list[list[float | None]] | None = None
+    if source.batch_fn is not None:
+        try:
+            batched = source.batch_fn(task, problems, completions, spans)
+            if len(batched) != len(problems):
+                raise ValueError(f"batch_fn returned {len(batched)} score lists for {len(problems)} responses")
+        except Exception:  # noqa: BLE001 - fall back to fn per response, under the error policy
+            batched = None
     scores: list[list[float | None]] = []
     keep: list[bool] = []
     errors, first = 0, None
@@ -215,7 +283,8 @@ def score_batch(
             keep.append(True)
             continue
         try:
-            out = [None if x is None else float(x) for x in source.fn(task, prob, comp, row_spans)]
+            raw = batched[i] if batched is not None else source.fn(task, prob, comp, row_spans)
+            out = [None if x is None else float(x) for x in raw]
             if len(out) != expected:
                 raise ValueError(f"returned {len(out)} scores, expected {expected}")
             if granularity == "sequence" and None in out:

@@ -20,7 +20,7 @@ from creditrl.config.validate import has_steps, resolved_granularity
 from creditrl.rewards.hybrid import Calibrator, apply_filter, dense_verdict, mix_rewards, mix_weights
 from creditrl.rewards.placement import get_granularity, make_segmenter, place
 from creditrl.rewards.shaping import add_shaping, kl_penalty, length_penalty, overlong_penalty
-from creditrl.rewards.sources import RewardSource, get_source, score_batch
+from creditrl.rewards.sources import RewardSource, make_source, score_batch
 from creditrl.rollout.batch import TrajectoryBatch
 from creditrl.rollout.segment import SegmentFn, TokenTexts, segment
 from creditrl.tasks.base import Task
@@ -91,7 +91,7 @@ class Scorer:
 
         def placed(source: str, granularity: str) -> _Placed:
             gran = resolved_granularity(source, granularity)
-            return _Placed(get_source(source), gran, segmenter(gran))
+            return _Placed(make_source(source, {"prm": rc.prm}), gran, segmenter(gran))
 
         self.primary = placed(rc.source, rc.granularity)
         h = cfg.hybrid

@@ -1,0 +1,254 @@
+"""``creditrl prm report``: the PRM life cycle measured on arithmetic, end to end.
+
+From the demo's SFT policy (4-6-operation problems):
+
+1. sample training and held-out solutions from the policy;
+2. label the training steps with ``oracle``, ``mc`` (hard, N) and ``outcome_heuristic``, and
+   make ORM data (the outcome on the last step only); report each labeler against the oracle;
+3. train one PRM per labeler and an ORM, all from the SFT weights, with the same budget;
+4. step AUROC of each on the held-out steps (oracle labels), and the shortcut probe;
+5. MC labels on the held-out steps for N in 1..16: false-positive rate of hard vs soft labels;
+6. best-of-N on held-out problems for N in {1, 4, 16, 64}: PRM (min / product / last / mean),
+   ORM and majority vote, with ``plots/best_of_n.png``;
+7. RL with the learned PRM as step reward (``grpo_process``) from the SFT start.
+
+Writes ``report.md``, ``summary.json``, ``plots/`` and the trained models under ``prms/``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from creditrl.config import Config, load_config
+from creditrl.experiments.demo import demo_config_path
+from creditrl.experiments.report import plt
+from creditrl.policy.engine import HFEngine, SamplingParams
+from creditrl.policy.model import load_policy
+from creditrl.prm.cli import train_from_examples
+from creditrl.prm.data import StepwiseExample
+from creditrl.prm.labels import mc_labels
+from creditrl.prm.metrics import Candidate, auroc, best_of_n_accuracy, false_positive_rate
+from creditrl.prm.pipeline import Sample, label_quality, label_samples, sample_solutions, step_records
+from creditrl.prm.probe import shortcut_probe
+from creditrl.prm.source import load_prm
+from creditrl.tasks import make_task
+from creditrl.train.rl import RLTrainer, resolve_init
+
+
+@dataclass(frozen=True)
+class Sizes:
+    train_problems: int = 1024  # x samples_per_problem training solutions
+    samples_per_problem: int = 4
+    heldout_problems: int = 128  # x samples_per_problem held-out solutions (AUROC, probe)
+    mc_n: int = 8  # MC continuations per step for the mc labeler
+    fpr_problems: int = 64  # held-out problems x samples_per_problem for the MC label table
+    fpr_ns: tuple[int, ...] = (1, 2, 4, 8, 16)
+    bon_problems: int = 128  # best-of-N problems, each with max(bon_ns) samples
+    bon_ns: tuple[int, ...] = (1, 4, 16, 64)
+    prm_steps: int = 1200
+    augment_rate: float = 0.5
+    rl_iterations: int = 150
+
+
+QUICK = Sizes(
+    train_problems=12, samples_per_problem=2, heldout_problems=6, mc_n=2, fpr_problems=3, fpr_ns=(1, 2),
+    bon_problems=3, bon_ns=(1, 2), prm_steps=4, augment_rate=0.5, rl_iterations=2,
+)
+
+
+def _auroc(records) -> float:
+    """AUROC of PRM scores against labels; NaN when one class is missing (tiny quick runs)."""
+    labels = [r.label for r in records]
+    return auroc([r.score for r in records], labels) if 0.0 < sum(labels) < len(labels) else float("nan")
+
+
+def final_answer(completion: str) -> str | None:
+    """The text after the last '#', or None when the completion gives no answer."""
+    return completion.rsplit("#", 1)[1].strip() if "#" in completion else None
+
+
+def orm_examples(samples: Sequence[Sample]) -> list[StepwiseExample]:
+    """ORM data: the outcome as the label of the last step, every other step unlabelled."""
+    return [
+        StepwiseExample(s.problem.prompt, list(s.steps), [None] * (len(s.steps) - 1) + [float(s.outcome)],
+                        {"outcome": float(s.outcome), "oracle": list(s.oracle)})
+        for s in samples
+        if s.steps
+    ]
+
+
+def mc_label_table(
+    engine: HFEngine, tok, task, samples: Sequence[Sample], ns: Sequence[int], params: SamplingParams
+) -> list[dict[str, float]]:
+    """False-positive rate (and agreement) against the oracle of hard and soft MC labels for each
+    N, from one run of max(ns) continuations per step prefix (the first N of them for each N)."""
+    res = mc_labels(
+        engine, tok, task, [(s.problem, s.steps) for s in samples if s.steps], n=max(ns), params=params,
+        generator=torch.Generator().manual_seed(7), max_prefixes_per_call=max(1, 2048 // max(ns)),
+    )
+    truth = [s.oracle for s in samples if s.steps]
+    rows = []
+    for n in ns:
+        hard, soft, true = [], [], []
+        for outs, labels in zip(res.outcomes, truth):
+            for o, t in zip(outs, labels):
+                if t is None:
+                    continue
+                share = sum(o[:n]) / n
+                hard.append(1.0 if share > 0 else 0.0)
+                soft.append(share)
+                true.append(t)
+        rows.append({
+            "N": n,
+            "hard_fpr": false_positive_rate(hard, true),
+            "soft_fpr": false_positive_rate(soft, true),
+            "hard_agreement": sum((h >= 0.5) == (t >= 0.5) for h, t in zip(hard, true)) / len(true),
+            "soft_agreement": sum((s >= 0.5) == (t >= 0.5) for s, t in zip(soft, true)) / len(true),
+            "steps": len(true),
+        })
+    return rows
+
+
+def run_prm_report(run_dir: Path | None, *, quick: bool = False, overrides: list[str] | None = None) -> dict[str, Any]:
+    sizes = QUICK if quick else Sizes()
+    run_dir = Path(run_dir or Path("runs") / f"prm-{time.strftime('%Y%m%d-%H%M%S')}")
+    (run_dir / "plots").mkdir(parents=True, exist_ok=True)
+    cfg = load_config(demo_config_path(quick), overrides or [])
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    start = time.time()
+    log = lambda msg: print(f"[creditrl prm report] {time.time() - start:6.0f} s  {msg}", flush=True)  # noqa: E731
+    init = resolve_init(cfg, cfg.train.progress)
+    policy, tok = load_policy(init)
+    policy.eval()
+    task = make_task(cfg.task.name, **cfg.task.args)
+    params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=1.0)
+    engine = HFEngine(policy, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+
+    def sample(split: str, n_problems: int, per: int, seed: int) -> list[Sample]:
+        problems = task.sample(n_problems, split=split, seed=seed)
+        chunk = max(1, 1024 // per)  # bounds the KV cache of one generate call
+        return [s for i in range(0, len(problems), chunk)
+                for s in sample_solutions(policy, tok, task, problems[i : i + chunk], samples=per, params=params, seed=seed + i)]
+
+    log(f"sampling {sizes.train_problems} x {sizes.samples_per_problem} training solutions from {init}")
+    train = sample("train", sizes.train_problems, sizes.samples_per_problem, 0)
+    held = sample("heldout", sizes.heldout_problems, sizes.samples_per_problem, 1)
+    held_examples, _ = label_samples(held, "oracle", task=task)
+
+    datasets: dict[str, list[StepwiseExample]] = {}
+    quality: dict[str, dict[str, float]] = {}
+    for name in ("oracle", "mc", "outcome_heuristic"):
+        log(f"labelling with {name}")
+        examples, info = label_samples(train, name, task=task, model=policy, tokenizer=tok, mc_n=sizes.mc_n,
+                                       mc_mode="hard", mc_params=params, seed=0)
+        datasets[name] = examples
+        quality[name] = {**label_quality(examples), **{k: float(v) for k, v in info.items() if k != "labeler"}}
+    datasets["orm"] = orm_examples(train)
+
+    prm_cfg: Config = replace(cfg, prm=replace(cfg.prm, steps=sizes.prm_steps, augment_rate=sizes.augment_rate))
+    aurocs: dict[str, float] = {}
+    train_metrics: dict[str, dict[str, Any]] = {}
+    for name, examples in datasets.items():
+        log(f"training the {name} {'ORM' if name == 'orm' else 'PRM'} ({sizes.prm_steps} steps)")
+        c = prm_cfg if name != "orm" else replace(prm_cfg, prm=replace(prm_cfg.prm, augment_rate=0.0))
+        m = train_from_examples(c, init, examples, run_dir / "prms" / name, progress=cfg.train.progress)
+        train_metrics[name] = {k: v for k, v in m.items() if k != "prm/loss_curve"}
+        prm, ptok = load_prm(str(run_dir / "prms" / name))
+        records = step_records(prm, ptok, held_examples)
+        aurocs[name] = _auroc(records)
+        if name == "oracle":
+            probe_records = records
+    log("MC label table (hard vs soft against the oracle)")
+    fpr_rows = mc_label_table(engine, tok, task, held[: sizes.fpr_problems * sizes.samples_per_problem], sizes.fpr_ns, params)
+
+    log(f"best-of-N on {sizes.bon_problems} held-out problems x {max(sizes.bon_ns)} samples")
+    bon = sample("heldout", sizes.bon_problems, max(sizes.bon_ns), 2)
+    prm, ptok = load_prm(str(run_dir / "prms" / "oracle"))
+    orm, otok = load_prm(str(run_dir / "prms" / "orm"))
+    pairs = [(s.problem.prompt, s.steps or [s.completion or " "]) for s in bon]
+    step_scores = prm.score(ptok, pairs, batch_size=64)
+    orm_scores = [row[-1] for row in orm.score(otok, pairs, batch_size=64)]
+    per = max(sizes.bon_ns)
+    groups = [
+        [Candidate(s.outcome, tuple(0.0 if x != x else x for x in sc), 0.0 if o != o else o, final_answer(s.completion))
+         for s, sc, o in zip(bon[i : i + per], step_scores[i : i + per], orm_scores[i : i + per])]
+        for i in range(0, len(bon), per)
+    ]
+    methods = ["prm_min", "prm_product", "prm_last", "prm_mean", "orm", "majority"]
+    bon_table = {m: best_of_n_accuracy(groups, m, ns=sizes.bon_ns) for m in methods}
+    _plot_best_of_n(bon_table, run_dir / "plots" / "best_of_n.png")
+
+    log(f"RL with the oracle-label PRM as step reward ({sizes.rl_iterations} iterations)")
+    rl_over = (overrides or []) + [
+        "reward.source=prm", f"reward.prm={run_dir / 'prms' / 'oracle'}", "credit.estimator=grpo_process",
+        "credit.normaliser=batch", f"train.iterations={sizes.rl_iterations}",
+    ]
+    rl_cfg = load_config(demo_config_path(quick), rl_over)
+    history = RLTrainer(rl_cfg, run_dir / "rl_prm", init_path=init).run().history
+    evals = [(r["iteration"], r["eval/accuracy"]) for r in history if "eval/accuracy" in r]
+
+    probe_md, probe_numbers = "(not enough labelled steps of both kinds for the probe)", {}
+    if sum(r.label for r in probe_records) >= 2 and sum(1 - r.label for r in probe_records) >= 2:
+        probe = shortcut_probe(probe_records, tokenizer=ptok)
+        probe_md, probe_numbers = probe.markdown(), probe.__dict__
+    summary = {
+        "sizes": sizes.__dict__, "policy": init, "label_quality": quality, "auroc": aurocs,
+        "train": train_metrics, "mc_label_table": fpr_rows, "best_of_n": bon_table, "probe": probe_numbers,
+        "rl_prm": {"evals": evals}, "wall_s": time.time() - start,
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    (run_dir / "report.md").write_text(_report(summary, probe_md, quick))
+    log(f"report: {run_dir / 'report.md'}")
+    print((run_dir / "report.md").read_text())
+    return summary
+
+
+def _plot_best_of_n(table: dict[str, dict[int, float]], path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for method, acc in table.items():
+        ns = sorted(acc)
+        ax.plot(ns, [100 * acc[n] for n in ns], marker="o", label=method)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("N (samples per problem)")
+    ax.set_ylabel("held-out accuracy (%)")
+    ax.set_title("best-of-N on arithmetic (4-6 operations)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _report(s: dict[str, Any], probe_md: str, quick: bool) -> str:
+    note = "\n**Quick mode: smoke test only, the numbers mean nothing.**\n" if quick else ""
+    sz = s["sizes"]
+    lines = [f"# creditrl PRM report\n{note}", f"Policy: `{s['policy']}`. Sizes: {sz}. Wall time {s['wall_s']:.0f} s.\n",
+             "## Labelers against the oracle (training steps)\n",
+             "| labeler | steps | coverage | false-positive rate | agreement |", "|---|---|---|---|---|"]
+    for name, q in s["label_quality"].items():
+        lines.append(f"| {name} | {q['steps']:.0f} | {q['coverage']:.3f} | {q['false_positive_rate']:.3f} | {q['agreement']:.3f} |")
+    lines += ["", "## Step AUROC on held-out policy samples (oracle labels)\n", "| trained on | AUROC |", "|---|---|"]
+    lines += [f"| {name} | {v:.4f} |" for name, v in s["auroc"].items()]
+    lines += ["", "## Shortcut probe (oracle-label PRM, held-out steps)\n", probe_md, "",
+              "## MC labels: hard vs soft against the oracle (held-out steps)\n",
+              "| N | hard FPR | soft FPR | hard agreement | soft agreement | steps |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r['N']} | {r['hard_fpr']:.3f} | {r['soft_fpr']:.3f} | {r['hard_agreement']:.3f} | {r['soft_agreement']:.3f} | {r['steps']} |"
+              for r in s["mc_label_table"]]
+    ns = sz["bon_ns"]
+    lines += ["", "## Best-of-N accuracy on held-out problems\n", "| method | " + " | ".join(f"N={n}" for n in ns) + " |",
+              "|---|" + "---|" * len(ns)]
+    for m, acc in s["best_of_n"].items():
+        lines.append(f"| {m} | " + " | ".join(f"{100 * acc[n]:.1f}%" for n in ns) + " |")
+    lines += ["", "![best of N](plots/best_of_n.png)", "", "## RL with the learned PRM as step reward\n",
+              "grpo_process with batch whitening, the demo's settings otherwise. Held-out greedy exact match:\n",
+              "| iteration | " + " | ".join(str(i) for i, _ in s["rl_prm"]["evals"]) + " |",
+              "|---|" + "---|" * len(s["rl_prm"]["evals"]),
+              "| accuracy | " + " | ".join(f"{100 * a:.1f}%" for _, a in s["rl_prm"]["evals"]) + " |", ""]
+    return "\n".join(lines)

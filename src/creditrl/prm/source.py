@@ -1,0 +1,58 @@
+"""A trained PRM as a step-granularity reward source (``reward.source=prm``, ``reward.prm=DIR``).
+
+Each step's reward is the PRM's probability that the step is right. The source scores a whole
+batch in one pass (``batch_fn``); spans that are empty (an eos alone) or do not fit the PRM's
+context get no reward (``None``). A PRM directory holds the model (:meth:`ProcessRewardModel.save`)
+and the tokenizer it reads, as ``creditrl prm train`` writes it.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from pathlib import Path
+from typing import Sequence
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from creditrl.prm.model import ProcessRewardModel
+from creditrl.rewards.sources import RewardSource
+from creditrl.tasks.base import Problem, Task
+
+
+@lru_cache(maxsize=4)
+def load_prm(path: str) -> tuple[ProcessRewardModel, PreTrainedTokenizerBase]:
+    """The PRM and its tokenizer saved at ``path`` (cached: a run builds its sources once per
+    stage, and several sources may read the same PRM)."""
+    if not Path(path).is_dir():
+        raise FileNotFoundError(f"reward.prm: '{path}' is not a PRM directory (write one with `creditrl prm train`)")
+    return ProcessRewardModel.load(path).eval(), AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def prm_step_scores(
+    prm: ProcessRewardModel, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[str], spans: Sequence[Sequence[str]]
+) -> list[list[float | None]]:
+    """Per response, per span: the PRM probability, ``None`` for an empty or unscored span."""
+    kept = [[i for i, s in enumerate(row) if s] for row in spans]
+    scored = prm.score(tokenizer, [(p, [row[i] for i in idx]) for p, row, idx in zip(prompts, spans, kept)])
+    out: list[list[float | None]] = []
+    for row, idx, vals in zip(spans, kept, scored):
+        full: list[float | None] = [None] * len(row)
+        for i, v in zip(idx, vals):
+            full[i] = None if math.isnan(v) else float(v)
+        out.append(full)
+    return out
+
+
+def prm_reward_source(path: str) -> RewardSource:
+    prm, tokenizer = load_prm(str(path))
+
+    def fn(task: Task, problem: Problem, completion: str, spans: Sequence[str]) -> list[float | None]:
+        return prm_step_scores(prm, tokenizer, [problem.prompt], [spans])[0]
+
+    def batch_fn(
+        task: Task, problems: Sequence[Problem], completions: Sequence[str], spans: Sequence[Sequence[str]]
+    ) -> list[list[float | None]]:
+        return prm_step_scores(prm, tokenizer, [p.prompt for p in problems], spans)
+
+    return RewardSource("prm", frozenset({"step"}), "step", fn, batch_fn)

@@ -1,0 +1,143 @@
+"""The PRM command line (label -> train -> eval -> score), the ``prm`` reward source in RL, and
+the quick PRM report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from creditrl.cli import main
+from creditrl.config import load_config
+from creditrl.prm.data import load_stepwise
+from creditrl.prm.pipeline import to_steps
+from creditrl.prm.source import load_prm, prm_reward_source, prm_step_scores
+from creditrl.rewards.sources import make_source, score_batch
+from creditrl.tasks import make_task
+from creditrl.train.rl import RLTrainer
+
+# A short SFT on 1-2-operation problems, then everything at toy sizes.
+SMALL = [
+    "task.args={min_ops: 1, max_ops: 2, operand_max: 3}",
+    "sft.task_args={min_ops: 1, max_ops: 2, operand_max: 3}",
+    "sft.steps=150",
+    "sft.batch_size=32",
+    "sft.warmup_steps=10",
+    "sft.lr=0.003",
+    "rollout.max_new_tokens=20",
+    "train.progress=false",
+    "train.eval_size=4",
+    "prm.problems=12",
+    "prm.samples=2",
+    "prm.steps=20",
+    "prm.batch_size=8",
+    "prm.mc_n=2",
+]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("prm")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CREDITRL_CACHE", str(root / "cache"))
+        sets = [x for kv in SMALL for x in ("--set", kv)]
+        assert main(["prm", "label", "--out", str(root / "train.jsonl"), *sets]) == 0
+        assert main(["prm", "label", "--out", str(root / "held.jsonl"), *sets, "--set", "prm.split=heldout"]) == 0
+        assert main(["prm", "train", str(root / "train.jsonl"), "--out", str(root / "prm"), *sets]) == 0
+        yield root
+
+
+def test_label_writes_steps_that_rebuild_the_completion_with_true_verdicts(workdir: Path) -> None:
+    task = make_task("arithmetic", min_ops=1, max_ops=2, operand_max=3)
+    examples = load_stepwise(workdir / "train.jsonl")
+    assert 0 < len(examples) <= 24
+    for ex in examples:
+        assert "".join(ex.completions) == ex.meta["completion"]
+        assert ex.labels == ex.meta["oracle"]  # the default labeler is the oracle
+        problem = task.make_problem(ex.prompt)
+        assert ex.meta["outcome"] == float(task.check_outcome(problem, ex.meta["completion"]))
+
+
+def test_mc_and_vote_labelers_report_their_cost(workdir: Path, capsys) -> None:
+    sets = [x for kv in SMALL for x in ("--set", kv)]
+    out = workdir / "mc.jsonl"
+    assert main(["prm", "label", "--out", str(out), *sets, "--set", "prm.labeler=vote", "--set", "prm.vote_threshold=1.0"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["labeler"] == "vote" and info["mc/continuations"] == 2 * info["mc/prefixes"]
+    assert info["vote/dropped"] >= 0 and 0.0 <= info["coverage"] <= 1.0
+
+
+def test_train_writes_a_loadable_prm_and_eval_prints_auroc(workdir: Path, capsys) -> None:
+    metrics = json.loads((workdir / "prm" / "train_metrics.json").read_text())
+    assert metrics["prm/steps"] == 20 and metrics["prm/examples_used"] > 0
+    prm, tok = load_prm(str(workdir / "prm"))
+    assert prm.members == 1
+    assert main(["prm", "eval", str(workdir / "prm"), str(workdir / "held.jsonl")]) == 0
+    out = capsys.readouterr().out
+    assert "step AUROC against the oracle labels:" in out and "auroc_length" in out
+    assert main(["prm", "score", str(workdir / "prm"), "--prompt", "1+2*3=", "--completion", "2*3=6;1+6=7;#7"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split()[1] for line in lines] == ["2*3=6;", "1+6=7;", "#7"]
+    assert all(0.0 < float(line.split()[0]) < 1.0 for line in lines)
+
+
+def test_eval_refuses_a_file_without_true_labels(workdir: Path, tmp_path: Path, capsys) -> None:
+    bare = tmp_path / "bare.jsonl"
+    bare.write_text(json.dumps({"prompt": "1+1=", "completions": ["1+1=2;", "#2"], "labels": [1, 1]}) + "\n")
+    assert main(["prm", "eval", str(workdir / "prm"), str(bare)]) == 2
+    assert "meta.oracle" in capsys.readouterr().err
+
+
+def test_prm_source_scores_steps_in_one_batch_and_skips_empty_spans(workdir: Path) -> None:
+    prm, tok = load_prm(str(workdir / "prm"))
+    source = make_source("prm", {"prm": str(workdir / "prm")})
+    assert source.granularities == {"step"} and source.batch_fn is not None
+    task = make_task("arithmetic", min_ops=1, max_ops=2, operand_max=3)
+    problems = [task.make_problem("1+2*3="), task.make_problem("2-1=")]
+    spans = [["2*3=6;", "1+6=7;", "#7"], ["2-1=1;", "#1", ""]]
+    res = score_batch(source, task, problems, ["".join(s) for s in spans], spans, granularity="step")
+    direct = prm.score(tok, [("1+2*3=", spans[0]), ("2-1=", spans[1][:2])])
+    assert res.scores[0] == pytest.approx(direct[0])
+    assert res.scores[1][:2] == pytest.approx(direct[1]) and res.scores[1][2] is None  # an eos-only span
+    assert prm_step_scores(prm, tok, ["1+2*3="], [spans[0]])[0] == pytest.approx(direct[0])
+    # the per-response fallback gives the same numbers
+    single = prm_reward_source(str(workdir / "prm")).fn(task, problems[0], "", spans[0])
+    assert single == pytest.approx(direct[0])
+
+
+def test_rl_with_the_prm_as_step_reward(workdir: Path, tmp_path: Path) -> None:
+    cfg = load_config(
+        overrides=SMALL + [
+            "reward.source=prm", f"reward.prm={workdir / 'prm'}", "credit.estimator=grpo_process",
+            "rollout.prompts_per_iter=2", "rollout.group_size=3", "train.iterations=2", "train.eval_every=100",
+            "train.init=policy", "policy.model=tiny",
+        ]
+    )
+    rows = RLTrainer(cfg, tmp_path / "run").run().history
+    placed = [r["reward/placed_per_response"] for r in rows[1:]]
+    assert all(p >= 0 for p in placed)
+    assert all(0.0 <= r["reward/mean"] for r in rows[1:])
+
+
+def test_to_steps_keeps_separators_and_drops_empty_pieces() -> None:
+    assert to_steps("3*2=6;7+6=13;#13", ";") == ["3*2=6;", "7+6=13;", "#13"]
+    assert to_steps("3*2=6;;", ";") == ["3*2=6;", ";"]
+    assert to_steps("", ";") == []
+
+
+def test_quick_report_writes_every_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CREDITRL_CACHE", str(tmp_path / "cache"))
+    run = tmp_path / "report"
+    assert main(["prm", "report", "--quick", "--run-dir", str(run), "--set", "train.progress=false"]) == 0
+    text = (run / "report.md").read_text()
+    for heading in ("Labelers against the oracle", "Step AUROC", "Shortcut probe", "MC labels", "Best-of-N", "RL with the learned PRM"):
+        assert heading in text
+    summary = json.loads((run / "summary.json").read_text())
+    assert set(summary["best_of_n"]) == {"prm_min", "prm_product", "prm_last", "prm_mean", "orm", "majority"}
+    assert [r["N"] for r in summary["mc_label_table"]] == [1, 2]
+    assert (run / "plots" / "best_of_n.png").stat().st_size > 1000
+    for name in ("oracle", "mc", "outcome_heuristic", "orm"):
+        assert (run / "prms" / name / "prm_config.json").exists()
+    torch.set_num_threads(1)  # the report may have changed it; keep the suite on one thread
