@@ -141,3 +141,20 @@ def test_quick_report_writes_every_table(tmp_path: Path, monkeypatch: pytest.Mon
     for name in ("oracle", "mc", "outcome_heuristic", "orm"):
         assert (run / "prms" / name / "prm_config.json").exists()
     torch.set_num_threads(1)  # the report may have changed it; keep the suite on one thread
+
+
+def test_prm_as_a_calibrated_dense_reward_logs_its_agreement(workdir: Path, tmp_path: Path) -> None:
+    cfg = load_config(
+        overrides=SMALL + [
+            "reward.source=outcome", f"reward.prm={workdir / 'prm'}", "hybrid.dense_source=prm",
+            "hybrid.calibrate=true", "credit.estimator=grpo_process", "rollout.prompts_per_iter=2",
+            "rollout.group_size=3", "train.iterations=3", "train.eval_every=100",
+        ]
+    )
+    sft = next((workdir / "cache" / "sft").iterdir())
+    rows = RLTrainer(cfg, tmp_path / "run", init_path=str(sft)).run().history
+    agreement = [r["hybrid/agreement"] for r in rows[1:]]
+    assert all(0.0 <= a <= 1.0 for a in agreement)
+    # the dense weight is the calibrator's: dense_weight * clamp((agreement - 0.5) / 0.5, 0, 1)
+    for r in rows[1:]:
+        assert r["hybrid/w_dense"] == pytest.approx(max(0.0, min(1.0, (r["hybrid/agreement"] - 0.5) / 0.5)))

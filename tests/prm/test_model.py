@@ -127,3 +127,52 @@ def test_from_policy_tiny_has_no_lm_head():
     assert not any("lm_head" in name for name, _ in prm.named_parameters())
     assert prm.max_positions == TinyPreset().max_positions
     assert all(p.requires_grad for p in prm.parameters())
+
+
+# ----------------------------------------------------------------------------- likelihood features
+
+
+def test_step_positions_marks_each_steps_tokens() -> None:
+    from creditrl.prm.model import step_positions
+
+    # bos + 3 prompt tokens (positions 0-3), steps end at 6 and 9, then 2 padding positions
+    assert step_positions([6, 9], 4, 12) == [-1, -1, -1, -1, 0, 0, 0, 1, 1, 1, -1, -1]
+    assert step_positions([], 4, 5) == [-1] * 5
+
+
+def test_likelihood_features_equal_a_slow_loop_and_survive_save_load(tmp_path) -> None:
+    import torch
+
+    from creditrl.policy.model import TinyPreset, build_tiny
+    from creditrl.prm.model import ProcessRewardModel, encode, right_pad, step_positions
+    from creditrl.train.evaluate import encode_prompt
+
+    policy, tok = build_tiny(3, TinyPreset(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64))
+    prm = ProcessRewardModel.from_model(policy, members=2, likelihood=True, seed=1)
+    with torch.no_grad():
+        for f in prm.feature_heads:
+            f.weight.copy_(torch.tensor([[0.3, -0.7]]))
+    examples = [("7+3*2=", ["3*2=6;", "7+6=13;", "#13"]), ("1-2=", ["1-2=-1;", "#-1"])]
+    scores = prm.member_scores(tok, examples)
+    for (prompt, steps), got in zip(examples, scores):
+        ids, ends = encode(tok, prompt, steps, max_len=100)
+        x = torch.tensor([ids])
+        for m in range(2):
+            with torch.no_grad():
+                states = prm.backbones[m](input_ids=x, attention_mask=torch.ones_like(x)).last_hidden_state[0]
+                logp = torch.log_softmax(prm.reference(input_ids=x).logits[0], -1)
+                heads_out = prm.heads[m](states)
+            start = len(encode_prompt(tok, prompt))
+            for k, end in enumerate(ends):
+                lps = [float(logp[t - 1, ids[t]]) for t in range(start, end + 1)]
+                base = float(heads_out[end])
+                want = torch.sigmoid(torch.tensor(base + 0.3 * sum(lps) - 0.7 * min(lps)))
+                assert float(got[m, k]) == pytest.approx(float(want), abs=1e-5)
+                start = end + 1
+    prm.save(tmp_path / "p")
+    again = ProcessRewardModel.load(tmp_path / "p")
+    assert again.likelihood and torch.allclose(torch.stack([r.flatten() for r in again.member_scores(tok, examples[:1])]),
+                                              torch.stack([r.flatten() for r in scores[:1]]))
+    ids, mask = right_pad([encode(tok, *examples[0], max_len=100)[0]], tok.pad_token_id)
+    with pytest.raises(ValueError, match="needs step_index"):
+        prm(ids, mask)

@@ -157,9 +157,11 @@ class PRMConfig:
     mc_mode: str = "hard"  # hard (any continuation correct) | soft (share correct)
     members: int = 1  # ensemble members (each a backbone + head)
     combine: str = "mean"  # mean | min over members
+    likelihood: bool = True  # the head also reads the step's summed and minimum token log-probs
+    train_backbone: bool = False  # True fine-tunes the backbone too (it overfitted at 2-8k examples here)
     steps: int = 600  # optimizer steps of PRM training
     batch_size: int = 32
-    lr: float = 1e-3
+    lr: float = 1e-2  # heads only by default; 1e-3 suits a fine-tuned backbone
     soft: bool = False  # train on soft labels (BCE toward the float) instead of hard ones
     augment_rate: float = 0.0  # share of all-correct examples copied with one corrupted step
     max_step_tokens: int | None = None  # drop training examples with a longer step (shortcut defence)

@@ -43,7 +43,7 @@ from creditrl.train.rl import RLTrainer, resolve_init
 
 @dataclass(frozen=True)
 class Sizes:
-    train_problems: int = 1024  # x samples_per_problem training solutions
+    train_problems: int = 256  # x samples_per_problem training solutions (MC labels cost ~60 s per 64)
     samples_per_problem: int = 4
     heldout_problems: int = 128  # x samples_per_problem held-out solutions (AUROC, probe)
     mc_n: int = 8  # MC continuations per step for the mc labeler
@@ -51,8 +51,8 @@ class Sizes:
     fpr_ns: tuple[int, ...] = (1, 2, 4, 8, 16)
     bon_problems: int = 128  # best-of-N problems, each with max(bon_ns) samples
     bon_ns: tuple[int, ...] = (1, 4, 16, 64)
-    prm_steps: int = 1200
-    augment_rate: float = 0.5
+    prm_steps: int = 600
+    augment_rate: float = 0.0
     rl_iterations: int = 150
 
 

@@ -57,10 +57,12 @@ def train_from_examples(cfg: Config, init_path: str, examples, out: Path, progre
     policy, tok = load_policy(init_path)
     if p.augment_rate > 0:
         examples = augment_negatives(examples, rate=p.augment_rate, rng=random.Random(p.seed))
-    prm = ProcessRewardModel.from_model(policy, members=p.members, combine=p.combine, seed=p.seed)
+    prm = ProcessRewardModel.from_model(
+        policy, members=p.members, combine=p.combine, seed=p.seed, likelihood=p.likelihood
+    )
     metrics = train_prm(
         prm, tok, examples, steps=p.steps, batch_size=p.batch_size, lr=p.lr, soft=p.soft,
-        max_step_tokens=p.max_step_tokens, seed=p.seed, progress=progress,
+        max_step_tokens=p.max_step_tokens, seed=p.seed, progress=progress, train_backbone=p.train_backbone,
     )
     out.mkdir(parents=True, exist_ok=True)
     prm.save(out)

@@ -9,6 +9,19 @@ where ``h`` is the backbone's last hidden state. Causal attention makes ``p_k`` 
 the prompt and steps 1..k only, as a step reward must be (Lightman et al. 2023, "Let's Verify
 Step by Step", arXiv:2305.20050; Wang et al. 2023, Math-Shepherd, arXiv:2312.08935).
 
+Likelihood features (``likelihood=True``): the head also reads two numbers per step, the sum
+and the minimum over the step's tokens of each token's log-probability under a frozen copy of
+the policy the PRM was built from (the reference; not trained, so the signal cannot be
+overfitted away -- a variant that trained the LM head with the backbone did worse than no
+features):
+
+    p_k = sigmoid(w . h(end_k) + u . [sum_{t in step k} log p(x_t | x_<t), min_{t in step k} log p(x_t | x_<t)] + b)
+
+A policy that writes canonical steps puts low probability on a wrong one, so its likelihood is
+a strong verifier on its own (on the demo's held-out SFT samples the step's summed log-prob
+under the SFT policy alone has AUROC 0.976 against the true labels); the trained head decides
+how to combine it with the hidden state. ``u`` starts at 0.
+
 Ensembles: ``members = K`` members, combined per step by ``mean`` or ``min`` of the members'
 probabilities (``min`` is the pessimistic reading, as for the dual critic in
 :mod:`creditrl.values.critic`). By default each member is a full backbone + head, since the
@@ -27,13 +40,14 @@ from pathlib import Path
 
 import torch
 from torch import Tensor, nn
-from transformers import AutoModel, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoModel, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from creditrl.policy.model import load_policy
 from creditrl.train.evaluate import encode_prompt
 
 CONFIG_FILE = "prm_config.json"
 HEADS_FILE = "heads.pt"
+LIKELIHOOD_FILE = "likelihood.pt"
 FORMAT_VERSION = 1
 
 
@@ -78,6 +92,20 @@ def encode(
     return ids, ends
 
 
+def step_positions(ends: Sequence[int], start: int, width: int) -> list[int]:
+    """Per position of a row of ``width`` tokens: the step it belongs to, or -1 (prompt, padding).
+
+    Step k covers positions ``ends[k-1] + 1 .. ends[k]``, step 0 starts at ``start`` (the first
+    token after bos + prompt)."""
+    out = [-1] * width
+    first = start
+    for k, end in enumerate(ends):
+        for t in range(first, end + 1):
+            out[t] = k
+        first = end + 1
+    return out
+
+
 def right_pad(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Tensor]:
     """Right-padded ``(input_ids, attention_mask)``, each long (B, L)."""
     width = max(1, max(len(r) for r in rows))
@@ -101,7 +129,13 @@ class ProcessRewardModel(nn.Module):
     """
 
     def __init__(
-        self, backbones: Sequence[nn.Module], *, members: int = 1, combine: str = "mean", seed: int = 0
+        self,
+        backbones: Sequence[nn.Module],
+        *,
+        members: int = 1,
+        combine: str = "mean",
+        seed: int = 0,
+        reference: PreTrainedModel | None = None,
     ) -> None:
         super().__init__()
         if members < 1:
@@ -119,6 +153,25 @@ class ProcessRewardModel(nn.Module):
                 gen = torch.Generator().manual_seed(seed * 1_000_003 + i)
                 head.weight.copy_(torch.randn(head.weight.shape, generator=gen) / (10 * math.sqrt(hidden)))
                 head.bias.zero_()
+        # likelihood features: a frozen reference LM and a (2 -> 1) weight per member, from 0
+        self.reference = reference.eval().requires_grad_(False) if reference is not None else None
+        self.feature_heads = nn.ModuleList(nn.Linear(2, 1, bias=False) for _ in range(members)) if reference else None
+        if self.feature_heads is not None:
+            with torch.no_grad():
+                for f in self.feature_heads:
+                    f.weight.zero_()
+
+    @property
+    def likelihood(self) -> bool:
+        return self.reference is not None
+
+    @torch.no_grad()
+    def token_logprobs(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """log p_ref(x_t | x_<t) under the frozen reference, (B, L); 0 at position 0."""
+        self.reference.eval()
+        logits = self.reference(input_ids=input_ids, attention_mask=attention_mask).logits.float()
+        logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+        return torch.nn.functional.pad(logp, (1, 0))
 
     @property
     def combine(self) -> str:
@@ -151,13 +204,16 @@ class ProcessRewardModel(nn.Module):
         combine: str = "mean",
         seed: int = 0,
         share_backbone: bool = False,
+        likelihood: bool = False,
     ) -> "ProcessRewardModel":
-        """A PRM whose backbones are copies of ``policy``'s base model (its LM head is dropped)."""
+        """A PRM whose backbones are copies of ``policy``'s base model (its LM head is dropped);
+        with ``likelihood``, a frozen copy of the whole policy is the reference LM."""
         n = 1 if share_backbone else members
         backbones = [copy.deepcopy(policy.base_model) for _ in range(n)]
         for b in backbones:
             b.requires_grad_(True)
-        return cls(backbones, members=members, combine=combine, seed=seed)
+        reference = copy.deepcopy(policy) if likelihood else None
+        return cls(backbones, members=members, combine=combine, seed=seed, reference=reference)
 
     @classmethod
     def from_policy(
@@ -168,19 +224,49 @@ class ProcessRewardModel(nn.Module):
         combine: str = "mean",
         seed: int = 0,
         share_backbone: bool = False,
+        likelihood: bool = False,
     ) -> "ProcessRewardModel":
         """A PRM initialised from a policy checkpoint (a local causal-LM folder such as the SFT
         policy) or ``"tiny"`` (built with init seed ``seed``). Its tokenizer is the policy's
         (``load_policy(path_or_tiny)[1]``)."""
         policy, _ = load_policy(path_or_tiny, seed=seed)
-        return cls.from_model(policy, members=members, combine=combine, seed=seed, share_backbone=share_backbone)
+        return cls.from_model(
+            policy, members=members, combine=combine, seed=seed, share_backbone=share_backbone, likelihood=likelihood
+        )
 
-    def member_logits(self, member: int, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        """Member ``member``'s step logit at every position: long (B, L) ids and mask -> (B, L)."""
+    def _head(self, member: int, states: Tensor, token_lp: Tensor | None, step_index: Tensor | None) -> Tensor:
+        """Member ``member``'s logit at every position from backbone states (B, L, H) -> (B, L)."""
+        logit = self.heads[member](states.float()).squeeze(-1)  # (B, L)
+        if self.reference is None:
+            return logit
+        if step_index is None or token_lp is None:
+            raise ValueError("a PRM with likelihood features needs step_index (B, L): see step_positions")
+        valid = step_index >= 0
+        slot = torch.where(valid, step_index, 0)  # (B, L)
+        k = int(step_index.max()) + 1 if bool(valid.any()) else 1
+        sums = token_lp.new_zeros(token_lp.shape[0], k).scatter_add(1, slot, torch.where(valid, token_lp, 0.0))
+        mins = token_lp.new_zeros(token_lp.shape[0], k).scatter_reduce(
+            1, slot, torch.where(valid, token_lp, 0.0), reduce="amin", include_self=True
+        )
+        feats = torch.stack([sums.gather(1, slot), mins.gather(1, slot)], dim=-1)  # (B, L, 2)
+        return logit + torch.where(valid, self.feature_heads[member](feats).squeeze(-1), 0.0)
+
+    def _features(self, input_ids: Tensor, attention_mask: Tensor, step_index: Tensor | None) -> Tensor | None:
+        if self.reference is None:
+            return None
+        if step_index is None:
+            raise ValueError("a PRM with likelihood features needs step_index (B, L): see step_positions")
+        return self.token_logprobs(input_ids, attention_mask)
+
+    def member_logits(
+        self, member: int, input_ids: Tensor, attention_mask: Tensor, step_index: Tensor | None = None
+    ) -> Tensor:
+        """Member ``member``'s step logit at every position: long (B, L) ids and mask -> (B, L).
+        ``step_index`` (B, L), from :func:`step_positions`, is needed for likelihood features."""
         states = self.backbone_of(member)(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        return self.heads[member](states.float()).squeeze(-1)  # (B, L)
+        return self._head(member, states, self._features(input_ids, attention_mask, step_index), step_index)
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, step_index: Tensor | None = None) -> Tensor:
         """Every member's logit at every position: (B, L) ids and mask -> (M, B, L).
 
         Rows are right-padded (the backbone numbers positions from 0 at column 0, as
@@ -192,10 +278,13 @@ class ProcessRewardModel(nn.Module):
                 f"expected input_ids and attention_mask of one shape (B, L), got "
                 f"{tuple(input_ids.shape)} and {tuple(attention_mask.shape)}"
             )
-        if self.share_backbone:
-            states = self.backbones[0](input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-            return torch.stack([head(states.float()).squeeze(-1) for head in self.heads])  # (M, B, L)
-        return torch.stack([self.member_logits(m, input_ids, attention_mask) for m in range(self.members)])
+        token_lp = self._features(input_ids, attention_mask, step_index)  # once for every member
+        outs = []
+        for m in range(self.members):
+            if m == 0 or not self.share_backbone:
+                states = self.backbone_of(m)(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+            outs.append(self._head(m, states, token_lp, step_index))
+        return torch.stack(outs)  # (M, B, L)
 
     @torch.no_grad()
     def member_scores(
@@ -219,7 +308,11 @@ class ProcessRewardModel(nn.Module):
             chunk = examples[start : start + batch_size]
             encoded = [encode(tokenizer, prompt, steps, max_len=max_len) for prompt, steps in chunk]
             ids, mask = right_pad([e[0] for e in encoded], tokenizer.pad_token_id)
-            probs = torch.sigmoid(self(ids, mask))  # (M, B, L)
+            index = torch.tensor([
+                step_positions(ends, len(encode_prompt(tokenizer, prompt)), ids.shape[1])
+                for (prompt, _), (_, ends) in zip(chunk, encoded)
+            ])
+            probs = torch.sigmoid(self(ids, mask, index))  # (M, B, L)
             for i, ((_, steps), (_, ends)) in enumerate(zip(chunk, encoded)):
                 row = torch.full((self.members, len(steps)), float("nan"))
                 row[:, : len(ends)] = probs[:, i, ends]
@@ -248,11 +341,15 @@ class ProcessRewardModel(nn.Module):
         for i, backbone in enumerate(self.backbones):
             backbone.save_pretrained(path / f"backbone_{i}")
         torch.save(self.heads.state_dict(), path / HEADS_FILE)
+        if self.reference is not None:
+            self.reference.save_pretrained(path / "reference")
+            torch.save(self.feature_heads.state_dict(), path / LIKELIHOOD_FILE)
         config = {
             "version": FORMAT_VERSION,
             "members": self.members,
             "combine": self.combine,
             "backbones": len(self.backbones),
+            "likelihood": self.likelihood,
         }
         (path / CONFIG_FILE).write_text(json.dumps(config, indent=2))
         return path
@@ -268,6 +365,11 @@ class ProcessRewardModel(nn.Module):
             AutoModel.from_pretrained(path / f"backbone_{i}", local_files_only=True, dtype=torch.float32)
             for i in range(config["backbones"])
         ]
-        model = cls(backbones, members=config["members"], combine=config["combine"])
+        reference = None
+        if config.get("likelihood"):
+            reference = AutoModelForCausalLM.from_pretrained(path / "reference", local_files_only=True, dtype=torch.float32)
+        model = cls(backbones, members=config["members"], combine=config["combine"], reference=reference)
         model.heads.load_state_dict(torch.load(path / HEADS_FILE, weights_only=True))
+        if reference is not None:
+            model.feature_heads.load_state_dict(torch.load(path / LIKELIHOOD_FILE, weights_only=True))
         return model.eval()

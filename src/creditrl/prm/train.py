@@ -29,7 +29,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from creditrl.prm.model import ProcessRewardModel, encode, right_pad
+from creditrl.prm.model import ProcessRewardModel, encode, right_pad, step_positions
+from creditrl.train.evaluate import encode_prompt
 from creditrl.train.sft import lr_at
 
 if TYPE_CHECKING:
@@ -45,6 +46,7 @@ class _Encoded:
     ids: list[int]  # bos + prompt + steps that fit
     ends: list[int]  # positions of labelled step ends
     targets: list[float]  # one BCE target per entry of ``ends``
+    index: list[int]  # step of each position (-1 for the prompt), for likelihood features
 
 
 def _prepare(
@@ -76,7 +78,8 @@ def _prepare(
             counts["dropped_unlabelled"] += 1
             continue
         targets = [float(y) if soft else float(y >= 0.5) for _, y in kept]
-        data.append(_Encoded(ids=ids, ends=[pos for pos, _ in kept], targets=targets))
+        data.append(_Encoded(ids=ids, ends=[pos for pos, _ in kept], targets=targets,
+                             index=step_positions(ends, len(encode_prompt(tokenizer, ex.prompt)), len(ids))))
     return data, counts
 
 
@@ -94,7 +97,8 @@ def _batches(n: int, batch_size: int, rng: random.Random) -> Iterator[list[int]]
 
 def _member_loss(model: ProcessRewardModel, member: int, rows: list[_Encoded], pad_id: int) -> torch.Tensor:
     ids, mask = right_pad([r.ids for r in rows], pad_id)
-    logits = model.member_logits(member, ids, mask)  # (B, L)
+    index = torch.tensor([r.index + [-1] * (ids.shape[1] - len(r.index)) for r in rows])  # (B, L)
+    logits = model.member_logits(member, ids, mask, index)  # (B, L)
     b = torch.tensor([i for i, r in enumerate(rows) for _ in r.ends])
     pos = torch.tensor([p for r in rows for p in r.ends])
     targets = torch.tensor([t for r in rows for t in r.targets])
@@ -116,6 +120,7 @@ def train_prm(
     warmup_steps: int | None = None,
     weight_decay: float = 0.0,
     max_len: int | None = None,
+    train_backbone: bool = True,
 ) -> dict[str, Any]:
     """Train ``model`` in place on ``examples`` for ``steps`` optimizer steps; return metrics.
 
@@ -127,6 +132,8 @@ def train_prm(
         warmup_steps: linear warm-up length, default 10% of ``steps``.
         max_len: encoding length (default the backbone's maximum positions); labelled steps
             that do not fit are counted in ``prm/steps_truncated``.
+        train_backbone: False trains only the heads (a probe on the frozen backbone, plus the
+            likelihood-feature weights): far fewer parameters to overfit a small label set.
 
     Returns:
         ``prm/steps``, ``prm/loss_first``, ``prm/loss_final`` (EMA 0.95), ``prm/loss_curve``
@@ -150,7 +157,11 @@ def train_prm(
         if model.share_backbone
         else [[*model.backbone_of(m).parameters(), *model.heads[m].parameters()] for m in range(model.members)]
     )
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=(0.9, 0.98))
+    groups = [[q for q in g if q.requires_grad] for g in groups]
+    for backbone in model.backbones:
+        backbone.requires_grad_(train_backbone)
+    trainable = [q for q in model.parameters() if q.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.98))
     model.train()
     history: list[float] = []
     loss_ema = None
