@@ -77,6 +77,7 @@ def test_train_writes_a_loadable_prm_and_eval_prints_auroc(workdir: Path, capsys
     assert main(["prm", "eval", str(workdir / "prm"), str(workdir / "held.jsonl")]) == 0
     out = capsys.readouterr().out
     assert "step AUROC against the oracle labels:" in out and "auroc_length" in out
+    assert "baseline, the reference policy's summed step log-prob alone" in out  # likelihood PRM (default)
     assert main(["prm", "score", str(workdir / "prm"), "--prompt", "1+2*3=", "--completion", "2*3=6;1+6=7;#7"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert [line.split()[1] for line in lines] == ["2*3=6;", "1+6=7;", "#7"]

@@ -155,6 +155,7 @@ class PRMConfig:
     split: str = "train"  # task split the problems come from
     mc_n: int = 8  # mc: continuations per step prefix (N)
     mc_mode: str = "hard"  # hard (any continuation correct) | soft (share correct)
+    mc_temperature: float = 1.0  # sampling temperature of the MC completer
     members: int = 1  # ensemble members (each a backbone + head)
     combine: str = "mean"  # mean | min over members
     likelihood: bool = True  # the head also reads the step's summed and minimum token log-probs

@@ -195,6 +195,7 @@ def _check_prm(cfg: Config) -> None:
     for key in ("problems", "samples", "mc_n", "members", "steps", "batch_size", "lr"):
         _positive(f"prm.{key}", getattr(p, key))
     _positive("prm.temperature", p.temperature, allow_zero=True)
+    _positive("prm.mc_temperature", p.mc_temperature, allow_zero=True)
     _unit("prm.vote_threshold", p.vote_threshold, open_low=True)
     _unit("prm.augment_rate", p.augment_rate)
     if p.max_step_tokens is not None:

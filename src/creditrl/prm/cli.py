@@ -38,7 +38,8 @@ def cmd_label(args: argparse.Namespace) -> int:
     params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=p.temperature)
     samples = sample_solutions(model, tok, task, problems, samples=p.samples, params=params, seed=p.seed)
     examples, info = label_samples(
-        samples, p.labeler, task=task, model=model, tokenizer=tok, mc_n=p.mc_n, mc_mode=p.mc_mode, mc_params=params,
+        samples, p.labeler, task=task, model=model, tokenizer=tok, mc_n=p.mc_n, mc_mode=p.mc_mode,
+        mc_params=SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=p.mc_temperature),
         vote_labelers=[x.strip() for x in p.vote_labelers.split(",")], vote_threshold=p.vote_threshold, seed=p.seed,
     )
     save_stepwise(examples, args.out)
@@ -83,7 +84,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from creditrl.prm.data import load_stepwise
-    from creditrl.prm.pipeline import evaluate_prm
+    from creditrl.prm.pipeline import evaluate_prm, reference_likelihood_auroc
     from creditrl.prm.source import load_prm
 
     prm, tok = load_prm(args.prm)
@@ -91,7 +92,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if any("oracle" not in ex.meta for ex in examples):
         raise ConfigError(f"{args.data}: every row needs meta.oracle (true step labels), as `creditrl prm label` writes")
     score, probe = evaluate_prm(prm, tok, examples)
-    print(f"step AUROC against the oracle labels: {score:.4f}\n")
+    print(f"step AUROC against the oracle labels: {score:.4f}")
+    base = reference_likelihood_auroc(prm, tok, examples)
+    if base is not None:
+        print(f"baseline, the reference policy's summed step log-prob alone (untrained): {base:.4f}")
+    print()
     print(probe.markdown())
     return 0
 

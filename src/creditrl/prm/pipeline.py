@@ -172,6 +172,28 @@ def step_records(
     return out
 
 
+def reference_likelihood_auroc(
+    prm: ProcessRewardModel, tokenizer: PreTrainedTokenizerBase, examples: Sequence[StepwiseExample]
+) -> float | None:
+    """AUROC of the untrained baseline inside a likelihood PRM: the step's summed token
+    log-probability under the frozen reference policy alone (None without likelihood features)."""
+    if not prm.likelihood:
+        return None
+    from creditrl.prm.model import encode, step_positions
+
+    scores, labels = [], []
+    for ex in examples:
+        ids, ends = encode(tokenizer, ex.prompt, ex.completions, max_len=prm.max_positions)
+        x = torch.tensor([ids])
+        lp = prm.token_logprobs(x, torch.ones_like(x))[0]
+        index = step_positions(ends, len(encode_prompt(tokenizer, ex.prompt)), len(ids))
+        for k, label in enumerate(ex.meta["oracle"][: len(ends)]):
+            if label is not None:
+                scores.append(float(sum(v for v, i in zip(lp.tolist(), index) if i == k)))
+                labels.append(label)
+    return auroc(scores, labels)
+
+
 def evaluate_prm(
     prm: ProcessRewardModel, tokenizer: PreTrainedTokenizerBase, examples: Sequence[StepwiseExample]
 ) -> tuple[float, ShortcutReport]:
