@@ -497,3 +497,43 @@ def test_outcome_source_at_sequence_granularity(task, problem, tok):
     rewards, placed = place(res.scores, end_mask=seg.end_mask, response_mask=mask)
     assert placed.nonzero().tolist() == [[0, 22], [1, 22], [2, 2], [3, 0]]  # the eos tokens
     assert rewards.sum(1).tolist() == [1.0, 0.0, 1.0, 0.0]
+
+
+# ----------------------------------------------------------------------------- batch_fn and factories
+
+
+def test_batch_fn_is_used_and_falls_back_to_fn_per_response_when_it_raises():
+    from creditrl.rewards.sources import RewardSource
+
+    task = make_task("arithmetic", min_ops=1, max_ops=2)
+    probs = [task.make_problem("1+2="), task.make_problem("2*3=")]
+    calls = {"batch": 0, "fn": 0}
+
+    def fn(task, problem, completion, spans):
+        calls["fn"] += 1
+        return [0.25] * len(spans)
+
+    def good_batch(task, problems, completions, spans):
+        calls["batch"] += 1
+        return [[0.75] * len(s) for s in spans]
+
+    def bad_batch(task, problems, completions, spans):
+        raise RuntimeError("model crashed")
+
+    spans = [["1+2=3;", "#3"], ["2*3=6;", "#6"]]
+    res = score_batch(RewardSource("b", frozenset({"step"}), "step", fn, good_batch), task, probs, ["", ""], spans)
+    assert res.scores == [[0.75, 0.75], [0.75, 0.75]] and calls == {"batch": 1, "fn": 0}
+    res = score_batch(RewardSource("b", frozenset({"step"}), "step", fn, bad_batch), task, probs, ["", ""], spans)
+    assert res.scores == [[0.25, 0.25], [0.25, 0.25]] and calls["fn"] == 2 and res.errors == 0
+
+
+def test_source_factories_are_named_validated_and_built_with_options(tmp_path):
+    from creditrl.rewards.sources import SOURCE_FACTORIES, make_source, register_source_factory, source_names
+
+    assert "prm" in SOURCE_FACTORIES and "prm" in source_names()
+    assert SOURCE_FACTORIES["prm"].requires == ("prm",)
+    with pytest.raises(ValueError, match="reward source 'prm' is already registered"):
+        register_source_factory("prm", ("step",), "step")(lambda options: None)
+    with pytest.raises(FileNotFoundError, match="is not a PRM directory"):
+        make_source("prm", {"prm": str(tmp_path / "missing")})
+    assert make_source("outcome").name == "outcome"  # a static source ignores options
