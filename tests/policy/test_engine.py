@@ -319,3 +319,22 @@ def test_generate_rejects_bad_requests(policy):
         engine.generate([], 1, params)
     with pytest.raises(ValueError, match="every prompt needs at least one token"):
         engine.generate([[1, 4], []], 1, params)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_budgets_equal_truncating_an_unbudgeted_run(policy, temperature):
+    model, tok = policy
+    engine = HFEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    prompts = [[1, 5, 6, 7], [1, 8], [1, 9, 10, 11, 12]]
+    budgets = [3, 12, 1]
+    params = SamplingParams(max_new_tokens=10, temperature=temperature)
+    full = engine.generate(prompts, 4, params, generator=torch.Generator().manual_seed(7))
+    cut = engine.generate(prompts, 4, params, generator=torch.Generator().manual_seed(7), budgets=budgets)
+    for i, (toks, lps, fin) in enumerate(zip(full.tokens, full.logprobs, full.finished)):
+        lim = min(10, budgets[full.prompt_index[i]])
+        assert cut.tokens[i] == toks[:lim]
+        assert cut.logprobs[i] == pytest.approx(lps[:lim], abs=1e-6)
+        assert cut.finished[i] == (tok.eos_token_id in toks[:lim])
+    assert max(len(t) for t in cut.tokens[8:]) <= 1  # the third prompt's budget of 1
+    with pytest.raises(ValueError, match="budgets: need one budget >= 1 per prompt"):
+        engine.generate(prompts, 1, params, budgets=[1, 2])

@@ -75,7 +75,7 @@ class ScriptedEngine:
         self.script = script
         self.calls = []
 
-    def generate(self, prompts, n, params, *, generator=None):
+    def generate(self, prompts, n, params, *, generator=None, budgets=None):
         prompts = [list(p) for p in prompts]
         self.calls.append((prompts, n, params))
         tokens = []

@@ -21,7 +21,7 @@ class ScriptedEngine:
         self.script = script
         self.calls = []
 
-    def generate(self, prompts, n, params, *, generator=None):
+    def generate(self, prompts, n, params, *, generator=None, budgets=None):
         prompts = [list(p) for p in prompts]
         self.calls.append((prompts, n, params))
         tokens = []
@@ -226,7 +226,7 @@ class Recording:
         self.engine = engine
         self.generations = []
 
-    def generate(self, prompts, n, params, *, generator=None):
+    def generate(self, prompts, n, params, *, generator=None, budgets=None):
         gen = self.engine.generate(prompts, n, params, generator=generator)
         self.generations.append(gen)
         return gen

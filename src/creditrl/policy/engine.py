@@ -54,7 +54,11 @@ class GenerationEngine(Protocol):
         params: SamplingParams,
         *,
         generator: torch.Generator | None = None,
-    ) -> Generation: ...
+        budgets: Sequence[int] | None = None,
+    ) -> Generation:
+        """``budgets[i]`` (optional, >= 1) caps the new tokens of prompt i's samples below
+        ``params.max_new_tokens`` (e.g. a continuation gets what its prefix left of a budget)."""
+        ...
 
 
 def left_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -107,9 +111,12 @@ class HFEngine:
         params: SamplingParams,
         *,
         generator: torch.Generator | None = None,
+        budgets: Sequence[int] | None = None,
     ) -> Generation:
         if n < 1 or not prompts:
             raise ValueError(f"need at least one prompt and n >= 1, got {len(prompts)} prompts, n={n}")
+        if budgets is not None and (len(budgets) != len(prompts) or min(budgets) < 1):
+            raise ValueError(f"budgets: need one budget >= 1 per prompt ({len(prompts)}), got {list(budgets)}")
         requests = [list(p) for p in prompts for _ in range(n)]
         if any(len(p) == 0 for p in requests):
             raise ValueError("every prompt needs at least one token (e.g. bos)")
@@ -121,20 +128,25 @@ class HFEngine:
         next_pos = positions_from_mask(attn)[:, -1] + 1
         n_req = len(requests)
         finished = torch.zeros(n_req, dtype=torch.bool)
+        cap = params.max_new_tokens
+        # new tokens each row may take: its prompt's budget, at most max_new_tokens
+        limit = torch.tensor([min(cap, b) for b in budgets for _ in range(n)]) if budgets else torch.full((n_req,), cap)
+        done = finished.clone()  # finished, or out of budget: no more tokens
         active = torch.arange(n_req)  # rows still decoding; the cache holds only these
         tokens, logps = [], []
-        for _ in range(params.max_new_tokens):
+        for step in range(int(limit.max())):
             # Sample for every row (finished rows keep stale logits and are overwritten with pad),
             # so the generator is consumed exactly as without the early exit below.
             tok = sample_next(logits, params, generator)
-            tok = torch.where(finished, torch.full_like(tok, self.pad_id), tok)
+            tok = torch.where(done, torch.full_like(tok, self.pad_id), tok)
             logp = torch.log_softmax(logits, dim=-1).gather(-1, tok[:, None]).squeeze(-1)
             tokens.append(tok)
             logps.append(logp)
-            finished = finished | (tok == self.eos_id)
-            if bool(finished.all()):
+            finished = finished | ((tok == self.eos_id) & ~done)
+            done = finished | (limit <= step + 1)
+            if bool(done.all()):
                 break
-            still = ~finished[active]
+            still = ~done[active]
             if not bool(still.all()):
                 # Early exit: drop finished rows from the cache and from every later forward pass.
                 keep = still.nonzero().squeeze(-1)
@@ -155,16 +167,17 @@ class HFEngine:
         self.model.train(was_training)
         tok_mat = torch.stack(tokens, dim=1).tolist()
         lp_mat = torch.stack(logps, dim=1).tolist()
-        out_tokens, out_logps, done = [], [], []
-        for row_t, row_l in zip(tok_mat, lp_mat):
+        out_tokens, out_logps, ended = [], [], []
+        for row_t, row_l, lim in zip(tok_mat, lp_mat, limit.tolist()):
+            row_t, row_l = row_t[:lim], row_l[:lim]
             length = row_t.index(self.eos_id) + 1 if self.eos_id in row_t else len(row_t)
             out_tokens.append(row_t[:length])
             out_logps.append(row_l[:length])
-            done.append(self.eos_id in row_t)
+            ended.append(self.eos_id in row_t)
         return Generation(
             prompt_index=[i for i in range(len(prompts)) for _ in range(n)],
             prompt_ids=requests,
             tokens=out_tokens,
             logprobs=out_logps,
-            finished=done,
+            finished=ended,
         )

@@ -27,7 +27,7 @@ class MCValues:
     values: Tensor  # float (B, T): V(s_k) on every valid token of step k, 0 on masked tokens
     n_states: int  # distinct prefixes estimated (each once, however many rows share it)
     n_continuations: int  # continuations sampled: samples x states that had a budget left
-    n_tokens: int  # tokens the engine generated for them, before truncation to the budget
+    n_tokens: int  # tokens the engine returned for them (an engine that ignores budgets returns more)
 
 
 @dataclass
@@ -85,9 +85,10 @@ def mc_values(
 
     Length budget: the original response could hold ``params.max_new_tokens`` tokens, so a
     continuation of a prefix of p response tokens may add at most ``max_new_tokens - p``. All
-    states are sampled in one ``engine.generate`` call with ``params`` and each continuation is
-    cut to its budget (the first n tokens of a longer sample have the distribution of an
-    n-token sample). A prefix with no budget left (p >= max_new_tokens) is not sampled: its
+    states are sampled in one ``engine.generate`` call that passes each its budget (the engine
+    stops a row at its budget), and each continuation is also cut to it here, for engines that
+    ignore budgets (the first n tokens of a longer sample have the distribution of an n-token
+    sample). A prefix with no budget left (p >= max_new_tokens) is not sampled: its
     value is ``outcome_fn`` of the prefix itself.
 
     Cost: ``samples`` continuations per distinct state with a budget left, i.e. at most
@@ -134,7 +135,8 @@ def mc_values(
     n_tokens = 0
     if sampled:
         requests = [states[i].prompt + states[i].prefix for i in sampled]
-        gen = engine.generate(requests, samples, params, generator=generator)
+        budgets = [budget_total - len(states[i].prefix) for i in sampled]
+        gen = engine.generate(requests, samples, params, generator=generator, budgets=budgets)
         totals = [0.0] * len(sampled)
         for request, tokens in zip(gen.prompt_index, gen.tokens):
             s = states[sampled[request]]
