@@ -22,7 +22,7 @@ from creditrl.rewards.placement import get_granularity, make_segmenter, place
 from creditrl.rewards.shaping import add_shaping, kl_penalty, length_penalty, overlong_penalty
 from creditrl.rewards.sources import RewardSource, make_source, score_batch
 from creditrl.rollout.batch import TrajectoryBatch
-from creditrl.rollout.segment import SegmentFn, TokenTexts, segment
+from creditrl.rollout.segment import SegmentFn, Segmentation, TokenTexts, segment
 from creditrl.tasks.base import Task
 
 
@@ -48,7 +48,7 @@ class _Placed:
     def __call__(
         self, batch: TrajectoryBatch, task: Task, texts_of: TokenTexts, keep: list[bool], on_error: str,
         outcome: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, list[bool], int]:
+    ) -> tuple[torch.Tensor, torch.Tensor, list[bool], int, Segmentation]:
         seg = segment(batch.response_ids, batch.response_lengths, texts_of, self.segmenter)
         problems, completions = batch.extras["problems"], batch.extras["completions"]
         rows = [i for i, k in enumerate(keep) if k]
@@ -67,7 +67,7 @@ class _Placed:
             scores[i], ok[i] = s, k
         fallback = outcome.tolist() if get_granularity(self.granularity).uses_fallback else None
         rewards, reward_mask = place(scores, end_mask=seg.end_mask, response_mask=batch.response_mask, fallback=fallback)
-        return rewards, reward_mask, ok, result.errors
+        return rewards, reward_mask, ok, result.errors, seg
 
 
 class Scorer:
@@ -116,10 +116,12 @@ class Scorer:
             h.filter, outcome, batch.group_ids, q=h.filter_q, lo=h.filter_lo, hi=h.filter_hi, generator=generator
         )
         keep = passed.tolist()
-        rewards, reward_mask, keep, errors = self.primary(batch, task, self.texts_of, keep, cfg.reward.on_error, outcome)
+        rewards, reward_mask, keep, errors, primary_seg = self.primary(
+            batch, task, self.texts_of, keep, cfg.reward.on_error, outcome
+        )
         stats: dict[str, float] = {}
         if self.dense is not None:
-            d_rewards, d_mask, keep, d_errors = self.dense(batch, task, self.texts_of, keep, cfg.reward.on_error, outcome)
+            d_rewards, d_mask, keep, d_errors, _ = self.dense(batch, task, self.texts_of, keep, cfg.reward.on_error, outcome)
             errors += d_errors
             w_seq, w_dense = mix_weights(h.schedule, progress, switch_at=h.switch_at, weight=h.dense_weight)
             if self.calibrator is not None:
@@ -149,7 +151,10 @@ class Scorer:
         step_ends = torch.zeros_like(batch.response_mask)
         step_correct = outcome.clone()
         if self.steps is not None:
-            seg = segment(batch.response_ids, batch.response_lengths, self.texts_of, self.steps)
+            # the primary source's spans are the steps when it scores at step granularity: reuse them
+            seg = primary_seg if self.primary.granularity == "step" else segment(
+                batch.response_ids, batch.response_lengths, self.texts_of, self.steps
+            )
             step_ends = seg.end_mask & batch.response_mask
             labels = [task.check_steps(p, texts) for p, texts in zip(problems, seg.texts)]
             step_correct = torch.tensor([sum(lab) / len(lab) if lab else 0.0 for lab in labels])
