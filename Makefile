@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-quick test install clean
+.PHONY: demo demo-quick test bench install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -13,7 +13,7 @@ $(BIN)/python:
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,bench]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -23,6 +23,9 @@ demo: $(STAMP)
 
 demo-quick: $(STAMP)
 	$(BIN)/creditrl demo --quick
+
+bench: $(STAMP)
+	$(BIN)/creditrl bench --curve 50 --scaling --out runs/bench
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

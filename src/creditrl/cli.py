@@ -1,4 +1,4 @@
-"""The ``creditrl`` command line: ``demo``, ``sft``, ``train``, ``prm ...``."""
+"""The ``creditrl`` command line: ``demo``, ``sft``, ``train``, ``bench``, ``prm ...``."""
 
 from __future__ import annotations
 
@@ -59,6 +59,17 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from creditrl.bench.run import options_from_args, run_bench
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    run_bench(options_from_args(args))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="creditrl", description="RL fine-tuning where credit assignment comes first")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -83,6 +94,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run-dir", help="where to write (default runs/train-TIMESTAMP)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("bench", help="rollout and GRPO iteration speed against TRL and HF generate")
+    p.add_argument("--policy", default="sft", help="sft (the demo's SFT policy), tiny (random init) or a model dir")
+    p.add_argument("--curve", type=int, default=0, metavar="N", help="also N-iteration reward curves, TRL vs creditrl")
+    p.add_argument("--scaling", action="store_true", help="also iteration time vs group size and max new tokens")
+    p.add_argument("--no-trl", action="store_true", help="skip the TRL peer (trl not installed)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes: every section in seconds (numbers meaningless)")
+    p.add_argument("--out", default="runs/bench", help="where bench.json and plots go")
+    p.set_defaults(func=cmd_bench)
 
     from creditrl.prm.cli import add_prm_parser
 

@@ -22,6 +22,7 @@ class ConfigError(ValueError):
 class PolicyConfig:
     model: str = "tiny"  # "tiny" (built locally) or a local save_pretrained directory
     init_seed: int = 0  # seed of the tiny model's random initialisation
+    engine: str = "auto"  # generation engine: static | hf | auto (static when the architecture allows)
 
 
 @dataclass

@@ -212,7 +212,10 @@ def validate(cfg: Config) -> None:
     from creditrl.values.critic import CRITIC_MODELS
     from creditrl.values.registry import VALUE_SOURCES
 
+    from creditrl.policy.static_engine import ENGINES
+
     _one_of("task.name", cfg.task.name, TASKS)
+    _one_of("policy.engine", cfg.policy.engine, ENGINES)
     for key, args in (("task.args", cfg.task.args), ("sft.task_args", cfg.sft.task_args)):
         try:
             make_task(cfg.task.name, **args)

@@ -28,7 +28,8 @@ import torch
 from creditrl.config import Config, load_config
 from creditrl.experiments.demo import demo_config_path
 from creditrl.experiments.report import plt
-from creditrl.policy.engine import HFEngine, SamplingParams
+from creditrl.policy.engine import GenerationEngine, SamplingParams
+from creditrl.policy.static_engine import make_engine
 from creditrl.policy.model import load_policy
 from creditrl.prm.cli import train_from_examples
 from creditrl.prm.data import StepwiseExample
@@ -84,7 +85,7 @@ def orm_examples(samples: Sequence[Sample]) -> list[StepwiseExample]:
 
 
 def mc_label_table(
-    engine: HFEngine, tok, task, samples: Sequence[Sample], ns: Sequence[int], params: SamplingParams
+    engine: GenerationEngine, tok, task, samples: Sequence[Sample], ns: Sequence[int], params: SamplingParams
 ) -> list[dict[str, float]]:
     """False-positive rate (and agreement) against the oracle of hard and soft MC labels for each
     N, from one run of max(ns) continuations per step prefix (the first N of them for each N)."""
@@ -129,7 +130,7 @@ def run_prm_report(run_dir: Path | None, *, quick: bool = False, overrides: list
     policy.eval()
     task = make_task(cfg.task.name, **cfg.task.args)
     params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=1.0)
-    engine = HFEngine(policy, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    engine = make_engine(policy, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, kind=cfg.policy.engine)
 
     def sample(split: str, n_problems: int, per: int, seed: int) -> list[Sample]:
         problems = task.sample(n_problems, split=split, seed=seed)

@@ -19,7 +19,8 @@ from typing import Any, Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from creditrl.policy.engine import HFEngine, SamplingParams
+from creditrl.policy.engine import SamplingParams
+from creditrl.policy.static_engine import make_engine
 from creditrl.prm.data import StepwiseExample
 from creditrl.prm.labels import mc_labels, oracle_labels, outcome_heuristic_labels, vote_labels
 from creditrl.prm.metrics import auroc, false_positive_rate
@@ -60,7 +61,7 @@ def sample_solutions(
     """``samples`` policy solutions per problem (prompt-major), with their true verdicts."""
     if task.step_separator is None:
         raise ValueError(f"task '{task.name}' has no step separator; a PRM needs steps")
-    engine = HFEngine(model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+    engine = make_engine(model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
     gen = engine.generate(
         [encode_prompt(tokenizer, p.prompt) for p in problems], samples, params,
         generator=torch.Generator().manual_seed(seed),
@@ -108,7 +109,7 @@ def label_samples(
         if name == "mc":
             if model is None or tokenizer is None or mc_params is None:
                 raise ValueError("the mc labeler needs the completer model, its tokenizer and mc_params")
-            engine = HFEngine(model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+            engine = make_engine(model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
             res = mc_labels(
                 engine, tokenizer, task, [(s.problem, s.steps) for s in samples], n=mc_n, params=mc_params,
                 generator=torch.Generator().manual_seed(seed), mode=mc_mode,

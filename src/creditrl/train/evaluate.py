@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from creditrl.policy.engine import HFEngine, SamplingParams
+from creditrl.policy.engine import SamplingParams
+from creditrl.policy.static_engine import make_engine
 from creditrl.tasks.base import Problem, Task
 
 
@@ -45,15 +46,16 @@ def evaluate(
     *,
     max_new_tokens: int,
     batch_size: int = 256,
+    engine: str = "auto",
 ) -> EvalResult:
-    """Greedy exact match and step accuracy on ``problems``."""
-    engine = HFEngine(model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+    """Greedy exact match and step accuracy on ``problems`` (``engine``: see ``policy.engine``)."""
+    gen_engine = make_engine(model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, kind=engine)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
     completions: list[str] = []
     lengths: list[int] = []
     for start in range(0, len(problems), batch_size):
         chunk = problems[start : start + batch_size]
-        gen = engine.generate([encode_prompt(tokenizer, p.prompt) for p in chunk], 1, params)
+        gen = gen_engine.generate([encode_prompt(tokenizer, p.prompt) for p in chunk], 1, params)
         completions += [decode_response(tokenizer, t) for t in gen.tokens]
         lengths += [len(t) for t in gen.tokens]
     correct = [task.check_outcome(p, c) for p, c in zip(problems, completions)]

@@ -18,7 +18,8 @@ import torch
 from tqdm import tqdm
 
 from creditrl.config import Config, load_config
-from creditrl.policy.engine import HFEngine, SamplingParams
+from creditrl.policy.engine import SamplingParams
+from creditrl.policy.static_engine import make_engine
 from creditrl.policy.model import load_policy
 from creditrl.credit.schedule import linear_schedule
 from creditrl.losses import explained_variance
@@ -73,7 +74,9 @@ class RLTrainer:
         )
         self.task = make_task(cfg.task.name, **cfg.task.args)
         self.scorer = stages.Scorer(cfg, self.task, self.tokenizer)
-        self.engine = HFEngine(self.model, eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id)
+        self.engine = make_engine(
+            self.model, eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id, kind=cfg.policy.engine
+        )
         self.params = SamplingParams(
             max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p
         )
@@ -129,7 +132,10 @@ class RLTrainer:
 
     # -- the loop ------------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
-        res = evaluate(self.model, self.tokenizer, self.task, self.heldout, max_new_tokens=self.cfg.rollout.max_new_tokens)
+        res = evaluate(
+            self.model, self.tokenizer, self.task, self.heldout,
+            max_new_tokens=self.cfg.rollout.max_new_tokens, engine=self.cfg.policy.engine,
+        )
         return {"eval/accuracy": res.accuracy, "eval/step_accuracy": res.step_accuracy, "eval/length": res.mean_length}
 
     def iteration(self, it: int) -> dict[str, Any]:
@@ -182,6 +188,7 @@ class RLTrainer:
             "train/step_accuracy": float(scored.step_correct.mean()),
             "response/length": float(batch.response_lengths.float().mean()),
             "response/truncated": float((~batch.finished).float().mean()),
+            "tokens/padded": batch.size * (batch.prompt_ids.shape[1] + batch.response_ids.shape[1]),
             **_stats("adv", adv, mask),
             **_stats("return", ret, mask),
             "credit/lam": lam,

@@ -1,0 +1,1 @@
+"""Speed benchmarks: creditrl against peer implementations (TRL's GRPOTrainer, plain HF ``generate``)."""

@@ -1,0 +1,343 @@
+"""``creditrl bench``: creditrl's rollout and GRPO iteration against TRL and HF ``generate``, back
+to back in one process, on the same model, batch and settings.
+
+Sections (each prints min / median / max over repeats, and ratios peer / creditrl):
+
+1. ``peak``      -- a square fp32 matmul: the FLOP/s ceiling the update step is measured against.
+2. ``decode``    -- tokens per second at batch ``prompts x group`` for HF ``generate``,
+   :class:`~creditrl.policy.engine.HFEngine` and :class:`~creditrl.policy.static_engine.StaticEngine`,
+   on two workloads: ``fixed`` (eos disabled, every row decodes ``max_new_tokens``) and
+   ``rollout`` (the policy's own eos: what an RL iteration generates). Repeats are interleaved.
+3. ``iteration`` -- one GRPO iteration (rollout, score, credit, update) through TRL's
+   ``GRPOTrainer`` and through :class:`~creditrl.train.rl.RLTrainer`, the first iteration of each
+   dropped as warm-up; creditrl's rollout / update split; the update's achieved FLOP/s
+   (``6 * non-embedding parameters * positions computed``, forward + backward) against ``peak``.
+4. ``curve``     -- (``--curve N``) N iterations of each from the same start: mean reward per
+   iteration, plotted together (``reward_curve.png``).
+5. ``scaling``   -- (``--scaling``) creditrl's iteration time vs group size and vs max new tokens.
+
+Peak RSS of the bench process is printed at the end. Results go to ``OUT/bench.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from creditrl.config import Config, load_config
+from creditrl.policy.engine import HFEngine, SamplingParams
+from creditrl.policy.model import build_tiny, count_parameters, load_policy
+from creditrl.policy.static_engine import StaticEngine
+from creditrl.tasks import make_task
+from creditrl.train.evaluate import encode_prompt
+
+
+@dataclass
+class BenchOptions:
+    policy: str = "sft"  # "sft" (the demo's cached SFT policy), "tiny" (random init) or a model path
+    prompts: int = 16
+    group: int = 8
+    max_new_tokens: int = 48
+    temperature: float = 1.0
+    lr: float = 5e-5
+    repeats: int = 5  # decode repeats per engine and workload
+    iterations: int = 6  # timed iterations per trainer (the first is dropped as warm-up)
+    curve: int = 0  # iterations of the learning-curve comparison (0 skips it)
+    scaling: bool = False
+    groups: tuple[int, ...] = (4, 8, 16, 32)
+    lengths: tuple[int, ...] = (32, 64, 128, 256)
+    matmul_n: int = 2048
+    trl: bool = True  # include TRL (an optional dependency: pip install 'creditrl[bench]')
+    out: Path = field(default_factory=lambda: Path("runs/bench"))
+    seed: int = 0
+
+
+def spread(xs: list[float]) -> dict[str, float]:
+    return {"min": min(xs), "median": statistics.median(xs), "max": max(xs), "n": len(xs)}
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def matmul_peak(n: int, repeats: int = 5) -> dict[str, float]:
+    """fp32 GFLOP/s of an n x n x n matmul, per repeat."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        rates.append(2 * n**3 / (time.perf_counter() - start) / 1e9)
+    return spread(rates)
+
+
+def _demo_config(opts: BenchOptions, overrides: list[str] | None = None) -> Config:
+    path = Path(str(resources.files("creditrl") / "configs" / "demo.yaml"))
+    return load_config(
+        path,
+        [
+            f"rollout.prompts_per_iter={opts.prompts}",
+            f"rollout.group_size={opts.group}",
+            f"rollout.max_new_tokens={opts.max_new_tokens}",
+            f"rollout.temperature={opts.temperature}",
+            f"optim.lr={opts.lr}",
+            "optim.warmup_iterations=0",
+            "loss.kl_coef=0",  # TRL at beta=0: no reference model
+            "loss.aggregation=token-mean",
+            "credit.estimator=grpo",
+            "reward.source=outcome",
+            "train.progress=false",
+            f"train.seed={opts.seed}",
+            *(overrides or []),
+        ],
+    )
+
+
+def resolve_policy(opts: BenchOptions) -> str:
+    """A model directory to start every peer from (the tiny preset is saved to a temp dir)."""
+    if opts.policy == "sft":
+        from creditrl.train.sft import cached_sft
+
+        path, _ = cached_sft(_demo_config(opts), progress=True)
+        return str(path)
+    if opts.policy == "tiny":
+        model, tok = build_tiny(opts.seed)
+        out = Path(tempfile.mkdtemp(prefix="creditrl-bench-tiny-"))
+        model.save_pretrained(out)
+        tok.save_pretrained(out)
+        return str(out)
+    return opts.policy
+
+
+def bench_decode(policy: str, opts: BenchOptions, log: Callable[[str], None]) -> dict[str, Any]:
+    from creditrl.bench.peers import hf_generate_throughput
+
+    model, tok = load_policy(policy)
+    model.eval()
+    task = make_task("arithmetic", min_ops=4, max_ops=6)
+    prompts = [encode_prompt(tok, p.prompt) for p in task.sample(opts.prompts, split="train", seed=opts.seed)]
+    params = SamplingParams(max_new_tokens=opts.max_new_tokens, temperature=opts.temperature)
+    out: dict[str, Any] = {}
+    for workload in ("fixed", "rollout"):
+        eos = tok.eos_token_id if workload == "rollout" else -1  # -1: no token ends a row
+        engines = {"creditrl_static": StaticEngine(model, eos_id=eos, pad_id=tok.pad_token_id),
+                   "creditrl_hf_engine": HFEngine(model, eos_id=eos, pad_id=tok.pad_token_id)}
+        rates: dict[str, list[float]] = {"hf_generate": [], **{k: [] for k in engines}}
+        tokens: dict[str, int] = {}
+        for r in range(opts.repeats):
+            res = hf_generate_throughput(
+                model, prompts, opts.group, opts.max_new_tokens, temperature=opts.temperature,
+                pad_id=tok.pad_token_id, eos_id=None if eos < 0 else eos, seed=opts.seed + r,
+            )
+            rates["hf_generate"].append(res["tokens_per_s"])
+            tokens["hf_generate"] = res["new_tokens"]
+            for name, engine in engines.items():
+                gen = torch.Generator().manual_seed(opts.seed + r)
+                start = time.perf_counter()
+                g = engine.generate(prompts, opts.group, params, generator=gen)
+                elapsed = time.perf_counter() - start
+                tokens[name] = sum(len(t) for t in g.tokens)
+                rates[name].append(tokens[name] / elapsed)
+        out[workload] = {name: {"tokens_per_s": spread(v), "new_tokens": tokens[name]} for name, v in rates.items()}
+        ratio = statistics.median(rates["creditrl_static"]) / statistics.median(rates["hf_generate"])
+        out[workload]["ratio_static_vs_hf_generate"] = ratio
+        log(f"decode/{workload}: static {statistics.median(rates['creditrl_static']):,.0f} tok/s, "
+            f"HF generate {statistics.median(rates['hf_generate']):,.0f} tok/s -> {ratio:.2f}x")
+    return out
+
+
+def creditrl_iterations(policy: str, opts: BenchOptions, n: int, overrides: list[str] | None = None) -> list[dict]:
+    from creditrl.train.rl import RLTrainer
+
+    cfg = _demo_config(opts, overrides)
+    with tempfile.TemporaryDirectory(prefix="creditrl-bench-") as run_dir:
+        trainer = RLTrainer(cfg, Path(run_dir), init_path=policy)
+        return [trainer.iteration(i) for i in range(n)]
+
+
+def trl_iterations(policy: str, opts: BenchOptions, n: int) -> list[dict]:
+    from creditrl.bench.peers import PeerSettings, trl_grpo_run
+
+    model, tok = load_policy(policy)
+    settings = PeerSettings(
+        prompts_per_iter=opts.prompts, group_size=opts.group, max_new_tokens=opts.max_new_tokens,
+        temperature=opts.temperature, lr=opts.lr, seed=opts.seed,
+    )
+    return trl_grpo_run(model, tok, make_task("arithmetic", min_ops=4, max_ops=6), n, settings)
+
+
+def bench_iteration(policy: str, opts: BenchOptions, peak: float, log: Callable[[str], None]) -> dict[str, Any]:
+    model, _ = load_policy(policy)
+    n_params = count_parameters(model) - model.get_input_embeddings().weight.numel()
+    rows = creditrl_iterations(policy, opts, opts.iterations)[1:]
+    upd_flops = [6 * n_params * r["tokens/padded"] for r in rows]
+    out: dict[str, Any] = {
+        "creditrl": {
+            "iter_s": spread([r["time/iter_s"] for r in rows]),
+            "rollout_s": spread([r["time/rollout_s"] for r in rows]),
+            "update_s": spread([r["time/update_s"] for r in rows]),
+            "response_length": spread([r["response/length"] for r in rows]),
+            "update_gflops": spread([f / r["time/update_s"] / 1e9 for f, r in zip(upd_flops, rows)]),
+        },
+        "non_embedding_parameters": n_params,
+    }
+    out["creditrl"]["update_share_of_peak"] = out["creditrl"]["update_gflops"]["median"] / peak
+    log(f"iteration/creditrl: {out['creditrl']['iter_s']['median']:.3f} s (rollout "
+        f"{out['creditrl']['rollout_s']['median']:.3f}, update {out['creditrl']['update_s']['median']:.3f}; "
+        f"update {out['creditrl']['update_gflops']['median']:.0f} GFLOP/s = "
+        f"{100 * out['creditrl']['update_share_of_peak']:.0f}% of peak)")
+    if opts.trl:
+        trl = trl_iterations(policy, opts, opts.iterations)[1:]
+        out["trl"] = {"iter_s": spread([r["time_s"] for r in trl])}
+        out["ratio_trl_vs_creditrl"] = out["trl"]["iter_s"]["median"] / out["creditrl"]["iter_s"]["median"]
+        log(f"iteration/TRL GRPOTrainer: {out['trl']['iter_s']['median']:.3f} s -> creditrl "
+            f"{out['ratio_trl_vs_creditrl']:.2f}x faster")
+    return out
+
+
+def bench_curve(policy: str, opts: BenchOptions, log: Callable[[str], None]) -> dict[str, Any]:
+    rows = creditrl_iterations(policy, opts, opts.curve)
+    out: dict[str, Any] = {"creditrl": [r["reward/mean"] for r in rows]}
+    if opts.trl:
+        out["trl"] = [r["reward"] for r in trl_iterations(policy, opts, opts.curve)]
+    last = max(1, opts.curve // 5)
+    for name, rewards in out.items():
+        log(f"curve/{name}: mean reward first {last} iterations {statistics.mean(rewards[:last]):.3f}, "
+            f"last {last} {statistics.mean(rewards[-last:]):.3f}")
+    return out
+
+
+def plot_curve(curve: dict[str, list[float]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.8))
+    for name, rewards in curve.items():
+        xs = list(range(1, len(rewards) + 1))
+        k = 5
+        smooth = [statistics.mean(rewards[max(0, i - k + 1) : i + 1]) for i in range(len(rewards))]
+        line = ax.plot(xs, smooth, label=f"{'TRL GRPOTrainer' if name == 'trl' else 'creditrl'} (5-iter mean)")[0]
+        ax.plot(xs, rewards, alpha=0.25, color=line.get_color())
+    ax.set_xlabel("iteration (16 prompts x 8 samples)")
+    ax.set_ylabel("mean outcome reward")
+    ax.set_title("GRPO from the same SFT policy: TRL vs creditrl")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def bench_scaling(policy: str, opts: BenchOptions, log: Callable[[str], None]) -> list[dict[str, Any]]:
+    table = []
+    settings = [("group", g, [f"rollout.group_size={g}"]) for g in opts.groups]
+    settings += [("max_new_tokens", t, [f"rollout.max_new_tokens={t}"]) for t in opts.lengths]
+    for axis, value, overrides in settings:
+        rows = creditrl_iterations(policy, opts, 3, overrides)[1:]
+        entry = {
+            "axis": axis,
+            "value": value,
+            "iter_s": statistics.median(r["time/iter_s"] for r in rows),
+            "rollout_s": statistics.median(r["time/rollout_s"] for r in rows),
+            "update_s": statistics.median(r["time/update_s"] for r in rows),
+            "response_length": statistics.median(r["response/length"] for r in rows),
+            "samples": opts.prompts * (value if axis == "group" else opts.group),
+        }
+        table.append(entry)
+        log(f"scaling/{axis}={value}: {entry['iter_s']:.3f} s (rollout {entry['rollout_s']:.3f}, "
+            f"update {entry['update_s']:.3f}, mean length {entry['response_length']:.1f})")
+    return table
+
+
+def run_bench(opts: BenchOptions) -> dict[str, Any]:
+    opts.out.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+
+    def log(msg: str) -> None:
+        print(f"[creditrl bench] {time.time() - start:6.0f} s  {msg}", flush=True)
+
+    policy = resolve_policy(opts)
+    result: dict[str, Any] = {
+        "options": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(opts).items()},
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
+    result["peak_gflops"] = matmul_peak(opts.matmul_n)
+    log(f"peak: fp32 {opts.matmul_n}^3 matmul {result['peak_gflops']['max']:.0f} GFLOP/s (max of 5)")
+    result["decode"] = bench_decode(policy, opts, log)
+    result["iteration"] = bench_iteration(policy, opts, result["peak_gflops"]["max"], log)
+    if opts.curve:
+        result["curve"] = bench_curve(policy, opts, log)
+        plot_curve(result["curve"], opts.out / "reward_curve.png")
+    if opts.scaling:
+        result["scaling"] = bench_scaling(policy, opts, log)
+    result["peak_rss_mb"] = peak_rss_mb()
+    log(f"peak RSS of the bench process: {result['peak_rss_mb']:.0f} MB")
+    (opts.out / "bench.json").write_text(json.dumps(result, indent=2))
+    print(markdown_report(result))
+    return result
+
+
+def markdown_report(res: dict[str, Any]) -> str:
+    """The tables README shows, from a bench.json."""
+    o = res["options"]
+    lines = [
+        f"Batch {o['prompts']} prompts x {o['group']} samples, up to {o['max_new_tokens']} new tokens, "
+        f"{res['threads']} threads; min / median / max over repeats.",
+        "",
+        "| decode (tokens/s) | workload | HF generate | creditrl HFEngine | creditrl StaticEngine | static / HF generate |",
+        "|---|---|---|---|---|---|",
+    ]
+    for workload, d in res["decode"].items():
+        cell = lambda k: "{min:,.0f} / {median:,.0f} / {max:,.0f}".format(**d[k]["tokens_per_s"])  # noqa: E731
+        lines.append(f"| | {workload} | {cell('hf_generate')} | {cell('creditrl_hf_engine')} | "
+                     f"{cell('creditrl_static')} | {d['ratio_static_vs_hf_generate']:.2f}x |")
+    it = res["iteration"]
+    s = lambda d: "{min:.3f} / {median:.3f} / {max:.3f}".format(**d)  # noqa: E731
+    lines += [
+        "",
+        "| GRPO iteration (s) | value |",
+        "|---|---|",
+        f"| creditrl full iteration | {s(it['creditrl']['iter_s'])} |",
+        f"| creditrl rollout | {s(it['creditrl']['rollout_s'])} |",
+        f"| creditrl update | {s(it['creditrl']['update_s'])} |",
+    ]
+    if "trl" in it:
+        lines += [f"| TRL GRPOTrainer full iteration | {s(it['trl']['iter_s'])} |",
+                  f"| TRL / creditrl | {it['ratio_trl_vs_creditrl']:.2f}x |"]
+    lines += [
+        f"| update GFLOP/s (6 N tokens) | {it['creditrl']['update_gflops']['median']:.0f} "
+        f"({100 * it['creditrl']['update_share_of_peak']:.0f}% of the {res['peak_gflops']['max']:.0f} GFLOP/s matmul peak) |",
+        f"| peak RSS of the bench process | {res['peak_rss_mb']:.0f} MB |",
+    ]
+    if "scaling" in res:
+        lines += ["", "| axis | value | iteration s | rollout s | update s | mean response length |", "|---|---|---|---|---|---|"]
+        for e in res["scaling"]:
+            lines.append(f"| {e['axis']} | {e['value']} | {e['iter_s']:.3f} | {e['rollout_s']:.3f} | "
+                         f"{e['update_s']:.3f} | {e['response_length']:.1f} |")
+    return "\n".join(lines)
+
+
+def options_from_args(args: Any) -> BenchOptions:
+    opts = BenchOptions(policy=args.policy, out=Path(args.out), curve=args.curve, scaling=args.scaling,
+                        trl=not args.no_trl)
+    if args.quick:  # every section in seconds; the numbers mean nothing
+        opts = BenchOptions(
+            policy=args.policy if args.policy != "sft" else "tiny", prompts=2, group=2, max_new_tokens=8,
+            repeats=2, iterations=2, curve=min(args.curve, 3), scaling=args.scaling, groups=(2, 4),
+            lengths=(4, 8), matmul_n=256, trl=not args.no_trl, out=Path(args.out),
+        )
+    return opts
+

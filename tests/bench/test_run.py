@@ -1,0 +1,59 @@
+"""`creditrl bench` end to end at quick sizes: the report's numbers are consistent with each other."""
+
+import json
+
+import pytest
+
+from creditrl.bench.run import BenchOptions, markdown_report, matmul_peak, run_bench, spread
+from creditrl.cli import main
+
+
+def test_spread_and_peak():
+    assert spread([3.0, 1.0, 2.0]) == {"min": 1.0, "median": 2.0, "max": 3.0, "n": 3}
+    peak = matmul_peak(64, repeats=3)
+    assert 0 < peak["min"] <= peak["median"] <= peak["max"] and peak["n"] == 3
+
+
+@pytest.fixture(scope="module")
+def quick_result(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    opts = BenchOptions(
+        policy="tiny", prompts=2, group=3, max_new_tokens=6, repeats=2, iterations=3, curve=3, scaling=True,
+        groups=(2,), lengths=(4,), matmul_n=128, out=out,
+    )
+    return run_bench(opts), out
+
+
+def test_bench_sections_agree(quick_result):
+    res, out = quick_result
+    assert json.loads((out / "bench.json").read_text())["options"]["group"] == 3
+    fixed = res["decode"]["fixed"]
+    # eos disabled: every engine generates prompts * group * max_new_tokens tokens
+    for name in ("hf_generate", "creditrl_hf_engine", "creditrl_static"):
+        assert fixed[name]["new_tokens"] == 2 * 3 * 6
+        assert fixed[name]["tokens_per_s"]["n"] == 2
+    ratio = fixed["creditrl_static"]["tokens_per_s"]["median"] / fixed["hf_generate"]["tokens_per_s"]["median"]
+    assert fixed["ratio_static_vs_hf_generate"] == pytest.approx(ratio)
+    it = res["iteration"]
+    assert it["creditrl"]["iter_s"]["n"] == 2  # first of 3 dropped as warm-up
+    assert it["creditrl"]["rollout_s"]["median"] < it["creditrl"]["iter_s"]["median"]
+    assert it["ratio_trl_vs_creditrl"] == pytest.approx(it["trl"]["iter_s"]["median"] / it["creditrl"]["iter_s"]["median"])
+    assert it["creditrl"]["update_share_of_peak"] == pytest.approx(
+        it["creditrl"]["update_gflops"]["median"] / res["peak_gflops"]["max"]
+    )
+    assert len(res["curve"]["creditrl"]) == 3 and len(res["curve"]["trl"]) == 3
+    assert all(0.0 <= r <= 1.0 for r in res["curve"]["creditrl"] + res["curve"]["trl"])
+    assert (out / "reward_curve.png").stat().st_size > 10_000
+    assert [(e["axis"], e["value"]) for e in res["scaling"]] == [("group", 2), ("max_new_tokens", 4)]
+    assert res["scaling"][0]["samples"] == 2 * 2
+    assert res["peak_rss_mb"] > 100
+    report = markdown_report(res)
+    assert f"{fixed['ratio_static_vs_hf_generate']:.2f}x" in report
+    assert "TRL / creditrl" in report and "| group | 2 |" in report
+
+
+def test_bench_cli_quick_without_trl(tmp_path, capsys):
+    assert main(["bench", "--quick", "--no-trl", "--policy", "tiny", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "bench.json").read_text())
+    assert "trl" not in res["iteration"] and res["options"]["max_new_tokens"] == 8
+    assert "| creditrl full iteration |" in capsys.readouterr().out
