@@ -466,3 +466,26 @@ def test_weights_are_read_at_every_call(trained_tiny):
     third = engine.generate(prompts, 1, params).tokens
     assert third != after
     assert third == hf_greedy(model, prompts, 8, eos)
+
+
+# ----------------------------------------------------------------------------- 9. groups of samples
+
+
+@pytest.mark.parametrize("name", ["tiny", "qwen2", "qwen3"])
+@pytest.mark.parametrize("n", [3, 8])
+def test_groups_of_samples_match_hf_engine(request, name, n):
+    """n samples per prompt (one prefill per prompt, rows finishing early and compacted) give
+    HFEngine's tokens and log-probs, greedy and sampled."""
+    if name == "tiny":
+        model, tok, prompts = request.getfixturevalue("trained_tiny")
+        eos, pad = tok.eos_token_id, tok.pad_token_id
+    else:
+        (model, eos), pad, prompts = request.getfixturevalue(name), PAD, PROMPTS
+    static, hf = StaticEngine(model, eos_id=eos, pad_id=pad), HFEngine(model, eos_id=eos, pad_id=pad)
+    for params, seed in [(SamplingParams(max_new_tokens=10, temperature=0.0), 0), (SamplingParams(max_new_tokens=10), 5)]:
+        a = static.generate(prompts, n, params, generator=torch.Generator().manual_seed(seed))
+        b = hf.generate(prompts, n, params, generator=torch.Generator().manual_seed(seed))
+        assert a.tokens == b.tokens and a.finished == b.finished
+        assert max(abs(x - y) for ra, rb in zip(a.logprobs, b.logprobs) for x, y in zip(ra, rb)) < 1e-5
+    if params.temperature > 0:
+        assert len({tuple(t) for t in a.tokens}) > len(prompts)  # samples of one prompt differ

