@@ -18,7 +18,7 @@ def test_spread_and_peak():
 def quick_result(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     opts = BenchOptions(
-        policy="tiny", prompts=2, group=3, max_new_tokens=6, repeats=2, iterations=3, curve=3, scaling=True,
+        policy="tiny", prompts=2, group=3, max_new_tokens=6, repeats=2, iterations=3, rounds=2, curve=3, scaling=True,
         groups=(2,), lengths=(4,), matmul_n=128, out=out,
     )
     return run_bench(opts), out
@@ -35,7 +35,8 @@ def test_bench_sections_agree(quick_result):
     ratio = fixed["creditrl_static"]["tokens_per_s"]["median"] / fixed["hf_generate"]["tokens_per_s"]["median"]
     assert fixed["ratio_static_vs_hf_generate"] == pytest.approx(ratio)
     it = res["iteration"]
-    assert it["creditrl"]["iter_s"]["n"] == 2  # first of 3 dropped as warm-up
+    assert it["creditrl"]["iter_s"]["n"] == 4  # 2 rounds of 3, the first of each dropped as warm-up
+    assert it["trl"]["iter_s"]["n"] == 4
     assert it["creditrl"]["rollout_s"]["median"] < it["creditrl"]["iter_s"]["median"]
     assert it["ratio_trl_vs_creditrl"] == pytest.approx(it["trl"]["iter_s"]["median"] / it["creditrl"]["iter_s"]["median"])
     assert it["creditrl"]["update_share_of_peak"] == pytest.approx(

@@ -9,8 +9,8 @@ Sections (each prints min / median / max over repeats, and ratios peer / creditr
    on two workloads: ``fixed`` (eos disabled, every row decodes ``max_new_tokens``) and
    ``rollout`` (the policy's own eos: what an RL iteration generates). Repeats are interleaved.
 3. ``iteration`` -- one GRPO iteration (rollout, score, credit, update) through TRL's
-   ``GRPOTrainer`` and through :class:`~creditrl.train.rl.RLTrainer`, the first iteration of each
-   dropped as warm-up; creditrl's rollout / update split; the update's achieved FLOP/s
+   ``GRPOTrainer`` and through :class:`~creditrl.train.rl.RLTrainer`, in alternating rounds of a
+   few iterations each (the first of every round dropped as warm-up); creditrl's rollout / update split; the update's achieved FLOP/s
    (``6 * non-embedding parameters * positions computed``, forward + backward) against ``peak``.
 4. ``curve``     -- (``--curve N``) N iterations of each from the same start: mean reward per
    iteration, plotted together (``reward_curve.png``).
@@ -22,7 +22,6 @@ Peak RSS of the bench process is printed at the end. Results go to ``OUT/bench.j
 from __future__ import annotations
 
 import json
-import resource
 import statistics
 import tempfile
 import time
@@ -34,6 +33,7 @@ from typing import Any, Callable
 import torch
 
 from creditrl.config import Config, load_config
+from creditrl.experiments.report import peak_rss_mb
 from creditrl.policy.engine import HFEngine, SamplingParams
 from creditrl.policy.model import build_tiny, count_parameters, load_policy
 from creditrl.policy.static_engine import StaticEngine
@@ -50,7 +50,8 @@ class BenchOptions:
     temperature: float = 1.0
     lr: float = 5e-5
     repeats: int = 5  # decode repeats per engine and workload
-    iterations: int = 6  # timed iterations per trainer (the first is dropped as warm-up)
+    iterations: int = 4  # iterations per trainer and round (the first of each is dropped as warm-up)
+    rounds: int = 3  # creditrl and TRL alternate this many times, so drift in machine speed hits both
     curve: int = 0  # iterations of the learning-curve comparison (0 skips it)
     scaling: bool = False
     groups: tuple[int, ...] = (4, 8, 16, 32)
@@ -63,11 +64,6 @@ class BenchOptions:
 
 def spread(xs: list[float]) -> dict[str, float]:
     return {"min": min(xs), "median": statistics.median(xs), "max": max(xs), "n": len(xs)}
-
-
-def peak_rss_mb() -> float:
-    """Peak resident set size of this process so far (Linux reports ru_maxrss in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def matmul_peak(n: int, repeats: int = 5) -> dict[str, float]:
@@ -109,7 +105,8 @@ def resolve_policy(opts: BenchOptions) -> str:
     if opts.policy == "sft":
         from creditrl.train.sft import cached_sft
 
-        path, _ = cached_sft(_demo_config(opts), progress=True)
+        # the demo's own SFT checkpoint (its cache key is the demo config, not the bench overrides)
+        path, _ = cached_sft(load_config(Path(str(resources.files("creditrl") / "configs" / "demo.yaml"))), progress=True)
         return str(path)
     if opts.policy == "tiny":
         model, tok = build_tiny(opts.seed)
@@ -180,7 +177,12 @@ def trl_iterations(policy: str, opts: BenchOptions, n: int) -> list[dict]:
 def bench_iteration(policy: str, opts: BenchOptions, peak: float, log: Callable[[str], None]) -> dict[str, Any]:
     model, _ = load_policy(policy)
     n_params = count_parameters(model) - model.get_input_embeddings().weight.numel()
-    rows = creditrl_iterations(policy, opts, opts.iterations)[1:]
+    rows: list[dict] = []
+    trl: list[dict] = []
+    for _ in range(opts.rounds):
+        rows += creditrl_iterations(policy, opts, opts.iterations)[1:]
+        if opts.trl:
+            trl += trl_iterations(policy, opts, opts.iterations)[1:]
     upd_flops = [6 * n_params * r["tokens/padded"] for r in rows]
     out: dict[str, Any] = {
         "creditrl": {
@@ -198,7 +200,6 @@ def bench_iteration(policy: str, opts: BenchOptions, peak: float, log: Callable[
         f"update {out['creditrl']['update_gflops']['median']:.0f} GFLOP/s = "
         f"{100 * out['creditrl']['update_share_of_peak']:.0f}% of peak)")
     if opts.trl:
-        trl = trl_iterations(policy, opts, opts.iterations)[1:]
         out["trl"] = {"iter_s": spread([r["time_s"] for r in trl])}
         out["ratio_trl_vs_creditrl"] = out["trl"]["iter_s"]["median"] / out["creditrl"]["iter_s"]["median"]
         log(f"iteration/TRL GRPOTrainer: {out['trl']['iter_s']['median']:.3f} s -> creditrl "
@@ -336,7 +337,7 @@ def options_from_args(args: Any) -> BenchOptions:
     if args.quick:  # every section in seconds; the numbers mean nothing
         opts = BenchOptions(
             policy=args.policy if args.policy != "sft" else "tiny", prompts=2, group=2, max_new_tokens=8,
-            repeats=2, iterations=2, curve=min(args.curve, 3), scaling=args.scaling, groups=(2, 4),
+            repeats=2, iterations=2, rounds=1, curve=min(args.curve, 3), scaling=args.scaling, groups=(2, 4),
             lengths=(4, 8), matmul_n=256, trl=not args.no_trl, out=Path(args.out),
         )
     return opts

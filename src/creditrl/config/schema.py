@@ -131,6 +131,7 @@ class OptimConfig:
     grad_clip: float = 1.0
     ppo_epochs: int = 1  # passes over each batch
     minibatches: int = 1  # optimizer steps per pass
+    micro_batch_positions: int = 4096  # gradient accumulation over groups up to this many padded positions; 0 = whole minibatch
 
 
 @dataclass

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from creditrl.config import Config, load_config, merge, parse_overrides
-from creditrl.experiments.report import ArmSummary, markdown_table, plot_accuracy, summarise
+from creditrl.experiments.report import ArmSummary, markdown_table, peak_rss_mb, plot_accuracy, summarise
 from creditrl.train.rl import RLTrainer
 from creditrl.train.sft import cached_sft
 
@@ -69,10 +69,12 @@ def run_demo(run_dir: Path, *, quick: bool = False, overrides: list[str] | None 
                   f"arithmetic {base.task.args}: RL from the same SFT start")
     elapsed = time.time() - start
     (run_dir / "report.md").write_text(_report(base, sft_metrics, table, elapsed, quick))
-    (run_dir / "summary.json").write_text(json.dumps({"sft": sft_metrics, "arms": [asdict(a) for a in arms]}, indent=2))
+    rss = peak_rss_mb()
+    summary = {"sft": sft_metrics, "arms": [asdict(a) for a in arms], "wall_s": elapsed, "peak_rss_mb": rss}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     print("\n" + table)
     print(f"[creditrl demo] report: {run_dir / 'report.md'}  plot: {run_dir / 'plots' / 'accuracy_vs_samples.png'}")
-    print(f"[creditrl demo] total wall time {elapsed:.0f} s")
+    print(f"[creditrl demo] total wall time {elapsed:.0f} s, peak RSS {rss:.0f} MB")
     return arms
 
 

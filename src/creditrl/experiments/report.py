@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import resource
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -10,6 +11,11 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; no display on servers or in CI
 import matplotlib.pyplot as plt  # noqa: E402
+
+
+def peak_rss_mb() -> float:
+    """Peak resident set size of this process so far, in MB (Linux reports ru_maxrss in KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 @dataclass

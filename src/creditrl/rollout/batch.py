@@ -50,6 +50,51 @@ class TrajectoryBatch:
             extras={k: [v[i] for i in idx] for k, v in self.extras.items()},
         )
 
+    def trimmed(self) -> "TrajectoryBatch":
+        """The same rows without all-padding columns: prompt columns on the left, response
+        columns past the longest response (per-token tensors of the caller are cut with
+        ``[:, :trimmed.response_ids.shape[1]]``)."""
+        real = self.prompt_mask.bool().any(0).nonzero()
+        start = int(real.min()) if real.numel() else self.prompt_ids.shape[1] - 1
+        width = max(1, int(self.response_lengths.max()))
+        return TrajectoryBatch(
+            prompt_ids=self.prompt_ids[:, start:],
+            prompt_mask=self.prompt_mask[:, start:],
+            response_ids=self.response_ids[:, :width],
+            response_lengths=self.response_lengths,
+            response_mask=self.response_mask[:, :width],
+            old_logprobs=self.old_logprobs[:, :width],
+            group_ids=self.group_ids,
+            finished=self.finished,
+            extras=self.extras,
+        )
+
+
+def micro_batches(batch: TrajectoryBatch, rows: torch.Tensor, max_positions: int) -> list[torch.Tensor]:
+    """Split ``rows`` into micro-batches of whole prompt groups (so a group's shared prompt is
+    computed once), groups ordered by length so each micro-batch pads to little more than its
+    own longest row, each holding at most ``max_positions`` padded positions (or one group).
+    ``max_positions <= 0`` keeps ``rows`` whole."""
+    if max_positions <= 0:
+        return [rows]
+    prompt_len = batch.prompt_mask[rows].sum(-1)
+    total = prompt_len + batch.response_lengths[rows]
+    groups: dict[int, list[int]] = {}
+    for i, g in enumerate(batch.group_ids[rows].tolist()):
+        groups.setdefault(g, []).append(i)
+    ordered = sorted(groups.values(), key=lambda idx: int(total[idx].max()))
+    out: list[list[int]] = []
+    current: list[int] = []
+    for idx in ordered:
+        candidate = current + idx
+        width = int(prompt_len[candidate].max()) + int(batch.response_lengths[rows][candidate].max())
+        if current and len(candidate) * width > max_positions:
+            out.append(current)
+            candidate = idx
+        current = candidate
+    out.append(current)
+    return [rows[torch.tensor(c)] for c in out]
+
 
 def batch_from_generation(gen: Generation, group_ids: list[int], pad_id: int) -> TrajectoryBatch:
     """Pack a :class:`Generation` into tensors; ``group_ids[i]`` is sample i's group."""

@@ -38,7 +38,8 @@ def sft_key(cfg: Config) -> str:
     return config_hash(
         {
             "v": CACHE_VERSION,
-            "policy": asdict(cfg.policy),
+            # the generation engine does not change the checkpoint (greedy evaluation agrees)
+            "policy": {k: v for k, v in asdict(cfg.policy).items() if k != "engine"},
             "sft": asdict(cfg.sft),
             "task": asdict(cfg.task),  # the held-out report is on the RL task
             "eval": [cfg.train.eval_size, cfg.rollout.max_new_tokens],

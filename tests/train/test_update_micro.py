@@ -1,0 +1,85 @@
+"""Micro-batched gradient accumulation in the update equals one step over the whole minibatch."""
+
+import copy
+
+import pytest
+import torch
+
+from creditrl.config import load_config
+from creditrl.losses import AGGREGATIONS, aggregate, chunk_weight
+from creditrl.policy.engine import HFEngine, SamplingParams
+from creditrl.policy.model import build_tiny
+from creditrl.rollout.batch import batch_from_generation, micro_batches
+from creditrl.train.update import CriticTarget, update
+from creditrl.values.critic import build_critic
+
+
+@pytest.mark.parametrize("name", sorted(AGGREGATIONS))
+def test_chunk_weights_recombine_the_aggregate(name):
+    g = torch.Generator().manual_seed(0)
+    loss = torch.randn(9, 7, generator=g)
+    mask = torch.rand(9, 7, generator=g) > 0.4
+    mask[3] = False  # a response without a valid token
+    chunks = [torch.tensor([0, 1, 2]), torch.tensor([3, 4]), torch.tensor([5, 6, 7, 8])]
+    whole = aggregate(name, loss, mask, norm=7.0)
+    full = sum(chunk_weight(name, mask[c], mask) * aggregate(name, loss[c], mask[c], norm=7.0) for c in chunks)
+    assert float(full) == pytest.approx(float(whole), rel=1e-6)
+    with pytest.raises(ValueError, match="unknown loss aggregation 'nope'"):
+        chunk_weight("nope", mask, mask)
+
+
+def _batch(model, tok, seed=0):
+    prompts = [[tok.bos_token_id, *tok.encode(s, add_special_tokens=False)] for s in ["7+3=", "12*4-5=", "1=", "99-3*2="]]
+    gen = HFEngine(model, eos_id=tok.encode("#", add_special_tokens=False)[0], pad_id=tok.pad_token_id).generate(
+        prompts, 3, SamplingParams(max_new_tokens=12), generator=torch.Generator().manual_seed(seed)
+    )
+    return batch_from_generation(gen, gen.prompt_index, tok.pad_token_id)
+
+
+def test_micro_batches_keep_groups_whole_and_respect_the_budget():
+    model, tok = build_tiny(0)
+    batch = _batch(model, tok)
+    rows = torch.randperm(batch.size, generator=torch.Generator().manual_seed(1))
+    micro = micro_batches(batch, rows, 60)
+    assert sorted(torch.cat(micro).tolist()) == sorted(rows.tolist())
+    for m in micro:
+        groups = set(batch.group_ids[m].tolist())
+        assert all(int((batch.group_ids[rows] == g).sum()) == int((batch.group_ids[m] == g).sum()) for g in groups)
+        width = int(batch.prompt_mask[m].sum(-1).max()) + int(batch.response_lengths[m].max())
+        assert len(m) * width <= 60 or len(groups) == 1
+    assert len(micro) > 1
+    assert micro_batches(batch, rows, 0)[0].tolist() == rows.tolist()
+
+
+@pytest.mark.parametrize("aggregation", sorted(AGGREGATIONS))
+@pytest.mark.parametrize("critic_model", ["none", "separate", "shared"])
+def test_micro_batched_update_equals_whole_minibatch(aggregation, critic_model):
+    model, tok = build_tiny(0)
+    batch = _batch(model, tok)
+    g = torch.Generator().manual_seed(2)
+    adv = torch.randn(batch.response_mask.shape, generator=g)
+    ref = batch.old_logprobs + 0.1 * torch.randn(batch.response_mask.shape, generator=g)
+    results = []
+    for positions in (0, 40):
+        cfg = load_config(None, {"loss": {"aggregation": aggregation, "kl_coef": 0.1, "entropy_coef": 0.01},
+                                 "optim": {"micro_batch_positions": positions, "minibatches": 2}})
+        m = copy.deepcopy(model)
+        opt = torch.optim.SGD(m.parameters(), lr=1.0)
+        target = None
+        if critic_model != "none":
+            critic = build_critic(m, placement=critic_model, members=2, seed=0)
+            copt = torch.optim.SGD(critic.parameters(), lr=1.0)
+            returns = torch.randn(batch.response_mask.shape, generator=torch.Generator().manual_seed(3))
+            target = CriticTarget(critic, copt, returns, torch.zeros(2, *batch.response_mask.shape))
+        logs = update(m, opt, batch, adv, batch.response_mask, cfg, torch.Generator().manual_seed(4),
+                      ref_logprobs=ref, critic=target)
+        params = torch.cat([p.detach().flatten() for p in m.parameters()])
+        if target is not None:
+            params = torch.cat([params, *[p.detach().flatten() for p in target.critic.parameters()]])
+        results.append((params, logs))
+    (p0, l0), (p1, l1) = results
+    before = torch.cat([p.detach().flatten() for p in model.parameters()])
+    assert float((p0[: before.numel()] - before).abs().max()) > 1e-4  # the step moved the weights
+    assert torch.allclose(p0, p1, atol=2e-6, rtol=1e-4)
+    for key in ("loss/total", "grad/norm", "kl/ref", "policy/entropy"):
+        assert l1[key] == pytest.approx(l0[key], rel=1e-4, abs=1e-6)
