@@ -58,3 +58,17 @@ def test_bench_cli_quick_without_trl(tmp_path, capsys):
     res = json.loads((tmp_path / "bench.json").read_text())
     assert "trl" not in res["iteration"] and res["options"]["max_new_tokens"] == 8
     assert "| creditrl full iteration |" in capsys.readouterr().out
+
+
+def test_curve_summary_numbers(monkeypatch):
+    import creditrl.bench.run as run
+
+    ours, theirs = [0.1, 0.2, 0.3, 0.4], [0.2, 0.2, 0.4, 0.6]
+    monkeypatch.setattr(run, "creditrl_iterations", lambda policy, opts, n: [{"reward/mean": r} for r in ours[:n]])
+    monkeypatch.setattr(run, "trl_iterations", lambda policy, opts, n: [{"reward": r} for r in theirs[:n]])
+    out = run.bench_curve("unused", BenchOptions(curve=4), lambda msg: None)
+    assert out["creditrl_summary"]["mean"] == pytest.approx(0.25)
+    assert out["creditrl_summary"]["first_half"] == pytest.approx(0.15)
+    assert out["trl_summary"]["second_half"] == pytest.approx(0.5)
+    assert out["creditrl_summary"]["se"] == pytest.approx(0.12909944 / 2, rel=1e-6)  # stdev / sqrt(4)
+    assert out["correlation"] == pytest.approx(0.07 / (0.05 * 0.11) ** 0.5, rel=1e-6)  # by hand

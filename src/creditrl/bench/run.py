@@ -54,6 +54,7 @@ class BenchOptions:
     rounds: int = 3  # creditrl and TRL alternate this many times, so drift in machine speed hits both
     curve: int = 0  # iterations of the learning-curve comparison (0 skips it)
     scaling: bool = False
+    scaling_iterations: int = 4  # timed iterations per scaling setting (after one warm-up)
     groups: tuple[int, ...] = (4, 8, 16, 32)
     lengths: tuple[int, ...] = (32, 64, 128, 256)
     matmul_n: int = 2048
@@ -212,10 +213,18 @@ def bench_curve(policy: str, opts: BenchOptions, log: Callable[[str], None]) -> 
     out: dict[str, Any] = {"creditrl": [r["reward/mean"] for r in rows]}
     if opts.trl:
         out["trl"] = [r["reward"] for r in trl_iterations(policy, opts, opts.curve)]
-    last = max(1, opts.curve // 5)
-    for name, rewards in out.items():
-        log(f"curve/{name}: mean reward first {last} iterations {statistics.mean(rewards[:last]):.3f}, "
-            f"last {last} {statistics.mean(rewards[-last:]):.3f}")
+    for name, rewards in list(out.items()):
+        se = statistics.stdev(rewards) / len(rewards) ** 0.5 if len(rewards) > 1 else 0.0
+        half = len(rewards) // 2
+        out[f"{name}_summary"] = {"mean": statistics.mean(rewards), "se": se,
+                                  "first_half": statistics.mean(rewards[: max(1, half)]),
+                                  "second_half": statistics.mean(rewards[half:])}
+        log(f"curve/{name}: mean reward {statistics.mean(rewards):.3f} +- {se:.3f} (first half "
+            f"{out[f'{name}_summary']['first_half']:.3f}, second half {out[f'{name}_summary']['second_half']:.3f})")
+    a, b = out["creditrl"], out.get("trl", [])
+    if len(b) > 2 and statistics.pstdev(a) > 0 and statistics.pstdev(b) > 0:  # undefined for a constant series
+        out["correlation"] = statistics.correlation(a, b)
+        log(f"curve: per-iteration correlation of the two reward series (same prompts): {out['correlation']:.2f}")
     return out
 
 
@@ -226,7 +235,10 @@ def plot_curve(curve: dict[str, list[float]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
-    for name, rewards in curve.items():
+    for name in ("creditrl", "trl"):
+        if name not in curve:
+            continue
+        rewards = curve[name]
         xs = list(range(1, len(rewards) + 1))
         k = 5
         smooth = [statistics.mean(rewards[max(0, i - k + 1) : i + 1]) for i in range(len(rewards))]
@@ -246,7 +258,7 @@ def bench_scaling(policy: str, opts: BenchOptions, log: Callable[[str], None]) -
     settings = [("group", g, [f"rollout.group_size={g}"]) for g in opts.groups]
     settings += [("max_new_tokens", t, [f"rollout.max_new_tokens={t}"]) for t in opts.lengths]
     for axis, value, overrides in settings:
-        rows = creditrl_iterations(policy, opts, 3, overrides)[1:]
+        rows = creditrl_iterations(policy, opts, opts.scaling_iterations + 1, overrides)[1:]
         entry = {
             "axis": axis,
             "value": value,
@@ -323,6 +335,14 @@ def markdown_report(res: dict[str, Any]) -> str:
         f"({100 * it['creditrl']['update_share_of_peak']:.0f}% of the {res['peak_gflops']['max']:.0f} GFLOP/s matmul peak) |",
         f"| peak RSS of the bench process | {res['peak_rss_mb']:.0f} MB |",
     ]
+    if "curve" in res and "trl_summary" in res["curve"]:
+        c = res["curve"]
+        lines += ["", "| reward curve (mean outcome reward per iteration) | creditrl | TRL GRPOTrainer |", "|---|---|---|"]
+        for key, label in (("mean", "mean over all iterations"), ("first_half", "first half"), ("second_half", "second half")):
+            lines.append(f"| {label} | {c['creditrl_summary'][key]:.3f} | {c['trl_summary'][key]:.3f} |")
+        lines.append(f"| standard error of the mean | {c['creditrl_summary']['se']:.3f} | {c['trl_summary']['se']:.3f} |")
+        if "correlation" in c:
+            lines.append(f"| per-iteration correlation (same prompts) | {c['correlation']:.2f} | |")
     if "scaling" in res:
         lines += ["", "| axis | value | iteration s | rollout s | update s | mean response length |", "|---|---|---|---|---|---|"]
         for e in res["scaling"]:
@@ -337,7 +357,8 @@ def options_from_args(args: Any) -> BenchOptions:
     if args.quick:  # every section in seconds; the numbers mean nothing
         opts = BenchOptions(
             policy=args.policy if args.policy != "sft" else "tiny", prompts=2, group=2, max_new_tokens=8,
-            repeats=2, iterations=2, rounds=1, curve=min(args.curve, 3), scaling=args.scaling, groups=(2, 4),
+            repeats=2, iterations=2, rounds=1, curve=min(args.curve, 3), scaling=args.scaling,
+            scaling_iterations=1, groups=(2, 4),
             lengths=(4, 8), matmul_n=256, trl=not args.no_trl, out=Path(args.out),
         )
     return opts
