@@ -331,7 +331,7 @@ def markdown_report(res: dict[str, Any]) -> str:
         lines += [f"| TRL GRPOTrainer full iteration | {s(it['trl']['iter_s'])} |",
                   f"| TRL / creditrl | {it['ratio_trl_vs_creditrl']:.2f}x |"]
     lines += [
-        f"| update GFLOP/s (6 N tokens) | {it['creditrl']['update_gflops']['median']:.0f} "
+        f"| update model GFLOP/s (6 N x padded positions) | {it['creditrl']['update_gflops']['median']:.0f} "
         f"({100 * it['creditrl']['update_share_of_peak']:.0f}% of the {res['peak_gflops']['max']:.0f} GFLOP/s matmul peak) |",
         f"| peak RSS of the bench process | {res['peak_rss_mb']:.0f} MB |",
     ]

@@ -105,6 +105,44 @@ def sample_next(
     return torch.minimum(idx, last)
 
 
+def expand_requests(
+    prompts: Sequence[Sequence[int]], n: int, params: SamplingParams, budgets: Sequence[int] | None
+) -> tuple[list[list[int]], torch.Tensor]:
+    """Validate a ``generate`` call; the prompt-major request list (each prompt ``n`` times) and
+    each request's new-token limit (its prompt's budget, at most ``max_new_tokens``)."""
+    if n < 1 or not prompts:
+        raise ValueError(f"need at least one prompt and n >= 1, got {len(prompts)} prompts, n={n}")
+    if budgets is not None and (len(budgets) != len(prompts) or min(budgets) < 1):
+        raise ValueError(f"budgets: need one budget >= 1 per prompt ({len(prompts)}), got {list(budgets)}")
+    requests = [list(p) for p in prompts for _ in range(n)]
+    if any(len(p) == 0 for p in requests):
+        raise ValueError("every prompt needs at least one token (e.g. bos)")
+    cap = params.max_new_tokens
+    limit = torch.tensor([min(cap, b) for b in budgets for _ in range(n)]) if budgets else torch.full((len(requests),), cap)
+    return requests, limit
+
+
+def pack_generation(
+    n_prompts: int, n: int, requests: list[list[int]], tokens: torch.Tensor, logps: torch.Tensor,
+    limit: torch.Tensor, eos_id: int,
+) -> Generation:
+    """Cut each row of ``tokens``/``logps`` (N, steps) at its limit and after its first eos."""
+    out_tokens, out_logps, ended = [], [], []
+    for row_t, row_l, lim in zip(tokens.tolist(), logps.tolist(), limit.tolist()):
+        row_t, row_l = row_t[:lim], row_l[:lim]
+        length = row_t.index(eos_id) + 1 if eos_id in row_t else len(row_t)
+        out_tokens.append(row_t[:length])
+        out_logps.append(row_l[:length])
+        ended.append(eos_id in row_t)
+    return Generation(
+        prompt_index=[i for i in range(n_prompts) for _ in range(n)],
+        prompt_ids=requests,
+        tokens=out_tokens,
+        logprobs=out_logps,
+        finished=ended,
+    )
+
+
 class HFEngine:
     """Batched sampling with the HF KV cache; a row that has produced eos leaves the batch (its
     cache rows are dropped), and decoding stops when every row has."""
@@ -124,13 +162,7 @@ class HFEngine:
         generator: torch.Generator | None = None,
         budgets: Sequence[int] | None = None,
     ) -> Generation:
-        if n < 1 or not prompts:
-            raise ValueError(f"need at least one prompt and n >= 1, got {len(prompts)} prompts, n={n}")
-        if budgets is not None and (len(budgets) != len(prompts) or min(budgets) < 1):
-            raise ValueError(f"budgets: need one budget >= 1 per prompt ({len(prompts)}), got {list(budgets)}")
-        requests = [list(p) for p in prompts for _ in range(n)]
-        if any(len(p) == 0 for p in requests):
-            raise ValueError("every prompt needs at least one token (e.g. bos)")
+        requests, limit = expand_requests(prompts, n, params, budgets)
         was_training = self.model.training
         self.model.eval()
         ids, attn = left_pad(requests, self.pad_id)
@@ -139,9 +171,6 @@ class HFEngine:
         next_pos = positions_from_mask(attn)[:, -1] + 1
         n_req = len(requests)
         finished = torch.zeros(n_req, dtype=torch.bool)
-        cap = params.max_new_tokens
-        # new tokens each row may take: its prompt's budget, at most max_new_tokens
-        limit = torch.tensor([min(cap, b) for b in budgets for _ in range(n)]) if budgets else torch.full((n_req,), cap)
         done = finished.clone()  # finished, or out of budget: no more tokens
         active = torch.arange(n_req)  # rows still decoding; the cache holds only these
         tokens, logps = [], []
@@ -176,19 +205,6 @@ class HFEngine:
             logits[active] = out.logits[:, -1].float()
             next_pos = next_pos + 1
         self.model.train(was_training)
-        tok_mat = torch.stack(tokens, dim=1).tolist()
-        lp_mat = torch.stack(logps, dim=1).tolist()
-        out_tokens, out_logps, ended = [], [], []
-        for row_t, row_l, lim in zip(tok_mat, lp_mat, limit.tolist()):
-            row_t, row_l = row_t[:lim], row_l[:lim]
-            length = row_t.index(self.eos_id) + 1 if self.eos_id in row_t else len(row_t)
-            out_tokens.append(row_t[:length])
-            out_logps.append(row_l[:length])
-            ended.append(self.eos_id in row_t)
-        return Generation(
-            prompt_index=[i for i in range(len(prompts)) for _ in range(n)],
-            prompt_ids=requests,
-            tokens=out_tokens,
-            logprobs=out_logps,
-            finished=ended,
+        return pack_generation(
+            len(prompts), n, requests, torch.stack(tokens, dim=1), torch.stack(logps, dim=1), limit, self.eos_id
         )

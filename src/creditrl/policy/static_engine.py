@@ -35,7 +35,16 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 from transformers.activations import ACT2FN
 
-from creditrl.policy.engine import Generation, HFEngine, SamplingParams, left_pad, positions_from_mask, sample_next
+from creditrl.policy.engine import (
+    Generation,
+    HFEngine,
+    SamplingParams,
+    expand_requests,
+    left_pad,
+    pack_generation,
+    positions_from_mask,
+    sample_next,
+)
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 ENGINES = ("auto", "static", "hf")
@@ -232,17 +241,9 @@ class StaticEngine:
         generator: torch.Generator | None = None,
         budgets: Sequence[int] | None = None,
     ) -> Generation:
-        if n < 1 or not prompts:
-            raise ValueError(f"need at least one prompt and n >= 1, got {len(prompts)} prompts, n={n}")
-        if budgets is not None and (len(budgets) != len(prompts) or min(budgets) < 1):
-            raise ValueError(f"budgets: need one budget >= 1 per prompt ({len(prompts)}), got {list(budgets)}")
-        requests = [list(p) for p in prompts for _ in range(n)]
-        if any(len(p) == 0 for p in requests):
-            raise ValueError("every prompt needs at least one token (e.g. bos)")
+        requests, limit = expand_requests(prompts, n, params, budgets)
         dec = _Decoder(self.model)  # weights are read afresh: the policy changes between calls
         n_req = len(requests)
-        cap = params.max_new_tokens
-        limit = torch.tensor([min(cap, b) for b in budgets for _ in range(n)]) if budgets else torch.full((n_req,), cap)
         steps = int(limit.max())
 
         # Shared-prefix prefill: one forward per distinct prompt.
@@ -307,20 +308,7 @@ class StaticEngine:
 
             logits[active] = dec.forward(tok[active][:, None], cos_t[next_pos][:, None], sin_t[next_pos][:, None], step_attend)
             next_pos = next_pos + 1
-        out_tokens, out_logps, ended = [], [], []
-        for row_t, row_l, lim in zip(tokens.tolist(), logps.tolist(), limit.tolist()):
-            row_t, row_l = row_t[:lim], row_l[:lim]
-            length = row_t.index(self.eos_id) + 1 if self.eos_id in row_t else len(row_t)
-            out_tokens.append(row_t[:length])
-            out_logps.append(row_l[:length])
-            ended.append(self.eos_id in row_t)
-        return Generation(
-            prompt_index=[i for i in range(len(prompts)) for _ in range(n)],
-            prompt_ids=requests,
-            tokens=out_tokens,
-            logprobs=out_logps,
-            finished=ended,
-        )
+        return pack_generation(len(prompts), n, requests, tokens, logps, limit, self.eos_id)
 
 
 def make_engine(model: PreTrainedModel, *, eos_id: int, pad_id: int, kind: str = "auto"):
