@@ -7,21 +7,19 @@ import tempfile
 import pytest
 import torch
 
-pytest.importorskip("trl")
-
-from creditrl.bench.peers import (  # noqa: E402
+from creditrl.bench.hf_peer import hf_generate_throughput
+from creditrl.bench.trl_peer import (
     PeerSettings,
     _build_trainer,
-    hf_generate_throughput,
     make_outcome_reward,
     peer_problems,
     trl_grpo_run,
     trl_prompt_text,
 )
-from creditrl.policy.model import build_tiny  # noqa: E402
-from creditrl.tasks.arithmetic import ArithmeticTask  # noqa: E402
-from creditrl.train.evaluate import encode_prompt  # noqa: E402
-from creditrl.train.rl import iteration_seed  # noqa: E402
+from creditrl.policy.model import build_tiny
+from creditrl.tasks.arithmetic import ArithmeticTask
+from creditrl.train.evaluate import encode_prompt
+from creditrl.train.rl import iteration_seed
 
 TINY_RUN = PeerSettings(prompts_per_iter=2, group_size=2, max_new_tokens=8)
 # Answers are 0 or 1: a policy that writes "#0" or "#1" at random is right half the time, so groups

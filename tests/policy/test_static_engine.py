@@ -18,6 +18,8 @@ from transformers import (
     MistralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
 
 from creditrl.policy import static_engine as se
@@ -25,10 +27,6 @@ from creditrl.policy.engine import HFEngine, SamplingParams, left_pad
 from creditrl.policy.model import build_tiny
 from creditrl.policy.static_engine import StaticEngine, make_engine
 
-try:
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-except ImportError:  # pragma: no cover - older transformers
-    Qwen3Config = Qwen3ForCausalLM = None
 
 PAD = 0
 VOCAB = 96
@@ -104,8 +102,6 @@ def qwen2():
 
 @pytest.fixture(scope="module")
 def qwen3():
-    if Qwen3ForCausalLM is None:
-        pytest.skip("transformers has no Qwen3ForCausalLM")
     model = peak(Qwen3ForCausalLM(small_config(Qwen3Config, head_dim=16)), 2)
     assert model.model.layers[0].self_attn.q_norm is not None
     return model, 17
@@ -208,8 +204,6 @@ def test_mistral_within_window_equals_hf_and_beyond_window_is_refused():
 
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
 def test_qwen_sliding_window_models_are_refused_and_auto_falls_back(arch):
-    if arch == "qwen3" and Qwen3ForCausalLM is None:
-        pytest.skip("transformers has no Qwen3ForCausalLM")
     cls, cfg_cls, extra = (
         (Qwen2ForCausalLM, Qwen2Config, {}) if arch == "qwen2" else (Qwen3ForCausalLM, Qwen3Config, {"head_dim": 16})
     )

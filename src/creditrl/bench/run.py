@@ -119,7 +119,7 @@ def resolve_policy(opts: BenchOptions) -> str:
 
 
 def bench_decode(policy: str, opts: BenchOptions, log: Callable[[str], None]) -> dict[str, Any]:
-    from creditrl.bench.peers import hf_generate_throughput
+    from creditrl.bench.hf_peer import hf_generate_throughput
 
     model, tok = load_policy(policy)
     model.eval()
@@ -165,7 +165,7 @@ def creditrl_iterations(policy: str, opts: BenchOptions, n: int, overrides: list
 
 
 def trl_iterations(policy: str, opts: BenchOptions, n: int) -> list[dict]:
-    from creditrl.bench.peers import PeerSettings, trl_grpo_run
+    from creditrl.bench.trl_peer import PeerSettings, trl_grpo_run
 
     model, tok = load_policy(policy)
     settings = PeerSettings(

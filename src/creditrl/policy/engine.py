@@ -105,6 +105,30 @@ def sample_next(
     return torch.minimum(idx, last)
 
 
+def sample_step(
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    state: tuple[torch.Tensor, torch.Tensor],
+    limit: torch.Tensor,
+    step: int,
+    *,
+    pad_id: int,
+    eos_id: int,
+) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """One decode step's draw for every request, shared by the engines so that they consume the
+    generator identically: one draw per request per step, also for requests already done (their
+    stale logits are sampled and the token replaced by pad), so the random stream does not depend
+    on when rows leave the batch. ``state`` is ``(finished, done)``: ended with eos, and ended or
+    out of budget. Returns the tokens, their log-probs under the raw policy and the new state."""
+    finished, done = state
+    tok = sample_next(logits, params, generator)
+    tok = torch.where(done, torch.full_like(tok, pad_id), tok)
+    logp = torch.log_softmax(logits, dim=-1).gather(-1, tok[:, None]).squeeze(-1)
+    finished = finished | ((tok == eos_id) & ~done)
+    return tok, logp, (finished, finished | (limit <= step + 1))
+
+
 def expand_requests(
     prompts: Sequence[Sequence[int]], n: int, params: SamplingParams, budgets: Sequence[int] | None
 ) -> tuple[list[list[int]], torch.Tensor]:
@@ -170,20 +194,16 @@ class HFEngine:
         cache, logits = out.cache, out.logits[:, -1].float()
         next_pos = positions_from_mask(attn)[:, -1] + 1
         n_req = len(requests)
-        finished = torch.zeros(n_req, dtype=torch.bool)
-        done = finished.clone()  # finished, or out of budget: no more tokens
+        state = (torch.zeros(n_req, dtype=torch.bool),) * 2  # (finished, done)
         active = torch.arange(n_req)  # rows still decoding; the cache holds only these
         tokens, logps = [], []
         for step in range(int(limit.max())):
-            # Sample for every row (finished rows keep stale logits and are overwritten with pad),
-            # so the generator is consumed exactly as without the early exit below.
-            tok = sample_next(logits, params, generator)
-            tok = torch.where(done, torch.full_like(tok, self.pad_id), tok)
-            logp = torch.log_softmax(logits, dim=-1).gather(-1, tok[:, None]).squeeze(-1)
+            tok, logp, state = sample_step(
+                logits, params, generator, state, limit, step, pad_id=self.pad_id, eos_id=self.eos_id
+            )
             tokens.append(tok)
             logps.append(logp)
-            finished = finished | ((tok == self.eos_id) & ~done)
-            done = finished | (limit <= step + 1)
+            done = state[1]
             if bool(done.all()):
                 break
             still = ~done[active]

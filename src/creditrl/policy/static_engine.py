@@ -43,7 +43,7 @@ from creditrl.policy.engine import (
     left_pad,
     pack_generation,
     positions_from_mask,
-    sample_next,
+    sample_step,
 )
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -277,19 +277,16 @@ class StaticEngine:
         next_pos = pos[prompt_of, -1] + 1
         logits = plogits[prompt_of]
 
-        finished = torch.zeros(n_req, dtype=torch.bool)
-        done = finished.clone()
+        state = (torch.zeros(n_req, dtype=torch.bool),) * 2  # (finished, done)
         active = torch.arange(n_req)  # requests whose rows are in the cache, in cache order
         tokens = torch.full((n_req, steps), self.pad_id, dtype=torch.long)
         logps = torch.zeros(n_req, steps)
         for step in range(steps):
-            # one draw per request per step, as HFEngine does, so the random stream is the same
-            tok = sample_next(logits, params, generator)
-            tok = torch.where(done, torch.full_like(tok, self.pad_id), tok)
+            tok, logps[:, step], state = sample_step(
+                logits, params, generator, state, limit, step, pad_id=self.pad_id, eos_id=self.eos_id
+            )
             tokens[:, step] = tok
-            logps[:, step] = torch.log_softmax(logits, dim=-1).gather(-1, tok[:, None]).squeeze(-1)
-            finished = finished | ((tok == self.eos_id) & ~done)
-            done = finished | (limit <= step + 1)
+            done = state[1]
             if bool(done.all()):
                 break
             live = ~done[active]
