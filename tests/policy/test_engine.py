@@ -338,3 +338,44 @@ def test_budgets_equal_truncating_an_unbudgeted_run(policy, temperature):
     assert max(len(t) for t in cut.tokens[8:]) <= 1  # the third prompt's budget of 1
     with pytest.raises(ValueError, match="budgets: need one budget >= 1 per prompt"):
         engine.generate(prompts, 1, params, budgets=[1, 2])
+
+
+# ----------------------------------------------------------------------------- stop ids
+
+
+@pytest.mark.parametrize("kind", ["hf", "static"])
+def test_stop_ids_cut_the_same_draws_at_the_first_stop_token(policy, kind):
+    """One draw per request per step whatever has stopped, so a generation with stop ids is the
+    generation without them, cut after the first stop (or eos) token; a stopped row is not
+    ``finished``, and its log-probs are the uncut ones."""
+    from creditrl.policy.static_engine import make_engine
+
+    model, tok = policy
+    engine = make_engine(model, eos_id=STOP, pad_id=tok.pad_token_id, kind=kind)
+    full = engine.generate(PROMPTS, 4, SamplingParams(max_new_tokens=12), generator=torch.Generator().manual_seed(5))
+    counts: dict[int, int] = {}
+    for toks in full.tokens:
+        for t in toks[:-1]:
+            counts[t] = counts.get(t, 0) + 1
+    stops = tuple(sorted(counts, key=lambda t: -counts[t])[:2])  # frequent, so most rows stop early
+    params = SamplingParams(max_new_tokens=12, stop_ids=stops)
+    cut = engine.generate(PROMPTS, 4, params, generator=torch.Generator().manual_seed(5))
+    n_stopped = 0
+    for f_t, f_l, f_done, c_t, c_l, c_done in zip(
+        full.tokens, full.logprobs, full.finished, cut.tokens, cut.logprobs, cut.finished
+    ):
+        first = next((i for i, t in enumerate(f_t) if t in stops), None)
+        if first is None:
+            assert (c_t, c_l, c_done) == (f_t, f_l, f_done)
+        else:
+            n_stopped += 1
+            assert c_t == f_t[: first + 1] and c_l == f_l[: first + 1]
+            assert c_done is False and c_t[-1] in stops
+    assert n_stopped >= 4  # the stop tokens were hit, so the comparison above was exercised
+
+
+def test_stop_ids_are_validated():
+    with pytest.raises(ValueError, match="stop_ids must be a tuple"):
+        SamplingParams(stop_ids=[3])
+    with pytest.raises(ValueError, match="stop_ids must be a tuple"):
+        SamplingParams(stop_ids=(-1,))

@@ -20,11 +20,17 @@ from transformers import PreTrainedModel
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample. ``temperature == 0`` means greedy decoding."""
+    """How to sample. ``temperature == 0`` means greedy decoding.
+
+    ``stop_ids``: token ids that end a sample like eos does (the token is kept as its last
+    token) without marking it ``finished``: step-level search and tree rollouts stop each
+    continuation at the end of one reasoning step this way.
+    """
 
     max_new_tokens: int = 48
     temperature: float = 1.0
     top_p: float = 1.0
+    stop_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -33,6 +39,8 @@ class SamplingParams:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not isinstance(self.stop_ids, tuple) or not all(isinstance(t, int) and t >= 0 for t in self.stop_ids):
+            raise ValueError(f"stop_ids must be a tuple of token ids >= 0, got {self.stop_ids!r}")
 
 
 @dataclass
@@ -119,14 +127,15 @@ def sample_step(
     """One decode step's draw for every request, shared by the engines so that they consume the
     generator identically: one draw per request per step, also for requests already done (their
     stale logits are sampled and the token replaced by pad), so the random stream does not depend
-    on when rows leave the batch. ``state`` is ``(finished, done)``: ended with eos, and ended or
-    out of budget. Returns the tokens, their log-probs under the raw policy and the new state."""
+    on when rows leave the batch. ``state`` is ``(finished, done)``: ended with eos, and ended (eos
+    or a ``params.stop_ids`` token) or out of budget. Returns the tokens, their log-probs under the raw policy and the new state."""
     finished, done = state
     tok = sample_next(logits, params, generator)
     tok = torch.where(done, torch.full_like(tok, pad_id), tok)
     logp = torch.log_softmax(logits, dim=-1).gather(-1, tok[:, None]).squeeze(-1)
-    finished = finished | ((tok == eos_id) & ~done)
-    return tok, logp, (finished, finished | (limit <= step + 1))
+    eos = (tok == eos_id) & ~done
+    ended = eos | (torch.isin(tok, torch.tensor(params.stop_ids, dtype=tok.dtype)) & ~done) if params.stop_ids else eos
+    return tok, logp, (finished | eos, done | ended | (limit <= step + 1))
 
 
 def expand_requests(
@@ -148,16 +157,18 @@ def expand_requests(
 
 def pack_generation(
     n_prompts: int, n: int, requests: list[list[int]], tokens: torch.Tensor, logps: torch.Tensor,
-    limit: torch.Tensor, eos_id: int,
+    limit: torch.Tensor, eos_id: int, stop_ids: tuple[int, ...] = (),
 ) -> Generation:
-    """Cut each row of ``tokens``/``logps`` (N, steps) at its limit and after its first eos."""
+    """Cut each row of ``tokens``/``logps`` (N, steps) at its limit and after its first eos or
+    stop token; ``finished`` = the row ended with eos."""
     out_tokens, out_logps, ended = [], [], []
+    enders = {eos_id, *stop_ids}
     for row_t, row_l, lim in zip(tokens.tolist(), logps.tolist(), limit.tolist()):
         row_t, row_l = row_t[:lim], row_l[:lim]
-        length = row_t.index(eos_id) + 1 if eos_id in row_t else len(row_t)
+        length = next((i + 1 for i, t in enumerate(row_t) if t in enders), len(row_t))
         out_tokens.append(row_t[:length])
         out_logps.append(row_l[:length])
-        ended.append(eos_id in row_t)
+        ended.append(length > 0 and row_t[length - 1] == eos_id)
     return Generation(
         prompt_index=[i for i in range(n_prompts) for _ in range(n)],
         prompt_ids=requests,
@@ -226,5 +237,6 @@ class HFEngine:
             next_pos = next_pos + 1
         self.model.train(was_training)
         return pack_generation(
-            len(prompts), n, requests, torch.stack(tokens, dim=1), torch.stack(logps, dim=1), limit, self.eos_id
+            len(prompts), n, requests, torch.stack(tokens, dim=1), torch.stack(logps, dim=1), limit, self.eos_id,
+            params.stop_ids,
         )

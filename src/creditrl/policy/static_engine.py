@@ -305,7 +305,7 @@ class StaticEngine:
 
             logits[active] = dec.forward(tok[active][:, None], cos_t[next_pos][:, None], sin_t[next_pos][:, None], step_attend)
             next_pos = next_pos + 1
-        return pack_generation(len(prompts), n, requests, tokens, logps, limit, self.eos_id)
+        return pack_generation(len(prompts), n, requests, tokens, logps, limit, self.eos_id, params.stop_ids)
 
 
 def make_engine(model: PreTrainedModel, *, eos_id: int, pad_id: int, kind: str = "auto"):
