@@ -319,3 +319,14 @@ def test_load_callable_imports_and_explains_failures():
         load_callable("creditrl.rollout.segment:nope")
     with pytest.raises(ValueError, match=r"'creditrl.tasks.arithmetic:SPLITS' is not callable \(it is a tuple\)"):
         load_callable("creditrl.tasks.arithmetic:SPLITS")
+
+
+def test_step_stop_ids_are_the_tokens_whose_text_holds_the_separator():
+    from creditrl.policy.tokenizer import build_char_tokenizer
+    from creditrl.rollout.segment import step_stop_ids
+
+    tok = build_char_tokenizer()
+    ids = step_stop_ids(tok, ";")
+    assert [tok.decode([i]) for i in ids] == [";"]
+    with pytest.raises(ValueError, match="no token of the tokenizer contains the step separator '@@'"):
+        step_stop_ids(tok, "@@")

@@ -53,6 +53,19 @@ class TokenTexts:
         return text
 
 
+def step_stop_ids(tokenizer: PreTrainedTokenizerBase, separator: str) -> tuple[int, ...]:
+    """The ids of every (non-special) token whose text contains ``separator``: passed as
+    ``SamplingParams.stop_ids``, they stop a continuation at the end of one step, exactly where
+    :func:`separator_segmenter` would end the step. Raises ValueError when no token does."""
+    if not separator:
+        raise ValueError("step_stop_ids needs a non-empty step separator")
+    texts = TokenTexts(tokenizer)
+    ids = tuple(i for i in range(len(tokenizer)) if separator in texts(i))
+    if not ids:
+        raise ValueError(f"no token of the tokenizer contains the step separator {separator!r}")
+    return ids
+
+
 # ----------------------------------------------------------------------------- builders
 
 
