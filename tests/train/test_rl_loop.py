@@ -104,3 +104,14 @@ def test_sft_is_cached_by_config_hash(sft_dir: str, tmp_path: Path, monkeypatch:
     assert metrics == state["metrics"]
     assert sft_key(load_config(overrides=EASY + ["sft.steps=31"])) != sft_key(cfg)
     assert sft_key(load_config(overrides=EASY + ["train.iterations=7"])) == sft_key(cfg)
+
+
+def test_token_budget_stops_the_run_with_a_final_evaluation(sft_dir: str, tmp_path: Path) -> None:
+    cfg = load_config(overrides=EASY + ["train.iterations=50", "train.eval_every=50", "train.checkpoint_every=50",
+                                        "train.max_tokens=600"])
+    history = RLTrainer(cfg, tmp_path / "run", init_path=sft_dir).run().history
+    last = history[-1]
+    assert last["tokens/total"] >= 600 > history[-2]["tokens/total"]  # stopped at the first iteration past it
+    assert last["iteration"] < 50 and "eval/accuracy" in last
+    assert sum(r["tokens/generated"] for r in history[1:]) == last["tokens/total"]
+    assert (tmp_path / "run" / "checkpoints" / "latest").read_text() == f"iter_{last['iteration']:06d}"

@@ -38,7 +38,8 @@ SMALL = [
 
 VALUE_FREE = sorted(n for n in ESTIMATORS if "values" not in requires(n))
 VALUED = sorted(n for n in ESTIMATORS if "values" in requires(n))
-VALUE_SOURCES = ["critic", "dual_critic", "mc"]
+VALUE_SOURCES = ["critic", "dual_critic", "mc", "tree"]
+TREE = ["rollout.group_size=4", "value.tree_branching=2", "value.tree_depth=2"]  # 2 x 2 leaves per prompt
 ARMS = [(e, "none") for e in VALUE_FREE] + [(e, v) for e in VALUED for v in VALUE_SOURCES]
 
 
@@ -78,6 +79,7 @@ def test_every_granularity_estimator_and_value_source_runs(
             f"reward.granularity={granularity}",
             f"credit.estimator={estimator}",
             f"value.source={value_source}",
+            *(TREE if value_source == "tree" else []),
         ],
     )
     assert [r["iteration"] for r in rows] == [0, 1, 2]
@@ -95,6 +97,10 @@ def test_every_granularity_estimator_and_value_source_runs(
         if value_source == "mc":
             assert r["value/mc_states"] >= 2  # at least s_0 of each prompt
             assert 0.0 <= r["value/mean"] <= 1.0
+        if value_source == "tree":  # two prompts' trees; leaves share their first step
+            assert 2 <= r["value/tree_nodes"] and 1.0 <= r["value/tree_segments"] <= 2.0
+            assert 0.0 <= r["value/mean"] <= 1.0
+            assert r["tokens/generated"] < r["response/length"] * 8 or r["value/tree_segments"] == 1.0
 
 
 def test_critic_warmup_trains_only_the_critic(sft_dir: str, tmp_path: Path) -> None:

@@ -91,7 +91,7 @@ class HybridConfig:
 
 @dataclass
 class ValueConfig:
-    source: str = "none"  # none | critic | dual_critic | mc
+    source: str = "none"  # none | critic | dual_critic | mc | tree
     model: str = "separate"  # critic heads on a separate backbone or shared with the policy
     backbone: str = ""  # separate critic: "" = a copy of the initial policy, "tiny", or a local model path
     lr: float = 1e-4  # critic optimizer
@@ -99,6 +99,8 @@ class ValueConfig:
     coef: float = 0.5  # weight of the value loss in the policy loss (shared critic)
     warmup_iterations: int = 0  # iterations that train only the critic
     mc_samples: int = 4  # mc: continuations per step boundary (K)
+    tree_branching: int = 2  # tree: children per node (b)
+    tree_depth: int = 3  # tree: levels of branching (D); group_size must be b ** D
     seed: int = 0  # critic head initialisation
 
 
@@ -141,6 +143,7 @@ class TrainConfig:
     eval_size: int = 256  # held-out problems per evaluation
     checkpoint_every: int = 50
     seed: int = 0
+    max_tokens: int = 0  # stop once this many tokens were generated (0 = run all iterations)
     init: str = "sft"  # "sft" (cached warm start), "policy" (policy.model as is) or a checkpoint dir
     threads: int = 0  # torch intra-op threads; 0 = leave torch's default
     progress: bool = True

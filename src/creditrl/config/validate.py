@@ -96,6 +96,8 @@ def _check_ranges(cfg: Config) -> None:
         ("reward.segment_tokens", cfg.reward.segment_tokens),
         ("value.lr", cfg.value.lr),
         ("value.mc_samples", cfg.value.mc_samples),
+        ("value.tree_branching", cfg.value.tree_branching),
+        ("value.tree_depth", cfg.value.tree_depth),
     ):
         _positive(key, value)
     for key, value in (
@@ -137,6 +139,7 @@ def _check_ranges(cfg: Config) -> None:
             f"shaping.overlong_cache: must be < rollout.max_new_tokens ({cfg.rollout.max_new_tokens}), "
             f"got {cfg.shaping.overlong_cache}"
         )
+    _positive("train.max_tokens", cfg.train.max_tokens, allow_zero=True)
     if cfg.rollout.prompts_per_iter * cfg.rollout.group_size < cfg.optim.minibatches:
         raise ConfigError("optim.minibatches: more minibatches than responses per iteration")
 
@@ -167,6 +170,21 @@ def _check_combinations(cfg: Config) -> None:
         raise ConfigError(
             f"credit.resolution/value.source: step-level credit needs steps, but task '{cfg.task.name}' "
             "has no step separator; set reward.step_separator or reward.cut_fn"
+        )
+    from creditrl.tasks import make_task
+
+    if source.kind == "tree" and not (
+        cfg.reward.step_separator or getattr(make_task(cfg.task.name, **cfg.task.args), "step_separator", None)
+    ):
+        raise ConfigError(
+            "value.source: 'tree' branches where a step separator is generated; task "
+            f"'{cfg.task.name}' has none, set reward.step_separator (a cut function cannot stop generation)"
+        )
+    if source.kind == "tree" and cfg.rollout.group_size != cfg.value.tree_branching**cfg.value.tree_depth:
+        raise ConfigError(
+            "rollout.group_size: with value.source=tree a prompt's group is its tree's leaves; it must equal "
+            f"value.tree_branching ** value.tree_depth = {cfg.value.tree_branching ** cfg.value.tree_depth}, "
+            f"got {cfg.rollout.group_size}"
         )
     if cfg.value.backbone and (source.kind != "critic" or cfg.value.model != "separate"):
         raise ConfigError("value.backbone: only a separate critic has a backbone of its own (value.model=separate)")

@@ -24,6 +24,7 @@ from creditrl.policy.model import load_policy
 from creditrl.credit.schedule import linear_schedule
 from creditrl.losses import explained_variance
 from creditrl.rollout.batch import response_logits, token_logprobs
+from creditrl.rollout.segment import step_stop_ids
 from creditrl.tasks import make_task
 from creditrl.train import stages
 from creditrl.train.checkpoint import latest_checkpoint, load_extra, load_training_state, mark_latest, save_checkpoint
@@ -81,6 +82,8 @@ class RLTrainer:
             max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p
         )
         self.value_stage = ValueStage(cfg, self.model, self.engine, self.tokenizer, self.task, self.params)
+        separator = cfg.reward.step_separator or getattr(self.task, "step_separator", None)
+        self.stop_ids = step_stop_ids(self.tokenizer, separator) if self.value_stage.tree else ()
         self.heldout = self.task.sample(cfg.train.eval_size, split="heldout", seed=EVAL_SEED)
         self.start_iteration = 0
         self.totals = {"samples": 0, "tokens": 0, "time_s": 0.0}
@@ -149,7 +152,10 @@ class RLTrainer:
         lam = linear_schedule(cfg.credit.lam, cfg.credit.lam_end, progress)
         clock = [time.perf_counter()]
         problems = self.task.sample(cfg.rollout.prompts_per_iter, split="train", seed=iteration_seed(cfg.train.seed, it))
-        batch = stages.rollout(self.engine, self.tokenizer, problems, cfg.rollout.group_size, self.params, gen)
+        batch = stages.rollout(
+            self.engine, self.tokenizer, problems, cfg.rollout.group_size, self.params, gen,
+            tree=self.value_stage.tree, stop_ids=self.stop_ids,
+        )
         ref_logp = None
         if self.ref_model is not None:
             with torch.no_grad():
@@ -159,7 +165,7 @@ class RLTrainer:
         clock.append(time.perf_counter())
         vout = self.value_stage(batch, scored.step_ends, gen)
         clock.append(time.perf_counter())
-        adv, ret = stages.credit(batch, scored, cfg, values=vout.values, lam=lam)
+        adv, ret = stages.credit(batch, scored, cfg, values=vout.values, lam=lam, step_ends=vout.step_ends)
         clock.append(time.perf_counter())
         mask = batch.response_mask & scored.keep[:, None]
         critic = None
@@ -171,7 +177,7 @@ class RLTrainer:
             ref_logprobs=ref_logp, critic=critic, train_policy=train_policy,
         )
         clock.append(time.perf_counter())
-        n_tokens = int(batch.response_lengths.sum())
+        n_tokens = stages.generated_tokens(batch)
         self.totals["samples"] += batch.size
         self.totals["tokens"] += n_tokens
         self.totals["time_s"] += clock[-1] - clock[0]
@@ -188,6 +194,7 @@ class RLTrainer:
             "train/step_accuracy": float(scored.step_correct.mean()),
             "response/length": float(batch.response_lengths.float().mean()),
             "response/truncated": float((~batch.finished).float().mean()),
+            "tokens/generated": n_tokens,
             "tokens/padded": batch.size * (batch.prompt_ids.shape[1] + batch.response_ids.shape[1]),
             **_stats("adv", adv, mask),
             **_stats("return", ret, mask),
@@ -236,13 +243,16 @@ class RLTrainer:
         for it in bar:
             row = self.iteration(it)
             done = it + 1
-            if done % cfg.train.eval_every == 0 or done == cfg.train.iterations:
+            spent = cfg.train.max_tokens and self.totals["tokens"] >= cfg.train.max_tokens
+            if done % cfg.train.eval_every == 0 or done == cfg.train.iterations or spent:
                 row.update(self.evaluate())
                 last_eval = row["eval/accuracy"]
             self._log(row, history)
-            if done % cfg.train.checkpoint_every == 0 or done == cfg.train.iterations:
+            if done % cfg.train.checkpoint_every == 0 or done == cfg.train.iterations or spent:
                 self.save(done)
             bar.set_postfix(reward=f"{row['reward/mean']:.2f}", acc=f"{row['train/accuracy']:.2f}", eval=last_eval)
+            if spent:  # the token budget (train.max_tokens) is used up
+                break
         return RLResult(self.run_dir, history)
 
     def _log(self, row: dict[str, Any], history: list[dict[str, Any]]) -> None:

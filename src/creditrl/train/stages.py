@@ -19,8 +19,10 @@ from creditrl.tasks.base import Problem
 from creditrl.train.evaluate import decode_response, encode_prompt
 from creditrl.train.score import Scored, Scorer
 from creditrl.train.update import CriticTarget, update
+from creditrl.values.tree import TreeShape, tree_rollout
+from creditrl.values.tree import generated_tokens as tree_generated_tokens
 
-__all__ = ["rollout", "credit", "Scored", "Scorer", "CriticTarget", "update"]
+__all__ = ["rollout", "generated_tokens", "credit", "Scored", "Scorer", "CriticTarget", "update"]
 
 
 def rollout(
@@ -30,13 +32,36 @@ def rollout(
     group_size: int,
     params: SamplingParams,
     generator: torch.Generator,
+    *,
+    tree: TreeShape | None = None,
+    stop_ids: tuple[int, ...] = (),
 ) -> TrajectoryBatch:
-    """G samples per problem; group id = the problem's index in ``problems``."""
-    gen = engine.generate([encode_prompt(tokenizer, p.prompt) for p in problems], group_size, params, generator=generator)
+    """G samples per problem; group id = the problem's index in ``problems``.
+
+    With ``tree`` the group is instead the leaves of one tree per problem that branches at step
+    ends (``stop_ids``), see :mod:`creditrl.values.tree`; the rows then carry their node paths
+    and segment ends in ``extras["tree_paths"]`` / ``extras["tree_segment_ends"]``.
+    """
+    prompts = [encode_prompt(tokenizer, p.prompt) for p in problems]
+    extras = {}
+    if tree is None:
+        gen = engine.generate(prompts, group_size, params, generator=generator)
+    else:
+        out = tree_rollout(engine, prompts, tree, params, stop_ids, generator)
+        gen = out.generation
+        extras = {"tree_paths": out.paths, "tree_segment_ends": out.segment_ends}
     batch = batch_from_generation(gen, gen.prompt_index, tokenizer.pad_token_id)
     batch.extras["problems"] = [problems[i] for i in gen.prompt_index]
     batch.extras["completions"] = [decode_response(tokenizer, t) for t in gen.tokens]
+    batch.extras.update(extras)
     return batch
+
+
+def generated_tokens(batch: TrajectoryBatch) -> int:
+    """Tokens sampled for ``batch``: its response tokens, or for a tree each shared segment once."""
+    if "tree_paths" in batch.extras:
+        return tree_generated_tokens(batch.extras["tree_paths"], batch.extras["tree_segment_ends"])
+    return int(batch.response_lengths.sum())
 
 
 def credit(
@@ -46,13 +71,15 @@ def credit(
     *,
     values: torch.Tensor | None = None,
     lam: float | None = None,
+    step_ends: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Advantages and returns (B, T) through the estimator registry, then the normaliser.
 
     Only the kept responses enter (``scored.keep``): a response dropped by the reward error
     policy or the hybrid filter neither receives credit nor counts in its group's statistics.
     ``lam`` overrides ``credit.lam`` (the lambda schedule); the resolution is ``token`` or
-    ``step`` (one time step per reasoning step, see :func:`creditrl.credit.estimate_at`).
+    ``step`` (one time step per reasoning step, see :func:`creditrl.credit.estimate_at`);
+    ``step_ends`` (B, T) overrides the scored step ends as the time steps (a tree's segments).
     """
     rows = scored.keep.nonzero().squeeze(-1)
     adv = torch.zeros(batch.response_mask.shape)
@@ -66,7 +93,7 @@ def credit(
         scored.rewards[rows],
         scored.reward_mask[rows],
         mask,
-        step_ends=scored.step_ends[rows],
+        step_ends=(scored.step_ends if step_ends is None else step_ends)[rows],
         group_ids=batch.group_ids[rows],
         values=None if values is None else values[rows],
         gamma=cfg.credit.gamma,

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 class ValueSourceInfo:
     name: str
     kind: str  # "none" | "critic" (learned, trained each iteration) | "mc" (rollouts, not trained)
+    #            | "tree" (the rollouts themselves are sampled as a tree; not trained)
     members: int = 0  # critic heads; the dual critic reports their per-token minimum
     needs_steps: bool = False  # estimated only at step boundaries
     meaning: str = ""
@@ -24,6 +25,10 @@ VALUE_SOURCES: dict[str, ValueSourceInfo] = {
         ),
         ValueSourceInfo(
             "mc", "mc", needs_steps=True, meaning="Monte-Carlo continuations at step boundaries (VinePPO)"
+        ),
+        ValueSourceInfo(
+            "tree", "tree", needs_steps=True,
+            meaning="rollouts branch at step boundaries; V(node) = mean outcome of its leaves (TreeRL)",
         ),
     )
 }

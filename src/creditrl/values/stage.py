@@ -4,7 +4,10 @@
 - ``critic`` / ``dual_critic``: a learned :class:`~creditrl.values.critic.Critic`, evaluated here
   (no grad) and trained in the update stage toward the estimator's returns;
 - ``mc``: VinePPO Monte-Carlo values from continuations of every step prefix
-  (:func:`~creditrl.values.mc.mc_values`), recomputed each iteration with the current policy.
+  (:func:`~creditrl.values.mc.mc_values`), recomputed each iteration with the current policy;
+- ``tree``: the rollout stage samples each prompt's group as a tree (:attr:`ValueStage.tree`),
+  and V(node) = mean outcome of its leaves (:func:`~creditrl.values.tree.tree_values`); the
+  tree's segments become the time steps of credit (``ValueOut.step_ends``).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from creditrl.tasks.base import Task
 from creditrl.values.critic import Critic, build_critic
 from creditrl.values.mc import mc_values
 from creditrl.values.registry import VALUE_SOURCES
+from creditrl.values.tree import TreeShape, tree_values
 
 
 @dataclass
@@ -29,6 +33,7 @@ class ValueOut:
     values: torch.Tensor | None  # float (B, T) or None
     member_values: torch.Tensor | None  # float (M, B, T), a critic's heads before the min
     stats: dict[str, float] = field(default_factory=dict)
+    step_ends: torch.Tensor | None = None  # bool (B, T): replaces the task's step ends in credit
 
 
 class ValueStage:
@@ -47,6 +52,7 @@ class ValueStage:
             cfg, policy, engine, tokenizer, task, params,
         )
         self.info = VALUE_SOURCES[cfg.value.source]
+        self.tree = TreeShape(cfg.value.tree_branching, cfg.value.tree_depth) if self.info.kind == "tree" else None
         self.critic: Critic | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         if self.info.kind == "critic":
@@ -73,6 +79,14 @@ class ValueStage:
             members = self.critic.member_values(batch, states)  # (M, B, T)
             return ValueOut(self.critic.combine(members), members)
         problems = batch.extras["problems"]
+        if self.tree is not None:
+            outcomes = [float(self.task.check_outcome(p, c)) for p, c in zip(problems, batch.extras["completions"])]
+            tv = tree_values(batch.extras["tree_paths"], batch.extras["tree_segment_ends"], outcomes, batch.response_mask)
+            stats = {
+                "value/tree_nodes": float(len(tv.node_values)),
+                "value/tree_segments": float(tv.segment_ends.sum(-1).float().mean()),
+            }
+            return ValueOut(tv.values, None, stats, step_ends=tv.segment_ends)
         out = mc_values(
             self.engine,
             batch,
