@@ -1,0 +1,148 @@
+"""Arms x seeds at an equal budget of generated tokens: run (resumably), summarise, plot.
+
+Every arm starts from the same SFT checkpoint and stops at the first iteration whose generated
+tokens reach the budget (``train.max_tokens``), so arms that spend tokens differently (a tree
+generates shared prefixes once) are compared at equal generation cost. A run whose last metrics
+row already reached the budget is read back, not rerun.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from creditrl.config import load_config
+from creditrl.experiments.report import eval_rows, plt
+from creditrl.train.rl import RLTrainer
+
+# two-sided 95% Student-t quantiles by degrees of freedom (n - 1)
+_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^0-9a-zA-Z]+", "_", name).strip("_")
+
+
+def mean_ci95(xs: list[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95% Student-t interval (0 for a single value)."""
+    n = len(xs)
+    if n == 0:
+        raise ValueError("mean_ci95 needs at least one value")
+    mean = sum(xs) / n
+    if n == 1:
+        return mean, 0.0
+    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
+    return mean, _T95.get(n - 1, 1.96) * sd / math.sqrt(n)
+
+
+def _finished(path: Path, budget: int) -> list[dict[str, Any]] | None:
+    if not path.exists():
+        return None
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return rows if rows and rows[-1].get("tokens/total", 0) >= budget and "eval/accuracy" in rows[-1] else None
+
+
+def run_arms(
+    base: Path,
+    arms: dict[str, list[str]],
+    seeds: list[int],
+    budget: int,
+    run_dir: Path,
+    init_path: str,
+    common: list[str] | None = None,
+    log=print,
+) -> dict[str, list[list[dict[str, Any]]]]:
+    """``{arm: [history per seed]}``; each run is ``base`` + ``common`` + the arm's overrides +
+    ``train.seed=s`` + ``train.max_tokens=budget``, written to ``run_dir/<arm>/seed<s>``."""
+    out: dict[str, list[list[dict[str, Any]]]] = {}
+    for name, over in arms.items():
+        out[name] = []
+        for seed in seeds:
+            where = run_dir / slug(name) / f"seed{seed}"
+            done = _finished(where / "metrics.jsonl", budget)
+            if done is None:
+                if where.exists():  # an interrupted run restarts from scratch
+                    for f in sorted(where.rglob("*"), reverse=True):
+                        f.unlink() if f.is_file() else f.rmdir()
+                cfg = load_config(base, (common or []) + over + [f"train.seed={seed}", f"train.max_tokens={budget}"])
+                log(f"arm '{name}' seed {seed}: up to {budget:,} generated tokens")
+                done = RLTrainer(cfg, where, init_path=init_path).run().history
+            else:
+                log(f"arm '{name}' seed {seed}: finished earlier, read back")
+            out[name].append(done)
+    return out
+
+
+@dataclass
+class SeedSummary:
+    arm: str
+    seeds: int
+    start: float  # held-out exact match before RL (the same SFT start for every seed)
+    final: tuple[float, float]  # mean, 95% half-width over seeds
+    best: tuple[float, float]
+    step_final: tuple[float, float]
+    tokens: float  # mean generated tokens at the end
+    samples: float
+    iterations: float
+    wall_s: float  # mean RL wall time per run (evaluations excluded)
+
+
+def summarise_seeds(arm: str, histories: list[list[dict[str, Any]]]) -> SeedSummary:
+    evals = [eval_rows(h) for h in histories]
+    last = [h[-1] for h in histories]
+    return SeedSummary(
+        arm=arm,
+        seeds=len(histories),
+        start=evals[0][0]["eval/accuracy"],
+        final=mean_ci95([e[-1]["eval/accuracy"] for e in evals]),
+        best=mean_ci95([max(r["eval/accuracy"] for r in e) for e in evals]),
+        step_final=mean_ci95([e[-1]["eval/step_accuracy"] for e in evals]),
+        tokens=float(np.mean([r["tokens/total"] for r in last])),
+        samples=float(np.mean([r["samples/total"] for r in last])),
+        iterations=float(np.mean([r["iteration"] for r in last])),
+        wall_s=float(np.mean([r["time/total_s"] for r in last])),
+    )
+
+
+def seeds_table(rows: list[SeedSummary]) -> str:
+    pct = lambda m: f"{100 * m[0]:.1f} ± {100 * m[1]:.1f}%"  # noqa: E731
+    head = (
+        "| arm | seeds | exact match start | final (mean ± 95% CI) | best | step acc final | generated tokens "
+        "| samples | iterations | RL wall time / run |\n|---|---|---|---|---|---|---|---|---|---|\n"
+    )
+    return head + "".join(
+        f"| {r.arm} | {r.seeds} | {100 * r.start:.1f}% | {pct(r.final)} | {pct(r.best)} | {pct(r.step_final)} "
+        f"| {r.tokens:,.0f} | {r.samples:,.0f} | {r.iterations:.0f} | {r.wall_s:.0f} s |\n"
+        for r in rows
+    )
+
+
+def plot_seed_curves(results: dict[str, list[list[dict[str, Any]]]], path: Path, title: str) -> None:
+    """Held-out exact match against generated tokens: per arm the mean over seeds (each seed's
+    curve linearly interpolated on a common token grid) with its min-max band, seeds thin."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    for i, (name, histories) in enumerate(results.items()):
+        color = f"C{i}"
+        curves = [([r["tokens/total"] for r in eval_rows(h)], [100 * r["eval/accuracy"] for r in eval_rows(h)])
+                  for h in histories]
+        grid = np.linspace(0, min(max(xs) for xs, _ in curves), 50)
+        ys = np.array([np.interp(grid, xs, y) for xs, y in curves])
+        for xs, y in curves:
+            ax.plot(xs, y, color=color, alpha=0.25, linewidth=0.8)
+        ax.plot(grid, ys.mean(0), color=color, linewidth=2, label=f"{name} (mean of {len(curves)} seeds)")
+        ax.fill_between(grid, ys.min(0), ys.max(0), color=color, alpha=0.15)
+    ax.set_xlabel("generated tokens")
+    ax.set_ylabel("held-out exact match (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
