@@ -70,6 +70,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tree_report(args: argparse.Namespace) -> int:
+    from creditrl.experiments.tree_report import run_tree_report
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    run_tree_report(Path(args.out) if args.out else None, quick=args.quick, seeds=args.seeds, budget=args.budget)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="creditrl", description="RL fine-tuning where credit assignment comes first")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -105,9 +116,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs/bench", help="where bench.json and plots go")
     p.set_defaults(func=cmd_bench)
 
+    p = sub.add_parser("tree-report", help="tree rollouts vs outcome GRPO over seeds at equal generated tokens")
+    p.add_argument("--quick", action="store_true", help="tiny sizes (numbers meaningless)")
+    p.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default 3)")
+    p.add_argument("--budget", type=int, default=None, help="generated tokens per run (default 400,000)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    p.add_argument("--out", help="run directory (default runs/tree-TIMESTAMP); finished runs in it are reused")
+    p.set_defaults(func=cmd_tree_report)
+
     from creditrl.prm.cli import add_prm_parser
 
     add_prm_parser(sub, add_config_args)
+    from creditrl.search.cli import add_search_parser
+
+    add_search_parser(sub)
     return parser
 
 

@@ -1,0 +1,32 @@
+"""Test-time search over reasoning steps: greedy, best-of-N, PRM-guided beam search and MCTS,
+all under one per-problem budget of generated tokens (``creditrl search``)."""
+
+from creditrl.search.config import LEAF_VALUES, METHOD_NAMES, SearchConfig, with_overrides
+from creditrl.search.expand import BudgetedGenerator, Continuation, Request, water_fill
+from creditrl.search.methods import (
+    METHODS,
+    ProblemResult,
+    Sampled,
+    SearchResult,
+    make_context,
+    sample_candidates,
+    search,
+)
+from creditrl.search.tree import (
+    Node,
+    add_children,
+    backup,
+    best_solution,
+    most_visited_path,
+    puct_scores,
+    select_child,
+    select_leaf,
+)
+from creditrl.search.verify import Verifier, prefix_score
+
+__all__ = [
+    "LEAF_VALUES", "METHOD_NAMES", "METHODS", "BudgetedGenerator", "Continuation", "Node", "ProblemResult",
+    "Request", "Sampled", "SearchConfig", "SearchResult", "Verifier", "add_children", "backup", "best_solution",
+    "make_context", "most_visited_path", "prefix_score", "puct_scores", "sample_candidates", "search",
+    "select_child", "select_leaf", "water_fill", "with_overrides",
+]

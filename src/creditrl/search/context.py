@@ -1,0 +1,35 @@
+"""What every search method works with: the problems, the budgeted generator and the verifier."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from transformers import PreTrainedTokenizerBase
+
+from creditrl.search.config import SearchConfig
+from creditrl.search.expand import BudgetedGenerator, Request
+from creditrl.search.verify import Verifier
+from creditrl.tasks.base import Problem
+from creditrl.train.evaluate import decode_response
+
+
+@dataclass
+class SearchContext:
+    problems: list[Problem]
+    cfg: SearchConfig
+    tokenizer: PreTrainedTokenizerBase
+    gen: BudgetedGenerator
+    verify: Verifier
+
+    def text(self, tokens: Sequence[int]) -> str:
+        """A response's text (special tokens such as eos dropped)."""
+        return decode_response(self.tokenizer, list(tokens))
+
+    def complete_greedily(self, items: Sequence[tuple[int, tuple[int, ...]]]) -> list[tuple[int, ...]]:
+        """Each ``(problem, partial response)`` continued greedily to eos in one batched call,
+        within the response length cap and what is left of the problem's budget (it may stop
+        short); returns the full response tokens."""
+        requests = [Request(p, tokens, self.cfg.max_new_tokens - len(tokens)) for p, tokens in items]
+        conts = self.gen.generate(requests, step=False, greedy=True)
+        return [tokens + (c.tokens if c is not None else ()) for (_, tokens), c in zip(items, conts)]
