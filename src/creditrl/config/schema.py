@@ -23,6 +23,14 @@ class PolicyConfig:
     model: str = "tiny"  # "tiny" (built locally) or a local save_pretrained directory
     init_seed: int = 0  # seed of the tiny model's random initialisation
     engine: str = "auto"  # generation engine: static | hf | auto (static when the architecture allows)
+    dtype: str = "float32"  # weights: float32 | bfloat16 | float16
+    local_files_only: bool = True  # hub names from the local HF cache only; false allows downloads
+    chat_template: str = "auto"  # auto: render prompts through the tokenizer's chat template if it has one; none
+    lora_r: int = 0  # RL policy: LoRA rank (0 = full fine-tuning); the SFT warm start is always full
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    lora_targets: str = "q_proj,k_proj,v_proj,o_proj"  # comma-separated module names
+    gradient_checkpointing: bool = False  # recompute activations in the backward pass (RL update)
 
 
 @dataclass

@@ -140,6 +140,16 @@ def _check_ranges(cfg: Config) -> None:
             f"got {cfg.shaping.overlong_cache}"
         )
     _positive("train.max_tokens", cfg.train.max_tokens, allow_zero=True)
+    _positive("policy.lora_r", cfg.policy.lora_r, allow_zero=True)
+    _one_of("policy.dtype", cfg.policy.dtype, ("float32", "bfloat16", "float16"))
+    _one_of("policy.chat_template", cfg.policy.chat_template, ("auto", "none"))
+    if cfg.policy.lora_r:
+        if not [t for t in cfg.policy.lora_targets.split(",") if t.strip()]:
+            raise ConfigError("policy.lora_targets: name at least one module, e.g. q_proj,v_proj")
+        if not 0 <= cfg.policy.lora_dropout < 1:
+            raise ConfigError(f"policy.lora_dropout: must lie in [0, 1), got {cfg.policy.lora_dropout}")
+        if cfg.policy.engine == "static":
+            raise ConfigError("policy.engine: 'static' reads plain weights and cannot run LoRA adapters; use auto or hf")
     if cfg.rollout.prompts_per_iter * cfg.rollout.group_size < cfg.optim.minibatches:
         raise ConfigError("optim.minibatches: more minibatches than responses per iteration")
 
@@ -186,6 +196,8 @@ def _check_combinations(cfg: Config) -> None:
             f"value.tree_branching ** value.tree_depth = {cfg.value.tree_branching ** cfg.value.tree_depth}, "
             f"got {cfg.rollout.group_size}"
         )
+    if cfg.policy.lora_r and source.kind == "critic" and cfg.value.model == "shared":
+        raise ConfigError("value.model: a shared critic trains the policy's trunk, which LoRA freezes; use value.model=separate")
     if cfg.value.backbone and (source.kind != "critic" or cfg.value.model != "separate"):
         raise ConfigError("value.backbone: only a separate critic has a backbone of its own (value.model=separate)")
     if source.kind != "critic" and cfg.value.warmup_iterations:

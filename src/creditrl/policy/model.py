@@ -1,4 +1,5 @@
-"""Policy loading: any Hugging Face causal LM by local path, or the built-in ``tiny`` preset.
+"""Policy loading: any Hugging Face causal LM by local path or hub name, the built-in ``tiny``
+preset, LoRA adapters (``peft``) on top of either.
 
 The ``tiny`` preset is a Llama-style decoder of about 0.9M parameters built from a config
 (no download) with the character tokenizer of :mod:`creditrl.policy.tokenizer`.
@@ -6,6 +7,7 @@ The ``tiny`` preset is a Llama-style decoder of about 0.9M parameters built from
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,24 +59,83 @@ def build_tiny(seed: int = 0, preset: TinyPreset | None = None) -> tuple[PreTrai
     return model, tokenizer
 
 
-def load_policy(name_or_path: str, seed: int = 0) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load ``tiny`` (built locally) or a causal LM + tokenizer saved at a local path.
+LORA_BASE_FILE = "creditrl_lora_base.json"  # in a LoRA checkpoint: the base model it adapts
+DTYPES = ("float32", "bfloat16", "float16")
 
-    Paths are loaded with ``local_files_only=True``: creditrl never downloads at run time.
+
+def load_policy(
+    name_or_path: str,
+    seed: int = 0,
+    *,
+    dtype: str = "float32",
+    local_files_only: bool = True,
+    chat_template: str = "auto",
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load ``tiny`` (built locally), a causal LM + tokenizer saved at a local path, a LoRA
+    checkpoint (a directory with ``creditrl_lora_base.json``: its base is loaded, then the
+    adapter on top, trainable), or a hub name.
+
+    Hub names are read from the local HF cache only, unless ``local_files_only=False``
+    (``policy.local_files_only``): creditrl never downloads at run time unless asked to.
+    ``dtype`` is the weights' dtype (``float32``, ``bfloat16``, ``float16``). ``chat_template``:
+    ``auto`` keeps the tokenizer's chat template (prompts are then rendered through it, see
+    :func:`creditrl.train.evaluate.encode_prompt`), ``none`` removes it (raw prompts).
     """
-    if name_or_path == "tiny":
-        return build_tiny(seed)
+    if dtype not in DTYPES:
+        raise ValueError(f"policy.dtype: expected one of {DTYPES}, got '{dtype}'")
+    if chat_template not in ("auto", "none"):
+        raise ValueError(f"policy.chat_template: expected 'auto' or 'none', got '{chat_template}'")
+    torch_dtype = getattr(torch, dtype)
     path = Path(name_or_path)
-    if not path.exists():
-        raise FileNotFoundError(
-            f"policy.model: '{name_or_path}' is neither 'tiny' nor an existing local directory "
-            "(creditrl does not download models at run time; pass a save_pretrained folder)"
-        )
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    if name_or_path == "tiny":
+        model, tokenizer = build_tiny(seed)
+        model = model.to(torch_dtype)
+    elif (path / LORA_BASE_FILE).exists():
+        from peft import PeftModel
+
+        base = json.loads((path / LORA_BASE_FILE).read_text())["base"]
+        model, _ = load_policy(base, seed, dtype=dtype, local_files_only=local_files_only, chat_template="auto")
+        model = PeftModel.from_pretrained(model, path, is_trainable=True)
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    else:
+        if not path.exists() and (local_files_only and not _in_hub_cache(name_or_path)):
+            raise FileNotFoundError(
+                f"policy.model: '{name_or_path}' is neither 'tiny', an existing local directory, nor a hub "
+                "model in the local HF cache (creditrl does not download at run time unless "
+                "policy.local_files_only=false)"
+            )
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path, local_files_only=local_files_only)
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, local_files_only=local_files_only, dtype=torch_dtype)
+        if tokenizer.pad_token_id is None:
+            tokenizer.pad_token = tokenizer.eos_token
+    if chat_template == "none":
+        tokenizer.chat_template = None
     return model, tokenizer
+
+
+def _in_hub_cache(name: str) -> bool:
+    """Whether the hub model ``name`` (``org/model``) has a config in the local HF cache."""
+    if name.count("/") != 1 or name.startswith((".", "/")):
+        return False
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(name, "config.json"), str)
+
+
+def apply_lora(model: PreTrainedModel, *, r: int, alpha: float, dropout: float, targets: str) -> PreTrainedModel:
+    """Wrap ``model`` with LoRA adapters (``peft``) on the comma-separated ``targets`` modules:
+    only the adapters train (B starts at 0, so the wrapped model equals the base at first)."""
+    from peft import LoraConfig, get_peft_model
+
+    names = [t.strip() for t in targets.split(",") if t.strip()]
+    if r < 1 or not names:
+        raise ValueError(f"policy.lora_r must be >= 1 and policy.lora_targets non-empty; got r={r}, targets='{targets}'")
+    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=names, task_type="CAUSAL_LM")
+    return get_peft_model(model, config)
+
+
+def is_lora(model: torch.nn.Module) -> bool:
+    return hasattr(model, "peft_config")
 
 
 def count_parameters(model: torch.nn.Module) -> int:

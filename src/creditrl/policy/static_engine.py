@@ -52,6 +52,8 @@ ENGINES = ("auto", "static", "hf")
 
 def unsupported_reason(model: PreTrainedModel) -> str | None:
     """Why :class:`StaticEngine` cannot run ``model`` (None when it can)."""
+    if hasattr(model, "peft_config"):
+        return "the model carries peft (LoRA) adapters, which the fused plain weights would ignore"
     cfg = model.config
     if cfg.model_type not in SUPPORTED_MODEL_TYPES:
         return f"model_type '{cfg.model_type}' is not one of {SUPPORTED_MODEL_TYPES}"

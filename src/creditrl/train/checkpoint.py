@@ -39,11 +39,13 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer | None,
     state: dict[str, Any],
     extra: dict[str, Any] | None = None,
+    files: dict[str, str] | None = None,
 ) -> Path:
     """Write a checkpoint to ``path`` atomically (replacing an older one of the same name).
 
     ``extra`` holds further training state (critic weights and optimizer, calibrator) in
-    ``extra.pt``."""
+    ``extra.pt``; ``files`` are further small text files (name -> content), e.g. a LoRA
+    checkpoint's base-model pointer."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent))
@@ -55,6 +57,8 @@ def save_checkpoint(
     if extra:
         torch.save(extra, tmp / "extra.pt")
     (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
+    for name, text in (files or {}).items():
+        (tmp / name).write_text(text)
     if path.exists():
         old = path.with_name(path.name + ".old")
         shutil.rmtree(old, ignore_errors=True)

@@ -13,7 +13,14 @@ from creditrl.tasks.base import Problem, Task
 
 
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:
-    """bos + the prompt's tokens (no special tokens added by the tokenizer itself)."""
+    """The prompt's token ids: rendered through the tokenizer's chat template as one user turn
+    plus the generation prompt when the tokenizer has a template (``policy.chat_template=auto``;
+    the template writes its own special tokens), else bos + the prompt's tokens."""
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+        )
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
     ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     return ([tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []) + list(ids)
 

@@ -8,6 +8,7 @@ iterations an uninterrupted run would have.
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from tqdm import tqdm
 from creditrl.config import Config, load_config
 from creditrl.policy.engine import SamplingParams
 from creditrl.policy.static_engine import make_engine
-from creditrl.policy.model import load_policy
+from creditrl.policy.model import LORA_BASE_FILE, apply_lora, is_lora, load_policy
 from creditrl.credit.schedule import linear_schedule
 from creditrl.losses import explained_variance
 from creditrl.rollout.batch import response_logits, token_logprobs
@@ -29,7 +30,8 @@ from creditrl.tasks import make_task
 from creditrl.train import stages
 from creditrl.train.checkpoint import latest_checkpoint, load_extra, load_training_state, mark_latest, save_checkpoint
 from creditrl.train.evaluate import evaluate
-from creditrl.train.sft import cached_sft
+from creditrl.train.sft import cached_sft, policy_options
+from creditrl.values.registry import VALUE_SOURCES
 from creditrl.values.stage import ValueStage
 
 EVAL_SEED = 12345  # the held-out problems are the same for every run of a config
@@ -65,14 +67,23 @@ class RLTrainer:
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         self.init_path = init_path or resolve_init(cfg, cfg.train.progress)
-        self.model, self.tokenizer = load_policy(self.init_path, seed=cfg.policy.init_seed)
+        options = policy_options(cfg)
+        self.model, self.tokenizer = load_policy(self.init_path, seed=cfg.policy.init_seed, **options)
         self.ref_model = None
         if cfg.loss.kl_coef > 0 or cfg.shaping.kl_coef > 0:
-            self.ref_model, _ = load_policy(self.init_path, seed=cfg.policy.init_seed)
+            self.ref_model, _ = load_policy(self.init_path, seed=cfg.policy.init_seed, **options)
             self.ref_model.eval().requires_grad_(False)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, betas=(0.9, 0.99)
-        )
+        # a separate critic copies the plain policy: LoRA injects its adapters in place
+        critic_source = self.model
+        if cfg.policy.lora_r:
+            if VALUE_SOURCES[cfg.value.source].kind == "critic":
+                critic_source = copy.deepcopy(self.model)
+            p = cfg.policy
+            self.model = apply_lora(self.model, r=p.lora_r, alpha=p.lora_alpha, dropout=p.lora_dropout,
+                                    targets=p.lora_targets)
+        if cfg.policy.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.optimizer = self._optimizer()
         self.task = make_task(cfg.task.name, **cfg.task.args)
         self.scorer = stages.Scorer(cfg, self.task, self.tokenizer)
         self.engine = make_engine(
@@ -81,12 +92,18 @@ class RLTrainer:
         self.params = SamplingParams(
             max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p
         )
-        self.value_stage = ValueStage(cfg, self.model, self.engine, self.tokenizer, self.task, self.params)
+        self.value_stage = ValueStage(cfg, critic_source, self.engine, self.tokenizer, self.task, self.params)
         separator = cfg.reward.step_separator or getattr(self.task, "step_separator", None)
         self.stop_ids = step_stop_ids(self.tokenizer, separator) if self.value_stage.tree else ()
         self.heldout = self.task.sample(cfg.train.eval_size, split="heldout", seed=EVAL_SEED)
         self.start_iteration = 0
         self.totals = {"samples": 0, "tokens": 0, "time_s": 0.0}
+
+    def _optimizer(self) -> torch.optim.Optimizer:
+        """AdamW over the trainable parameters (all of them, or the LoRA adapters)."""
+        cfg = self.cfg
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        return torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, betas=(0.9, 0.99))
 
     # -- persistence -------------------------------------------------------------------------
     @property
@@ -100,7 +117,8 @@ class RLTrainer:
         extra = {"value": self.value_stage.state_dict()}
         if self.scorer.calibrator is not None:
             extra["calibrator"] = self.scorer.calibrator.state_dict()
-        save_checkpoint(ckpt_dir / name, self.model, self.tokenizer, self.optimizer, state, extra)
+        files = {LORA_BASE_FILE: json.dumps({"base": self.init_path})} if is_lora(self.model) else None
+        save_checkpoint(ckpt_dir / name, self.model, self.tokenizer, self.optimizer, state, extra, files=files)
         mark_latest(ckpt_dir, name)
 
     @classmethod
@@ -113,12 +131,13 @@ class RLTrainer:
         cfg = load_config(run_dir / "config.yaml")
         state = json.loads((ckpt / "trainer_state.json").read_text())
         trainer = cls(cfg, run_dir, init_path=state["init_path"])
-        trainer.model, _ = load_policy(str(ckpt))
+        trainer.model, _ = load_policy(str(ckpt), **policy_options(cfg))  # a LoRA checkpoint: base + adapter
+        if cfg.policy.gradient_checkpointing:
+            trainer.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         trainer.engine.model = trainer.model
-        trainer.value_stage.set_policy(trainer.model)
-        trainer.optimizer = torch.optim.AdamW(
-            trainer.model.parameters(), lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, betas=(0.9, 0.99)
-        )
+        if not cfg.policy.lora_r:  # with LoRA the critic was built from the plain policy (never shared)
+            trainer.value_stage.set_policy(trainer.model)
+        trainer.optimizer = trainer._optimizer()
         load_training_state(ckpt, trainer.optimizer)
         extra = load_extra(ckpt)
         trainer.value_stage.load_state_dict(extra.get("value", {}))

@@ -34,12 +34,31 @@ def cache_root() -> Path:
     return Path(os.environ.get("CREDITRL_CACHE", Path.home() / ".cache" / "creditrl"))
 
 
+# Fields the SFT checkpoint does not depend on (generation engine, RL-only switches), and fields
+# added later that enter the key only when set (so existing caches keep their keys).
+_NOT_IN_SFT_KEY = ("engine", "lora_r", "lora_alpha", "lora_dropout", "lora_targets", "gradient_checkpointing")
+_KEY_WHEN_SET = {"dtype": "float32", "local_files_only": True, "chat_template": "auto"}
+
+
+def sft_policy_fields(cfg: Config) -> dict:
+    return {
+        k: v for k, v in asdict(cfg.policy).items()
+        if k not in _NOT_IN_SFT_KEY and not (k in _KEY_WHEN_SET and v == _KEY_WHEN_SET[k])
+    }
+
+
+def policy_options(cfg: Config) -> dict:
+    """The ``load_policy`` keyword arguments a config sets."""
+    p = cfg.policy
+    return {"dtype": p.dtype, "local_files_only": p.local_files_only, "chat_template": p.chat_template}
+
+
 def sft_key(cfg: Config) -> str:
     return config_hash(
         {
             "v": CACHE_VERSION,
             # the generation engine does not change the checkpoint (greedy evaluation agrees)
-            "policy": {k: v for k, v in asdict(cfg.policy).items() if k != "engine"},
+            "policy": sft_policy_fields(cfg),
             "sft": asdict(cfg.sft),
             "task": asdict(cfg.task),  # the held-out report is on the RL task
             "eval": [cfg.train.eval_size, cfg.rollout.max_new_tokens],
@@ -82,7 +101,7 @@ def train_sft(
     """Run SFT and save the model to ``out_dir``; returns (model, tokenizer, metrics)."""
     s = cfg.sft
     torch.manual_seed(s.seed)
-    model, tokenizer = load_policy(cfg.policy.model, seed=cfg.policy.init_seed)
+    model, tokenizer = load_policy(cfg.policy.model, seed=cfg.policy.init_seed, **policy_options(cfg))
     task = make_task(cfg.task.name, **s.task_args)
     opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=s.weight_decay, betas=(0.9, 0.98))
     model.train()
