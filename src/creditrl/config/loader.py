@@ -103,6 +103,16 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def merge_layer(data: dict[str, Any], layer: dict[str, Any]) -> dict[str, Any]:
+    """:func:`merge` one config layer (a file or the overrides) into ``data``; a layer that
+    switches ``task.name`` first drops the previous task's ``task.args`` and ``sft.task_args``
+    (they are that task's constructor arguments), then its own apply."""
+    name = (layer.get("task") or {}).get("name") if isinstance(layer.get("task"), dict) else None
+    if name is not None and name != data.get("task", {}).get("name"):
+        data = {**data, "task": {**data["task"], "args": {}}, "sft": {**data.get("sft", {}), "task_args": {}}}
+    return merge(data, layer)
+
+
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     """``["credit.estimator=rloo", "optim.lr=1e-4"]`` -> nested dict; values parsed as YAML."""
     out: dict[str, Any] = {}
@@ -119,7 +129,8 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | dict[str, Any] | None = None) -> Config:
-    """Defaults <- YAML file <- overrides (mappings merge key by key), then type-checked and validated."""
+    """Defaults <- YAML file <- overrides (mappings merge key by key; a layer naming another task
+    starts that task's arguments afresh), then type-checked and validated."""
     data: dict[str, Any] = asdict(Config())
     if path is not None:
         p = Path(path)
@@ -131,10 +142,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | dict[str,
             raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
         if not isinstance(loaded, dict):
             raise ConfigError(f"{p}: expected a mapping of sections at the top level")
-        data = merge(data, loaded)
+        data = merge_layer(data, loaded)
     if overrides:
         over = parse_overrides(overrides) if isinstance(overrides, list) else overrides
-        data = merge(data, over)
+        data = merge_layer(data, over)
     cfg = _build(Config, data, "")
     from creditrl.config.validate import validate
 

@@ -46,7 +46,7 @@ class SFTConfig:
     lr: float = 2e-3  # peak learning rate (linear warm-up, cosine decay)
     warmup_steps: int = 100
     weight_decay: float = 0.01
-    task_args: dict[str, Any] = field(default_factory=lambda: {"min_ops": 1, "max_ops": 6})  # SFT problem mix
+    task_args: dict[str, Any] = field(default_factory=lambda: {"min_ops": 1, "max_ops": 6})  # SFT problem mix ({} = task.args); reset when task.name changes
     seed: int = 0
 
 

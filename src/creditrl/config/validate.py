@@ -65,6 +65,14 @@ def _check_source(key: str, source_name: str, granularity: str, cfg: Config) -> 
             raise ConfigError(f"reward.{option}: source '{source_name}' needs it set")
         if option == "prm" and not Path(value).is_dir():
             raise ConfigError(f"reward.prm: '{value}' is not a directory (write one with `creditrl prm train`)")
+    if source_name == "unit_tests":
+        from creditrl.tasks import make_task
+
+        if not hasattr(make_task(cfg.task.name, **cfg.task.args), "test_results_batch"):
+            raise ConfigError(
+                f"{key}.source: 'unit_tests' needs a task with unit tests (task.name=code); "
+                f"task '{cfg.task.name}' has none"
+            )
     gkey = "reward.granularity" if key == "reward" else "hybrid.dense_granularity"
     if granularity:
         _one_of(gkey, granularity, GRANULARITIES)
@@ -238,17 +246,19 @@ def validate(cfg: Config) -> None:
     from creditrl.losses import AGGREGATIONS, KL_ESTIMATORS
     from creditrl.rewards.hybrid import FILTERS, SCHEDULES
     from creditrl.rewards.sources import ERROR_POLICIES
-    from creditrl.tasks import TASKS, make_task
+    from creditrl.tasks import make_task
+    from creditrl.tasks.base import TaskNameError
     from creditrl.values.critic import CRITIC_MODELS
     from creditrl.values.registry import VALUE_SOURCES
 
     from creditrl.policy.static_engine import ENGINES
 
-    _one_of("task.name", cfg.task.name, TASKS)
     _one_of("policy.engine", cfg.policy.engine, ENGINES)
-    for key, args in (("task.args", cfg.task.args), ("sft.task_args", cfg.sft.task_args)):
+    for key, args in (("task.args", cfg.task.args), ("sft.task_args", cfg.sft.task_args or cfg.task.args)):
         try:
             make_task(cfg.task.name, **args)
+        except TaskNameError as exc:  # an unknown name or a bad import path
+            raise ConfigError(f"task.name: {exc}") from exc
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{key}: {exc}") from exc
     _one_of("credit.estimator", cfg.credit.estimator, ESTIMATORS)

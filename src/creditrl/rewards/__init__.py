@@ -25,6 +25,8 @@ from creditrl.rewards.sources import (
     score_batch,
     source_names,
 )
+from creditrl.rewards import unit_tests as _unit_tests  # noqa: F401  (registers "unit_tests")
+from creditrl.rewards import text_metrics as _text_metrics  # noqa: F401  (registers bleu, chrf, rouge)
 
 __all__ = [
     "GRANULARITIES",

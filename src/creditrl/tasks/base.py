@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-__all__ = ["Problem", "Task", "TASKS", "register_task", "make_task"]
+__all__ = ["Problem", "Task", "TASKS", "TaskNameError", "register_task", "make_task"]
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,12 @@ TASKS: dict[str, Callable[..., Task]] = {}
 
 # Modules whose import registers the built-in tasks. make_task imports them on
 # demand so that building a task by name never depends on import order.
-_BUILTIN_TASK_MODULES: tuple[str, ...] = ("creditrl.tasks.arithmetic",)
+_BUILTIN_TASK_MODULES: tuple[str, ...] = (
+    "creditrl.tasks.arithmetic",
+    "creditrl.tasks.code",
+    "creditrl.tasks.math",
+    "creditrl.tasks.text",
+)
 
 
 def register_task(name: str) -> Callable[[TaskFactory], TaskFactory]:
@@ -87,16 +92,90 @@ def register_task(name: str) -> Callable[[TaskFactory], TaskFactory]:
     return decorator
 
 
+class TaskNameError(ValueError):
+    """``task.name`` does not resolve to a task: an unknown registry name, an import path whose
+    module or attribute is missing, or a factory whose result is not a :class:`Task`."""
+
+
+# Every member of the Task protocol, and whether it must be callable.
+_TASK_MEMBERS: tuple[tuple[str, bool], ...] = (
+    ("name", False),
+    ("step_separator", False),
+    ("sample", True),
+    ("check_outcome", True),
+    ("check_steps", True),
+)
+
+
+def _missing_members(obj: object) -> list[str]:
+    """The Task members ``obj`` lacks (or has but cannot call), in protocol order."""
+    return [m for m, is_method in _TASK_MEMBERS if not hasattr(obj, m) or (is_method and not callable(getattr(obj, m)))]
+
+
+def _import_factory(path: str) -> Callable[..., Any]:
+    """The callable named by ``"package.module:attribute"`` (the attribute may be dotted)."""
+    module_name, _, attr_path = path.partition(":")
+    if not module_name or not attr_path:
+        raise TaskNameError(f"task {path!r}: an import path must read 'package.module:factory'")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise TaskNameError(
+            f"task {path!r}: cannot import module {module_name!r} ({exc}); is its folder on "
+            "PYTHONPATH (e.g. PYTHONPATH=examples)?"
+        ) from exc
+    for part in attr_path.split("."):
+        if not hasattr(obj, part):
+            raise TaskNameError(
+                f"task {path!r}: module {module_name!r} has no attribute {attr_path!r}; expected a "
+                "task class or a function returning a task"
+            )
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise TaskNameError(
+            f"task {path!r}: {attr_path!r} is not callable (type {type(obj).__name__}); expected a task "
+            "class or a function returning a task"
+        )
+    return obj
+
+
 def make_task(name: str, **kwargs: Any) -> Task:
-    """Build the task registered under ``name``, passing ``kwargs`` to its factory.
+    """Build a task from a registry name or an import path, passing ``kwargs`` to its factory.
+
+    ``name`` is resolved by one rule:
+
+    * without ``":"`` it is a registry name (the built-in tasks, or any task whose module has
+      been imported and called :func:`register_task`);
+    * with ``":"`` it is an import path ``"package.module:factory"``: the module is imported
+      and its attribute ``factory`` (dotted for a nested one, e.g. ``"pkg.mod:Tasks.reverse"``)
+      is called with ``kwargs``. The factory is any callable returning a :class:`Task`: a task
+      class, or a function. A task registered with :func:`register_task` in a module that is
+      not imported by default is named by the path of its class, since the decorator returns
+      the class itself. The module must be importable, e.g. ``PYTHONPATH=examples`` for
+      ``"custom_task:CountTask"`` (examples/custom_task.py).
+
+    The result of an import path is checked against the :class:`Task` protocol (``name``,
+    ``step_separator``, ``sample``, ``check_outcome``, ``check_steps``).
 
     Raises:
-        ValueError: If no task is registered under ``name``; the message names
-            it and lists the valid names, sorted.
+        TaskNameError: (a ValueError) If an unregistered name is given (the message lists the
+            valid names, sorted), or an import path's module cannot be imported, lacks the
+            attribute or it is not callable, or the factory's result lacks a Task member (the
+            message names the members missing).
+        TypeError, ValueError: From the factory itself (e.g. an unexpected keyword argument).
     """
     for module in _BUILTIN_TASK_MODULES:
         importlib.import_module(module)
-    if name not in TASKS:
-        valid = ", ".join(sorted(TASKS))
-        raise ValueError(f"unknown task {name!r}; valid tasks: {valid}")
-    return TASKS[name](**kwargs)
+    if ":" not in name:
+        if name not in TASKS:
+            valid = ", ".join(sorted(TASKS))
+            raise TaskNameError(f"unknown task {name!r}; valid tasks: {valid}")
+        return TASKS[name](**kwargs)
+    task = _import_factory(name)(**kwargs)
+    missing = _missing_members(task)
+    if missing:
+        raise TaskNameError(
+            f"task {name!r}: the factory returned a {type(task).__name__} that does not implement the "
+            f"Task protocol: missing {', '.join(missing)} (see creditrl.tasks.base.Task)"
+        )
+    return task

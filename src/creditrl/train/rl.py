@@ -25,6 +25,7 @@ from creditrl.policy.model import LORA_BASE_FILE, apply_lora, is_lora, load_poli
 from creditrl.credit.schedule import linear_schedule
 from creditrl.losses import explained_variance
 from creditrl.rollout.batch import response_logits, token_logprobs
+from creditrl.rewards.sources import score_batch
 from creditrl.rollout.segment import step_stop_ids
 from creditrl.tasks import make_task
 from creditrl.train import stages
@@ -158,7 +159,13 @@ class RLTrainer:
             self.model, self.tokenizer, self.task, self.heldout,
             max_new_tokens=self.cfg.rollout.max_new_tokens, engine=self.cfg.policy.engine,
         )
-        return {"eval/accuracy": res.accuracy, "eval/step_accuracy": res.step_accuracy, "eval/length": res.mean_length}
+        out = {"eval/accuracy": res.accuracy, "eval/step_accuracy": res.step_accuracy, "eval/length": res.mean_length}
+        source = self.scorer.primary.source
+        if "sequence" in source.granularities:  # the reward's own measure, e.g. BLEU where exact match is rare
+            scores = score_batch(source, self.task, self.heldout, res.completions, [[c] for c in res.completions],
+                                 granularity="sequence", on_error="zero").scores
+            out["eval/reward"] = sum(s[0] for s in scores) / max(1, len(scores))
+        return out
 
     def iteration(self, it: int) -> dict[str, Any]:
         cfg = self.cfg

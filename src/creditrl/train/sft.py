@@ -102,7 +102,7 @@ def train_sft(
     s = cfg.sft
     torch.manual_seed(s.seed)
     model, tokenizer = load_policy(cfg.policy.model, seed=cfg.policy.init_seed, **policy_options(cfg))
-    task = make_task(cfg.task.name, **s.task_args)
+    task = make_task(cfg.task.name, **(s.task_args or cfg.task.args))  # empty: the RL task's own args
     opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=s.weight_decay, betas=(0.9, 0.98))
     model.train()
     start = time.time()

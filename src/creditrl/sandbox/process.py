@@ -1,0 +1,250 @@
+"""Run an untrusted Python program in a sandboxed process and collect what it did.
+
+:func:`run_python` starts :mod:`creditrl.sandbox._launcher` in a new session with an empty
+environment; the launcher limits and isolates itself (see its docstring) and execs
+``python -I -B main.py`` in a fresh temporary directory. This module is the parent's side:
+
+* it waits at most ``timeout_s`` of wall time, then kills the run (its PID namespace, and its
+  process group as a backstop) and returns only once nothing of it is left;
+* it reads stdout, stderr and the harness channel concurrently, keeping at most
+  ``output_bytes`` of stdout and of stderr (16 times that of the channel) and killing the
+  program once one of them has written 8 times that, so a huge output never grows the
+  parent's memory;
+* it removes the working directory afterwards, whatever the program left in it.
+
+Isolation depends on privileges; :attr:`SandboxResult.isolation` says what held:
+
+==========  ==================================================================  ==============
+name        meaning                                                             needs
+==========  ==================================================================  ==============
+uid         runs as a fresh per-run uid: RLIMIT_NPROC applies, it cannot        root
+            signal the parent or other runs, nor read their files
+net         own network namespace with only a down loopback: no connect at all  root, or
+                                                                                user namespaces
+pid         own PID namespace; everything in it dies with the program           root
+proc        a /proc that shows only the sandbox's processes                     root
+readonly    every mount read-only except the working directory                  root
+tmpfs       the working directory is a size-capped tmpfs (``disk_mb``)          root
+hidden      the creditrl package (its bundled tests) and ``hidden_paths`` are   root
+            covered by empty directories
+ipc         own IPC / UTS namespaces                                            root
+==========  ==================================================================  ==============
+
+Not root (the documented fallback): the program runs as the caller's uid under the same
+rlimits, in a network namespace when unprivileged user namespaces are enabled (``net`` absent
+otherwise); it can then read the caller's files, write where the caller may, and signal the
+caller. The environment is always clean (no inherited variables), whatever the privileges.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from creditrl.sandbox.result import Limits, SandboxResult, reason_for
+
+__all__ = ["Limits", "SandboxResult", "execute", "run_python"]
+
+_LAUNCHER = Path(__file__).with_name("_launcher.py")
+_PACKAGE_DIR = str(Path(__file__).resolve().parents[1])  # creditrl/: holds the bundled tests
+_UID_BASE, _UID_SPAN = 2_000_000_000, 100_000_000  # per-run uids, far from any real account
+_KILL_FACTOR = 8  # kill once an output exceeds this many times what is kept of it
+_GRACE_S = 0.5  # after the launcher exits, how long to wait for pipes held by stragglers
+_STOP_WAIT_S = 2.0  # how long the launcher gets to empty the namespace before the group is killed
+
+
+def _exited(pid: int) -> bool:
+    """Whether the launcher has exited, without reaping it: its pid (= the group id) stays
+    reserved until :meth:`Popen.wait`, so the final ``killpg`` cannot hit a recycled group."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """End a run and return once nothing of it is left.
+
+    SIGTERM asks the launcher to kill the program's PID namespace and wait until the kernel
+    has emptied it (a plain SIGKILL to the group would return while the namespace is still being
+    torn down); SIGKILL to the whole group is the backstop. The launcher is reaped last, so its
+    pid, which is the group id, cannot be recycled before the ``killpg``.
+    """
+    try:
+        os.kill(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    end = time.monotonic() + _STOP_WAIT_S
+    while not _exited(proc.pid) and time.monotonic() < end:
+        time.sleep(0.005)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def _reap_uid(uid: int) -> None:
+    """Without a PID namespace, kill whatever still runs as the run's uid (kill(-1) as that uid)."""
+    code = f"import os,signal;os.setgroups([]);os.setgid({uid});os.setuid({uid});os.kill(-1,signal.SIGKILL)"
+    subprocess.run([sys.executable, "-I", "-S", "-c", code], env={}, capture_output=True, timeout=10, check=False)
+
+
+def execute(source: str, limits: Limits, *, hidden_paths: tuple[str, ...] = (), channel: bool = False) -> SandboxResult:
+    """Run ``source`` as ``main.py`` under ``limits``; with ``channel``, fd 3 is a pipe whose
+    bytes (at most ``limits.output_bytes * 16``) come back in :attr:`SandboxResult.channel`."""
+    start = time.monotonic()
+    root = os.geteuid() == 0
+    uid = _UID_BASE + secrets.randbelow(_UID_SPAN) if root else None
+    workdir = tempfile.mkdtemp(prefix="creditrl-sandbox-")
+    status_r, status_w = os.pipe()
+    chan_r, chan_w = os.pipe() if channel else (None, None)
+    cfg = {
+        "python": sys.executable,
+        "expose": sorted({sys.prefix, sys.base_prefix, sys.base_exec_prefix, str(Path(sys.executable).resolve().parent)}),
+        "workdir": workdir,
+        "uid": uid,
+        "hidden": [_PACKAGE_DIR, *map(str, hidden_paths)],
+        "limits": limits.rlimits(),
+        "disk_bytes": limits.disk_mb << 20,
+        "status_fd": status_w,
+        "channel_fd": chan_w,
+    }
+    proc = None
+    try:
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(_LAUNCHER), json.dumps(cfg)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                pass_fds=[fd for fd in (status_w, chan_w) if fd is not None],
+                start_new_session=True, env={}, cwd=workdir,
+            )
+            for fd in (status_w, chan_w):
+                if fd is not None:
+                    os.close(fd)
+            status_w = chan_w = None
+            try:
+                proc.stdin.write(source.encode("utf-8", "surrogateescape"))
+                proc.stdin.close()
+            except BrokenPipeError:
+                pass
+            out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
+            caps = {out_fd: limits.output_bytes, err_fd: limits.output_bytes, status_r: 1 << 16}
+            if chan_r is not None:
+                caps[chan_r] = limits.output_bytes * 16
+            data, seen = _collect(proc, caps, start + limits.timeout_s)
+        finally:
+            if proc is not None:
+                _stop(proc)
+                proc.stdout.close()
+                proc.stderr.close()
+            for fd in (status_r, status_w, chan_r, chan_w):
+                if fd is not None:
+                    os.close(fd)
+        status = _status(data[status_r])
+        if root and "pid" not in status.get("isolation", ()):
+            _reap_uid(uid)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    returncode = proc.returncode
+    if "wait_status" in status:  # the program's own status, not the launcher's
+        returncode = os.waitstatus_to_exitcode(status["wait_status"])
+    timed_out, flooded = seen.pop("timed_out"), seen.pop("flooded")
+    stdout = data[out_fd].decode("utf-8", "replace")
+    stderr = data[err_fd].decode("utf-8", "replace")
+    setup_error = status.get("error")
+    reason = reason_for(returncode, timed_out, flooded, stderr, setup_error)
+    return SandboxResult(
+        ok=reason == "",
+        returncode=returncode,
+        stdout=stdout,
+        stderr=stderr,
+        timed_out=timed_out,
+        reason=reason,
+        isolation=tuple(status.get("isolation", ())),
+        wall_s=time.monotonic() - start,
+        output_truncated=seen[out_fd] > caps[out_fd] or seen[err_fd] > caps[err_fd],
+        channel=data[chan_r] if chan_r is not None else b"",
+    )
+
+
+def _collect(proc: subprocess.Popen, caps: dict[int, int], deadline: float) -> tuple[dict[int, bytes], dict]:
+    """Read every fd of ``caps`` until EOF, the deadline, or a flood (an fd past ``_KILL_FACTOR``
+    times its cap); keep the first ``caps[fd]`` bytes of each."""
+    chunks: dict[int, bytearray] = {fd: bytearray() for fd in caps}
+    seen: dict = {fd: 0 for fd in caps}
+    seen.update(timed_out=False, flooded=False)
+    exited_at = None
+    with selectors.DefaultSelector() as sel:
+        for fd in caps:
+            os.set_blocking(fd, False)
+            sel.register(fd, selectors.EVENT_READ)
+        while sel.get_map():
+            now = time.monotonic()
+            if now >= deadline:
+                seen["timed_out"] = True
+                break
+            if exited_at is None and _exited(proc.pid):
+                exited_at = now
+            if exited_at is not None and now - exited_at > _GRACE_S:
+                break  # the launcher is gone; whatever still holds a pipe is killed below
+            for key, _ in sel.select(min(deadline - now, 0.25)):
+                fd = key.fd
+                try:
+                    block = os.read(fd, 1 << 16)
+                except BlockingIOError:
+                    continue
+                if not block:
+                    sel.unregister(fd)
+                    continue
+                seen[fd] += len(block)
+                room = caps[fd] - len(chunks[fd])
+                if room > 0:
+                    chunks[fd] += block[:room]
+            if any(seen[fd] > _KILL_FACTOR * cap for fd, cap in caps.items()):
+                seen["flooded"] = True
+                break
+    return {fd: bytes(b) for fd, b in chunks.items()}, seen
+
+
+def _status(raw: bytes) -> dict:
+    """The launcher's status lines merged in order (``isolation``, ``error``, ``wait_status``)."""
+    merged: dict = {}
+    for line in raw.splitlines():
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            merged.update(value)
+    return merged
+
+
+def run_python(
+    source: str,
+    *,
+    timeout_s: float = 5.0,
+    memory_mb: int = 512,
+    processes: int = 16,
+    file_mb: int = 16,
+    output_bytes: int = 64 * 1024,
+    hidden_paths: tuple[str, ...] = (),
+) -> SandboxResult:
+    """Run the Python program ``source`` in the sandbox (module docstring) and return what it did.
+
+    Example:
+        >>> run_python("print(6 * 7)").stdout
+        '42\\n'
+    """
+    limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb, processes=processes, file_mb=file_mb,
+                    output_bytes=output_bytes)
+    return execute(source, limits, hidden_paths=hidden_paths)

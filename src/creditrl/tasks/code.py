@@ -1,0 +1,181 @@
+"""Write a one-line Python function body; judged by unit tests run in the sandbox.
+
+A problem is a function header with a docstring, ending in ``return ``; the completion is the
+returned expression, and the program is prompt + completion (one line: the tiny model's
+tokenizer has no newline)::
+
+    prompt:     def add(a, b): "sum of a and b"; return
+    completion: a + b
+
+Problems come from a small bundled, self-written JSONL file (``data/code_problems.jsonl``; one
+object per line: ``name``, ``split`` (``train``/``heldout``: disjoint sets of functions),
+``entry``, ``prompt``, ``solution``, ``tests``: ``[{"args": [...], "expected": ...}]``).
+A completion's tests run in one sandboxed process (:func:`creditrl.sandbox.run_tests`); the
+verdicts are cached per (problem, completion), so the outcome check and the ``unit_tests``
+reward of the same sample run it once. The expected outputs never enter the sandbox, and the
+problem file's directory is hidden from it. Without root the sandbox falls back to weaker
+isolation (:mod:`creditrl.sandbox.process`); the task then warns once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import threading
+import warnings
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Sequence
+
+from creditrl.sandbox import Limits, run_tests
+from creditrl.tasks.base import Problem, register_task
+
+__all__ = ["SPLITS", "DEFAULT_PROBLEMS", "CodeTask", "load_problems"]
+
+SPLITS: tuple[str, ...] = ("train", "heldout")
+DEFAULT_PROBLEMS = Path(__file__).with_name("data") / "code_problems.jsonl"
+_FIELDS = ("name", "split", "entry", "prompt", "solution", "tests")
+
+
+def load_problems(path: str | Path) -> list[Problem]:
+    """Read a problem file (module docstring) into :class:`Problem` objects.
+
+    ``answer`` and ``solution`` are the reference completion; ``meta`` holds ``name``,
+    ``split``, ``entry``, ``inputs`` (the test arguments) and ``expected`` (their results).
+
+    Raises:
+        ValueError: On a malformed line (named by number), a duplicate name or an unknown split.
+    """
+    problems: list[Problem] = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        missing = [k for k in _FIELDS if k not in row]
+        if missing or row["split"] not in SPLITS or not row["tests"]:
+            raise ValueError(f"{path}:{number}: need fields {_FIELDS}, a split in {SPLITS} and tests; got {row}")
+        meta = {
+            "name": row["name"],
+            "split": row["split"],
+            "entry": row["entry"],
+            "inputs": [t["args"] for t in row["tests"]],
+            "expected": [t["expected"] for t in row["tests"]],
+        }
+        problems.append(Problem(prompt=row["prompt"], answer=row["solution"], solution=row["solution"], meta=meta))
+    names = [p.meta["name"] for p in problems]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{path}: duplicate problem names")
+    return problems
+
+
+@register_task("code")
+class CodeTask:
+    """One-line Python functions judged by unit tests (registry name ``"code"``, no steps).
+
+    Args:
+        problems: A problem file (default: the bundled one).
+        timeout_s: Wall-time limit of one program (all its tests).
+        memory_mb: Address-space limit per process of a program.
+        workers: Programs run in parallel by :meth:`test_results_batch`.
+        cache_size: Verdicts remembered (least recently used are dropped).
+    """
+
+    name: str = "code"
+    step_separator: str | None = None
+
+    def __init__(
+        self,
+        problems: str | None = None,
+        timeout_s: float = 2.0,
+        memory_mb: int = 256,
+        workers: int = 2,
+        cache_size: int = 4096,
+    ) -> None:
+        path = Path(problems) if problems else DEFAULT_PROBLEMS
+        self.problems = load_problems(path)
+        self.limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb)
+        if workers < 1 or cache_size < 0:
+            raise ValueError(f"workers must be >= 1 and cache_size >= 0, got {workers}, {cache_size}")
+        self.workers, self.cache_size = workers, cache_size
+        self.hidden_paths = (str(path.resolve().parent),)
+        self.pools = {s: [p for p in self.problems if p.meta["split"] == s] for s in SPLITS}
+        self._cache: OrderedDict[tuple[str, str, str], tuple[bool, ...]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._warned = False
+
+    def sample(self, n: int, *, split: str, seed: int) -> list[Problem]:
+        """Return ``n`` problems of ``split`` drawn with replacement, deterministic in ``seed``.
+
+        Raises:
+            ValueError: If ``split`` is unknown, ``n < 0`` or the split has no problems.
+        """
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        pool = self.pools[split]
+        if not pool and n:
+            raise ValueError(f"the problem file has no {split!r} problems")
+        digest = hashlib.sha256(f"code/{split}/{seed}".encode()).digest()
+        rng = random.Random(int.from_bytes(digest[:8], "big"))
+        return [rng.choice(pool) for _ in range(n)]
+
+    # -- judging ---------------------------------------------------------------------------
+    @staticmethod
+    def _key(problem: Problem, completion: str) -> tuple[str, str, str]:
+        return (problem.meta["name"], problem.prompt, completion)
+
+    def _run(self, problem: Problem, completion: str) -> tuple[bool, ...]:
+        meta = problem.meta
+        report = run_tests(
+            problem.prompt + completion, meta["entry"], meta["inputs"], meta["expected"],
+            limits=self.limits, hidden_paths=self.hidden_paths,
+        )
+        isolation = report.sandbox.isolation if report.sandbox is not None else None
+        if isolation is not None and not self._warned and not {"net", "uid"} <= set(isolation):
+            self._warned = True  # the documented fallback (not root): say so once, then go on
+            warnings.warn(
+                f"task 'code': the sandbox runs programs with isolation {sorted(isolation)} only; "
+                "without 'uid' they run as this user, without 'net' they can reach the network",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return report.passed
+
+    def test_results_batch(self, problems: Sequence[Problem], completions: Sequence[str]) -> list[tuple[bool, ...]]:
+        """Per response, one verdict per unit test; uncached programs run ``workers`` at a time."""
+        if len(problems) != len(completions):
+            raise ValueError(f"got {len(problems)} problems and {len(completions)} completions")
+        keys = [self._key(p, c) for p, c in zip(problems, completions)]
+        with self._lock:
+            known = {k: self._cache[k] for k in keys if k in self._cache}
+        todo = {k: (p, c) for k, p, c in zip(keys, problems, completions) if k not in known}
+        if todo:
+            with ThreadPoolExecutor(max_workers=min(self.workers, len(todo))) as pool:
+                fresh = dict(zip(todo, pool.map(lambda pc: self._run(*pc), todo.values())))
+            known.update(fresh)
+        with self._lock:
+            for k in keys:
+                self._cache[k] = known[k]
+                self._cache.move_to_end(k)
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return [known[k] for k in keys]
+
+    def test_results(self, problem: Problem, completion: str) -> tuple[bool, ...]:
+        """One verdict per unit test of ``problem`` for ``completion`` (cached)."""
+        return self.test_results_batch([problem], [completion])[0]
+
+    def check_outcome(self, problem: Problem, completion: str) -> bool:
+        """Whether the program ``problem.prompt + completion`` passes every unit test."""
+        return all(self.test_results(problem, completion))
+
+    def check_steps(self, problem: Problem, segments: list[str]) -> list[bool]:
+        """Not available: a code completion has no reasoning steps.
+
+        Raises:
+            ValueError: Always; use sequence-level rewards (``outcome``, ``unit_tests``).
+        """
+        raise ValueError("task 'code' has no steps (step_separator is None); use a sequence-level reward")

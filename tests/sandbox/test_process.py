@@ -1,0 +1,131 @@
+"""run_python: results, limits, isolation, cleanup, and the documented non-root fallback."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from creditrl.sandbox import Limits, execute, run_python
+
+ROOT = os.geteuid() == 0
+FULL = {"hidden", "ipc", "net", "pid", "proc", "readonly", "tmpfs", "uid"}
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def sandbox_dirs() -> set[str]:
+    return {p.name for p in Path(tempfile.gettempdir()).glob("creditrl-sandbox-*")}
+
+
+def test_runs_a_program_and_reports_its_output() -> None:
+    before = sandbox_dirs()
+    r = run_python("import sys\nprint(6 * 7)\nprint('oops', file=sys.stderr)\nsys.exit(3)")
+    assert (r.stdout, r.stderr, r.returncode) == ("42\n", "oops\n", 3)
+    assert not r.ok and r.reason == "exit status 3" and not r.timed_out
+    ok = run_python("print('hi')")
+    assert ok.ok and ok.reason == "" and ok.returncode == 0 and ok.stdout == "hi\n"
+    assert sandbox_dirs() == before  # the working directories are removed
+
+
+@pytest.mark.skipif(not ROOT, reason="full isolation needs root")
+def test_root_gets_every_isolation_layer() -> None:
+    prog = (
+        "import os, sys, json\n"
+        "print(json.dumps({'uid': os.getuid(), 'gid': os.getgid(), 'groups': os.getgroups(),\n"
+        "  'env': sorted(os.environ), 'cwd': os.listdir('.'), 'isolated': sys.flags.isolated,\n"
+        "  'procs': sorted(int(p) for p in os.listdir('/proc') if p.isdigit())}))"
+    )
+    r = run_python(prog)
+    seen = json.loads(r.stdout)
+    assert set(r.isolation) == FULL and r.network_isolated
+    assert seen["uid"] >= 2_000_000_000 and seen["gid"] == seen["uid"] and seen["groups"] == []
+    assert seen["env"] == ["HOME", "LANG", "LC_ALL", "PATH", "PYTHONDONTWRITEBYTECODE", "TMPDIR"]
+    assert seen["cwd"] == ["main.py"] and seen["isolated"] == 1
+    assert seen["procs"] == [1, 2]  # its own PID namespace: the init and itself, nothing else
+    assert json.loads(run_python(prog).stdout)["uid"] != seen["uid"]  # a fresh uid per run
+
+
+def test_wall_timeout_kills_the_group() -> None:
+    r = run_python("import os, time\nos.fork()\ntime.sleep(60)", timeout_s=0.5)
+    assert r.timed_out and r.reason == "timeout" and r.returncode == -9 and not r.ok
+    assert r.wall_s < 3
+
+
+def test_cpu_limit() -> None:
+    r = execute("while True: pass", Limits(timeout_s=10, cpu_s=1))
+    assert r.reason == "cpu limit" and r.returncode == -24 and not r.timed_out and r.wall_s < 6
+
+
+def test_memory_limit() -> None:
+    r = run_python("x = bytearray(400 * 2**20)", memory_mb=128)
+    assert r.reason == "memory limit" and "MemoryError" in r.stderr
+
+
+def test_output_is_capped_and_a_flood_is_killed() -> None:
+    r = run_python("print('x' * 5000)", output_bytes=1000)  # over the cap, under the kill threshold
+    assert r.ok and r.stdout == "x" * 1000 and r.output_truncated
+    flood = run_python("import sys\nwhile True: sys.stderr.write('y' * 65536)", output_bytes=1000, timeout_s=5)
+    assert flood.reason == "output limit" and len(flood.stderr) == 1000 and flood.wall_s < 4
+
+
+def test_file_size_limit() -> None:
+    r = run_python("open('f', 'wb').write(b'x' * (3 * 2**20))", file_mb=1)
+    assert r.returncode == 1 and "File too large" in r.stderr
+
+
+def test_limits_are_validated() -> None:
+    with pytest.raises(ValueError, match="timeout_s"):
+        Limits(timeout_s=0)
+    with pytest.raises(ValueError, match="memory_mb"):
+        Limits(memory_mb=8)
+    with pytest.raises(ValueError, match="cpu_s"):
+        Limits(cpu_s=0)
+
+
+@pytest.mark.skipif(not ROOT, reason="needs root to switch to an unprivileged user")
+def test_non_root_fallback_runs_as_the_caller(tmp_path: Path) -> None:
+    """Not root: same limits and clean environment, no uid switch; network isolation only
+    where unprivileged user namespaces are allowed. Runs under a system interpreter because
+    the test's own may live under /root (0700)."""
+    found = [p for p in ("/usr/bin/python3.11", "/usr/local/bin/python3.11", "/usr/bin/python3") if os.path.exists(p)]
+    if not found:
+        pytest.skip("no system interpreter that the user nobody can run")
+    python = found[0]
+    work = Path(tempfile.mkdtemp())
+    shutil.copytree(SRC / "creditrl" / "sandbox", work / "creditrl" / "sandbox")
+    (work / "creditrl" / "__init__.py").write_text("")
+    os.chmod(work, 0o755)
+    code = (
+        f"import sys, json; sys.path.insert(0, {str(work)!r})\n"
+        "from creditrl.sandbox import run_python\n"
+        "r = run_python('import os; print(os.getuid(), sorted(os.environ))', timeout_s=3)\n"
+        "t = run_python('while True: pass', timeout_s=0.5)\n"
+        "print(json.dumps([r.stdout, r.isolation, t.reason]))"
+    )
+    try:
+        out = subprocess.run(
+            [python, "-I", "-c", code], user=65534, group=65534, extra_groups=[], env={"SECRET": "s3"},
+            cwd="/", capture_output=True, text=True, timeout=30, check=False,
+        )
+    finally:
+        shutil.rmtree(work)
+    if out.returncode != 0 and "ModuleNotFoundError" in out.stderr:
+        pytest.skip(f"system interpreter cannot run the sandbox: {out.stderr[-200:]}")
+    stdout, isolation, reason = json.loads(out.stdout.strip().splitlines()[-1])
+    assert stdout.startswith("65534 ") and "SECRET" not in stdout
+    assert "uid" not in isolation and "pid" not in isolation
+    assert reason == "timeout"
+
+
+def test_the_sandbox_works_from_a_thread() -> None:
+    """The trainer scores in worker threads; no preexec_fn means no fork-in-thread hazard."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        outs = list(pool.map(lambda i: run_python(f"print({i} * 2)").stdout, range(4)))
+    assert outs == ["0\n", "2\n", "4\n", "6\n"]
