@@ -22,3 +22,10 @@ def test_readme_quick_start_is_the_two_make_commands() -> None:
     text = README.read_text()
     quick = re.search(r"## Quick start\n\n```bash\n(.*?)```", text, re.S).group(1)
     assert [line.split("#")[0].strip() for line in quick.strip().splitlines()] == ["make demo", "make test"]
+
+
+def test_readme_custom_task_example_is_the_example_file() -> None:
+    """The README shows examples/custom_task.py exactly (tests/tasks/test_custom_task.py runs it)."""
+    example = (README.parent / "examples" / "custom_task.py").read_text().rstrip()
+    block = re.search(r"### Bring your own task.*?```python\n(.*?)```", README.read_text(), re.S)
+    assert block and block.group(1).rstrip() == example
