@@ -130,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
     from creditrl.search.cli import add_search_parser
 
     add_search_parser(sub)
+    from creditrl.inspect.cli import add_inspect_parser
+
+    add_inspect_parser(sub)
     return parser
 
 

@@ -155,6 +155,8 @@ class TrainConfig:
     init: str = "sft"  # "sft" (cached warm start), "policy" (policy.model as is) or a checkpoint dir
     threads: int = 0  # torch intra-op threads; 0 = leave torch's default
     progress: bool = True
+    inspect_every: int = 10  # save groups for `creditrl inspect` every N iterations (+ first, last); 0 = off
+    inspect_groups: int = 2  # whole groups saved per recorded iteration (mixed outcomes first)
 
 
 @dataclass

@@ -123,6 +123,8 @@ def _check_ranges(cfg: Config) -> None:
         ("hybrid.dense_weight", cfg.hybrid.dense_weight),
         ("value.coef", cfg.value.coef),
         ("value.warmup_iterations", cfg.value.warmup_iterations),
+        ("train.inspect_every", cfg.train.inspect_every),
+        ("train.inspect_groups", cfg.train.inspect_groups),
     ):
         _positive(key, value, allow_zero=True)
     _unit("credit.gamma", cfg.credit.gamma)

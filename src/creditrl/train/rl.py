@@ -23,6 +23,7 @@ from creditrl.policy.engine import SamplingParams
 from creditrl.policy.static_engine import make_engine
 from creditrl.policy.model import LORA_BASE_FILE, apply_lora, is_lora, load_policy
 from creditrl.credit.schedule import linear_schedule
+from creditrl.inspect.record import record_iteration
 from creditrl.losses import explained_variance
 from creditrl.rollout.batch import response_logits, token_logprobs
 from creditrl.rewards.sources import score_batch
@@ -203,6 +204,10 @@ class RLTrainer:
             ref_logprobs=ref_logp, critic=critic, train_policy=train_policy,
         )
         clock.append(time.perf_counter())
+        record_iteration(  # the credit inspector's sample (train.inspect_every); outside the stage timers
+            self.run_dir, it + 1, batch, scored, adv, ret, cfg, self.tokenizer, self.task,
+            values=vout.values, credit_step_ends=vout.step_ends, lam=lam,
+        )
         n_tokens = stages.generated_tokens(batch)
         self.totals["samples"] += batch.size
         self.totals["tokens"] += n_tokens

@@ -1,0 +1,114 @@
+"""``creditrl inspect RUN_DIR``: the credit inspector as an HTML file and PNG figures.
+
+Writes into ``--out`` (default ``RUN_DIR/inspect_report``): ``index.html`` (self-contained:
+open it in any browser, offline), ``metrics.png`` and, for the shown iteration's first saved
+group, ``credit_iter_NNNNNN_<estimator>.png`` per estimator (and ``_trained`` for the run's own
+advantages).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from creditrl.inspect.compare import TRAINED, parse_estimators
+from creditrl.inspect.data import InspectError, load_iteration, saved_iterations, spread
+from creditrl.inspect.html import CHARTS, page_data, render_page
+
+MAX_ITERATIONS = 30  # iterations inlined into one page by default (evenly spaced when more were saved)
+
+
+@dataclass
+class Report:
+    html: Path
+    pngs: list[Path] = field(default_factory=list)
+    iterations: list[int] = field(default_factory=list)  # inlined into the page
+    shown: int = 0  # the iteration the page opens at and the PNGs show
+    left_out: list[int] = field(default_factory=list)  # saved but not inlined (over max_iterations)
+
+
+def build_report(
+    run_dir: Path,
+    *,
+    iteration: int | None = None,
+    estimators: str | None = None,
+    out: Path | None = None,
+    max_iterations: int = MAX_ITERATIONS,
+    png: bool = True,
+) -> Report:
+    """Write the page (and the PNGs with ``png``) for ``run_dir``; ``iteration`` is the one the
+    page opens at (default: the last saved), ``estimators`` a comma-separated list (default:
+    every registered one). InspectError for a run without inspector data, an unsaved iteration
+    (listing the saved ones) or an unknown estimator (listing the valid ones)."""
+    run_dir = Path(run_dir)
+    saved = saved_iterations(run_dir)
+    shown = saved[-1] if iteration is None else iteration
+    first = load_iteration(run_dir, shown)  # the error for an unsaved iteration lists the saved ones
+    names = parse_estimators(estimators, first["settings"]["estimator"])
+    if max_iterations < 1:
+        raise InspectError(f"--max-iterations must be >= 1, got {max_iterations}")
+    inlined = spread(saved, max_iterations, must=shown)
+    out = Path(out) if out else run_dir / "inspect_report"
+    out.mkdir(parents=True, exist_ok=True)
+    data = page_data(run_dir, inlined, names, shown)
+    report = Report(out / "index.html", iterations=inlined, shown=shown,
+                    left_out=[i for i in saved if i not in inlined])
+    report.html.write_text(render_page(data), encoding="utf-8")
+    if png:
+        report.pngs = _figures(data, out)
+    return report
+
+
+def _figures(data: dict, out: Path) -> list[Path]:
+    from creditrl.inspect.figures import credit_figure, metrics_figure
+
+    view = data["iterations"][data["initial"]]
+    paths = [metrics_figure(data["metrics"], CHARTS, out / "metrics.png", [v["iteration"] for v in data["iterations"]])]
+    if not view["groups"]:
+        return paths
+    group = view["groups"][0]
+    available = [k for k in view["order"] if view["estimators"][k]["available"]]
+    max_abs = max([0.0] + [abs(a) for k in available for row in view["estimators"][k]["adv"][0] for a in row])
+    for key in available:
+        e = view["estimators"][key]
+        p = e["precision"]["groups"][0]["text"]
+        title = (f"iteration {view['iteration']}, {group['prompt']} (group {group['group_id']}): "
+                 f"{e['label']}; credit precision {p}")
+        name = f"credit_iter_{view['iteration']:06d}_{'trained' if key == TRAINED else key}.png"
+        paths.append(credit_figure(group, e["adv"][0], title, out / name, max_abs))
+    return paths
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    try:
+        report = build_report(
+            Path(args.run_dir), iteration=args.iteration, estimators=args.estimators,
+            out=Path(args.out) if args.out else None, max_iterations=args.max_iterations, png=not args.no_png,
+        )
+    except InspectError as exc:
+        print(f"creditrl inspect: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"credit inspector: {report.html} (iterations {', '.join(map(str, report.iterations))}; "
+          f"opens at {report.shown})")
+    if report.left_out:
+        print(f"  {len(report.left_out)} saved iterations not inlined (raise --max-iterations, or pick one "
+              f"with --iteration): {', '.join(map(str, report.left_out))}")
+    for p in report.pngs:
+        print(f"  {p}")
+    return 0
+
+
+def add_inspect_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("inspect", help="credit inspector: per-token credit of saved groups as HTML and PNGs")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a training run directory (trained with train.inspect_every > 0)")
+    p.add_argument("--iteration", type=int, default=None, metavar="N",
+                   help="iteration to open at (default: the last saved)")
+    p.add_argument("--estimators", default=None, metavar="A,B,...",
+                   help="estimators to recompute and compare (default: all registered)")
+    p.add_argument("--out", default=None, metavar="DIR", help="output folder (default RUN_DIR/inspect_report)")
+    p.add_argument("--max-iterations", type=int, default=MAX_ITERATIONS, metavar="K",
+                   help=f"saved iterations inlined into the page, evenly spaced (default {MAX_ITERATIONS})")
+    p.add_argument("--no-png", action="store_true", help="write only the HTML page")
+    p.set_defaults(func=cmd_inspect)

@@ -1,0 +1,166 @@
+"""Re-run estimators offline on a saved iteration: the same groups, other credit.
+
+Estimators are pure functions of the saved tensors, so each saved group's advantages under any
+registered estimator are computed here with :func:`creditrl.credit.estimate_at` at the run's
+resolution (and time steps), with the run's gamma, lambda and normaliser, exactly as the credit
+stage (:func:`creditrl.train.stages.credit`) does: only kept responses enter, each group keeps
+its id. Where the run's normaliser is per group or none this reproduces the run's advantages
+for its own estimator bit for bit; ``batch`` whitening can only be redone over the saved groups
+(the run whitened over the whole batch), and the result says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from creditrl.credit import ESTIMATORS, estimate_at, normalise, requires
+from creditrl.inspect.data import InspectError
+from creditrl.inspect.precision import NegativeCredit, negative_credit, percent, pooled
+
+TRAINED = "trained"  # the key of the advantages the run itself used
+
+
+def parse_estimators(spec: str | None, run_estimator: str) -> list[str]:
+    """Names from ``"a,b,c"`` (default: every registered estimator, the run's first);
+    InspectError listing the valid names for an unknown one."""
+    if not spec:
+        return [run_estimator] + sorted(n for n in ESTIMATORS if n != run_estimator)
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ESTIMATORS]
+    if unknown:
+        raise InspectError(f"unknown estimator {', '.join(map(repr, unknown))}; valid: {', '.join(sorted(ESTIMATORS))}")
+    return list(dict.fromkeys(names))
+
+
+@dataclass
+class Tensors:
+    """A saved iteration's responses as (B, T) tensors (every saved group, in order)."""
+
+    rewards: torch.Tensor  # float32 (B, T)
+    reward_mask: torch.Tensor  # bool (B, T)
+    response_mask: torch.Tensor  # bool (B, T)
+    step_ends: torch.Tensor  # bool (B, T), the time steps credit used
+    values: torch.Tensor | None  # float32 (B, T), None unless every response has values
+    group_ids: torch.Tensor  # long (B,)
+    keep: torch.Tensor  # bool (B,)
+    lengths: list[int] = field(default_factory=list)
+
+
+def to_tensors(record: dict[str, Any]) -> Tensors:
+    responses = [(g["group_id"], r) for g in record["groups"] for r in g["responses"]]
+    b = len(responses)
+    t = max([1] + [len(r["tokens"]) for _, r in responses])
+    rewards = torch.zeros(b, t)
+    reward_mask = torch.zeros(b, t, dtype=torch.bool)
+    mask = torch.zeros(b, t, dtype=torch.bool)
+    step_ends = torch.zeros(b, t, dtype=torch.bool)
+    has_values = b > 0 and all(r["values"] is not None for _, r in responses)
+    values = torch.zeros(b, t) if has_values else None
+    for i, (_, r) in enumerate(responses):
+        n = len(r["tokens"])
+        rewards[i, :n] = torch.tensor(r["rewards"], dtype=torch.float32)
+        reward_mask[i, r["reward_mask"]] = True
+        mask[i, :n] = True
+        mask[i, r["masked"]] = False
+        ends = r["credit_step_ends"] if r["credit_step_ends"] is not None else r["step_ends"]
+        step_ends[i, ends] = True
+        if values is not None:
+            values[i, :n] = torch.tensor(r["values"], dtype=torch.float32)
+    return Tensors(
+        rewards, reward_mask, mask, step_ends, values,
+        torch.tensor([g for g, _ in responses], dtype=torch.long),
+        torch.tensor([r["kept"] for _, r in responses], dtype=torch.bool),
+        [len(r["tokens"]) for _, r in responses],
+    )
+
+
+def recompute(record: dict[str, Any], name: str, x: Tensors | None = None) -> torch.Tensor:
+    """Advantages float32 (B, T) of estimator ``name`` on ``record``'s saved groups, after the
+    run's normaliser; 0 on dropped responses and masked tokens. ValueError (from the estimator)
+    when an input it needs is missing."""
+    x = to_tensors(record) if x is None else x
+    s = record["settings"]
+    adv = torch.zeros(x.rewards.shape)
+    rows = x.keep.nonzero().squeeze(-1)
+    if rows.numel() == 0:
+        return adv
+    mask, gid = x.response_mask[rows], x.group_ids[rows]
+    a, _ = estimate_at(
+        s["resolution"], name, x.rewards[rows], x.reward_mask[rows], mask,
+        step_ends=x.step_ends[rows], group_ids=gid,
+        values=None if x.values is None else x.values[rows], gamma=s["gamma"], lam=s["lam"],
+    )
+    adv[rows] = normalise(s["normaliser"], a, mask, group_ids=gid)
+    return adv
+
+
+def _rows(adv: torch.Tensor, lengths: list[int]) -> list[list[float]]:
+    arr = adv.to(torch.float32).numpy().astype(np.float32)
+    return [[float(str(v)) for v in arr[i, :n]] for i, n in enumerate(lengths)]
+
+
+def _precision(record: dict[str, Any], adv_rows: list[list[float]]) -> dict[str, Any]:
+    """Credit precision per response, per group and over the iteration (numbers and texts)."""
+    per_group, i = [], 0
+    for g in record["groups"]:
+        parts = []
+        for r in g["responses"]:
+            parts.append(negative_credit(adv_rows[i], r["steps"], r["labels"]) if r["labels"] is not None else None)
+            i += 1
+        per_group.append(parts)
+    groups = [pooled(p for p in parts if p is not None) for parts in per_group]
+    total = pooled(groups)
+
+    def show(nc: NegativeCredit | None) -> dict[str, Any]:
+        value = None if nc is None else nc.precision
+        return {"value": value, "text": percent(value)}
+
+    return {
+        "responses": [[show(p) for p in parts] for parts in per_group],
+        "groups": [show(g) for g in groups],
+        "all": show(total),
+    }
+
+
+def _split(rows: list[list[float]], record: dict[str, Any]) -> list[list[list[float]]]:
+    out, i = [], 0
+    for g in record["groups"]:
+        n = len(g["responses"])
+        out.append(rows[i : i + n])
+        i += n
+    return out
+
+
+def compare_iteration(record: dict[str, Any], estimators: list[str]) -> dict[str, Any]:
+    """Every requested estimator on ``record`` (plus ``"trained"``, the run's own advantages):
+    ``{key: {label, available, reason, note, adv (group, response, token), precision}}``."""
+    x = to_tensors(record)
+    s = record["settings"]
+    trained = [r["adv"] for g in record["groups"] for r in g["responses"]]
+    note = ""
+    if s["normaliser"] == "batch":
+        note = (f"batch whitening recomputed over the {len(x.lengths)} saved responses only "
+                f"(the run whitened over all {record['batch_size']})")
+    out: dict[str, Any] = {
+        TRAINED: {"label": f"as trained ({s['estimator']})", "available": True, "reason": "", "note": "",
+                  "adv": _split(trained, record), "precision": _precision(record, trained)},
+    }
+    for name in estimators:
+        entry: dict[str, Any] = {"label": name, "available": False, "reason": "", "note": note, "adv": None,
+                                 "precision": None}
+        if "values" in requires(name) and x.values is None:
+            entry["reason"] = (f"'{name}' needs values; this run had value.source={s['value_source']}, "
+                               "so none were saved")
+        else:
+            try:
+                rows = _rows(recompute(record, name, x), x.lengths)
+            except ValueError as exc:  # an input this estimator cannot take, said by the estimator
+                entry["reason"] = str(exc)
+            else:
+                entry.update(available=True, adv=_split(rows, record), precision=_precision(record, rows))
+        out[name] = entry
+    return out
