@@ -53,7 +53,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
     assert main(["inspect", str(root / "run"), "--out", str(root / "report")]) == 0
     page = (root / "report" / "index.html").read_text()
     blob = re.search(r'<script type="application/json" id="inspector-data">(.*?)</script>', page, re.S).group(1)
-    return {"dir": root / "report", "data": json.loads(blob)}
+    return {"dir": root / "report", "data": json.loads(blob), "run": root / "run"}
 
 
 @pytest.fixture(scope="module")
@@ -187,3 +187,11 @@ def test_keyboard_and_mouse(browser, report: dict) -> None:
     assert d.save_screenshot(str(shot))
     head = shot.read_bytes()[:24]
     assert head[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", head[16:24]) == (1280, 800)
+
+
+def test_cli_screenshot_is_a_1280x800_png(report: dict, tmp_path) -> None:
+    png = tmp_path / "shot.png"
+    assert main(["inspect", str(report["run"]), "--out", str(tmp_path / "r"), "--no-png", "--screenshot", str(png)]) == 0
+    head = png.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")) == (1280, 800)

@@ -115,3 +115,16 @@ def test_token_budget_stops_the_run_with_a_final_evaluation(sft_dir: str, tmp_pa
     assert last["iteration"] < 50 and "eval/accuracy" in last
     assert sum(r["tokens/generated"] for r in history[1:]) == last["tokens/total"]
     assert (tmp_path / "run" / "checkpoints" / "latest").read_text() == f"iter_{last['iteration']:06d}"
+
+
+def test_pass_at_k_metrics_match_hand_counts() -> None:
+    from creditrl.train.rl import _pass_at_k
+
+    groups = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2])
+    outcome = torch.tensor([1.0, 0, 0, 0, 0, 0, 1, 1, 0])
+    m = _pass_at_k(groups, outcome)
+    assert m["train/pass@1"] == pytest.approx((1 / 3 + 0 + 2 / 3) / 3)  # = the accuracy with equal groups
+    assert m["train/pass_k"] == 3 and m["train/pass@k"] == pytest.approx(2 / 3)  # groups with any success
+    m2 = _pass_at_k(torch.tensor([0, 0, 0, 1, 1]), torch.tensor([1.0, 0, 0, 0, 1]))
+    # k = 2 (the smallest group): group 0: 1 - C(2,2)/C(3,2) = 2/3; group 1: 1 - 0 = 1
+    assert m2["train/pass_k"] == 2 and m2["train/pass@k"] == pytest.approx((2 / 3 + 1) / 2)

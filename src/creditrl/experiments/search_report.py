@@ -96,8 +96,9 @@ def _best_of_n_rows(ctx, ns) -> list[dict[str, Any]]:
 
 def run_search_report(
     out_dir: Path | None, *, quick: bool = False, prm_dir: str | None = None, orm_dir: str | None = None,
-    problems: int | None = None, overrides: list[str] | None = None,
+    problems: int | None = None, overrides: list[str] | None = None, temperature: float = 1.0,
 ) -> dict[str, Any]:
+    """Every method samples at ``temperature`` (greedy aside); PRM/ORM data at temperature 1."""
     sizes = QUICK if quick else Sizes()
     if problems is not None:
         sizes = replace(sizes, problems=problems)
@@ -132,20 +133,24 @@ def run_search_report(
     log(f"{sizes.problems} held-out problems ({TASK_ARGS['min_ops']}-{TASK_ARGS['max_ops']} ops), policy {init}")
     run("greedy", SearchConfig(method="greedy", budget=MAX_NEW))
     t = time.time()
-    bon_cfg = SearchConfig(method="best_of_n", n=max(sizes.bon_ns), budget=max(sizes.bon_ns) * MAX_NEW)
+    bon_cfg = SearchConfig(method="best_of_n", n=max(sizes.bon_ns), budget=max(sizes.bon_ns) * MAX_NEW,
+                           temperature=temperature)
     rows += _best_of_n_rows(make_context(held, config=bon_cfg, **kw), sizes.bon_ns)
     log(f"best-of-N, N up to {max(sizes.bon_ns)} ({time.time() - t:.0f} s)")
     for width, expansions in sizes.beams:
-        run("beam (PRM)", SearchConfig(method="beam", width=width, expansions=expansions, budget=sizes.beam_budget))
+        run("beam (PRM)", SearchConfig(method="beam", width=width, expansions=expansions, budget=sizes.beam_budget,
+                                       temperature=temperature))
     for budget in sizes.mcts_prm_budgets:
-        run("mcts prm", SearchConfig(method="mcts", leaf_value="prm", budget=budget))
+        run("mcts prm", SearchConfig(method="mcts", leaf_value="prm", budget=budget, temperature=temperature))
     for budget in sizes.mcts_rollout_budgets:
-        run("mcts rollout_orm", SearchConfig(method="mcts", leaf_value="rollout_orm", budget=budget))
+        run("mcts rollout_orm", SearchConfig(method="mcts", leaf_value="rollout_orm", budget=budget,
+                                             temperature=temperature))
     run("mcts rollout_oracle (upper bound)", SearchConfig(method="mcts", leaf_value="rollout_oracle",
-                                                          budget=sizes.oracle_budget))
+                                                          budget=sizes.oracle_budget, temperature=temperature))
 
     summary = {"sizes": asdict(sizes), "task": TASK_ARGS, "policy": init, "prm": str(prm_dir or out_dir / "prms" / "prm"),
-               "orm": str(orm_dir or out_dir / "prms" / "orm"), "rows": rows, "wall_s": time.time() - start}
+               "orm": str(orm_dir or out_dir / "prms" / "orm"), "temperature": temperature, "rows": rows,
+               "wall_s": time.time() - start}
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     _plot(rows, out_dir / "plots" / "search_budget.png")
     report = _report(summary, quick)
@@ -190,7 +195,8 @@ arithmetic problems with {s['task']['min_ops']}-{s['task']['max_ops']} operation
 labels), ORM `{s['orm']}` (outcome labels). Tokens/problem: every token the engine generated for a problem
 (discarded expansions and rollouts included), averaged over problems. Best-of-N: one sampling at the largest
 N, the first N samples per problem for each N. MCTS `rollout_oracle` judges rollouts with the answer key: an
-upper bound, not a test-time method. Wall time {s['wall_s']:.0f} s.
+upper bound, not a test-time method. Sampling temperature {s.get('temperature', 1.0)} (greedy aside).
+Wall time {s['wall_s']:.0f} s.
 
 {markdown_table(s['rows'])}
 

@@ -97,6 +97,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
               f"with --iteration): {', '.join(map(str, report.left_out))}")
     for p in report.pngs:
         print(f"  {p}")
+    if args.screenshot:
+        from creditrl.inspect.screenshot import screenshot
+
+        try:
+            print(f"  screenshot: {screenshot(report.html, Path(args.screenshot))}")
+        except RuntimeError as exc:
+            print(f"creditrl inspect: error: {exc}", file=sys.stderr)
+            return 2
     return 0
 
 
@@ -111,4 +119,5 @@ def add_inspect_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-iterations", type=int, default=MAX_ITERATIONS, metavar="K",
                    help=f"saved iterations inlined into the page, evenly spaced (default {MAX_ITERATIONS})")
     p.add_argument("--no-png", action="store_true", help="write only the HTML page")
+    p.add_argument("--screenshot", metavar="PNG", help="also save the page as headless Chromium renders it at 1280x800")
     p.set_defaults(func=cmd_inspect)

@@ -66,7 +66,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     run_search_report(
         Path(args.out) if args.out else None, quick=args.quick, prm_dir=args.prm, orm_dir=args.orm,
-        problems=args.problems, overrides=args.set,
+        problems=args.problems, overrides=args.set, temperature=args.temperature,
     )
     return 0
 
@@ -101,6 +101,7 @@ def add_search_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--prm", help="use this PRM instead of training one on oracle step labels")
     r.add_argument("--orm", help="use this ORM instead of training one on outcomes")
     r.add_argument("--problems", type=int, default=None, help="held-out problems (default 128; quick: 4)")
+    r.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of every sampling method")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override of the demo config (e.g. train.progress=false)")
     r.set_defaults(func=cmd_report)

@@ -27,6 +27,7 @@ from creditrl.inspect.record import record_iteration
 from creditrl.losses import explained_variance
 from creditrl.rollout.batch import response_logits, token_logprobs
 from creditrl.rewards.sources import score_batch
+from creditrl.sandbox.passk import mean_pass_at_k
 from creditrl.rollout.segment import step_stop_ids
 from creditrl.tasks import make_task
 from creditrl.train import stages
@@ -222,6 +223,7 @@ class RLTrainer:
             "reward/filtered": scored.filtered,
             **scored.stats,
             "train/accuracy": float(scored.outcome.mean()),
+            **_pass_at_k(batch.group_ids, scored.outcome),
             "train/step_accuracy": float(scored.step_correct.mean()),
             "response/length": float(batch.response_lengths.float().mean()),
             "response/truncated": float((~batch.finished).float().mean()),
@@ -290,6 +292,14 @@ class RLTrainer:
         history.append(row)
         with self.metrics_path.open("a") as f:
             f.write(json.dumps(row) + "\n")
+
+
+def _pass_at_k(group_ids: torch.Tensor, outcome: torch.Tensor) -> dict[str, float]:
+    """Unbiased pass@k (Chen et al. 2021) of the sampled groups, for k = 1 and k = the smallest
+    group's size: ``train/pass@1``, ``train/pass@k`` and ``train/pass_k`` (= that k)."""
+    counts = [(int((group_ids == g).sum()), int(outcome[group_ids == g].sum())) for g in group_ids.unique()]
+    k = min(n for n, _ in counts)
+    return {"train/pass@1": mean_pass_at_k(counts, 1), "train/pass@k": mean_pass_at_k(counts, k), "train/pass_k": k}
 
 
 def _stats(prefix: str, x: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
