@@ -8,7 +8,9 @@ with :func:`register_task` and are built by name with :func:`make_task`.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
@@ -59,6 +61,27 @@ class Task(Protocol):
     def check_steps(self, problem: Problem, segments: list[str]) -> list[bool]:
         """Return one correctness label per step segment of a completion of ``problem``."""
         ...
+
+
+SPLITS: tuple[str, ...] = ("train", "heldout")
+
+
+def draw_from_pool(pool: list[Problem], n: int, *, split: str, seed: int, namespace: str, empty: str) -> list[Problem]:
+    """``n`` problems of a fixed ``pool`` (the problems of ``split``), drawn with replacement,
+    deterministic in ``(namespace, split, seed)``; for tasks that read their problems from files.
+
+    Raises:
+        ValueError: For an unknown ``split``, ``n < 0``, or an empty pool (``empty`` says why).
+    """
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    if not pool and n:
+        raise ValueError(empty)
+    digest = hashlib.sha256(f"{namespace}/{split}/{seed}".encode()).digest()
+    rng = random.Random(int.from_bytes(digest[:8], "big"))
+    return [rng.choice(pool) for _ in range(n)]
 
 
 TaskFactory = TypeVar("TaskFactory", bound=Callable[..., Task])

@@ -19,9 +19,7 @@ isolation (:mod:`creditrl.sandbox.process`); the task then warns once.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import random
 import threading
 import warnings
 from collections import OrderedDict
@@ -30,11 +28,10 @@ from pathlib import Path
 from typing import Sequence
 
 from creditrl.sandbox import Limits, run_tests
-from creditrl.tasks.base import Problem, register_task
+from creditrl.tasks.base import SPLITS, Problem, draw_from_pool, register_task
 
 __all__ = ["SPLITS", "DEFAULT_PROBLEMS", "CodeTask", "load_problems"]
 
-SPLITS: tuple[str, ...] = ("train", "heldout")
 DEFAULT_PROBLEMS = Path(__file__).with_name("data") / "code_problems.jsonl"
 _FIELDS = ("name", "split", "entry", "prompt", "solution", "tests")
 
@@ -111,16 +108,8 @@ class CodeTask:
         Raises:
             ValueError: If ``split`` is unknown, ``n < 0`` or the split has no problems.
         """
-        if split not in SPLITS:
-            raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
-        if n < 0:
-            raise ValueError(f"n must be >= 0, got {n}")
-        pool = self.pools[split]
-        if not pool and n:
-            raise ValueError(f"the problem file has no {split!r} problems")
-        digest = hashlib.sha256(f"code/{split}/{seed}".encode()).digest()
-        rng = random.Random(int.from_bytes(digest[:8], "big"))
-        return [rng.choice(pool) for _ in range(n)]
+        return draw_from_pool(self.pools.get(split, []), n, split=split, seed=seed, namespace="code",
+                              empty=f"the problem file has no {split!r} problems")
 
     # -- judging ---------------------------------------------------------------------------
     @staticmethod

@@ -38,7 +38,6 @@ import importlib
 import json
 import logging
 import os
-import random
 import select
 import signal
 import subprocess
@@ -47,11 +46,10 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from creditrl.tasks.base import Problem, register_task
+from creditrl.tasks.base import SPLITS, Problem, draw_from_pool, register_task
 
 __all__ = ["SPLITS", "DEFAULT_TRAIN_FILE", "DEFAULT_TEMPLATE", "MathTask", "answers_match", "gold_text", "load_math_rows"]
 
-SPLITS: tuple[str, ...] = ("train", "heldout")
 DEFAULT_TRAIN_FILE = Path(__file__).with_name("data") / "math_sample.jsonl"
 DEFAULT_TEMPLATE = "Q: {question} A: "
 _FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
@@ -386,16 +384,8 @@ class MathTask:
         Raises:
             ValueError: If ``split`` is unknown, ``n < 0`` or the split has no problems.
         """
-        if split not in SPLITS:
-            raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
-        if n < 0:
-            raise ValueError(f"n must be >= 0, got {n}")
-        pool = self.pools[split]
-        if not pool and n:
-            raise ValueError(f"no {split!r} problems (set heldout_file, or lower heldout_mod)")
-        digest = hashlib.sha256(f"math/{split}/{seed}".encode()).digest()
-        rng = random.Random(int.from_bytes(digest[:8], "big"))
-        return [rng.choice(pool) for _ in range(n)]
+        return draw_from_pool(self.pools.get(split, []), n, split=split, seed=seed, namespace="math",
+                              empty=f"no {split!r} problems (set heldout_file, or lower heldout_mod)")
 
     def check_outcome(self, problem: Problem, completion: str) -> bool:
         """Whether math-verify finds the completion's final answer equal to ``problem.answer``."""
