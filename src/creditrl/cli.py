@@ -133,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
     from creditrl.inspect.cli import add_inspect_parser
 
     add_inspect_parser(sub)
+    from creditrl.experiments.compare import add_compare_parser
+
+    add_compare_parser(sub)
     return parser
 
 

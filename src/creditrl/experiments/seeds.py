@@ -41,11 +41,18 @@ def mean_ci95(xs: list[float]) -> tuple[float, float]:
     return mean, _T95.get(n - 1, 1.96) * sd / math.sqrt(n)
 
 
-def _finished(path: Path, budget: int) -> list[dict[str, Any]] | None:
+def _finished(path: Path, budget: int, key: str = "tokens/total") -> list[dict[str, Any]] | None:
+    """The run's metrics rows if its last row reached ``budget`` in ``key`` and was evaluated."""
     if not path.exists():
         return None
     rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    return rows if rows and rows[-1].get("tokens/total", 0) >= budget and "eval/accuracy" in rows[-1] else None
+    return rows if rows and rows[-1].get(key, 0) >= budget and "eval/accuracy" in rows[-1] else None
+
+
+def samples_iterations(cfg, samples: int) -> int:
+    """Iterations for a budget of generated samples: ``ceil(samples / (prompts_per_iter x
+    group_size))`` (the trainer has no samples budget; an iteration generates that many)."""
+    return max(1, math.ceil(samples / (cfg.rollout.prompts_per_iter * cfg.rollout.group_size)))
 
 
 def run_arms(
@@ -57,21 +64,32 @@ def run_arms(
     init_path: str,
     common: list[str] | None = None,
     log=print,
+    unit: str = "tokens",
 ) -> dict[str, list[list[dict[str, Any]]]]:
     """``{arm: [history per seed]}``; each run is ``base`` + ``common`` + the arm's overrides +
-    ``train.seed=s`` + ``train.max_tokens=budget``, written to ``run_dir/<arm>/seed<s>``."""
+    ``train.seed=s`` + the budget, written to ``run_dir/<arm>/seed<s>``. The budget is
+    ``train.max_tokens=budget`` for ``unit="tokens"``; for ``unit="samples"`` it is
+    ``train.iterations`` = :func:`samples_iterations` (and ``train.max_tokens=0``), and a run is
+    finished when its last row is that iteration."""
+    if unit not in ("tokens", "samples"):
+        raise ValueError(f"run_arms: unit must be 'tokens' or 'samples', got {unit!r}")
     out: dict[str, list[list[dict[str, Any]]]] = {}
     for name, over in arms.items():
         out[name] = []
+        if unit == "tokens":
+            extra, key, stop = [f"train.max_tokens={budget}"], "tokens/total", budget
+        else:
+            stop = samples_iterations(load_config(base, (common or []) + over), budget)
+            extra, key = [f"train.iterations={stop}", "train.max_tokens=0"], "iteration"
         for seed in seeds:
             where = run_dir / slug(name) / f"seed{seed}"
-            done = _finished(where / "metrics.jsonl", budget)
+            done = _finished(where / "metrics.jsonl", stop, key)
             if done is None:
                 if where.exists():  # an interrupted run restarts from scratch
                     for f in sorted(where.rglob("*"), reverse=True):
                         f.unlink() if f.is_file() else f.rmdir()
-                cfg = load_config(base, (common or []) + over + [f"train.seed={seed}", f"train.max_tokens={budget}"])
-                log(f"arm '{name}' seed {seed}: up to {budget:,} generated tokens")
+                cfg = load_config(base, (common or []) + over + [f"train.seed={seed}"] + extra)
+                log(f"arm '{name}' seed {seed}: up to {budget:,} generated {unit}")
                 done = RLTrainer(cfg, where, init_path=init_path).run().history
             else:
                 log(f"arm '{name}' seed {seed}: finished earlier, read back")
@@ -123,22 +141,39 @@ def seeds_table(rows: list[SeedSummary]) -> str:
     )
 
 
-def plot_seed_curves(results: dict[str, list[list[dict[str, Any]]]], path: Path, title: str) -> None:
-    """Held-out exact match against generated tokens: per arm the mean over seeds (each seed's
-    curve linearly interpolated on a common token grid) with its min-max band, seeds thin."""
+def plot_seed_curves(
+    results: dict[str, list[list[dict[str, Any]]]],
+    path: Path,
+    title: str,
+    x_key: str = "tokens/total",
+    x_label: str = "generated tokens",
+    band: str = "minmax",
+) -> None:
+    """Held-out exact match against ``x_key`` (default generated tokens): per arm the mean over
+    seeds (each seed's curve linearly interpolated on a common grid up to the smallest seed's
+    last x) with a shaded band, seeds thin. ``band``: ``minmax`` over seeds, or ``ci95``
+    (mean ± Student-t 95% half-width at each grid point, as :func:`mean_ci95`)."""
+    if band not in ("minmax", "ci95"):
+        raise ValueError(f"plot_seed_curves: band must be 'minmax' or 'ci95', got {band!r}")
     path.parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     for i, (name, histories) in enumerate(results.items()):
         color = f"C{i}"
-        curves = [([r["tokens/total"] for r in eval_rows(h)], [100 * r["eval/accuracy"] for r in eval_rows(h)])
+        curves = [([r[x_key] for r in eval_rows(h)], [100 * r["eval/accuracy"] for r in eval_rows(h)])
                   for h in histories]
         grid = np.linspace(0, min(max(xs) for xs, _ in curves), 50)
         ys = np.array([np.interp(grid, xs, y) for xs, y in curves])
         for xs, y in curves:
             ax.plot(xs, y, color=color, alpha=0.25, linewidth=0.8)
-        ax.plot(grid, ys.mean(0), color=color, linewidth=2, label=f"{name} (mean of {len(curves)} seeds)")
-        ax.fill_between(grid, ys.min(0), ys.max(0), color=color, alpha=0.15)
-    ax.set_xlabel("generated tokens")
+        mean = ys.mean(0)
+        ax.plot(grid, mean, color=color, linewidth=2, label=f"{name} (mean of {len(curves)} seeds)")
+        if band == "minmax":
+            lo, hi = ys.min(0), ys.max(0)
+        else:
+            half = np.array([mean_ci95(list(col))[1] for col in ys.T])
+            lo, hi = mean - half, mean + half
+        ax.fill_between(grid, lo, hi, color=color, alpha=0.15)
+    ax.set_xlabel(x_label)
     ax.set_ylabel("held-out exact match (%)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

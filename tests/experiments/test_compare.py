@@ -1,0 +1,113 @@
+"""``creditrl compare``: grid parsing and expansion, the table numbers, resumability, --quick."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from creditrl.config import ConfigError
+from creditrl.experiments.compare import expand_grid, load_grid, results_csv, results_markdown, summarise_arm
+
+
+def _write(tmp_path: Path, text: str, name: str = "g.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_expand_grid_is_a_cartesian_product_with_generated_names():
+    arms = expand_grid({"credit.estimator": ["grpo", "rloo"], "credit.lam": [0.0, 1.0],
+                        "task.args": [{"min_ops": 5, "max_ops": 7}]})
+    assert list(arms) == [
+        "estimator=grpo, lam=0.0, args={min_ops: 5, max_ops: 7}", "estimator=grpo, lam=1.0, args={min_ops: 5, max_ops: 7}",
+        "estimator=rloo, lam=0.0, args={min_ops: 5, max_ops: 7}", "estimator=rloo, lam=1.0, args={min_ops: 5, max_ops: 7}",
+    ]
+    assert arms["estimator=rloo, lam=1.0, args={min_ops: 5, max_ops: 7}"] == [
+        "credit.estimator=rloo", "credit.lam=1.0", "task.args={min_ops: 5, max_ops: 7}"]
+    # two keys with the same last part are named in full
+    assert list(expand_grid({"reward.source": ["outcome"], "value.source": ["none", "mc"]})) == [
+        "reward.source=outcome, value.source=none", "reward.source=outcome, value.source=mc"]
+
+
+def test_load_grid_arms_times_grid_and_budgets(tmp_path: Path):
+    g = load_grid(_write(tmp_path, "base: demo_quick\nseeds: [3, 4]\nbudget: {samples: 40}\ntarget: 0.5\n"
+                         "arms: {a: [credit.estimator=rloo], b: []}\ngrid: {credit.normaliser: [none, batch]}\n"))
+    assert g.name == "g" and g.seeds == [3, 4] and g.unit == "samples" and g.budget == 40 and g.target == 0.5
+    assert g.arms == {"a, normaliser=none": ["credit.estimator=rloo", "credit.normaliser=none"],
+                      "a, normaliser=batch": ["credit.estimator=rloo", "credit.normaliser=batch"],
+                      "b, normaliser=none": ["credit.normaliser=none"], "b, normaliser=batch": ["credit.normaliser=batch"]}
+    q = load_grid(tmp_path / "g.yaml", quick=True)
+    assert q.budget == 32 and q.seeds == [3, 4] and "rollout.group_size=4" in q.common
+    assert load_grid(tmp_path / "g.yaml", seeds=1).seeds == [0]
+    assert load_grid(Path("grids/estimators.yaml")).gain == pytest.approx(0.10)
+
+
+@pytest.mark.parametrize("text, match", [
+    ("budget: {tokens: 10}\n", "needs 'arms'"),
+    ("budget: {steps: 10}\narms: {a: []}\n", "key 'budget'"),
+    ("budget: {tokens: 10}\narms: {a: []}\nseeds: []\n", "key 'seeds'"),
+    ("budget: {tokens: 10}\narms: {a: [credit.estimator]}\n", "arm 'a'"),
+    ("budget: {tokens: 10}\narms: {a: [credit.estimator=nope]}\n", "arm 'a'.*estimator"),
+    ("budget: {tokens: 10}\ngrid: {credit.lam: []}\n", "grid key 'credit.lam'"),
+    ("budget: {tokens: 10}\narms: {a: []}\ntarget: {gain: x}\n", "key 'target'"),
+    ("budget: {tokens: 10}\narms: {a: []}\nbase: nowhere.yaml\n", "key 'base'"),
+    ("budget: {tokens: 10}\narms: {a: []}\nbudgets: 1\n", "unknown key"),
+])
+def test_load_grid_errors_name_the_file_and_key(tmp_path: Path, text: str, match: str):
+    with pytest.raises(ConfigError, match=match) as err:
+        load_grid(_write(tmp_path, text))
+    assert "g.yaml" in str(err.value)
+
+
+def _hist(accs: list[float], iter_s: float) -> list[dict]:
+    """Evaluated every iteration; 10 samples, 100 tokens and 2 s of RL wall time per iteration."""
+    return [{"iteration": i, "samples/total": 10 * i, "tokens/total": 100 * i, "time/total_s": 2.0 * i,
+             **({"time/iter_s": iter_s} if i else {}), "eval/accuracy": a, "eval/step_accuracy": a / 2}
+            for i, a in enumerate(accs)]
+
+
+def test_summarise_arm_table_numbers_against_hand_computed_histories():
+    hs = [_hist([0.2, 0.25, 0.35, 0.3], 1.0), _hist([0.2, 0.3, 0.3, 0.5], 3.0), _hist([0.2, 0.2, 0.2, 0.2], 2.0)]
+    r = summarise_arm("x", hs, gain=0.1)  # target 0.3: seed 0 at iteration 2, seed 1 at 1, seed 2 never
+    assert r.start == pytest.approx(0.2) and r.target == pytest.approx(0.3) and r.reached == 2
+    assert r.final[0] == pytest.approx(1 / 3)
+    assert r.final[1] == pytest.approx(4.303 * ((0.0333333**2 + 0.1666667**2 + 0.1333333**2) / 2) ** 0.5 / 3**0.5, rel=1e-4)
+    assert r.step_final[0] == pytest.approx(1 / 6)
+    assert r.samples_to_target == pytest.approx((15.0, 12.706 * 5 * 2**0.5 / 2**0.5))  # 20 and 10 samples
+    assert r.wall_to_target == pytest.approx((3.0, 12.706 * 2**0.5 / 2**0.5))  # 4 s and 2 s
+    assert r.tokens == (300.0, 0.0) and r.samples == (30.0, 0.0) and r.wall_s == (6.0, 0.0)
+    assert r.iter_s == pytest.approx((2.0, 4.303 * 1.0 / 3**0.5))
+    assert summarise_arm("x", hs, target=0.9).samples_to_target is None
+    md = results_markdown([r])
+    assert "| x | 3 | 20.0% | 30.0% | 33.3 ± " in md and "| 2/3 | 15 ± 64 | 3.0 ± 12.7 s | 300 ± 0 |" in md
+    row = next(csv.DictReader(results_csv([r, summarise_arm("y", hs, target=0.9)]).splitlines()[:2]))
+    assert float(row["samples_to_target_mean"]) == 15.0 and float(row["final_ci95"]) == pytest.approx(r.final[1])
+
+
+@pytest.mark.parametrize("unit", ["samples", "tokens"])
+def test_quick_compare_writes_every_output_and_resumes(tmp_path: Path, monkeypatch, capsys, unit: str):
+    from creditrl.cli import main
+
+    monkeypatch.setenv("CREDITRL_CACHE", str(tmp_path / "cache"))
+    grid = _write(tmp_path, f"name: two\nbudget: {{{unit}: 100000}}\narms:\n  grpo: [credit.estimator=grpo]\n"
+                  "  rloo: [credit.estimator=rloo]\n")
+    out = tmp_path / "out"
+    assert main(["compare", str(grid), "--quick", "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert [r["arm"] for r in summary["rows"]] == ["grpo", "rloo"] and summary["grid"]["seeds"] == [0, 1]
+    rows = [json.loads(x) for x in (out / "rloo" / "seed1" / "metrics.jsonl").read_text().splitlines()]
+    assert all("eval/accuracy" in r for r in rows)
+    if unit == "samples":  # quick: 32 samples = 2 iterations of 4 prompts x 4 samples
+        assert [r["iteration"] for r in rows] == [0, 1, 2] and summary["rows"][1]["samples"][0] == 32
+    else:  # quick: 600 tokens; the run stops at the first iteration that reaches them
+        assert rows[-1]["tokens/total"] >= 600 > rows[-2]["tokens/total"]
+    assert "| grpo | 2 |" in (out / "results.md").read_text()
+    assert len((out / "results.csv").read_text().splitlines()) == 3
+    for png in ("accuracy_vs_samples.png", "accuracy_vs_wall_time.png"):
+        assert (out / "plots" / png).stat().st_size > 10_000
+    capsys.readouterr()
+    main(["compare", str(grid), "--quick", "--out", str(out)])  # every run finished: nothing is rerun
+    assert capsys.readouterr().out.count("finished earlier, read back") == 4
