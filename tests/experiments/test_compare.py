@@ -42,7 +42,7 @@ def test_load_grid_arms_times_grid_and_budgets(tmp_path: Path):
     q = load_grid(tmp_path / "g.yaml", quick=True)
     assert q.budget == 32 and q.seeds == [3, 4] and "rollout.group_size=4" in q.common
     assert load_grid(tmp_path / "g.yaml", seeds=1).seeds == [0]
-    assert load_grid(Path("grids/estimators.yaml")).gain == pytest.approx(0.10)
+    assert load_grid(Path("grids/estimators.yaml")).gain == pytest.approx(0.05)
 
 
 @pytest.mark.parametrize("text, match", [
