@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-quick test bench install clean
+.PHONY: demo demo-quick test bench findings install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,10 @@ demo-quick: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/creditrl bench --curve 50 --scaling --out runs/bench
+
+# FINDINGS.md from findings/*.yaml and their grids (resumable: finished runs are read back)
+findings: $(STAMP)
+	$(BIN)/creditrl findings
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -136,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     from creditrl.experiments.compare import add_compare_parser
 
     add_compare_parser(sub)
+    from creditrl.experiments.findings import add_findings_parser
+
+    add_findings_parser(sub)
     return parser
 
 

@@ -1,0 +1,152 @@
+"""``creditrl findings`` / ``make findings``: FINDINGS.md from committed finding files.
+
+A finding file (``findings/*.yaml``) names a grid (``grids/*.yaml``, run by
+:func:`creditrl.experiments.compare.run_compare`, resumably) and holds the prose: ``title``,
+``question``, ``claim`` (the folk claim it tests) and ``reading``, a paragraph whose numbers are
+placeholders filled from the grid's results, so no number in FINDINGS.md is typed by hand:
+
+- ``{ARM.FIELD}`` with ARM the arm's slug (``gae + critic`` -> ``gae_critic``) and FIELD one of
+  ``final``, ``step_final`` (accuracies, "27.3 ± 1.2%"), ``start`` ("23.4%"), ``iter_s``,
+  ``wall_s`` (seconds, "1.23 ± 0.05 s"), ``tokens``, ``samples`` (counts), ``reached``
+  ("2/3"), ``samples_to_target``, ``wall_to_target``;
+- ``{ratio:ARM_A/ARM_B.FIELD}``: the ratio of the two means ("2.4x").
+
+Each finding gets its question, setting (the grid's base, overrides, budget, seeds and arms), the
+results table, the plots (copied to ``docs/findings/``) and the filled reading.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from creditrl.config import ConfigError
+from creditrl.experiments.compare import CompareRow, load_grid, results_markdown, run_compare
+from creditrl.experiments.seeds import slug
+
+FINDING_KEYS = {"id", "title", "grid", "question", "claim", "reading"}
+_PLACEHOLDER = re.compile(r"\{(ratio:)?([A-Za-z0-9_]+)(?:/([A-Za-z0-9_]+))?\.([a-z_]+)\}")
+
+
+def load_finding(path: Path) -> dict[str, Any]:
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    if not isinstance(data, dict) or set(data) - FINDING_KEYS or not {"id", "title", "grid", "question", "reading"} <= set(data):
+        raise ConfigError(f"{path}: a finding file has keys {sorted(FINDING_KEYS)} (claim optional); got {sorted(data)}")
+    return data
+
+
+def _mean(stat: Any) -> float | None:
+    """The mean of a ``(mean, ci95)`` pair (a list once read from JSON), or the number itself."""
+    return None if stat is None else float(stat[0] if isinstance(stat, (list, tuple)) else stat)
+
+
+def _fmt(field: str, value: Any) -> str:
+    if value is None:
+        return "not reached"
+    if field == "start":
+        return f"{100 * value:.1f}%"
+    if field == "reached":
+        return str(value)
+    mean, ci = float(value[0]), float(value[1])
+    if field in ("final", "step_final"):
+        return f"{100 * mean:.1f} ± {100 * ci:.1f}%"
+    if field in ("iter_s", "wall_s", "wall_to_target"):
+        return f"{mean:.2f} ± {ci:.2f} s"
+    return f"{mean:,.0f} ± {ci:,.0f}"
+
+
+def fill(template: str, rows: list[dict[str, Any]]) -> str:
+    """Replace every placeholder of ``template`` (module docstring) by the number from ``rows``
+    (``CompareRow`` dicts); an unknown arm or field raises ValueError naming it."""
+    by_slug = {slug(r["arm"]): r for r in rows}
+
+    def value(arm: str, field: str) -> Any:
+        if arm not in by_slug:
+            raise ValueError(f"reading: unknown arm '{arm}'; arms: {', '.join(sorted(by_slug))}")
+        row = by_slug[arm]
+        if field == "reached":
+            return f"{row['reached']}/{row['seeds']}"
+        if field not in row:
+            raise ValueError(f"reading: unknown field '{field}'; fields: {', '.join(sorted(row))}")
+        return row[field]
+
+    def sub(m: re.Match) -> str:
+        ratio, a, b, field = m.groups()
+        if ratio:
+            if b is None:
+                raise ValueError(f"reading: {m.group(0)} needs two arms, {{ratio:A/B.field}}")
+            num, den = _mean(value(a, field)), _mean(value(b, field))
+            return "n/a" if not num or not den else f"{num / den:.1f}x"
+        return _fmt(field, value(a, field))
+
+    return _PLACEHOLDER.sub(sub, template)
+
+
+def _section(finding: dict[str, Any], grid, summary: dict[str, Any], plots: list[Path], root: Path) -> str:
+    rows = summary["rows"]
+    table = results_markdown([CompareRow(**{k: tuple(v) if isinstance(v, list) else v for k, v in r.items()})
+                              for r in rows])
+    arms = "; ".join(f"**{name}**: `{' '.join(over) or '(base)'}`" for name, over in grid.arms.items())
+    images = "\n".join(f"![{p.stem}]({p.relative_to(root).as_posix()})" for p in plots)
+    claim = f"\n*Folk claim:* {finding['claim'].strip()}\n" if finding.get("claim") else ""
+    return (
+        f"## {finding['id']}: {finding['title']}\n\n*Question:* {finding['question'].strip()}\n{claim}\n"
+        f"*Setting:* base `{grid.base.name}` with `{' '.join(grid.common) or '-'}`; {grid.budget:,} generated "
+        f"{grid.unit} per run; seeds {grid.seeds}; start `{summary['init']}`. Arms: {arms}. "
+        f"Regenerate: `creditrl compare {finding['grid']}` (then `creditrl findings`).\n\n"
+        f"{table}\n{images}\n\n*Reading.* {fill(finding['reading'].strip(), rows)}\n"
+    )
+
+
+def run_findings(root: Path, *, quick: bool = False, out: Path | None = None, runs: Path | None = None) -> Path:
+    """Run every finding's grid (resumably) and write FINDINGS.md (``out``) with its plots."""
+    root = Path(root)
+    files = sorted((root / "findings").glob("*.yaml"))
+    if not files:
+        raise ConfigError(f"{root / 'findings'}: no finding files (*.yaml)")
+    out = Path(out or root / "FINDINGS.md")
+    runs = Path(runs or root / "runs" / ("findings-quick" if quick else "findings"))
+    docs = out.parent / "docs" / "findings"
+    docs.mkdir(parents=True, exist_ok=True)
+    sections = []
+    for f in files:
+        finding = load_finding(f)
+        grid_path = root / finding["grid"]
+        grid = load_grid(grid_path, quick=quick)
+        where = runs / grid.name
+        summary = run_compare(grid_path, where, quick=quick)
+        plots = []
+        for name in ("accuracy_vs_samples", "accuracy_vs_wall_time"):
+            dest = docs / f"{finding['id']}_{name}.png"
+            shutil.copyfile(where / "plots" / f"{name}.png", dest)
+            plots.append(dest)
+        sections.append(_section(finding, grid, summary, plots, out.parent))
+    note = "\n**Quick mode: smoke test only, the numbers mean nothing.**\n" if quick else ""
+    out.write_text(
+        f"# Findings\n{note}\nEvery number below was measured on this machine (2 CPU cores) and is filled in from the "
+        f"runs by `creditrl findings` ({time.strftime('%Y-%m-%d')}); `make findings` reruns whatever is missing "
+        "(finished runs are read back) and rewrites this file. Intervals are 95% Student-t intervals over seeds.\n\n"
+        + "\n".join(sections)
+    )
+    print(f"[creditrl findings] wrote {out} ({len(sections)} findings)")
+    return out
+
+
+def cmd_findings(args: argparse.Namespace) -> int:
+    run_findings(Path(args.root), quick=args.quick, out=Path(args.out) if args.out else None)
+    return 0
+
+
+def add_findings_parser(sub) -> None:
+    p = sub.add_parser("findings", help="run the committed finding grids (resumably) and write FINDINGS.md")
+    p.add_argument("--root", default=".", help="the repository root (holds findings/ and grids/)")
+    p.add_argument("--quick", action="store_true", help="tiny grids (numbers meaningless); writes runs/findings-quick")
+    p.add_argument("--out", help="where to write (default ROOT/FINDINGS.md)")
+    p.set_defaults(func=cmd_findings)
+

@@ -1,0 +1,70 @@
+"""FINDINGS.md: placeholders filled from results (no number typed by hand), and a quick end to end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from creditrl.config import ConfigError
+from creditrl.experiments.findings import fill, load_finding, run_findings
+
+ROWS = [
+    {"arm": "grpo", "seeds": 3, "start": 0.234, "final": [0.273, 0.012], "step_final": [0.56, 0.01], "reached": 2,
+     "iter_s": [1.2, 0.05], "wall_s": [30.0, 1.0], "tokens": [150000.0, 10.0], "samples": [3456.0, 0.0],
+     "samples_to_target": None, "wall_to_target": None},
+    {"arm": "gae + mc (VinePPO)", "seeds": 3, "start": 0.234, "final": [0.25, 0.02], "step_final": [0.5, 0.02],
+     "reached": 0, "iter_s": [3.0, 0.1], "wall_s": [80.0, 2.0], "tokens": [151000.0, 5.0], "samples": [3000.0, 0.0],
+     "samples_to_target": None, "wall_to_target": None},
+]
+
+
+def test_fill_formats_every_field_and_ratios():
+    text = fill("{grpo.final} vs {gae_mc_VinePPO.final}; start {grpo.start}; {grpo.reached} seeds; "
+                "{grpo.iter_s}; {ratio:gae_mc_VinePPO/grpo.iter_s} the time; {grpo.tokens}; {grpo.wall_to_target}", ROWS)
+    assert text == ("27.3 ± 1.2% vs 25.0 ± 2.0%; start 23.4%; 2/3 seeds; 1.20 ± 0.05 s; 2.5x the time; "
+                    "150,000 ± 10; not reached")
+    with pytest.raises(ValueError, match="unknown arm 'ppo'; arms: gae_mc_VinePPO, grpo"):
+        fill("{ppo.final}", ROWS)
+    with pytest.raises(ValueError, match="unknown field 'best'"):
+        fill("{grpo.best}", ROWS)
+
+
+def test_finding_files_are_checked(tmp_path: Path):
+    bad = tmp_path / "f.yaml"
+    bad.write_text("id: F9\ntitle: t\n")
+    with pytest.raises(ConfigError, match="a finding file has keys"):
+        load_finding(bad)
+
+
+def test_committed_findings_name_existing_grids_and_arms():
+    root = Path(__file__).resolve().parents[2]
+    from creditrl.experiments.compare import load_grid
+    from creditrl.experiments.seeds import slug
+
+    files = sorted((root / "findings").glob("*.yaml"))
+    assert files
+    for f in files:
+        finding = load_finding(f)
+        grid = load_grid(root / finding["grid"])
+        fake = [{**ROWS[0], "arm": name} for name in grid.arms]
+        assert "{" not in fill(finding["reading"], fake), f  # every placeholder names a real arm and field
+        assert {slug(a) for a in grid.arms}
+
+
+def test_quick_findings_write_the_file_with_filled_numbers(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("CREDITRL_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "grids").mkdir()
+    (tmp_path / "findings").mkdir()
+    (tmp_path / "grids" / "g.yaml").write_text(
+        "name: g\nbase: demo\nseeds: [0, 1]\nbudget: {tokens: 100000}\narms:\n"
+        "  grpo: [credit.estimator=grpo]\n  rloo: [credit.estimator=rloo]\n")
+    (tmp_path / "findings" / "F0.yaml").write_text(
+        "id: F0\ntitle: a test\ngrid: grids/g.yaml\nquestion: which?\nclaim: rloo wins\n"
+        "reading: grpo ended at {grpo.final}, rloo at {rloo.final} ({ratio:rloo/grpo.iter_s} the time).\n")
+    out = run_findings(tmp_path, quick=True)
+    text = out.read_text()
+    assert "## F0: a test" in text and "*Folk claim:* rloo wins" in text and "Quick mode" in text
+    assert "grpo ended at " in text and "{" not in text.split("*Reading.*")[1]
+    assert (tmp_path / "docs" / "findings" / "F0_accuracy_vs_samples.png").stat().st_size > 5000
+    assert "| grpo | 2 |" in text
