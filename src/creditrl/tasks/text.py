@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+from abc import ABC, abstractmethod
 from typing import Any
 
 from creditrl.tasks.base import Problem, register_task
@@ -76,7 +77,7 @@ def _words(text: str, separator: str) -> list[str]:
     return text.strip().removesuffix(separator).split()
 
 
-class _SentenceTask:
+class _SentenceTask(ABC):
     """What both toy tasks share: sampling by hash split, exact outcome, per-sentence steps."""
 
     name: str = ""
@@ -87,9 +88,9 @@ class _SentenceTask:
             raise ValueError(f"heldout_mod must be >= 2, got {heldout_mod}")
         self.heldout_mod = heldout_mod
 
+    @abstractmethod
     def _draw(self, rng: random.Random) -> tuple[str, str, dict[str, Any]]:
-        """One random ``(prompt, answer, meta)``."""
-        raise NotImplementedError
+        """One random ``(prompt, answer, meta)`` (each toy task draws its own)."""
 
     def split_of(self, prompt: str) -> str:
         """``"heldout"`` iff ``int(sha256(prompt).hexdigest(), 16) % heldout_mod == 0``, else ``"train"``."""
