@@ -3,6 +3,8 @@
 import pytest
 import torch
 
+from creditrl.rollout.batch import TrajectoryBatch
+
 # One intra-op thread: on a loaded 2-core machine, two threads of tiny matmuls contend badly
 # (a forward pass of the tiny model went from ~1.5 ms to ~270 ms); one thread is also deterministic.
 torch.set_num_threads(1)
@@ -34,3 +36,26 @@ def _peaked_tiny(init_seed: int, weight_seed: int):
 def peaked_tiny():
     """Factory fixture: ``peaked_tiny(init_seed, weight_seed) -> (model, tokenizer)``."""
     return _peaked_tiny
+
+
+def _scored_by(trainer, problems: list, completions: list[str]):
+    """The trainer's score stage on hand-written completions (each followed by eos)."""
+    tok = trainer.tokenizer
+    rows = [tok(c, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for c in completions]
+    b, width = len(rows), max(len(r) for r in rows)
+    lengths = torch.tensor([len(r) for r in rows])
+    batch = TrajectoryBatch(
+        prompt_ids=torch.full((b, 1), tok.bos_token_id), prompt_mask=torch.ones(b, 1, dtype=torch.long),
+        response_ids=torch.tensor([r + [tok.pad_token_id] * (width - len(r)) for r in rows]),
+        response_lengths=lengths, response_mask=torch.arange(width)[None, :] < lengths[:, None],
+        old_logprobs=torch.zeros(b, width), group_ids=torch.zeros(b, dtype=torch.long),
+        finished=torch.ones(b, dtype=torch.bool), extras={"problems": problems, "completions": completions},
+    )
+    return trainer.scorer(batch, progress=0.0, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.fixture(scope="session")
+def scored_by():
+    """Factory fixture: ``scored_by(trainer, problems, completions)`` runs the trainer's score
+    stage on hand-written completions (each followed by eos)."""
+    return _scored_by

@@ -11,10 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 from creditrl.config import load_config
-from creditrl.rollout.batch import TrajectoryBatch
 from creditrl.tasks import Task, make_task
 from creditrl.tasks import math as math_task
 from creditrl.tasks.math import DEFAULT_TRAIN_FILE, MathTask, answers_match, gold_text, load_math_rows
@@ -216,23 +214,7 @@ def check_run(trainer: RLTrainer, history: list[dict], high: float) -> None:
         assert 0.0 <= row["eval/accuracy"] <= 1.0 and 0.0 <= row["eval/step_accuracy"] <= 1.0
 
 
-def scored_by(trainer: RLTrainer, problems: list, completions: list[str]):
-    """The trainer's score stage on hand-written completions (each followed by eos)."""
-    tok = trainer.tokenizer
-    rows = [tok(c, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for c in completions]
-    b, width = len(rows), max(len(r) for r in rows)
-    lengths = torch.tensor([len(r) for r in rows])
-    batch = TrajectoryBatch(
-        prompt_ids=torch.full((b, 1), tok.bos_token_id), prompt_mask=torch.ones(b, 1, dtype=torch.long),
-        response_ids=torch.tensor([r + [tok.pad_token_id] * (width - len(r)) for r in rows]),
-        response_lengths=lengths, response_mask=torch.arange(width)[None, :] < lengths[:, None],
-        old_logprobs=torch.zeros(b, width), group_ids=torch.zeros(b, dtype=torch.long),
-        finished=torch.ones(b, dtype=torch.bool), extras={"problems": problems, "completions": completions},
-    )
-    return trainer.scorer(batch, progress=0.0, generator=torch.Generator().manual_seed(0))
-
-
-def test_two_rl_iterations_on_the_bundled_sample(tmp_path):
+def test_two_rl_iterations_on_the_bundled_sample(tmp_path, scored_by):
     cfg = load_config(overrides=TINY_RUN + ["task.name=math", "reward.source=outcome"])
     trainer = RLTrainer(cfg, tmp_path / "run")
     assert all(p.meta["split"] == "heldout" for p in trainer.heldout)

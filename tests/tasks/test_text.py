@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from creditrl.config import load_config
-from creditrl.rollout.batch import TrajectoryBatch
 from creditrl.tasks import Task, make_task
 from creditrl.tasks.text import LEXICON, ToySummariseTask, ToyTranslateTask, split_sentences
 from creditrl.train.rl import RLTrainer
@@ -103,27 +102,11 @@ TINY_RUN = [
 ]
 
 
-def scored_by(trainer: RLTrainer, problems: list, completions: list[str]):
-    """The trainer's score stage on hand-written completions (each followed by eos)."""
-    tok = trainer.tokenizer
-    rows = [tok(c, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for c in completions]
-    b, width = len(rows), max(len(r) for r in rows)
-    lengths = torch.tensor([len(r) for r in rows])
-    batch = TrajectoryBatch(
-        prompt_ids=torch.full((b, 1), tok.bos_token_id), prompt_mask=torch.ones(b, 1, dtype=torch.long),
-        response_ids=torch.tensor([r + [tok.pad_token_id] * (width - len(r)) for r in rows]),
-        response_lengths=lengths, response_mask=torch.arange(width)[None, :] < lengths[:, None],
-        old_logprobs=torch.zeros(b, width), group_ids=torch.zeros(b, dtype=torch.long),
-        finished=torch.ones(b, dtype=torch.bool), extras={"problems": problems, "completions": completions},
-    )
-    return trainer.scorer(batch, progress=0.0, generator=torch.Generator().manual_seed(0))
-
-
 @pytest.mark.parametrize(
     "task, source, granularity",
     [("toy_translate", "bleu", "sequence"), ("toy_translate", "chrf", "step"), ("toy_summarise", "rouge", "sequence")],
 )
-def test_two_rl_iterations(tmp_path, task, source, granularity):
+def test_two_rl_iterations(tmp_path, task, source, granularity, scored_by):
     over = [f"task.name={task}", "task.args={min_sentences: 2}" if task == "toy_translate" else "task.args={}",
             f"reward.source={source}", f"reward.granularity={granularity}"]
     trainer = RLTrainer(load_config(overrides=TINY_RUN + over), tmp_path / "run")
