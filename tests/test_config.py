@@ -333,3 +333,12 @@ def test_config_hash_is_stable():
 def test_task_args_override_merges_key_by_key() -> None:
     cfg = load_config(overrides=["task.args.min_ops=5"])
     assert cfg.task.args == {"min_ops": 5, "max_ops": 6}
+
+
+def test_backend_section_defaults_and_errors() -> None:
+    cfg = load_config(None, ["backend.name=ray", "backend.rollout_workers=3"])
+    assert (cfg.backend.name, cfg.backend.rollout_workers, cfg.backend.score_workers) == ("ray", 3, 0)
+    with pytest.raises(ConfigError, match="backend.name: unknown value 'slurm'; valid: local, ray"):
+        load_config(None, ["backend.name=slurm"])
+    with pytest.raises(ConfigError, match="backend.score_workers: expected >= 0"):
+        load_config(None, ["backend.score_workers=-1"])

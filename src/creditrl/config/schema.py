@@ -185,6 +185,16 @@ class PRMConfig:
 
 
 @dataclass
+class BackendConfig:
+    name: str = "local"  # local (one process) | ray (rollout and scoring workers as Ray actors)
+    rollout_workers: int = 2  # ray: generation actors; each holds a copy of the policy
+    score_workers: int = 0  # ray: reward-scoring actors (0 = score on the driver)
+    address: str = ""  # ray: "" starts a local Ray instance; "auto" or host:port joins a cluster
+    worker_threads: int = 1  # ray: torch intra-op threads per actor
+    max_restarts: int = 3  # ray: times a dead actor is replaced before the run fails
+
+
+@dataclass
 class Config:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -199,6 +209,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     prm: PRMConfig = field(default_factory=PRMConfig)
+    backend: BackendConfig = field(default_factory=BackendConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -242,6 +242,20 @@ def _check_prm(cfg: Config) -> None:
         _positive("prm.max_step_tokens", p.max_step_tokens)
 
 
+BACKENDS = ("local", "ray")
+
+
+def _check_backend(cfg: Config) -> None:
+    b = cfg.backend
+    _one_of("backend.name", b.name, BACKENDS)
+    _positive("backend.rollout_workers", b.rollout_workers)
+    _positive("backend.worker_threads", b.worker_threads)
+    if b.score_workers < 0:
+        raise ConfigError(f"backend.score_workers: expected >= 0, got {b.score_workers}")
+    if b.max_restarts < 0:
+        raise ConfigError(f"backend.max_restarts: expected >= 0, got {b.max_restarts}")
+
+
 def validate(cfg: Config) -> None:
     """Check names against the registries, ranges and combinations; raise ConfigError on the first problem."""
     from creditrl.credit import ESTIMATORS, NORMALISERS, RESOLUTIONS
@@ -276,6 +290,7 @@ def validate(cfg: Config) -> None:
     _one_of("value.model", cfg.value.model, CRITIC_MODELS)
     _check_ranges(cfg)
     _check_prm(cfg)
+    _check_backend(cfg)
     _check_source("reward", cfg.reward.source, cfg.reward.granularity, cfg)
     if cfg.hybrid.dense_source:
         _check_source("hybrid", cfg.hybrid.dense_source, cfg.hybrid.dense_granularity, cfg)
