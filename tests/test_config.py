@@ -17,7 +17,7 @@ from creditrl.config import (
 )
 from creditrl.tasks import TASKS, register_task
 
-SECTIONS = "policy, task, sft, rollout, reward, shaping, hybrid, value, credit, loss, optim, train, prm"
+SECTIONS = "policy, task, sft, rollout, reward, shaping, hybrid, value, credit, loss, optim, train, prm, backend"
 
 
 def write(tmp_path, text, name="cfg.yaml"):
