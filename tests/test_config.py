@@ -165,7 +165,7 @@ def test_wrong_types_name_the_key(override, message):
     [
         ("credit.estimator=ppo", "credit.estimator: unknown value 'ppo'; valid: dr_grpo, gae, grpo, grpo_process, reinforce, reinforce_baseline, rloo"),
         ("credit.normaliser=zscore", "credit.normaliser: unknown value 'zscore'; valid: batch, group, none"),
-        ("reward.source=orm", "reward.source: unknown value 'orm'; valid: bleu, chrf, oracle_steps, outcome, prm, rouge, unit_tests"),
+        ("reward.source=orm", "reward.source: unknown value 'orm'; valid: bleu, chrf, oracle_steps, outcome, prm, rouge, step_format, unit_tests"),
         ("reward.on_error=ignore", "reward.on_error: unknown value 'ignore'; valid: raise, skip, zero"),
         ("loss.aggregation=sum", "loss.aggregation: unknown value 'sum'; valid: seq-mean-token-mean, seq-mean-token-sum-norm, token-mean"),
         ("loss.kl_estimator=k4", "loss.kl_estimator: unknown value 'k4'; valid: k1, k2, k3"),

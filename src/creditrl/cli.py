@@ -137,8 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_compare_parser(sub)
     from creditrl.experiments.findings import add_findings_parser
+    from creditrl.experiments.value_report import add_value_report_parser
 
     add_findings_parser(sub)
+    add_value_report_parser(sub)
     return parser
 
 

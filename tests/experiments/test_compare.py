@@ -85,6 +85,12 @@ def test_summarise_arm_table_numbers_against_hand_computed_histories():
     assert "| x | 3 | 20.0% | 30.0% | 33.3 ± " in md and "| 2/3 | 15 ± 64 | 3.0 ± 12.7 s | 300 ± 0 |" in md
     row = next(csv.DictReader(results_csv([r, summarise_arm("y", hs, target=0.9)]).splitlines()[:2]))
     assert float(row["samples_to_target_mean"]) == 15.0 and float(row["final_ci95"]) == pytest.approx(r.final[1])
+    assert r.length is None and md.rstrip().endswith("| – |")  # histories without eval/length
+    for h, n in zip(hs, (30.0, 34.0, 38.0)):
+        h[-1]["eval/length"] = n
+    with_len = summarise_arm("x", hs, gain=0.1)
+    assert with_len.length == pytest.approx((34.0, 4.303 * 4.0 / 3**0.5))
+    assert results_markdown([with_len]).rstrip().endswith("| 34.0 ± 9.9 |")
 
 
 @pytest.mark.parametrize("unit", ["samples", "tokens"])
@@ -106,8 +112,27 @@ def test_quick_compare_writes_every_output_and_resumes(tmp_path: Path, monkeypat
         assert rows[-1]["tokens/total"] >= 600 > rows[-2]["tokens/total"]
     assert "| grpo | 2 |" in (out / "results.md").read_text()
     assert len((out / "results.csv").read_text().splitlines()) == 3
-    for png in ("accuracy_vs_samples.png", "accuracy_vs_wall_time.png"):
+    for png in ("accuracy_vs_samples.png", "accuracy_vs_wall_time.png", "length_vs_samples.png"):
         assert (out / "plots" / png).stat().st_size > 10_000
     capsys.readouterr()
     main(["compare", str(grid), "--quick", "--out", str(out)])  # every run finished: nothing is rerun
     assert capsys.readouterr().out.count("finished earlier, read back") == 4
+
+
+def test_a_run_counts_as_finished_only_for_its_own_budget(tmp_path: Path):
+    from creditrl.experiments.seeds import _finished
+
+    def write(rows):
+        p = tmp_path / "metrics.jsonl"
+        p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return p
+
+    its = write([{"iteration": i, "tokens/total": 100 * i, **({"eval/accuracy": 0.2} if i in (0, 3) else {})}
+                 for i in range(4)])
+    assert _finished(its, 3, "iteration") is not None
+    assert _finished(its, 2, "iteration") is None  # made for 3 iterations, not 2
+    assert _finished(its, 4, "iteration") is None  # not there yet
+    assert _finished(its, 250, "tokens/total") is not None  # the first iteration at or past 250 tokens is the last
+    assert _finished(its, 150, "tokens/total") is None  # it ran on past a 150-token budget
+    write([{"iteration": 0, "tokens/total": 0, "eval/accuracy": 0.2}, {"iteration": 1, "tokens/total": 90}])
+    assert _finished(tmp_path / "metrics.jsonl", 50, "tokens/total") is None  # the last row was not evaluated

@@ -12,7 +12,7 @@ from creditrl.experiments.findings import fill, load_finding, run_findings
 ROWS = [
     {"arm": "grpo", "seeds": 3, "start": 0.234, "final": [0.273, 0.012], "step_final": [0.56, 0.01], "reached": 2,
      "iter_s": [1.2, 0.05], "wall_s": [30.0, 1.0], "tokens": [150000.0, 10.0], "samples": [3456.0, 0.0],
-     "samples_to_target": None, "wall_to_target": None},
+     "samples_to_target": None, "wall_to_target": None, "length": [31.24, 0.41]},
     {"arm": "gae + mc (VinePPO)", "seeds": 3, "start": 0.234, "final": [0.25, 0.02], "step_final": [0.5, 0.02],
      "reached": 0, "iter_s": [3.0, 0.1], "wall_s": [80.0, 2.0], "tokens": [151000.0, 5.0], "samples": [3000.0, 0.0],
      "samples_to_target": None, "wall_to_target": None},
@@ -24,6 +24,7 @@ def test_fill_formats_every_field_and_ratios():
                 "{grpo.iter_s}; {ratio:gae_mc_VinePPO/grpo.iter_s} the time; {grpo.tokens}; {grpo.wall_to_target}", ROWS)
     assert text == ("27.3 ± 1.2% vs 25.0 ± 2.0%; start 23.4%; 2/3 seeds; 1.20 ± 0.05 s; 2.5x the time; "
                     "150,000 ± 10; not reached")
+    assert fill("{grpo.length}", ROWS) == "31.2 ± 0.4 tokens"
     with pytest.raises(ValueError, match="unknown arm 'ppo'; arms: gae_mc_VinePPO, grpo"):
         fill("{ppo.final}", ROWS)
     with pytest.raises(ValueError, match="unknown field 'best'"):
@@ -34,6 +35,12 @@ def test_finding_files_are_checked(tmp_path: Path):
     bad = tmp_path / "f.yaml"
     bad.write_text("id: F9\ntitle: t\n")
     with pytest.raises(ConfigError, match="a finding file has keys"):
+        load_finding(bad)
+    ok = "id: F9\ntitle: t\ngrid: g.yaml\nquestion: q\nreading: r\n"
+    bad.write_text(ok)
+    assert load_finding(bad)["plots"] == ["accuracy_vs_samples", "accuracy_vs_wall_time"]
+    bad.write_text(ok + "plots: [loss_vs_time]\n")
+    with pytest.raises(ConfigError, match="key 'plots' must be a non-empty list of accuracy_vs_samples"):
         load_finding(bad)
 
 
@@ -46,6 +53,16 @@ def test_committed_findings_name_existing_grids_and_arms():
     assert files
     for f in files:
         finding = load_finding(f)
+        if "report" in finding:  # the value report's rows
+            from creditrl.config import load_config
+            from creditrl.experiments.demo import demo_config_path
+            from creditrl.experiments.value_report import FULL, arm_names
+
+            r = load_config(demo_config_path(False)).rollout
+            fake = [{"arm": name, "mae": [0.1, 0.01], "rank_acc": 0.7, "pairs": 10, "states": 20, "tokens_per_state": 5.0}
+                    for name in arm_names(FULL, r.prompts_per_iter * r.group_size)]
+            assert "{" not in fill(finding["reading"], fake), f
+            continue
         grid = load_grid(root / finding["grid"])
         fake = [{**ROWS[0], "arm": name} for name in grid.arms]
         assert "{" not in fill(finding["reading"], fake), f  # every placeholder names a real arm and field
@@ -68,3 +85,21 @@ def test_quick_findings_write_the_file_with_filled_numbers(tmp_path: Path, monke
     assert "grpo ended at " in text and "{" not in text.split("*Reading.*")[1]
     assert (tmp_path / "docs" / "findings" / "F0_accuracy_vs_samples.png").stat().st_size > 5000
     assert "| grpo | 2 |" in text
+
+
+def test_a_report_finding_runs_the_value_report(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("CREDITRL_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "findings").mkdir()
+    (tmp_path / "findings" / "F3.yaml").write_text(
+        "id: F3\ntitle: values\nreport: values\nquestion: how good?\n"
+        "reading: MC with one sample is off by {mc_K_1.mae}; the tree ranks {tree_b_2_D_2.rank_acc} of pairs.\n")
+    text = run_findings(tmp_path, quick=True).read_text()
+    assert "## F3: values" in text and "| mc K=3 |" in text and "MC with one sample is off by 0." in text
+    assert "{" not in text.split("*Reading.*")[1]
+    assert (tmp_path / "docs" / "findings" / "F3_value_error.png").stat().st_size > 5000
+    (tmp_path / "findings" / "F3.yaml").write_text("id: F3\ntitle: t\nreport: critics\nquestion: q\nreading: r\n")
+    with pytest.raises(ConfigError, match="key 'report' must be one of values"):
+        run_findings(tmp_path, quick=True)
+    (tmp_path / "findings" / "F3.yaml").write_text("id: F3\ntitle: t\nreport: values\ngrid: g.yaml\nquestion: q\nreading: r\n")
+    with pytest.raises(ConfigError, match="one of grid or report"):
+        run_findings(tmp_path, quick=True)

@@ -159,3 +159,28 @@ def test_prm_as_a_calibrated_dense_reward_logs_its_agreement(workdir: Path, tmp_
     # the dense weight is the calibrator's: dense_weight * clamp((agreement - 0.5) / 0.5, 0, 1)
     for r in rows[1:]:
         assert r["hybrid/w_dense"] == pytest.approx(max(0.0, min(1.0, (r["hybrid/agreement"] - 0.5) / 0.5)))
+
+
+def test_reward_prm_auto_trains_once_and_is_read_back(workdir: Path, tmp_path: Path, monkeypatch) -> None:
+    """``reward.prm=auto``: the first run labels its start policy's samples, trains and caches a
+    PRM (with its held-out AUROC); the second run with the same settings trains nothing."""
+    import creditrl.prm.cli as prm_cli
+
+    monkeypatch.setenv("CREDITRL_CACHE", str(workdir / "cache"))
+    calls = []
+    real = prm_cli.train_from_examples
+    monkeypatch.setattr(prm_cli, "train_from_examples", lambda *a, **k: calls.append(1) or real(*a, **k))
+    over = SMALL + ["reward.source=prm", "reward.prm=auto", "credit.estimator=grpo_process",
+                    "rollout.prompts_per_iter=2", "rollout.group_size=3", "train.iterations=1", "train.eval_every=100"]
+    first = RLTrainer(load_config(overrides=over), tmp_path / "a")
+    prm_dir = Path(first.cfg.reward.prm)
+    assert prm_dir.parent == workdir / "cache" / "prm" and len(calls) == 1
+    info = json.loads((prm_dir / "prm_info.json").read_text())
+    assert 0.0 <= info["prm/heldout_auroc"] <= 1.0 and info["examples"] > 0
+    assert first.run().history[-1]["reward/placed_per_response"] > 0
+    assert load_config(tmp_path / "a" / "config.yaml").reward.prm == str(prm_dir)  # the run records the PRM it used
+    second = RLTrainer(load_config(overrides=over), tmp_path / "b")
+    assert second.cfg.reward.prm == str(prm_dir) and len(calls) == 1
+    # another prm setting is another PRM
+    third = RLTrainer(load_config(overrides=over + ["prm.steps=10"]), tmp_path / "c")
+    assert third.cfg.reward.prm != str(prm_dir) and len(calls) == 2

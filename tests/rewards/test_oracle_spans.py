@@ -237,3 +237,24 @@ def test_task_without_separator_is_a_counted_error(task):
     res = score_batch(ORACLE, NoStepsTask(), [p], ["ok"], [["o", "k"]], granularity="token", on_error="zero")
     assert res.errors == 1 and res.scores == [[0.0, 0.0]]
     assert "task 'no_steps' has no step separator; oracle_steps needs steps" in res.first_error
+
+
+def test_step_format_rewards_well_formed_steps_right_or_wrong() -> None:
+    """The naive bonus of FINDINGS F4: syntax only, so a wrong or repeated step still pays."""
+    from creditrl.rewards.sources import make_source
+
+    task = make_task("arithmetic", min_ops=2, max_ops=2)
+    problem = task.make_problem("7+3*2=")
+    fn = make_source("step_format").fn
+    right = ["3*2=6;", "7+6=13;", "#13"]
+    assert fn(task, problem, "".join(right), right) == [1.0, 1.0, None]
+    padded = ["3*2=6;", "3*2=6;", "1+1=5;", "-4-1=-5;", "7+=13;", "x;", "#99"]
+    assert fn(task, problem, "".join(padded), padded) == [1.0, 1.0, 1.0, 1.0, 0.0, 0.0, None]
+    assert fn(task, problem, " ;", [" ;", ""]) == [None, None]
+    assert task.check_steps(problem, [s.rstrip(";") for s in padded[:3]]) == [True, False, False]  # the oracle disagrees
+
+    class NoPattern:
+        name, step_separator = "plain", ";"
+
+    with pytest.raises(ValueError, match="task 'plain' has no step_pattern"):
+        fn(NoPattern(), problem, "a;", ["a;"])

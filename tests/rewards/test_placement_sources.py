@@ -311,7 +311,7 @@ def test_builtin_sources_declare_their_granularities():
     out, orc = get_source("outcome"), get_source("oracle_steps")
     assert out.granularities == {"sequence"} and out.default_granularity == "sequence"
     assert orc.granularities == {"step", "segment", "token", "key_token"} and orc.default_granularity == "step"
-    with pytest.raises(ValueError, match="unknown reward source 'orm'; valid: bleu, chrf, oracle_steps, outcome, prm, rouge, unit_tests"):
+    with pytest.raises(ValueError, match="unknown reward source 'orm'; valid: bleu, chrf, oracle_steps, outcome, prm, rouge, step_format, unit_tests"):
         get_source("orm")
 
 

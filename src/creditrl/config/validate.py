@@ -63,8 +63,10 @@ def _check_source(key: str, source_name: str, granularity: str, cfg: Config) -> 
         value = getattr(cfg.reward, option)
         if not value:
             raise ConfigError(f"reward.{option}: source '{source_name}' needs it set")
-        if option == "prm" and not Path(value).is_dir():
-            raise ConfigError(f"reward.prm: '{value}' is not a directory (write one with `creditrl prm train`)")
+        if option == "prm" and value != "auto" and not Path(value).is_dir():
+            raise ConfigError(
+                f"reward.prm: '{value}' is not a directory (write one with `creditrl prm train`, or use 'auto')"
+            )
     if source_name == "unit_tests":
         from creditrl.tasks import make_task
 

@@ -176,6 +176,7 @@ class CompareRow:
     samples: Stat
     iter_s: Stat  # per seed the mean time/iter_s over its iterations
     wall_s: Stat  # RL wall time per run at the end (evaluations excluded)
+    length: Stat | None = None  # held-out greedy response length (tokens) at the last evaluation
 
 
 def first_reach(history: list[dict[str, Any]], target: float) -> dict[str, Any] | None:
@@ -202,6 +203,7 @@ def summarise_arm(arm: str, histories: list[list[dict[str, Any]]], target: float
         samples=mean_ci95([r["samples/total"] for r in last]),
         iter_s=mean_ci95([float(np.mean(x)) for x in its]),
         wall_s=mean_ci95([r["time/total_s"] for r in last]),
+        length=mean_ci95([e[-1]["eval/length"] for e in evals]) if all("eval/length" in e[-1] for e in evals) else None,
     )
 
 
@@ -209,12 +211,13 @@ def results_markdown(rows: list[CompareRow]) -> str:
     pct = lambda m: f"{100 * m[0]:.1f} ± {100 * m[1]:.1f}%"  # noqa: E731
     num = lambda m, u="", d=0: "–" if m is None else f"{m[0]:,.{d}f} ± {m[1]:,.{d}f}{u}"  # noqa: E731
     head = ("| arm | seeds | start | target | final accuracy | step accuracy | reached | samples to target "
-            "| wall time to target | tokens generated | samples | iteration time | RL wall time |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+            "| wall time to target | tokens generated | samples | iteration time | RL wall time | response length |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     return head + "".join(
         f"| {r.arm} | {r.seeds} | {100 * r.start:.1f}% | {100 * r.target:.1f}% | {pct(r.final)} | {pct(r.step_final)} "
         f"| {r.reached}/{r.seeds} | {num(r.samples_to_target)} | {num(r.wall_to_target, ' s', 1)} | {num(r.tokens)} "
-        f"| {num(r.samples)} | {r.iter_s[0]:.2f} ± {r.iter_s[1]:.2f} s | {num(r.wall_s, ' s', 1)} |\n" for r in rows)
+        f"| {num(r.samples)} | {r.iter_s[0]:.2f} ± {r.iter_s[1]:.2f} s | {num(r.wall_s, ' s', 1)} "
+        f"| {num(r.length, '', 1)} |\n" for r in rows)
 
 
 def results_csv(rows: list[CompareRow]) -> str:
@@ -257,11 +260,14 @@ def run_compare(grid_path: str | Path, out: str | Path | None = None, *, quick: 
     plot_seed_curves(results, out / "plots" / "accuracy_vs_samples.png", title, "samples/total", "generated samples", "ci95")
     plot_seed_curves(results, out / "plots" / "accuracy_vs_wall_time.png", title, "time/total_s",
                      "RL wall time (s, evaluations excluded)", "ci95")
+    plot_seed_curves(results, out / "plots" / "length_vs_samples.png", title, "samples/total", "generated samples",
+                     "ci95", y_key="eval/length", y_label="held-out greedy response length (tokens)")
     target = f"{100 * grid.target:.1f}%" if grid.target is not None else f"start + {100 * grid.gain:.1f} points"
     (out / "results.md").write_text(
         f"# compare: {grid.name}\n\nGrid {grid_path}; base {grid.base}; seeds {grid.seeds}; budget {grid.budget:,} "
         f"generated {grid.unit} per run; target {target}; init {init}.\n\n{table}\n"
-        "![accuracy vs samples](plots/accuracy_vs_samples.png)\n![accuracy vs wall time](plots/accuracy_vs_wall_time.png)\n")
+        "![accuracy vs samples](plots/accuracy_vs_samples.png)\n![accuracy vs wall time](plots/accuracy_vs_wall_time.png)\n"
+        "![response length vs samples](plots/length_vs_samples.png)\n")
     (out / "results.csv").write_text(results_csv(rows))
     summary = {"grid": {**asdict(grid), "base": str(grid.base)}, "init": init, "rows": [asdict(r) for r in rows],
                "wall_s": time.time() - start}

@@ -42,11 +42,18 @@ def mean_ci95(xs: list[float]) -> tuple[float, float]:
 
 
 def _finished(path: Path, budget: int, key: str = "tokens/total") -> list[dict[str, Any]] | None:
-    """The run's metrics rows if its last row reached ``budget`` in ``key`` and was evaluated."""
+    """The run's metrics rows if it ran to exactly this ``budget`` of ``key`` and was evaluated at
+    the end: for ``iteration`` the last row is that iteration; for a total (tokens) the last row
+    reached it and the row before had not (a run made for a larger budget is not reused)."""
     if not path.exists():
         return None
     rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-    return rows if rows and rows[-1].get(key, 0) >= budget and "eval/accuracy" in rows[-1] else None
+    if not rows or rows[-1].get(key, 0) < budget or "eval/accuracy" not in rows[-1]:
+        return None
+    if key == "iteration":
+        return rows if rows[-1][key] == budget else None
+    before = [r[key] for r in rows[:-1] if key in r]
+    return rows if not before or before[-1] < budget else None
 
 
 def samples_iterations(cfg, samples: int) -> int:
@@ -148,8 +155,10 @@ def plot_seed_curves(
     x_key: str = "tokens/total",
     x_label: str = "generated tokens",
     band: str = "minmax",
+    y_key: str = "eval/accuracy",
+    y_label: str = "held-out exact match (%)",
 ) -> None:
-    """Held-out exact match against ``x_key`` (default generated tokens): per arm the mean over
+    """Held-out exact match (or ``y_key``, unscaled unless it is an accuracy) against ``x_key`` (default generated tokens): per arm the mean over
     seeds (each seed's curve linearly interpolated on a common grid up to the smallest seed's
     last x) with a shaded band, seeds thin. ``band``: ``minmax`` over seeds, or ``ci95``
     (mean ± Student-t 95% half-width at each grid point, as :func:`mean_ci95`)."""
@@ -159,8 +168,8 @@ def plot_seed_curves(
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
     for i, (name, histories) in enumerate(results.items()):
         color = f"C{i}"
-        curves = [([r[x_key] for r in eval_rows(h)], [100 * r["eval/accuracy"] for r in eval_rows(h)])
-                  for h in histories]
+        scale = 100.0 if y_key.endswith("accuracy") else 1.0
+        curves = [([r[x_key] for r in eval_rows(h)], [scale * r[y_key] for r in eval_rows(h)]) for h in histories]
         grid = np.linspace(0, min(max(xs) for xs, _ in curves), 50)
         ys = np.array([np.interp(grid, xs, y) for xs, y in curves])
         for xs, y in curves:
@@ -174,7 +183,7 @@ def plot_seed_curves(
             lo, hi = mean - half, mean + half
         ax.fill_between(grid, lo, hi, color=color, alpha=0.15)
     ax.set_xlabel(x_label)
-    ax.set_ylabel("held-out exact match (%)")
+    ax.set_ylabel(y_label)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title(title, fontsize=9)

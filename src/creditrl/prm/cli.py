@@ -25,23 +25,13 @@ def _policy(cfg: Config):
 
 
 def cmd_label(args: argparse.Namespace) -> int:
-    from creditrl.policy.engine import SamplingParams
+    from creditrl.prm.cache import label_policy_samples
     from creditrl.prm.data import save_stepwise
-    from creditrl.prm.pipeline import label_quality, label_samples, sample_solutions
-    from creditrl.tasks import make_task
+    from creditrl.prm.pipeline import label_quality
 
     cfg = load_config(args.config, args.set)
-    p = cfg.prm
     _, model, tok = _policy(cfg)
-    task = make_task(cfg.task.name, **cfg.task.args)
-    problems = task.sample(p.problems, split=p.split, seed=p.seed)
-    params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=p.temperature)
-    samples = sample_solutions(model, tok, task, problems, samples=p.samples, params=params, seed=p.seed)
-    examples, info = label_samples(
-        samples, p.labeler, task=task, model=model, tokenizer=tok, mc_n=p.mc_n, mc_mode=p.mc_mode,
-        mc_params=SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=p.mc_temperature),
-        vote_labelers=[x.strip() for x in p.vote_labelers.split(",")], vote_threshold=p.vote_threshold, seed=p.seed,
-    )
+    examples, info = label_policy_samples(cfg, model, tok)
     save_stepwise(examples, args.out)
     print(json.dumps({"out": args.out, "examples": len(examples), **info, **label_quality(examples)}, indent=2))
     return 0

@@ -182,6 +182,8 @@ class ArithmeticTask:
 
     name: str = "arithmetic"
     step_separator: str | None = ";"
+    step_pattern = re.compile(r"-?[0-9]+[+\-*][0-9]+=-?[0-9]+")  # a well-formed step, right or wrong
+    answer_marker = "#"
 
     def __init__(self, config: ArithmeticConfig | None = None, **overrides: Any) -> None:
         """Build from ``config`` (default :class:`ArithmeticConfig`) with ``overrides`` applied.

@@ -70,6 +70,10 @@ class RLTrainer:
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         self.init_path = init_path or resolve_init(cfg, cfg.train.progress)
+        if cfg.reward.prm == "auto":  # a PRM trained (once, then cached) on this start policy's samples
+            from creditrl.prm.cache import cached_prm
+
+            cfg.reward.prm = str(cached_prm(cfg, self.init_path, progress=cfg.train.progress))
         options = policy_options(cfg)
         self.model, self.tokenizer = load_policy(self.init_path, seed=cfg.policy.init_seed, **options)
         self.ref_model = None

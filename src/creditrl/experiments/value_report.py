@@ -1,0 +1,265 @@
+"""``creditrl value-report``: how well each value source estimates the true step values (F3).
+
+On this task the true value of a state -- a prompt plus the first steps of a response -- is
+computable: V(s) = P(a continuation from s by the policy is correct), estimated by ``truth``
+fresh continuations per state. The policy is the config's start policy (the demo's SFT) and stays
+fixed, so every estimator targets the same V.
+
+The states: one tree per held-out problem (:func:`creditrl.values.tree.tree_rollout`, branching b,
+depth D, the rollout temperature), and every *inner* node of it -- the prompt and each shared
+prefix that ends at a step end (leaves are finished responses whose value is their own outcome).
+Per state, the estimators:
+
+- ``tree``: the mean outcome of the tree's leaves below the node (what ``value.source=tree`` uses);
+- ``mc K=k``: the mean outcome of k fresh continuations (VinePPO's estimate, ``value.mc_samples``);
+- ``critic`` / ``dual critic`` after n samples: the learned V(s_t) read before the state's next
+  token, trained as in RL (gae returns, lam 0.95) on the fixed policy's samples: the trainer's
+  critic warm-up (``value.warmup_iterations``) with no policy update.
+
+Metrics: mean absolute error against the truth, and ranking accuracy over *sibling* pairs (two
+alternative next steps from the same node; pairs whose true values differ by at least
+``MIN_GAP``): the share ordered like the truth, a tie counting one half -- what credit needs, which
+of two steps was better. The truth itself is noisy: its mean standard error is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from creditrl.config import load_config
+from creditrl.experiments.demo import demo_config_path
+from creditrl.experiments.seeds import mean_ci95
+from creditrl.policy.engine import SamplingParams
+from creditrl.rollout.segment import step_stop_ids
+from creditrl.train import stages
+from creditrl.train.evaluate import decode_response, encode_prompt
+from creditrl.train.rl import RLTrainer, resolve_init
+from creditrl.values.tree import TreeShape
+
+MIN_GAP = 0.1  # sibling pairs whose true values differ by less are not ranked
+CRITIC_SET = ["credit.estimator=gae", "credit.lam=0.95", "credit.normaliser=batch", "train.eval_every=1000000",
+              "train.checkpoint_every=1000000", "train.inspect_every=0"]
+FULL = {"problems": 48, "truth": 128, "mc": [1, 3, 9], "branching": 2, "depth": 3, "critic_iterations": [10, 40]}
+QUICK = {"problems": 3, "truth": 8, "mc": [1, 3], "branching": 2, "depth": 2, "critic_iterations": [1, 2]}
+
+
+@dataclass
+class State:
+    problem: int  # index into the problems
+    node: int  # the tree's node id
+    parent: int  # -1 for a root
+    depth: int  # 0 = the prompt
+    prefix: list[int]  # response tokens of the state
+    row: int  # a leaf row under the node (the critic reads it at position len(prefix))
+    tree_value: float
+
+
+@dataclass
+class EstimatorRow:
+    arm: str  # the estimator
+    mae: tuple[float, float]  # mean over states, 95% half-width
+    rank_acc: float  # sibling pairs ordered like the truth
+    pairs: int
+    states: int
+    tokens_per_state: float  # generated tokens the estimate cost per state (critic: its training samples' tokens)
+
+
+def arm_names(sizes: dict[str, Any], samples_per_iteration: int) -> list[str]:
+    """The report's rows in order, for ``sizes`` (FULL or QUICK) and the config's prompts x G."""
+    return ([f"tree (b={sizes['branching']}, D={sizes['depth']})"] + [f"mc K={k}" for k in sizes["mc"]]
+            + [f"{kind} ({it * samples_per_iteration:,} samples)" for kind in ("critic", "dual critic")
+               for it in sizes["critic_iterations"]])
+
+
+def inner_states(paths: list[list[int]], segment_ends: list[list[int]], tokens: list[list[int]],
+                 problem_of: list[int], outcomes: list[float]) -> list[State]:
+    """Every node of the trees that has children, with its prefix and tree value."""
+    leaves_below: dict[int, list[float]] = {}
+    info: dict[int, tuple[int, int, int, list[int], int]] = {}
+    for row, (path, ends) in enumerate(zip(paths, segment_ends)):
+        for n in path:
+            leaves_below.setdefault(n, []).append(outcomes[row])
+        for d, n in enumerate(path[:-1]):  # inner nodes only: each has the next node of the path below it
+            prefix = tokens[row][: ends[d - 1] + 1] if d else []
+            info.setdefault(n, (problem_of[row], path[d - 1] if d else -1, d, prefix, row))
+    return [State(p, n, parent, d, prefix, row, float(np.mean(leaves_below[n])))
+            for n, (p, parent, d, prefix, row) in sorted(info.items())]
+
+
+def continuation_outcomes(engine, tokenizer, task, problems, prompts, states: list[State], n: int,
+                          params: SamplingParams, seed: int) -> tuple[list[list[float]], int]:
+    """``n`` continuations of every state by the policy: their outcomes, and the tokens generated."""
+    gen = engine.generate([prompts[s.problem] + s.prefix for s in states], n, params,
+                          generator=torch.Generator().manual_seed(seed),
+                          budgets=[max(1, params.max_new_tokens - len(s.prefix)) for s in states])
+    out: list[list[float]] = [[] for _ in states]
+    for i, toks in zip(gen.prompt_index, gen.tokens):
+        s = states[i]
+        text = decode_response(tokenizer, s.prefix + list(toks))
+        out[i].append(float(task.check_outcome(problems[s.problem], text)))
+    return out, sum(len(t) for t in gen.tokens)
+
+
+def sibling_rank_accuracy(states: list[State], truth: list[float], est: list[float]) -> tuple[float, int]:
+    by_parent: dict[int, list[int]] = {}
+    for i, s in enumerate(states):
+        if s.parent >= 0:
+            by_parent.setdefault(s.parent, []).append(i)
+    hits, pairs = 0.0, 0
+    for kids in by_parent.values():
+        for a in range(len(kids)):
+            for b in range(a + 1, len(kids)):
+                i, j = kids[a], kids[b]
+                if abs(truth[i] - truth[j]) < MIN_GAP:
+                    continue
+                pairs += 1
+                d = est[i] - est[j]
+                hits += 0.5 if d == 0 else float((d > 0) == (truth[i] > truth[j]))
+    return (hits / pairs if pairs else float("nan")), pairs
+
+
+def score(arm: str, states: list[State], truth: list[float], est: list[float], tokens_per_state: float) -> EstimatorRow:
+    err = [abs(e - t) for e, t in zip(est, truth)]
+    acc, pairs = sibling_rank_accuracy(states, truth, est)
+    return EstimatorRow(arm, mean_ci95(err), acc, pairs, len(states), tokens_per_state)
+
+
+def critic_estimates(trainer: RLTrainer, batch, states: list[State]) -> list[float]:
+    out = trainer.value_stage(batch, torch.zeros_like(batch.response_mask), torch.Generator())
+    return [float(out.values[s.row, len(s.prefix)]) for s in states]
+
+
+def _pct(x: float) -> str:
+    return "–" if x != x else f"{100 * x:.1f}%"  # no pair to rank: nan
+
+
+def results_markdown(rows: list[EstimatorRow], truth_se: float) -> str:
+    head = ("| estimator | mean abs. error vs truth | sibling ranking accuracy | pairs ranked | states "
+            "| generated tokens per state |\n|---|---|---|---|---|---|\n")
+    body = "".join(f"| {r.arm} | {r.mae[0]:.3f} ± {r.mae[1]:.3f} | {_pct(r.rank_acc)} | {r.pairs} | {r.states} "
+                   f"| {r.tokens_per_state:,.0f} |\n" for r in rows)
+    return head + body + f"\nThe truth's own mean standard error per state: {truth_se:.3f}.\n"
+
+
+def plot_rows(rows: list[EstimatorRow], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.8), dpi=120)
+    names = [r.arm for r in rows]
+    a.barh(names, [r.mae[0] for r in rows], xerr=[r.mae[1] for r in rows], color="C0")
+    a.set_xlabel("mean absolute error vs true value")
+    b.barh(names, [0.0 if r.rank_acc != r.rank_acc else 100 * r.rank_acc for r in rows], color="C1")
+    b.axvline(50, color="grey", linestyle="--", linewidth=1)
+    b.set_xlabel("sibling ranking accuracy (%)")
+    b.set_yticklabels([])
+    for ax in (a, b):
+        ax.invert_yaxis()
+        ax.grid(alpha=0.3, axis="x")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def run_value_report(out: Path, *, quick: bool = False, config: str | Path | None = None,
+                     overrides: list[str] | None = None, seed: int = 0) -> dict[str, Any]:
+    """Write ``out/results.md``, ``summary.json`` and ``plots/value_error.png``; a finished report
+    (summary.json with the same settings) is read back, not rerun."""
+    sizes = QUICK if quick else FULL
+    out = Path(out)
+    base = Path(config) if config else demo_config_path(quick)
+    overrides = list(overrides or [])
+    settings = {"base": str(base), "overrides": overrides, "seed": seed, **sizes}
+    done = out / "summary.json"
+    if done.exists() and json.loads(done.read_text()).get("settings") == settings:
+        return json.loads(done.read_text())
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    log = lambda msg: print(f"[creditrl value-report] {time.time() - start:6.0f} s  {msg}", flush=True)  # noqa: E731
+    cfg = load_config(base, overrides)
+    init = resolve_init(cfg, cfg.train.progress)
+    shape = TreeShape(sizes["branching"], sizes["depth"])
+    rows: list[EstimatorRow] = []
+    truth: list[float] = []
+    for kind in ("critic", "dual_critic"):
+        its = sizes["critic_iterations"]
+        tcfg = load_config(base, overrides + CRITIC_SET + [f"value.source={kind}", f"train.iterations={its[-1]}",
+                                                           f"value.warmup_iterations={its[-1]}", f"train.seed={seed}"])
+        trainer = RLTrainer(tcfg, out / kind, init_path=init)
+        if not truth:  # the states and their true values, once, with the (fixed) policy of the first trainer
+            task, tok, engine = trainer.task, trainer.tokenizer, trainer.engine
+            problems = task.sample(sizes["problems"], split="heldout", seed=seed + 777)
+            params = SamplingParams(max_new_tokens=tcfg.rollout.max_new_tokens, temperature=tcfg.rollout.temperature)
+            sep = tcfg.reward.step_separator or task.step_separator
+            batch = stages.rollout(engine, tok, problems, shape.leaves, params, torch.Generator().manual_seed(seed),
+                                   tree=shape, stop_ids=step_stop_ids(tok, sep))
+            outcomes = [float(task.check_outcome(p, c)) for p, c in
+                        zip(batch.extras["problems"], batch.extras["completions"])]
+            tokens = [batch.response_ids[b, : int(batch.response_lengths[b])].tolist() for b in range(batch.size)]
+            problem_of = batch.group_ids.tolist()
+            states = inner_states(batch.extras["tree_paths"], batch.extras["tree_segment_ends"], tokens, problem_of,
+                                  outcomes)
+            prompts = [encode_prompt(tok, p.prompt) for p in problems]
+            log(f"{len(problems)} trees, {len(states)} inner states; truth from {sizes['truth']} continuations each")
+            t_out, _ = continuation_outcomes(engine, tok, task, problems, prompts, states, sizes["truth"], params,
+                                             seed + 1)
+            truth = [float(np.mean(o)) for o in t_out]
+            truth_se = float(np.mean([np.sqrt(v * (1 - v) / max(1, sizes["truth"] - 1)) for v in truth]))
+            tree_tokens = stages.generated_tokens(batch) / len(states)
+            names = iter(arm_names(sizes, tcfg.rollout.prompts_per_iter * tcfg.rollout.group_size))
+            rows.append(score(next(names), states, truth,
+                              [s.tree_value for s in states], tree_tokens))
+            mc_out, mc_tokens = continuation_outcomes(engine, tok, task, problems, prompts, states, max(sizes["mc"]),
+                                                      params, seed + 2)
+            for k in sizes["mc"]:
+                rows.append(score(next(names), states, truth, [float(np.mean(o[:k])) for o in mc_out], mc_tokens * k
+                                  / max(sizes["mc"]) / len(states)))
+            log("tree and MC estimates done; fitting the critics")
+        spent = 0
+        for it in range(its[-1]):
+            row = trainer.iteration(it)
+            spent += row["tokens/generated"]
+            if it + 1 in its:
+                name = next(names)
+                rows.append(score(name, states, truth, critic_estimates(trainer, batch, states), spent / len(states)))
+                log(f"{name}: MAE {rows[-1].mae[0]:.3f}")
+    table = results_markdown(rows, truth_se)
+    title = (f"value estimates vs truth ({sizes['truth']} continuations) on {len(states)} states of "
+             f"{len(problems)} held-out trees, {cfg.task.args}")
+    plot_rows(rows, out / "plots" / "value_error.png", title)
+    summary = {"settings": settings, "init": init, "truth_se": truth_se, "rows": [asdict(r) for r in rows],
+               "wall_s": time.time() - start}
+    (out / "results.md").write_text(f"# value report\n\n{title}\n\n{table}\n![value error](plots/value_error.png)\n")
+    done.write_text(json.dumps(summary, indent=2))
+    print("\n" + table)
+    log(f"results: {out / 'results.md'}")
+    return summary
+
+
+def cmd_value_report(args: argparse.Namespace) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    run_value_report(Path(args.out), quick=args.quick, config=args.config, overrides=args.set)
+    return 0
+
+
+def add_value_report_parser(sub) -> None:
+    p = sub.add_parser("value-report", help="value estimates (critic, dual critic, MC K, tree) vs true step values")
+    p.add_argument("config", nargs="?", help="config (default: the demo's)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    p.add_argument("--out", default="runs/value-report", help="output directory (a finished report is read back)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes (numbers meaningless)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    p.set_defaults(func=cmd_value_report)

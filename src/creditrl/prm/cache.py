@@ -1,0 +1,82 @@
+"""``reward.prm=auto``: a PRM trained on the start policy's own samples, once, then cached.
+
+The PRM life cycle of ``creditrl prm label`` + ``creditrl prm train`` in one call: sample
+``prm.problems x prm.samples`` solutions from the policy at ``init_path`` on the RL task
+(``task.*``, ``prm.split``), label their steps with ``prm.labeler``, train with the ``prm.*``
+settings, and evaluate step AUROC against the oracle labels on fresh held-out samples. The
+result lives in ``$CREDITRL_CACHE/prm/<key>``, keyed by the start policy, the task, the
+``prm`` section and ``rollout.max_new_tokens``; a run that finds it there trains nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from creditrl.config import Config, config_hash
+from creditrl.policy.engine import SamplingParams
+from creditrl.tasks import make_task
+
+CACHE_VERSION = 1
+EVAL_PROBLEMS = 128  # held-out problems (x prm.samples solutions) for the cached PRM's AUROC
+
+
+def label_policy_samples(cfg: Config, model, tokenizer, *, problems: int | None = None, split: str | None = None,
+                         seed: int | None = None, labeler: str | None = None) -> tuple[list, dict[str, Any]]:
+    """Sample the policy's solutions on ``cfg``'s task and label their steps (``prm.*``)."""
+    from creditrl.prm.pipeline import label_samples, sample_solutions
+
+    p = cfg.prm
+    task = make_task(cfg.task.name, **cfg.task.args)
+    seed = p.seed if seed is None else seed
+    todo = task.sample(p.problems if problems is None else problems, split=split or p.split, seed=seed)
+    params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=p.temperature)
+    samples = sample_solutions(model, tokenizer, task, todo, samples=p.samples, params=params, seed=seed)
+    return label_samples(
+        samples, labeler or p.labeler, task=task, model=model, tokenizer=tokenizer, mc_n=p.mc_n, mc_mode=p.mc_mode,
+        mc_params=SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=p.mc_temperature),
+        vote_labelers=[x.strip() for x in p.vote_labelers.split(",")], vote_threshold=p.vote_threshold, seed=seed,
+    )
+
+
+def prm_key(cfg: Config, init_path: str) -> str:
+    return config_hash({"v": CACHE_VERSION, "init": str(init_path), "task": asdict(cfg.task), "prm": asdict(cfg.prm),
+                        "max_new_tokens": cfg.rollout.max_new_tokens})
+
+
+def cached_prm(cfg: Config, init_path: str, *, progress: bool = False) -> Path:
+    """The directory of the PRM for ``cfg`` trained from ``init_path`` (trained now if not cached).
+
+    ``prm_info.json`` in it records the label statistics, the training metrics and the step AUROC
+    against oracle labels on held-out samples (``prm/heldout_auroc``)."""
+    from creditrl.policy.model import load_policy
+    from creditrl.prm.cli import train_from_examples
+    from creditrl.prm.pipeline import evaluate_prm, label_quality
+    from creditrl.prm.source import load_prm
+    from creditrl.train.sft import cache_root, policy_options
+
+    path = cache_root() / "prm" / prm_key(cfg, init_path)
+    if (path / "prm_info.json").exists():
+        return path
+    model, tokenizer = load_policy(str(init_path), seed=cfg.policy.init_seed, **policy_options(cfg))
+    model.eval()
+    with torch.no_grad():
+        examples, info = label_policy_samples(cfg, model, tokenizer)
+        heldout, _ = label_policy_samples(cfg, model, tokenizer, problems=EVAL_PROBLEMS, split="heldout",
+                                          seed=cfg.prm.seed + 1, labeler="oracle")
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    metrics = train_from_examples(cfg, str(init_path), examples, tmp, progress)
+    prm, prm_tok = load_prm.__wrapped__(str(tmp))  # not the lru cache: the directory is renamed next
+    auroc, _ = evaluate_prm(prm, prm_tok, heldout)
+    record = {"init": str(init_path), "examples": len(examples), **info, **label_quality(examples),
+              "prm/heldout_auroc": auroc, **{k: v for k, v in metrics.items() if k != "prm/loss_curve"}}
+    (tmp / "prm_info.json").write_text(json.dumps(record, indent=2))
+    shutil.rmtree(path, ignore_errors=True)
+    tmp.rename(path)
+    return path
