@@ -22,7 +22,7 @@ class ConfigError(ValueError):
 class PolicyConfig:
     model: str = "tiny"  # "tiny" (built locally) or a local save_pretrained directory
     init_seed: int = 0  # seed of the tiny model's random initialisation
-    engine: str = "auto"  # generation engine: static | hf | auto (static when the architecture allows)
+    engine: str = "auto"  # generation engine: static | hf | auto (static when the architecture allows) | vllm (CUDA; vLLM installed separately)
     dtype: str = "float32"  # weights: float32 | bfloat16 | float16
     local_files_only: bool = True  # hub names from the local HF cache only; false allows downloads
     chat_template: str = "auto"  # auto: render prompts through the tokenizer's chat template if it has one; none

@@ -258,6 +258,24 @@ def _check_backend(cfg: Config) -> None:
         raise ConfigError(f"backend.max_restarts: expected >= 0, got {b.max_restarts}")
 
 
+def _check_vllm(cfg: Config) -> None:
+    """policy.engine=vllm: full fine-tuning, one process, and vLLM + CUDA on this machine."""
+    from creditrl.policy.vllm_engine import unavailable_message, vllm_unavailable_reason
+
+    if cfg.policy.lora_r:
+        raise ConfigError(
+            "policy.engine: 'vllm' syncs plain weights and does not run LoRA adapters; "
+            "use policy.lora_r=0, or policy.engine=auto or hf"
+        )
+    if cfg.backend.name != "local":
+        raise ConfigError(
+            f"policy.engine: 'vllm' runs in the trainer's process; use backend.name=local, got '{cfg.backend.name}'"
+        )
+    reason = vllm_unavailable_reason()
+    if reason is not None:
+        raise ConfigError(unavailable_message(reason))
+
+
 def validate(cfg: Config) -> None:
     """Check names against the registries, ranges and combinations; raise ConfigError on the first problem."""
     from creditrl.credit import ESTIMATORS, NORMALISERS, RESOLUTIONS
@@ -272,6 +290,8 @@ def validate(cfg: Config) -> None:
     from creditrl.policy.static_engine import ENGINES
 
     _one_of("policy.engine", cfg.policy.engine, ENGINES)
+    if cfg.policy.engine == "vllm":
+        _check_vllm(cfg)
     for key, args in (("task.args", cfg.task.args), ("sft.task_args", cfg.sft.task_args or cfg.task.args)):
         try:
             make_task(cfg.task.name, **args)

@@ -28,7 +28,7 @@ rounding. Supported architectures: Llama, Mistral (within its sliding window), Q
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -47,7 +47,7 @@ from creditrl.policy.engine import (
 )
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-ENGINES = ("auto", "static", "hf")
+ENGINES = ("auto", "static", "hf", "vllm")  # vllm: creditrl.policy.vllm_engine (CUDA; vLLM installed separately)
 
 
 def unsupported_reason(model: PreTrainedModel) -> str | None:
@@ -310,10 +310,26 @@ class StaticEngine:
         return pack_generation(len(prompts), n, requests, tokens, logps, limit, self.eos_id, params.stop_ids)
 
 
-def make_engine(model: PreTrainedModel, *, eos_id: int, pad_id: int, kind: str = "auto"):
-    """``static`` (error if unsupported), ``hf``, or ``auto``: static when the model allows."""
+def make_engine(
+    model: PreTrainedModel,
+    *,
+    eos_id: int,
+    pad_id: int,
+    kind: str = "auto",
+    model_path: str | None = None,
+    vllm_options: Mapping[str, Any] | None = None,
+):
+    """``static`` (error if unsupported), ``hf``, ``auto``: static when the model allows, or
+    ``vllm``: a :class:`~creditrl.policy.vllm_engine.VLLMEngine` (one vLLM instance per process
+    and architecture, shared by every call; it follows ``model``'s weights). ``model_path`` (a
+    directory vLLM may load instead of a temporary save of ``model``) and ``vllm_options``
+    (``VLLMEngine`` keyword arguments) apply to ``vllm`` only."""
     if kind not in ENGINES:
         raise ValueError(f"policy.engine: expected one of {ENGINES}, got '{kind}'")
+    if kind == "vllm":
+        from creditrl.policy.vllm_engine import VLLMEngine
+
+        return VLLMEngine(model_path, eos_id=eos_id, pad_id=pad_id, model=model, share=True, **(vllm_options or {}))
     if kind == "hf" or (kind == "auto" and unsupported_reason(model) is not None):
         return HFEngine(model, eos_id=eos_id, pad_id=pad_id)
     return StaticEngine(model, eos_id=eos_id, pad_id=pad_id)
