@@ -35,6 +35,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from creditrl.distributed import ddp
     from creditrl.train.rl import RLTrainer
 
     if args.resume:
@@ -44,7 +45,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     else:
         cfg = load_config(args.config, args.set)
         trainer = RLTrainer(cfg, _run_dir(args.run_dir, "train"))
-    result = trainer.run()
+    main = ddp.is_main()  # rank 0 of a torchrun launch (or the only process) reports
+    try:
+        result = trainer.run()
+    finally:
+        ddp.shutdown()  # leave the data-parallel process group of a torchrun launch (no-op otherwise)
+    if not main:
+        return 0
     last_eval = next((r for r in reversed(result.history) if "eval/accuracy" in r), {})
     print(f"run dir: {result.run_dir}")
     print(f"held-out accuracy {last_eval.get('eval/accuracy', float('nan')):.3f}, "

@@ -118,7 +118,7 @@ def test_token_budget_stops_the_run_with_a_final_evaluation(sft_dir: str, tmp_pa
 
 
 def test_pass_at_k_metrics_match_hand_counts() -> None:
-    from creditrl.train.rl import _pass_at_k
+    from creditrl.train.metrics import pass_at_k_metrics as _pass_at_k
 
     groups = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2])
     outcome = torch.tensor([1.0, 0, 0, 0, 0, 0, 1, 1, 0])

@@ -58,17 +58,26 @@ def seq_mean_token_sum_norm(loss: torch.Tensor, mask: torch.Tensor, *, norm: flo
     return ((loss * m).sum(-1) / constant).mean()
 
 
+def aggregation_count(name: str, mask: torch.Tensor) -> float:
+    """The denominator of aggregation ``name`` over the rows of ``mask`` (B, T): its valid tokens
+    (``token-mean``), its responses with a valid token (``seq-mean-token-mean``) or its responses
+    (``seq-mean-token-sum-norm``). ``aggregate`` over rows split into parts equals the sum of each
+    part's aggregate weighted by ``count(part) / count(all)``: gradient accumulation over
+    micro-batches, and over data-parallel ranks with the count summed over ranks."""
+    if name == "token-mean":
+        return float(mask.sum())
+    if name == "seq-mean-token-mean":
+        return float(mask.any(-1).sum())
+    if name == "seq-mean-token-sum-norm":
+        return float(mask.shape[0])
+    raise ValueError(f"unknown loss aggregation '{name}'; valid: {', '.join(sorted(AGGREGATIONS))}")
+
+
 def chunk_weight(name: str, chunk_mask: torch.Tensor, full_mask: torch.Tensor) -> float:
     """The weight that makes ``sum_chunks weight * aggregate(name, loss[chunk], mask[chunk])``
     equal ``aggregate(name, loss, mask)`` over rows split into chunks (gradient accumulation):
     the chunk's share of the valid tokens (``token-mean``), of the responses with a valid token
     (``seq-mean-token-mean``) or of the responses (``seq-mean-token-sum-norm``, whose ``norm``
-    must then be the full batch's padded length, passed explicitly)."""
-    if name == "token-mean":
-        return float(chunk_mask.sum()) / max(1.0, float(full_mask.sum()))
-    if name == "seq-mean-token-mean":
-        return float(chunk_mask.any(-1).sum()) / max(1.0, float(full_mask.any(-1).sum()))
-    if name == "seq-mean-token-sum-norm":
-        return chunk_mask.shape[0] / full_mask.shape[0]
-    raise ValueError(f"unknown loss aggregation '{name}'; valid: {', '.join(sorted(AGGREGATIONS))}")
-
+    must then be the full batch's padded length, passed explicitly); see
+    :func:`aggregation_count`."""
+    return aggregation_count(name, chunk_mask) / max(1.0, aggregation_count(name, full_mask))

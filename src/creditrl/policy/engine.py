@@ -87,7 +87,10 @@ def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def sample_next(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    draw_rows: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """Pick one token per row from ``logits`` (N, V) with temperature and nucleus (top-p).
 
@@ -95,6 +98,10 @@ def sample_next(
     distribution (accumulated in float64, so a token of probability p > 0 keeps an interval of
     width ~p). A token of probability 0 is never returned. This costs one random number per row,
     where ``torch.multinomial`` draws one exponential per vocabulary entry (~30x slower here).
+
+    ``draw_rows = (offset, total)``: these N rows are rows ``offset .. offset+N-1`` of a batch of
+    ``total``; the full ``(total, 1)`` uniform vector is drawn and this slice used, so a worker
+    that samples part of a batch consumes the generator exactly as the whole batch would.
     """
     if params.temperature == 0:
         return logits.argmax(-1)
@@ -106,7 +113,15 @@ def sample_next(
         sorted_p = sorted_p.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
     cdf = probs.double().cumsum(-1)
-    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64) * cdf[:, -1:]
+    rows = probs.shape[0]
+    if draw_rows is None:
+        u = torch.rand(rows, 1, generator=generator, dtype=torch.float64)
+    else:
+        offset, total = draw_rows
+        if offset < 0 or offset + rows > total:
+            raise ValueError(f"draw_rows={draw_rows}: rows {offset}..{offset + rows - 1} are not within {total}")
+        u = torch.rand(total, 1, generator=generator, dtype=torch.float64)[offset : offset + rows]
+    u = u * cdf[:, -1:]
     idx = torch.searchsorted(cdf, u, right=True).squeeze(-1)
     # u * total can round up to total (probability ~1e-16): take the last token with mass
     last = probs.shape[-1] - 1 - (probs > 0).flip(-1).int().argmax(-1)
@@ -123,14 +138,16 @@ def sample_step(
     *,
     pad_id: int,
     eos_id: int,
+    draw_rows: tuple[int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """One decode step's draw for every request, shared by the engines so that they consume the
     generator identically: one draw per request per step, also for requests already done (their
     stale logits are sampled and the token replaced by pad), so the random stream does not depend
     on when rows leave the batch. ``state`` is ``(finished, done)``: ended with eos, and ended (eos
-    or a ``params.stop_ids`` token) or out of budget. Returns the tokens, their log-probs under the raw policy and the new state."""
+    or a ``params.stop_ids`` token) or out of budget. Returns the tokens, their log-probs under the raw policy and the new state.
+    ``draw_rows``: see :func:`sample_next`."""
     finished, done = state
-    tok = sample_next(logits, params, generator)
+    tok = sample_next(logits, params, generator, draw_rows)
     tok = torch.where(done, torch.full_like(tok, pad_id), tok)
     logp = torch.log_softmax(logits, dim=-1).gather(-1, tok[:, None]).squeeze(-1)
     eos = (tok == eos_id) & ~done
@@ -196,7 +213,11 @@ class HFEngine:
         *,
         generator: torch.Generator | None = None,
         budgets: Sequence[int] | None = None,
+        draw_rows: tuple[int, int] | None = None,
     ) -> Generation:
+        """``draw_rows = (offset, total)``: these requests are rows ``offset..`` of a larger
+        batch of ``total`` requests, and each step draws that batch's random numbers (a
+        distributed worker's share of a batch, see :func:`sample_next`)."""
         requests, limit = expand_requests(prompts, n, params, budgets)
         was_training = self.model.training
         self.model.eval()
@@ -210,7 +231,8 @@ class HFEngine:
         tokens, logps = [], []
         for step in range(int(limit.max())):
             tok, logp, state = sample_step(
-                logits, params, generator, state, limit, step, pad_id=self.pad_id, eos_id=self.eos_id
+                logits, params, generator, state, limit, step, pad_id=self.pad_id, eos_id=self.eos_id,
+                draw_rows=draw_rows,
             )
             tokens.append(tok)
             logps.append(logp)

@@ -242,7 +242,9 @@ class StaticEngine:
         *,
         generator: torch.Generator | None = None,
         budgets: Sequence[int] | None = None,
+        draw_rows: tuple[int, int] | None = None,
     ) -> Generation:
+        """``draw_rows``: see :meth:`creditrl.policy.engine.HFEngine.generate`."""
         requests, limit = expand_requests(prompts, n, params, budgets)
         dec = _Decoder(self.model)  # weights are read afresh: the policy changes between calls
         n_req = len(requests)
@@ -285,7 +287,8 @@ class StaticEngine:
         logps = torch.zeros(n_req, steps)
         for step in range(steps):
             tok, logps[:, step], state = sample_step(
-                logits, params, generator, state, limit, step, pad_id=self.pad_id, eos_id=self.eos_id
+                logits, params, generator, state, limit, step, pad_id=self.pad_id, eos_id=self.eos_id,
+                draw_rows=draw_rows,
             )
             tokens[:, step] = tok
             done = state[1]

@@ -267,13 +267,16 @@ def score_batch(
     *,
     granularity: str | None = None,
     on_error: str = "raise",
+    first_index: int = 0,
 ) -> ScoreResult:
     """Score every response's spans with ``source`` under the ``on_error`` policy (module doc).
 
     ``granularity`` (default: the source's default) must be one the source supports
     (ValueError otherwise, whatever the policy). Every response needs ``len(spans[i])`` scores
     (``sequence``: one span, one score, never ``None``). A response without spans (empty) has
-    nothing to place: its score list is empty and the source is not called.
+    nothing to place: its score list is empty and the source is not called. ``first_index``:
+    the index of ``problems[0]`` in a larger batch split among workers (error messages name
+    the response by its index in that batch).
     """
     granularity = granularity or source.default_granularity
     check_granularity(source, granularity)
@@ -317,7 +320,7 @@ def score_batch(
             if not all(x is None or math.isfinite(x) for x in out):
                 raise ValueError(f"returned a non-finite score {out}")
         except Exception as exc:  # noqa: BLE001 - any failure of user code is subject to the policy
-            msg = f"reward source '{source.name}' failed on response {i} (prompt {prob.prompt!r}): {exc}"
+            msg = f"reward source '{source.name}' failed on response {first_index + i} (prompt {prob.prompt!r}): {exc}"
             if on_error == "raise":
                 raise RuntimeError(msg) from exc
             errors += 1

@@ -4,6 +4,13 @@ A run directory holds ``config.yaml`` (fully resolved), ``metrics.jsonl`` (one J
 iteration), and ``checkpoints/iter_NNNNNN`` (atomic). Every iteration draws its prompts and its
 sampling generator from ``(train.seed, iteration)`` alone, so a resumed run replays exactly the
 iterations an uninterrupted run would have.
+
+Data-parallel learner (``torchrun --nproc_per_node N -m creditrl.cli train ...`` or
+``accelerate launch``, see :mod:`creditrl.distributed.ddp`): every rank draws the same problems,
+keeps its ``prompts_per_iter / N`` whole prompt groups and samples them with its own generator
+(``iteration_seed + rank * RANK_SEED_STRIDE``); the update trains DDP wrappers of the policy and
+critic with global loss denominators; metrics are reduced over the ranks; rank 0 alone
+evaluates and writes ``metrics.jsonl``, the inspector's records and the checkpoints.
 """
 
 from __future__ import annotations
@@ -23,21 +30,23 @@ from creditrl.policy.engine import SamplingParams
 from creditrl.policy.static_engine import make_engine
 from creditrl.policy.model import LORA_BASE_FILE, apply_lora, is_lora, load_policy
 from creditrl.credit.schedule import linear_schedule
+from creditrl.distributed import ddp
 from creditrl.inspect.record import record_iteration
 from creditrl.losses import explained_variance
 from creditrl.rollout.batch import response_logits, token_logprobs
 from creditrl.rewards.sources import score_batch
-from creditrl.sandbox.passk import mean_pass_at_k
 from creditrl.rollout.segment import step_stop_ids
 from creditrl.tasks import make_task
 from creditrl.train import stages
 from creditrl.train.checkpoint import latest_checkpoint, load_extra, load_training_state, mark_latest, save_checkpoint
 from creditrl.train.evaluate import evaluate
+from creditrl.train.metrics import masked_stats, pass_at_k_metrics, reduce_row
 from creditrl.train.sft import cached_sft, policy_options
 from creditrl.values.registry import VALUE_SOURCES
 from creditrl.values.stage import ValueStage
 
 EVAL_SEED = 12345  # the held-out problems are the same for every run of a config
+RANK_SEED_STRIDE = 2**32  # data-parallel rank r samples its rollouts from iteration_seed + r * stride
 
 
 def iteration_seed(seed: int, iteration: int) -> int:
@@ -47,7 +56,8 @@ def iteration_seed(seed: int, iteration: int) -> int:
 def resolve_init(cfg: Config, progress: bool) -> str:
     """The model path RL starts from (and the reference policy for KL)."""
     if cfg.train.init == "sft":
-        path, _ = cached_sft(cfg, progress=progress)
+        with ddp.main_first():  # data-parallel ranks: rank 0 trains (or finds) the cache, the rest reuse it
+            path, _ = cached_sft(cfg, progress=progress)
         return str(path)
     if cfg.train.init == "policy":
         return cfg.policy.model
@@ -65,15 +75,20 @@ class RLTrainer:
 
     def __init__(self, cfg: Config, run_dir: Path, *, init_path: str | None = None) -> None:
         self.cfg = cfg
+        ddp.join_learner_group(cfg)  # a torchrun / accelerate launch: data-parallel ranks (no-op otherwise)
+        self._policy_ddp: torch.nn.Module | None = None  # the learners' DDP wrappers, see _learners()
+        self._critic_ddp: torch.nn.Module | None = None
         self.run_dir = Path(run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if ddp.is_main():  # only rank 0 writes (a default timestamped name may differ on other ranks)
+            self.run_dir.mkdir(parents=True, exist_ok=True)
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
         self.init_path = init_path or resolve_init(cfg, cfg.train.progress)
         if cfg.reward.prm == "auto":  # a PRM trained (once, then cached) on this start policy's samples
             from creditrl.prm.cache import cached_prm
 
-            cfg.reward.prm = str(cached_prm(cfg, self.init_path, progress=cfg.train.progress))
+            with ddp.main_first():
+                cfg.reward.prm = str(cached_prm(cfg, self.init_path, progress=cfg.train.progress))
         options = policy_options(cfg)
         self.model, self.tokenizer = load_policy(self.init_path, seed=cfg.policy.init_seed, **options)
         self.ref_model = None
@@ -93,9 +108,14 @@ class RLTrainer:
         self.optimizer = self._optimizer()
         self.task = make_task(cfg.task.name, **cfg.task.args)
         self.scorer = stages.Scorer(cfg, self.task, self.tokenizer)
-        self.engine = make_engine(
-            self.model, eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id, kind=cfg.policy.engine
-        )
+        if cfg.backend.name == "ray":  # rollout (and scoring) workers as Ray actors; ray is imported only here
+            from creditrl.distributed.ray_backend import ray_engine
+
+            self.engine = ray_engine(cfg, self.init_path, self.model, self.tokenizer, self.scorer)
+        else:
+            self.engine = make_engine(
+                self.model, eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id, kind=cfg.policy.engine
+            )
         self.params = SamplingParams(
             max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p
         )
@@ -105,6 +125,17 @@ class RLTrainer:
         self.heldout = self.task.sample(cfg.train.eval_size, split="heldout", seed=EVAL_SEED)
         self.start_iteration = 0
         self.totals = {"samples": 0, "tokens": 0, "time_s": 0.0}
+
+    def _learners(self) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+        """The policy and the critic (or None) as the update trains them: DDP wrappers under a
+        data-parallel launch, built on first use (and again for a policy swapped in by
+        ``resume``); the plain modules in one process. Generation, evaluation and checkpoints
+        always use the plain modules."""
+        if self._policy_ddp is None or ddp.unwrap(self._policy_ddp) is not self.model:
+            self._policy_ddp = ddp.wrap(self.model)
+        if self._critic_ddp is None and self.value_stage.critic is not None:
+            self._critic_ddp = ddp.wrap(self.value_stage.critic)
+        return self._policy_ddp, self._critic_ddp
 
     def _optimizer(self) -> torch.optim.Optimizer:
         """AdamW over the trainable parameters (all of them, or the LoRA adapters)."""
@@ -153,13 +184,19 @@ class RLTrainer:
         trainer.start_iteration = state["iteration"]
         trainer.totals = state["totals"]
         # drop metric rows written after the checkpoint (the iterations are replayed)
-        if trainer.metrics_path.exists():
+        if ddp.is_main() and trainer.metrics_path.exists():
             rows = [json.loads(x) for x in trainer.metrics_path.read_text().splitlines() if x.strip()]
             kept = [r for r in rows if r["iteration"] <= trainer.start_iteration]
             trainer.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
         return trainer
 
     # -- the loop ------------------------------------------------------------------------------
+    def _evaluate_on_main(self) -> dict[str, float]:
+        """Held-out evaluation on rank 0 only ({} on the other ranks, which wait for it)."""
+        out = self.evaluate() if ddp.is_main() else {}
+        ddp.barrier()
+        return out
+
     def evaluate(self) -> dict[str, float]:
         res = evaluate(
             self.model, self.tokenizer, self.task, self.heldout,
@@ -175,7 +212,7 @@ class RLTrainer:
 
     def iteration(self, it: int) -> dict[str, Any]:
         cfg = self.cfg
-        gen = torch.Generator().manual_seed(iteration_seed(cfg.train.seed, it))
+        gen = torch.Generator().manual_seed(iteration_seed(cfg.train.seed, it) + RANK_SEED_STRIDE * ddp.rank())
         warmup = cfg.optim.warmup_iterations
         lr = cfg.optim.lr * (min(1.0, (it + 1) / warmup) if warmup else 1.0)
         for group in self.optimizer.param_groups:
@@ -184,6 +221,7 @@ class RLTrainer:
         lam = linear_schedule(cfg.credit.lam, cfg.credit.lam_end, progress)
         clock = [time.perf_counter()]
         problems = self.task.sample(cfg.rollout.prompts_per_iter, split="train", seed=iteration_seed(cfg.train.seed, it))
+        problems = ddp.share(problems)  # data-parallel: this rank's whole prompt groups (all of them in one process)
         batch = stages.rollout(
             self.engine, self.tokenizer, problems, cfg.rollout.group_size, self.params, gen,
             tree=self.value_stage.tree, stop_ids=self.stop_ids,
@@ -201,21 +239,26 @@ class RLTrainer:
         clock.append(time.perf_counter())
         mask = batch.response_mask & scored.keep[:, None]
         critic = None
-        if self.value_stage.critic is not None:
-            critic = stages.CriticTarget(self.value_stage.critic, self.value_stage.optimizer, ret, vout.member_values)
+        policy_learner, critic_learner = self._learners()
+        if critic_learner is not None:
+            critic = stages.CriticTarget(critic_learner, self.value_stage.optimizer, ret, vout.member_values)
         train_policy = it >= cfg.value.warmup_iterations
         upd = stages.update(
-            self.model, self.optimizer, batch, adv, mask, cfg, gen,
+            policy_learner, self.optimizer, batch, adv, mask, cfg, gen,
             ref_logprobs=ref_logp, critic=critic, train_policy=train_policy,
         )
+        if cfg.backend.name == "ray":  # broadcast the new weights to the rollout workers
+            self.engine.sync(self.model)
         clock.append(time.perf_counter())
-        record_iteration(  # the credit inspector's sample (train.inspect_every); outside the stage timers
-            self.run_dir, it + 1, batch, scored, adv, ret, cfg, self.tokenizer, self.task,
-            values=vout.values, credit_step_ends=vout.step_ends, lam=lam,
-        )
+        if ddp.is_main():  # the credit inspector's sample (train.inspect_every); outside the stage timers
+            record_iteration(
+                self.run_dir, it + 1, batch, scored, adv, ret, cfg, self.tokenizer, self.task,
+                values=vout.values, credit_step_ends=vout.step_ends, lam=lam,
+            )
         n_tokens = stages.generated_tokens(batch)
-        self.totals["samples"] += batch.size
-        self.totals["tokens"] += n_tokens
+        samples, tokens = (int(x) for x in ddp.all_reduce_sum([batch.size, n_tokens]))  # over every rank
+        self.totals["samples"] += samples
+        self.totals["tokens"] += tokens
         self.totals["time_s"] += clock[-1] - clock[0]
         seq_reward = (scored.rewards * batch.response_mask).sum(-1)
         row: dict[str, Any] = {
@@ -227,14 +270,14 @@ class RLTrainer:
             "reward/filtered": scored.filtered,
             **scored.stats,
             "train/accuracy": float(scored.outcome.mean()),
-            **_pass_at_k(batch.group_ids, scored.outcome),
+            **pass_at_k_metrics(batch.group_ids, scored.outcome),
             "train/step_accuracy": float(scored.step_correct.mean()),
             "response/length": float(batch.response_lengths.float().mean()),
             "response/truncated": float((~batch.finished).float().mean()),
             "tokens/generated": n_tokens,
             "tokens/padded": batch.size * (batch.prompt_ids.shape[1] + batch.response_ids.shape[1]),
-            **_stats("adv", adv, mask),
-            **_stats("return", ret, mask),
+            **masked_stats("adv", adv, mask),
+            **masked_stats("return", ret, mask),
             "credit/lam": lam,
             "optim/lr": lr,
             "policy/updated": float(train_policy),
@@ -242,7 +285,7 @@ class RLTrainer:
             **vout.stats,
         }
         if vout.values is not None:
-            row.update(_stats("value", vout.values, mask))
+            row.update(masked_stats("value", vout.values, mask))
             row["value/explained_variance"] = explained_variance(vout.values, ret, mask)
         row.update(
             {
@@ -257,23 +300,26 @@ class RLTrainer:
                 "time/total_s": self.totals["time_s"],
             }
         )
-        return row
+        if cfg.backend.name == "ray":
+            row.update(self.engine.stats())  # backend/restarts, time/sync_s
+        return reduce_row(row, upd, batch.size, int(mask.sum()))
 
     def run(self) -> RLResult:
         cfg = self.cfg
-        cfg.dump(self.run_dir / "config.yaml")
+        if ddp.is_main():  # data-parallel: rank 0 writes the run directory, evaluates and checkpoints
+            cfg.dump(self.run_dir / "config.yaml")
         history: list[dict[str, Any]] = []
         if self.metrics_path.exists():
             history = [json.loads(x) for x in self.metrics_path.read_text().splitlines() if x.strip()]
         if self.start_iteration == 0 and not history:
-            row = {"iteration": 0, "samples/total": 0, "tokens/total": 0, "time/total_s": 0.0, **self.evaluate()}
+            row = {"iteration": 0, "samples/total": 0, "tokens/total": 0, "time/total_s": 0.0, **self._evaluate_on_main()}
             self._log(row, history)
         bar = tqdm(
             range(self.start_iteration, cfg.train.iterations),
             initial=self.start_iteration,
             total=cfg.train.iterations,
             desc=f"rl {cfg.credit.estimator}/{cfg.reward.source}",
-            disable=not cfg.train.progress,
+            disable=not cfg.train.progress or not ddp.is_main(),
             dynamic_ncols=True,
         )
         last_eval = history[-1].get("eval/accuracy") if history else None
@@ -282,35 +328,26 @@ class RLTrainer:
             done = it + 1
             spent = cfg.train.max_tokens and self.totals["tokens"] >= cfg.train.max_tokens
             if done % cfg.train.eval_every == 0 or done == cfg.train.iterations or spent:
-                row.update(self.evaluate())
-                last_eval = row["eval/accuracy"]
+                row.update(self._evaluate_on_main())
+                last_eval = row.get("eval/accuracy")
             self._log(row, history)
             if done % cfg.train.checkpoint_every == 0 or done == cfg.train.iterations or spent:
-                self.save(done)
+                if ddp.is_main():
+                    self.save(done)
+                ddp.barrier()
             bar.set_postfix(reward=f"{row['reward/mean']:.2f}", acc=f"{row['train/accuracy']:.2f}", eval=last_eval)
             if spent:  # the token budget (train.max_tokens) is used up
                 break
+        self.close()
         return RLResult(self.run_dir, history)
+
+    def close(self) -> None:
+        """Stop the Ray workers (backend.name=ray); a no-op for the in-process backend."""
+        if hasattr(self.engine, "shutdown"):
+            self.engine.shutdown()
 
     def _log(self, row: dict[str, Any], history: list[dict[str, Any]]) -> None:
         history.append(row)
-        with self.metrics_path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
-
-
-def _pass_at_k(group_ids: torch.Tensor, outcome: torch.Tensor) -> dict[str, float]:
-    """Unbiased pass@k (Chen et al. 2021) of the sampled groups, for k = 1 and k = the smallest
-    group's size: ``train/pass@1``, ``train/pass@k`` and ``train/pass_k`` (= that k)."""
-    counts = [(int((group_ids == g).sum()), int(outcome[group_ids == g].sum())) for g in group_ids.unique()]
-    k = min(n for n, _ in counts)
-    return {"train/pass@1": mean_pass_at_k(counts, 1), "train/pass@k": mean_pass_at_k(counts, k), "train/pass_k": k}
-
-
-def _stats(prefix: str, x: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    """Mean, std and largest magnitude of ``x`` (B, T) over the valid tokens of ``mask``."""
-    v = x[mask]
-    return {
-        f"{prefix}/mean": float(v.mean()) if v.numel() else 0.0,
-        f"{prefix}/std": float(v.std()) if v.numel() > 1 else 0.0,
-        f"{prefix}/abs_max": float(v.abs().max()) if v.numel() else 0.0,
-    }
+        if ddp.is_main():
+            with self.metrics_path.open("a") as f:
+                f.write(json.dumps(row) + "\n")

@@ -44,6 +44,8 @@ class _Placed:
 
     def __init__(self, source: RewardSource, granularity: str, segmenter: SegmentFn) -> None:
         self.source, self.granularity, self.segmenter = source, granularity, segmenter
+        # with score_batch's signature; the Ray backend swaps in one that scores on its workers
+        self.score_fn = score_batch
 
     def __call__(
         self, batch: TrajectoryBatch, task: Task, texts_of: TokenTexts, keep: list[bool], on_error: str,
@@ -52,7 +54,7 @@ class _Placed:
         seg = segment(batch.response_ids, batch.response_lengths, texts_of, self.segmenter)
         problems, completions = batch.extras["problems"], batch.extras["completions"]
         rows = [i for i, k in enumerate(keep) if k]
-        result = score_batch(
+        result = self.score_fn(
             self.source,
             task,
             [problems[i] for i in rows],

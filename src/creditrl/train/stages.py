@@ -13,6 +13,8 @@ from transformers import PreTrainedTokenizerBase
 from creditrl.config import Config
 from creditrl.config.validate import resolved_resolution
 from creditrl.credit import estimate_at, normalise
+from creditrl.credit.estimators import EPS
+from creditrl.distributed import ddp
 from creditrl.policy.engine import GenerationEngine, SamplingParams
 from creditrl.rollout.batch import TrajectoryBatch, batch_from_generation
 from creditrl.tasks.base import Problem
@@ -80,11 +82,18 @@ def credit(
     ``lam`` overrides ``credit.lam`` (the lambda schedule); the resolution is ``token`` or
     ``step`` (one time step per reasoning step, see :func:`creditrl.credit.estimate_at`);
     ``step_ends`` (B, T) overrides the scored step ends as the time steps (a tree's segments).
+
+    Under a data-parallel launch the estimators stay local (a rank holds whole prompt groups)
+    but the ``batch`` normaliser whitens over the valid tokens of every rank's kept rows
+    (:func:`creditrl.distributed.ddp.batch_whitening`), as one process over the whole batch would.
     """
     rows = scored.keep.nonzero().squeeze(-1)
     adv = torch.zeros(batch.response_mask.shape)
     ret = torch.zeros(batch.response_mask.shape)
+    global_batch = cfg.credit.normaliser == "batch" and ddp.world_size() > 1
     if rows.numel() == 0:
+        if global_batch:  # the collective runs on every rank, also one without kept rows
+            ddp.batch_whitening(adv[:0], batch.response_mask[:0], EPS)
         return adv, ret
     mask = batch.response_mask[rows]
     a, r = estimate_at(
@@ -99,6 +108,9 @@ def credit(
         gamma=cfg.credit.gamma,
         lam=cfg.credit.lam if lam is None else lam,
     )
-    adv[rows] = normalise(cfg.credit.normaliser, a, mask, group_ids=batch.group_ids[rows])
+    if global_batch:
+        adv[rows] = ddp.batch_whitening(a, mask, EPS)
+    else:
+        adv[rows] = normalise(cfg.credit.normaliser, a, mask, group_ids=batch.group_ids[rows])
     ret[rows] = r
     return adv, ret

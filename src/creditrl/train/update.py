@@ -8,6 +8,19 @@ Per minibatch, with token-level importance ratios against the sampling policy::
 A separate critic takes its own optimizer step on its value loss in the same minibatch. During
 the critic warm-up (``train_policy=False``) only the critic learns, and a shared critic's heads
 read detached policy states so that the policy does not move.
+
+Data-parallel (:mod:`creditrl.distributed.ddp`): ``model`` and ``critic.critic`` may be DDP
+wrappers. Every rank holds its own rows; each minibatch's aggregation denominator (valid tokens,
+responses with a valid token, or responses) is summed over the ranks, the padded length of
+``seq-mean-token-sum-norm`` is the largest over the ranks, and each rank's loss is scaled by the
+world size W, so DDP's *average* of the ranks' gradients is exactly the gradient of the
+single-process loss over the union of the ranks' rows (micro-batches accumulate under
+``no_sync`` and only the last one all-reduces; clipping then sees the same gradient on every
+rank). With ``minibatches = k`` each rank splits its own rows into k parts (its own random
+order) and the i-th optimizer step uses the union of the ranks' i-th parts: a global minibatch
+of 1/k of the global batch, as in one process with a different row order. FSDP2 learners
+(``ddp.wrap(..., strategy="fsdp")``) work the same way; their ranks also run equal numbers of
+micro-batch passes (zero-weight padding passes), since FSDP all-gathers in every forward.
 """
 
 from __future__ import annotations
@@ -18,7 +31,8 @@ import torch
 from transformers import PreTrainedModel
 
 from creditrl.config import Config
-from creditrl.losses import aggregate, chunk_weight, clipped_value_loss, kl_estimate, ppo_clip_loss
+from creditrl.distributed import ddp
+from creditrl.losses import aggregate, aggregation_count, clipped_value_loss, kl_estimate, ppo_clip_loss
 from creditrl.rollout.batch import TrajectoryBatch, micro_batches, response_forward, token_entropy, token_logprobs
 from creditrl.values.critic import Critic
 
@@ -27,7 +41,7 @@ from creditrl.values.critic import Critic
 class CriticTarget:
     """What the critic learns this iteration."""
 
-    critic: Critic
+    critic: Critic  # or its DDP wrapper (creditrl.distributed.ddp.wrap)
     optimizer: torch.optim.Optimizer
     returns: torch.Tensor  # float (B, T), the estimator's returns (A + V for GAE)
     old_values: torch.Tensor  # float (M, B, T), each head's values at the value stage
@@ -51,10 +65,21 @@ def update(
     advantages, mask, ref_logprobs: (B, T); ``ref_logprobs`` enables the KL loss term when
     ``loss.kl_coef > 0``. Each minibatch's gradient is accumulated over micro-batches of whole
     prompt groups (``optim.micro_batch_positions``), each weighted by its share of the
-    aggregation's denominator, so the step equals the one over the whole minibatch.
+    aggregation's denominator, so the step equals the one over the whole minibatch. Under a
+    data-parallel launch the denominators are global (see the module docstring) and the
+    returned metrics are those of the union of the ranks' rows (the same on every rank).
     """
     lc, oc = cfg.loss, cfg.optim
     shared = critic is not None and critic.critic.shared
+    world = ddp.world_size()
+    # the largest padded length and row count over the ranks (the smallest, negated)
+    width, most, fewest = ddp.all_reduce_max([float(mask.shape[1]), float(batch.size), -float(batch.size)])
+    if most != -fewest:
+        raise ValueError(
+            f"data-parallel update: ranks hold {int(-fewest)} to {int(most)} rows; every rank must hold "
+            "the same number (whole prompt groups of equal size)"
+        )
+    learners = ([model] if train_policy else []) + ([critic.critic] if critic is not None else [])
     sums: dict[str, float] = {}
     steps = 0
     model.train()
@@ -67,12 +92,20 @@ def update(
             if critic is not None:
                 critic.optimizer.zero_grad(set_to_none=True)
             logs: dict[str, float] = {}
-            for micro in micro_batches(batch, rows, oc.micro_batch_positions):
-                weight = chunk_weight(lc.aggregation, mask[micro], mask[rows])
-                part = _micro_step(
-                    model, batch, micro, advantages, mask, cfg, ref_logprobs, critic, train_policy, shared,
-                    norm=float(mask.shape[1]), weight=weight,
-                )
+            total = ddp.all_reduce_sum(aggregation_count(lc.aggregation, mask[rows]))  # over every rank's rows
+            micros = micro_batches(batch, rows, oc.micro_batch_positions)
+            n = len(micros)
+            if any(ddp.is_fsdp(m) for m in learners):  # FSDP all-gathers in every forward: equal pass counts
+                n = int(ddp.all_reduce_max(float(n)))
+            for i in range(n):
+                micro = micros[min(i, len(micros) - 1)]  # past its own micro-batches: a zero-weight pass
+                count = aggregation_count(lc.aggregation, mask[micro]) if i < len(micros) else 0.0
+                weight = world * count / max(1.0, total)
+                with ddp.no_sync(learners, enabled=i < n - 1):  # only the last one all-reduces
+                    part = _micro_step(
+                        model, batch, micro, advantages, mask, cfg, ref_logprobs, critic, train_policy, shared,
+                        norm=width, weight=weight,
+                    )
                 for k, v in part.items():
                     logs[k] = logs.get(k, 0.0) + weight * v
             if train_policy:
@@ -84,7 +117,11 @@ def update(
             for k, v in logs.items():
                 sums[k] = sums.get(k, 0.0) + v
             steps += 1
-    return {k: v / steps for k, v in sums.items()}
+    out = {k: v / steps for k, v in sums.items()}
+    if world > 1:  # each rank's weighted sums add up to W times the global metric
+        keys = sorted(out)
+        out = dict(zip(keys, ddp.all_reduce_mean([out[k] for k in keys])))
+    return out
 
 
 def _micro_step(
@@ -115,8 +152,11 @@ def _micro_step(
     logs: dict[str, float] = {}
     loss = torch.zeros(())
     states = None
-    if train_policy or shared:
+    if train_policy:
         logits, states = response_forward(model, mb, hidden=shared)  # (b, T, V), (b, T, H)
+    elif shared:  # critic warm-up: the heads read the policy's states, the policy is not trained
+        with torch.no_grad():
+            logits, states = response_forward(ddp.unwrap(model), mb, hidden=True)
     if train_policy:
         logp = token_logprobs(logits, mb.response_ids)
         pg, stats = ppo_clip_loss(
@@ -145,7 +185,7 @@ def _micro_step(
     if critic is not None:
         if states is not None and not train_policy:
             states = states.detach()
-        member = critic.critic.member_values(mb, states)  # (M, b, T)
+        member = critic.critic(mb, states)  # (M, b, T): member_values, through DDP's forward
         returns = critic.returns[rows][:, :width]
         per_head = [
             agg(clipped_value_loss(member[i], critic.old_values[i][rows][:, :width], returns, m, clip_eps=cfg.value.clip_eps))

@@ -80,6 +80,11 @@ class Critic(nn.Module):
         values = torch.stack(outs)  # (M, B, T)
         return values * batch.response_mask[None].to(values.dtype)
 
+    def forward(self, batch: TrajectoryBatch, policy_states: Tensor | None = None) -> Tensor:
+        """:meth:`member_values`, so that a DDP wrapper's forward (which prepares its gradient
+        all-reduce) runs it."""
+        return self.member_values(batch, policy_states)
+
     @staticmethod
     def combine(member_values: Tensor) -> Tensor:
         """Per-token minimum over members: (M, B, T) -> (B, T)."""

@@ -1,0 +1,349 @@
+"""The Ray backend (``backend.name=ray``): rollout and scoring workers as Ray actors, the
+learner on the driver.
+
+* :class:`RayEngine` implements :class:`~creditrl.policy.engine.GenerationEngine`, so rollouts,
+  MC value continuations and tree rollouts all run on the workers. The ``N = len(prompts) * n``
+  request rows are split into contiguous chunks, one per rollout worker; each worker holds its
+  own copy of the policy and runs the in-process engine (``policy.engine``) on its chunk with
+  ``draw_rows=(offset, N)``: it starts from the driver generator's state and draws the whole
+  batch's uniforms each step, using its slice. Afterwards the driver advances its own
+  generator by the draws the in-process engine would have made (one ``(N, 1)`` draw per decode
+  step, max-over-rows steps), so a run samples the same tokens and leaves the generator in the
+  same state as a one-process run. Log-probs agree up to float rounding: the forward pass of a
+  chunk is a smaller matrix product than that of the whole batch (see ``tests/distributed``).
+* :meth:`RayEngine.sync` broadcasts the driver's weights after each update: one ``ray.put``
+  (a LoRA policy is merged into plain weights first), loaded by every worker with a version
+  number that each generate call checks.
+* A worker that dies (:class:`ray.exceptions.RayActorError`) is replaced by a fresh actor that
+  loads the current weights, and its chunk is re-issued with the same generator state and draw
+  rows, so the samples are identical and none is lost or duplicated; after
+  ``backend.max_restarts`` replacements of one worker the run fails naming it.
+* Scoring workers (``backend.score_workers > 0``, :mod:`creditrl.distributed.ray_score`) run
+  the reward source over chunks of the batch under the same error policy.
+
+``ray`` is an optional extra (``pip install 'creditrl[ray]'``) imported only here.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+from transformers import PreTrainedModel
+
+from creditrl.config import Config, ConfigError
+from creditrl.policy.engine import Generation, HFEngine, SamplingParams, expand_requests
+from creditrl.policy.model import is_lora
+
+INSTALL_HINT = "pip install 'creditrl[ray]'"
+
+
+def import_ray():
+    """The ``ray`` module, or a ConfigError that says how to install it."""
+    try:
+        import ray
+    except ImportError as exc:
+        raise ConfigError(f"backend.name=ray needs the 'ray' package, which is not installed: {INSTALL_HINT}") from exc
+    return ray
+
+
+def ensure_ray(backend) -> tuple[Any, bool]:
+    """Connect to Ray (``backend.address``: "" starts a local instance, "auto" or host:port joins
+    a cluster) unless already connected; returns ``(ray, started_here)``. Raises RuntimeError
+    when the cluster has fewer CPUs than the rollout workers reserve (Ray would wait forever)."""
+    ray = import_ray()
+    need = backend.rollout_workers * backend.worker_threads
+    started = False
+    if not ray.is_initialized():
+        if backend.address:
+            ray.init(address=backend.address, include_dashboard=False)
+        else:  # a local instance: at least the CPUs the workers reserve, even on a smaller machine
+            ray.init(num_cpus=max(os.cpu_count() or 1, need), include_dashboard=False)
+        started = True
+    cpus = ray.cluster_resources().get("CPU", 0)
+    if cpus < need:
+        raise RuntimeError(
+            f"backend: {backend.rollout_workers} rollout workers x {backend.worker_threads} threads reserve "
+            f"{need} CPUs; the Ray cluster has {cpus:g}"
+        )
+    return ray, started
+
+
+def split_rows(total: int, parts: int) -> list[tuple[int, int]]:
+    """Contiguous ``[start, end)`` chunks of ``range(total)`` over at most ``parts`` workers,
+    sizes differing by at most one (empty chunks are left out)."""
+    base, extra = divmod(total, parts)
+    out, start = [], 0
+    for i in range(parts):
+        end = start + base + (i < extra)
+        if end > start:
+            out.append((start, end))
+        start = end
+    return out
+
+
+def policy_weights(model: PreTrainedModel) -> dict[str, torch.Tensor]:
+    """The weights a worker loads: the plain state dict, or for a LoRA policy the base weights
+    with the adapters merged in (the driver's model is left untouched)."""
+    if is_lora(model):
+        model = copy.deepcopy(model).merge_and_unload()
+    return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+
+
+def engine_kind(model: PreTrainedModel, kind: str) -> str:
+    """The engine the in-process run would use for ``model`` (``auto`` resolved): workers run
+    the same one on their plain copy."""
+    from creditrl.policy.static_engine import make_engine
+
+    return "hf" if isinstance(make_engine(model, eos_id=0, pad_id=0, kind=kind), HFEngine) else "static"
+
+
+class WorkerPool:
+    """Actors in numbered slots; :meth:`run` re-issues a call whose actor died on a replacement.
+
+    ``make(slot)`` starts an actor; ``prepare(actor)`` (optional) brings a replacement up to date
+    before its calls (actor methods run in submission order)."""
+
+    def __init__(self, ray, name: str, make: Callable[[int], Any], size: int, max_restarts: int,
+                 prepare: Callable[[Any], None] | None = None) -> None:
+        self.ray, self.name, self.make, self.max_restarts, self.prepare = ray, name, make, max_restarts, prepare
+        self.actors = [make(i) for i in range(size)]
+        self.slot_restarts = [0] * size
+        self.restarts = 0  # since the last :meth:`pop_restarts`
+
+    def run(self, calls: Sequence[tuple[int, Callable[[Any], Any]]]) -> list[Any]:
+        """``calls[j] = (slot, submit)``, ``submit(actor) -> ObjectRef``; the results in order."""
+        ray = self.ray
+        sent = [self.actors[slot] for slot, _ in calls]
+        refs = [submit(actor) for (_, submit), actor in zip(calls, sent)]
+        results: list[Any] = [None] * len(calls)
+        pending = list(range(len(calls)))
+        while pending:
+            again = []
+            for j in pending:
+                try:
+                    results[j] = ray.get(refs[j])
+                except ray.exceptions.RayActorError as exc:
+                    slot, submit = calls[j]
+                    if self.actors[slot] is sent[j]:  # not yet replaced (by an earlier call's failure)
+                        self._replace(slot, exc)
+                    sent[j] = self.actors[slot]
+                    refs[j] = submit(sent[j])
+                    again.append(j)
+                except ray.exceptions.RayTaskError as exc:  # the worker raised: raise it here as itself
+                    cause = getattr(exc, "cause", None)
+                    if isinstance(cause, BaseException):
+                        raise cause from None
+                    raise
+            pending = again
+        return results
+
+    def _replace(self, slot: int, exc: BaseException) -> None:
+        if self.slot_restarts[slot] >= self.max_restarts:
+            raise RuntimeError(
+                f"{self.name} worker {slot} died and backend.max_restarts={self.max_restarts} replacements "
+                f"are used up: {exc}"
+            ) from exc
+        try:
+            self.ray.kill(self.actors[slot], no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+        actor = self.make(slot)
+        if self.prepare is not None:
+            self.prepare(actor)
+        self.actors[slot] = actor
+        self.slot_restarts[slot] += 1
+        self.restarts += 1
+
+    def pop_restarts(self) -> int:
+        n, self.restarts = self.restarts, 0
+        return n
+
+    def shutdown(self) -> None:
+        for actor in self.actors:
+            try:
+                self.ray.kill(actor, no_restart=True)
+            except Exception:  # noqa: BLE001
+                pass
+        self.actors = []
+
+
+class RolloutWorker:
+    """A Ray actor (wrapped by :class:`RayEngine`): a policy copy and its in-process engine."""
+
+    def __init__(self, init_path: str, seed: int, options: dict, kind: str, threads: int, eos_id: int,
+                 pad_id: int) -> None:
+        from creditrl.policy.model import load_policy
+        from creditrl.policy.static_engine import make_engine
+
+        torch.set_num_threads(threads)
+        model, _ = load_policy(init_path, seed=seed, **options)
+        if is_lora(model):  # the driver sends merged weights
+            model = model.merge_and_unload()
+        self.model = model.eval().requires_grad_(False)
+        self.engine = make_engine(self.model, eos_id=eos_id, pad_id=pad_id, kind=kind)
+        self.version = 0
+        self.calls = 0
+        self.crash_at: int | None = None
+
+    def load(self, state: dict[str, torch.Tensor], version: int) -> int:
+        self.model.load_state_dict(state)
+        self.version = version
+        return version
+
+    def generate(self, version: int, requests: list[list[int]], limits: list[int], params: SamplingParams,
+                 generator_state: torch.Tensor, draw_rows: tuple[int, int]) -> tuple[list, list, list]:
+        self.calls += 1
+        if self.crash_at is not None and self.calls >= self.crash_at:
+            os._exit(1)  # the fault-injection hook of the tests: die like a lost node
+        if version != self.version:
+            raise RuntimeError(f"rollout worker holds weights version {self.version}, the driver expects {version}")
+        gen = torch.Generator()
+        gen.set_state(generator_state)
+        out = self.engine.generate(requests, 1, params, generator=gen, budgets=limits, draw_rows=draw_rows)
+        return out.tokens, out.logprobs, out.finished
+
+    def crash_on_call(self, k: int) -> None:
+        """Test hook: exit the process at the start of the k-th generate call from now."""
+        self.crash_at = self.calls + k
+
+    def info(self) -> dict[str, int]:
+        return {"pid": os.getpid(), "version": self.version, "calls": self.calls, "threads": torch.get_num_threads()}
+
+
+class RayEngine:
+    """A :class:`~creditrl.policy.engine.GenerationEngine` over ``backend.rollout_workers``
+    Ray actors (module docstring). ``model`` is the driver's policy, whose weights
+    :meth:`sync` sends; assigning ``engine.model`` (a resumed run) marks them to be sent before
+    the next generate."""
+
+    def __init__(self, cfg: Config, init_path: str, model: PreTrainedModel, *, eos_id: int, pad_id: int) -> None:
+        from creditrl.train.sft import policy_options
+
+        b = cfg.backend
+        self.ray, self.started_ray = ensure_ray(b)
+        ray = self.ray
+        self.kind = engine_kind(model, cfg.policy.engine)
+        self.eos_id, self.pad_id, self.threads = eos_id, pad_id, b.worker_threads
+        worker = ray.remote(num_cpus=b.worker_threads, max_restarts=0)(RolloutWorker)
+        args = (init_path, cfg.policy.init_seed, policy_options(cfg), self.kind, b.worker_threads, eos_id, pad_id)
+        self.pool = WorkerPool(ray, "rollout", lambda slot: worker.remote(*args), b.rollout_workers, b.max_restarts,
+                               prepare=self._prepare)
+        self.scoring = None  # a ray_score.ScorePool when backend.score_workers > 0
+        self._model = model
+        self.version = 0
+        self._weights = None  # ObjectRef of the current weights
+        self._stale = True
+        self.sync_s = 0.0
+
+    @property
+    def model(self) -> PreTrainedModel:
+        return self._model
+
+    @model.setter
+    def model(self, model: PreTrainedModel) -> None:
+        self._model = model
+        self._stale = True
+
+    def wait_ready(self, timeout_s: float = 300.0) -> None:
+        """Wait for the workers to start; a RuntimeError (not a silent wait) when Ray cannot
+        place them within ``timeout_s``, e.g. too few free CPUs for their reservation."""
+        refs = [a.info.remote() for a in self.pool.actors]
+        ready, _ = self.ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        if len(ready) < len(refs):
+            free = self.ray.available_resources().get("CPU", 0)
+            raise RuntimeError(
+                f"backend: {len(refs) - len(ready)} of {len(refs)} rollout workers did not start within "
+                f"{timeout_s:g} s; each reserves backend.worker_threads={self.threads} CPUs and the Ray cluster has "
+                f"{free:g} free"
+            )
+
+    def _prepare(self, actor) -> None:
+        if self._weights is not None:
+            actor.load.remote(self._weights, self.version)
+
+    def sync(self, model: PreTrainedModel | None = None) -> int:
+        """Send the policy's weights to every worker (one ``ray.put``); returns the new version."""
+        start = time.perf_counter()
+        if model is not None:
+            self._model = model
+        self._weights = self.ray.put(policy_weights(self._model))
+        self.version += 1
+        ref, version = self._weights, self.version
+        self.pool.run([(slot, lambda a: a.load.remote(ref, version)) for slot in range(len(self.pool.actors))])
+        self._stale = False
+        self.sync_s += time.perf_counter() - start
+        return self.version
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        n: int,
+        params: SamplingParams,
+        *,
+        generator: torch.Generator | None = None,
+        budgets: Sequence[int] | None = None,
+    ) -> Generation:
+        requests, limit = expand_requests(prompts, n, params, budgets)
+        if self._stale:
+            self.sync()
+        gen = generator if generator is not None else torch.default_generator
+        state = gen.get_state()
+        total, version = len(requests), self.version
+        limits = limit.tolist()
+
+        def call(a: int, b: int):
+            return lambda actor: actor.generate.remote(version, requests[a:b], limits[a:b], params, state, (a, total))
+
+        chunks = split_rows(total, len(self.pool.actors))
+        results = self.pool.run([(slot, call(a, b)) for slot, (a, b) in enumerate(chunks)])
+        tokens = [t for r in results for t in r[0]]
+        logprobs = [x for r in results for x in r[1]]
+        finished = [f for r in results for f in r[2]]
+        if params.temperature > 0:  # the draws of the one-process engine: (N, 1) per decode step
+            for _ in range(max(len(t) for t in tokens)):
+                torch.rand(total, 1, generator=gen, dtype=torch.float64)
+        return Generation(
+            prompt_index=[i for i in range(len(prompts)) for _ in range(n)],
+            prompt_ids=requests,
+            tokens=tokens,
+            logprobs=logprobs,
+            finished=finished,
+        )
+
+    def stats(self) -> dict[str, float]:
+        """Per-iteration metrics (restarts since the last call, weight broadcast time)."""
+        restarts = self.pool.pop_restarts() + (self.scoring.pool.pop_restarts() if self.scoring else 0)
+        out = {"backend/restarts": restarts, "time/sync_s": self.sync_s}
+        self.sync_s = 0.0
+        return out
+
+    def shutdown(self) -> None:
+        """Stop the workers (and Ray itself when this engine started it)."""
+        self.pool.shutdown()
+        if self.scoring is not None:
+            self.scoring.pool.shutdown()
+        if self.started_ray:
+            self.ray.shutdown()
+            self.started_ray = False
+
+
+def ray_engine(cfg: Config, init_path: str, model: PreTrainedModel, tokenizer, scorer=None) -> RayEngine:
+    """The trainer's entry: a RayEngine for ``model``, with scoring workers attached to
+    ``scorer`` (a :class:`~creditrl.train.score.Scorer`) when ``backend.score_workers > 0``."""
+    engine = RayEngine(cfg, init_path, model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
+    if cfg.backend.score_workers and scorer is not None:
+        from creditrl.distributed.ray_score import ScorePool
+
+        engine.scoring = ScorePool(engine.ray, cfg)
+        engine.scoring.attach(scorer)
+    engine.wait_ready()
+    engine.sync()  # the first iteration's timers measure work, not the workers' start
+    engine.sync_s = 0.0
+    if engine.scoring is not None:
+        pool = engine.scoring.pool
+        pool.run([(slot, lambda a: a.info.remote()) for slot in range(len(pool.actors))])
+    return engine

@@ -1,0 +1,118 @@
+"""Scoring workers of the Ray backend (``backend.score_workers > 0``).
+
+Each worker is a Ray actor that builds the run's task (``make_task(task.name, **task.args)``)
+and its reward sources by name (``reward.source`` and ``hybrid.dense_source`` at start, any other
+registered source on first use; the PRM source loads its model from ``reward.prm``), and runs :func:`creditrl.rewards.sources.score_batch` on
+a contiguous chunk of the responses, under the run's ``reward.on_error`` policy. The driver
+joins the chunks: scores and keep flags in order, errors added up, the first error message of
+the earliest chunk; a source that raises under ``on_error=raise`` raises the same error (with
+the response's index in the whole batch) on the driver. A source scores each response on its
+own, so this equals driver-side scoring; a ``batch_fn`` (one PRM forward pass) runs per chunk,
+which changes only the padding of that forward pass. Sandboxed unit tests run inside the actor.
+The task's outcome check (``train/accuracy``, the hybrid filter) stays on the driver.
+
+A worker that dies is replaced and its chunk re-scored (:class:`~creditrl.distributed.ray_backend.WorkerPool`).
+Scoring workers reserve no Ray CPUs: they mostly wait on the sandbox or run short forward passes,
+and must not block the rollout workers' reservation on a small machine.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+import torch
+
+from creditrl.config import Config
+from creditrl.distributed.ray_backend import WorkerPool, split_rows
+from creditrl.rewards.sources import RewardSource, ScoreResult, score_batch
+from creditrl.tasks.base import Problem, Task
+
+
+def source_names(cfg: Config) -> list[str]:
+    """The reward sources a run scores with (the workers build exactly these)."""
+    return [n for n in (cfg.reward.source, cfg.hybrid.dense_source) if n]
+
+
+class ScoreWorker:
+    """A Ray actor (wrapped by :class:`ScorePool`): the task and the run's reward sources."""
+
+    def __init__(self, cfg: Config, threads: int) -> None:
+        from creditrl.rewards.sources import make_source
+        from creditrl.tasks import make_task
+
+        torch.set_num_threads(threads)
+        self.task = make_task(cfg.task.name, **cfg.task.args)
+        self.options = {"prm": cfg.reward.prm}
+        self.sources = {name: make_source(name, self.options) for name in source_names(cfg)}
+        self.calls = 0
+        self.crash_at: int | None = None
+
+    def score(self, name: str, problems: list[Problem], completions: list[str], spans: list[list[str]],
+              granularity: str | None, on_error: str, first_index: int) -> ScoreResult:
+        self.calls += 1
+        if self.crash_at is not None and self.calls >= self.crash_at:
+            os._exit(1)  # test hook
+        if name not in self.sources:  # another registered source (the run's own are built at start)
+            from creditrl.rewards.sources import make_source
+
+            self.sources[name] = make_source(name, self.options)
+        return score_batch(self.sources[name], self.task, problems, completions, spans, granularity=granularity,
+                           on_error=on_error, first_index=first_index)
+
+    def crash_on_call(self, k: int) -> None:
+        """Test hook: exit the process at the start of the k-th score call from now."""
+        self.crash_at = self.calls + k
+
+    def info(self) -> dict[str, int]:
+        return {"pid": os.getpid(), "calls": self.calls}
+
+
+class ScorePool:
+    """``backend.score_workers`` scoring actors; :meth:`score` has ``score_batch``'s signature."""
+
+    def __init__(self, ray, cfg: Config) -> None:
+        b = cfg.backend
+        worker = ray.remote(num_cpus=0, max_restarts=0)(ScoreWorker)
+        self.pool = WorkerPool(ray, "scoring", lambda slot: worker.remote(cfg, b.worker_threads), b.score_workers,
+                               b.max_restarts)
+
+    def attach(self, scorer) -> None:
+        """Route a :class:`~creditrl.train.score.Scorer`'s sources through the workers."""
+        for placed in (scorer.primary, scorer.dense):
+            if placed is not None:
+                placed.score_fn = self.score
+
+    def score(
+        self,
+        source: RewardSource,
+        task: Task,
+        problems: Sequence[Problem],
+        completions: Sequence[str],
+        spans: Sequence[Sequence[str]],
+        *,
+        granularity: str | None = None,
+        on_error: str = "raise",
+    ) -> ScoreResult:
+        if not problems:  # nothing to send: score here (the same argument checks)
+            return score_batch(source, task, problems, completions, spans, granularity=granularity, on_error=on_error)
+        problems, completions, spans = list(problems), list(completions), [list(s) for s in spans]
+
+        def call(a: int, b: int):
+            return lambda actor: actor.score.remote(
+                source.name, problems[a:b], completions[a:b], spans[a:b], granularity, on_error, a
+            )
+
+        chunks = split_rows(len(problems), len(self.pool.actors))
+        parts: list[ScoreResult] = self.pool.run([(slot, call(a, b)) for slot, (a, b) in enumerate(chunks)])
+        return ScoreResult(
+            scores=[s for p in parts for s in p.scores],
+            keep=[k for p in parts for k in p.keep],
+            errors=sum(p.errors for p in parts),
+            first_error=next((p.first_error for p in parts if p.first_error), None),
+        )
+
+
+def pool_info(pool: WorkerPool) -> list[dict[str, Any]]:
+    """Each worker's ``info()`` (tests)."""
+    return pool.ray.get([a.info.remote() for a in pool.actors])
