@@ -89,7 +89,10 @@ def test_summarise_arm_table_numbers_against_hand_computed_histories():
     for h, n in zip(hs, (30.0, 34.0, 38.0)):
         h[-1]["eval/length"] = n
     with_len = summarise_arm("x", hs, gain=0.1)
-    assert with_len.length == pytest.approx((34.0, 4.303 * 4.0 / 3**0.5))
+    assert with_len.length == pytest.approx((34.0, 4.303 * 4.0 / 3**0.5)) and with_len.length_start is None
+    for h in hs:
+        h[0]["eval/length"] = 20.0
+    assert summarise_arm("x", hs, gain=0.1).length_start == 20.0
     assert results_markdown([with_len]).rstrip().endswith("| 34.0 ± 9.9 |")
 
 

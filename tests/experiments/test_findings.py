@@ -12,7 +12,7 @@ from creditrl.experiments.findings import fill, load_finding, run_findings
 ROWS = [
     {"arm": "grpo", "seeds": 3, "start": 0.234, "final": [0.273, 0.012], "step_final": [0.56, 0.01], "reached": 2,
      "iter_s": [1.2, 0.05], "wall_s": [30.0, 1.0], "tokens": [150000.0, 10.0], "samples": [3456.0, 0.0],
-     "samples_to_target": None, "wall_to_target": None, "length": [31.24, 0.41]},
+     "samples_to_target": None, "wall_to_target": None, "length": [31.24, 0.41], "length_start": 30.12},
     {"arm": "gae + mc (VinePPO)", "seeds": 3, "start": 0.234, "final": [0.25, 0.02], "step_final": [0.5, 0.02],
      "reached": 0, "iter_s": [3.0, 0.1], "wall_s": [80.0, 2.0], "tokens": [151000.0, 5.0], "samples": [3000.0, 0.0],
      "samples_to_target": None, "wall_to_target": None},
@@ -24,7 +24,7 @@ def test_fill_formats_every_field_and_ratios():
                 "{grpo.iter_s}; {ratio:gae_mc_VinePPO/grpo.iter_s} the time; {grpo.tokens}; {grpo.wall_to_target}", ROWS)
     assert text == ("27.3 ± 1.2% vs 25.0 ± 2.0%; start 23.4%; 2/3 seeds; 1.20 ± 0.05 s; 2.5x the time; "
                     "150,000 ± 10; not reached")
-    assert fill("{grpo.length}", ROWS) == "31.2 ± 0.4 tokens"
+    assert fill("{grpo.length} from {grpo.length_start}", ROWS) == "31.2 ± 0.4 tokens from 30.1 tokens"
     with pytest.raises(ValueError, match="unknown arm 'ppo'; arms: gae_mc_VinePPO, grpo"):
         fill("{ppo.final}", ROWS)
     with pytest.raises(ValueError, match="unknown field 'best'"):

@@ -27,17 +27,19 @@ def test_inner_states_are_the_nodes_with_children_and_their_leaf_means():
     assert all(len(tokens[s.row]) > len(s.prefix) for s in states)  # so the critic can read position len(prefix)
 
 
-def test_sibling_rank_accuracy_against_hand_counts():
+def test_step_rank_accuracy_over_parent_child_and_sibling_pairs():
     paths, ends, tokens = _tree()
     states = vr.inner_states(paths, ends, tokens, [0] * 4, [1.0, 0.0, 1.0, 1.0])
-    # one sibling pair (nodes 1 and 2); truth says 2 is better
-    assert vr.sibling_rank_accuracy(states, [0.5, 0.2, 0.9], [0.0, 0.1, 0.8]) == (1.0, 1)
-    assert vr.sibling_rank_accuracy(states, [0.5, 0.2, 0.9], [0.0, 0.9, 0.8]) == (0.0, 1)
-    assert vr.sibling_rank_accuracy(states, [0.5, 0.2, 0.9], [0.0, 0.4, 0.4]) == (0.5, 1)  # a tie is half
-    acc, pairs = vr.sibling_rank_accuracy(states, [0.5, 0.5, 0.55], [0.0, 0.4, 0.9])  # gap below MIN_GAP
+    assert vr.related_pairs(states) == [(0, 1), (0, 2), (1, 2)]  # two steps from the root, one pair of alternatives
+    truth = [0.5, 0.2, 0.9]
+    assert vr.step_rank_accuracy(states, truth, [0.0, 0.1, 0.8]) == (pytest.approx(2 / 3), 3)  # (0, 1) wrong
+    assert vr.step_rank_accuracy(states, truth, [0.0, 0.9, 0.8]) == (pytest.approx(1 / 3), 3)
+    assert vr.step_rank_accuracy(states, truth, [0.5, 0.4, 0.4]) == (pytest.approx(0.5), 3)  # a tie is half
+    acc, pairs = vr.step_rank_accuracy(states, [0.5, 0.5, 0.55], [0.0, 0.4, 0.9])  # every gap below MIN_GAP
     assert pairs == 0 and acc != acc
-    row = vr.score("x", states, [0.5, 0.2, 0.9], [0.6, 0.2, 0.6], 12.0)
-    assert row.mae[0] == pytest.approx((0.1 + 0.0 + 0.3) / 3) and row.rank_acc == 1.0 and row.states == 3
+    row = vr.score("x", states, truth, [0.6, 0.2, 0.6], 12.0)
+    assert row.mae[0] == pytest.approx((0.1 + 0.0 + 0.3) / 3) and row.rank_acc == pytest.approx(2.5 / 3)
+    assert row.states == 3 and row.pairs == 3
 
 
 def test_quick_value_report_writes_rows_and_is_read_back(tmp_path: Path, monkeypatch):

@@ -177,6 +177,7 @@ class CompareRow:
     iter_s: Stat  # per seed the mean time/iter_s over its iterations
     wall_s: Stat  # RL wall time per run at the end (evaluations excluded)
     length: Stat | None = None  # held-out greedy response length (tokens) at the last evaluation
+    length_start: float | None = None  # the same before RL (mean over seeds)
 
 
 def first_reach(history: list[dict[str, Any]], target: float) -> dict[str, Any] | None:
@@ -204,6 +205,8 @@ def summarise_arm(arm: str, histories: list[list[dict[str, Any]]], target: float
         iter_s=mean_ci95([float(np.mean(x)) for x in its]),
         wall_s=mean_ci95([r["time/total_s"] for r in last]),
         length=mean_ci95([e[-1]["eval/length"] for e in evals]) if all("eval/length" in e[-1] for e in evals) else None,
+        length_start=float(np.mean([e[0]["eval/length"] for e in evals])) if all("eval/length" in e[0] for e in evals)
+        else None,
     )
 
 

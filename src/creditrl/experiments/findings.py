@@ -8,7 +8,7 @@ placeholders filled from the grid's results, so no number in FINDINGS.md is type
 - ``{ARM.FIELD}`` with ARM the arm's slug (``gae + critic`` -> ``gae_critic``) and FIELD one of
   ``final``, ``step_final`` (accuracies, "27.3 ± 1.2%"), ``start`` ("23.4%"), ``iter_s``,
   ``wall_s`` (seconds, "1.23 ± 0.05 s"), ``length`` (held-out response length, "31.2 ± 0.4
-  tokens"), ``tokens``, ``samples`` (counts), ``reached``
+  tokens"), ``length_start`` (the same before RL, "30.1 tokens"), ``tokens``, ``samples`` (counts), ``reached``
   ("2/3"), ``samples_to_target``, ``wall_to_target``;
 - ``{ratio:ARM_A/ARM_B.FIELD}``: the ratio of the two means ("2.4x").
 
@@ -66,6 +66,8 @@ def _fmt(field: str, value: Any) -> str:
         return f"{100 * value:.1f}%"
     if field == "reached":
         return str(value)
+    if field == "length_start":
+        return f"{value:.1f} tokens"
     if field == "rank_acc":  # value report
         return "n/a" if value != value else f"{100 * value:.1f}%"
     if field == "mae":

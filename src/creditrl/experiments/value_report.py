@@ -16,10 +16,11 @@ Per state, the estimators:
   token, trained as in RL (gae returns, lam 0.95) on the fixed policy's samples: the trainer's
   critic warm-up (``value.warmup_iterations``) with no policy update.
 
-Metrics: mean absolute error against the truth, and ranking accuracy over *sibling* pairs (two
-alternative next steps from the same node; pairs whose true values differ by at least
-``MIN_GAP``): the share ordered like the truth, a tie counting one half -- what credit needs, which
-of two steps was better. The truth itself is noisy: its mean standard error is reported.
+Metrics: mean absolute error against the truth, and step-ranking accuracy over pairs of related
+states whose true values differ by at least ``MIN_GAP`` -- a state and its child (did the step
+raise or lower the value: the sign of its advantage) and two siblings (which of two alternative
+next steps is better): the share ordered like the truth, a tie counting one half. The truth
+itself is noisy: its mean standard error is reported.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from creditrl.train.evaluate import decode_response, encode_prompt
 from creditrl.train.rl import RLTrainer, resolve_init
 from creditrl.values.tree import TreeShape
 
+CHUNK = 2048  # continuations per engine call
 MIN_GAP = 0.1  # sibling pairs whose true values differ by less are not ranked
 CRITIC_SET = ["credit.estimator=gae", "credit.lam=0.95", "credit.normaliser=batch", "train.eval_every=1000000",
               "train.checkpoint_every=1000000", "train.inspect_every=0"]
@@ -96,39 +98,56 @@ def inner_states(paths: list[list[int]], segment_ends: list[list[int]], tokens: 
 
 def continuation_outcomes(engine, tokenizer, task, problems, prompts, states: list[State], n: int,
                           params: SamplingParams, seed: int) -> tuple[list[list[float]], int]:
-    """``n`` continuations of every state by the policy: their outcomes, and the tokens generated."""
-    gen = engine.generate([prompts[s.problem] + s.prefix for s in states], n, params,
-                          generator=torch.Generator().manual_seed(seed),
-                          budgets=[max(1, params.max_new_tokens - len(s.prefix)) for s in states])
+    """``n`` continuations of every state by the policy: their outcomes, and the tokens generated.
+    The engine is called on chunks of at most ``CHUNK`` continuations (its KV cache is per row)."""
+    gen_ = torch.Generator().manual_seed(seed)
     out: list[list[float]] = [[] for _ in states]
-    for i, toks in zip(gen.prompt_index, gen.tokens):
-        s = states[i]
-        text = decode_response(tokenizer, s.prefix + list(toks))
-        out[i].append(float(task.check_outcome(problems[s.problem], text)))
-    return out, sum(len(t) for t in gen.tokens)
+    spent = 0
+    per_call = max(1, CHUNK // n)
+    for lo in range(0, len(states), per_call):
+        chunk = states[lo : lo + per_call]
+        gen = engine.generate([prompts[s.problem] + s.prefix for s in chunk], n, params, generator=gen_,
+                              budgets=[max(1, params.max_new_tokens - len(s.prefix)) for s in chunk])
+        for i, toks in zip(gen.prompt_index, gen.tokens):
+            s = chunk[i]
+            text = decode_response(tokenizer, s.prefix + list(toks))
+            out[lo + i].append(float(task.check_outcome(problems[s.problem], text)))
+        spent += sum(len(t) for t in gen.tokens)
+    return out, spent
 
 
-def sibling_rank_accuracy(states: list[State], truth: list[float], est: list[float]) -> tuple[float, int]:
-    by_parent: dict[int, list[int]] = {}
-    for i, s in enumerate(states):
+def related_pairs(states: list[State]) -> list[tuple[int, int]]:
+    """Index pairs (i, j) of states one step apart (j is a child of i: the sign of the step's
+    advantage) or alternatives (siblings: which next step is better)."""
+    index = {(s.problem, s.node): i for i, s in enumerate(states)}
+    kids: dict[int, list[int]] = {}
+    pairs = []
+    for j, s in enumerate(states):
         if s.parent >= 0:
-            by_parent.setdefault(s.parent, []).append(i)
-    hits, pairs = 0.0, 0
-    for kids in by_parent.values():
-        for a in range(len(kids)):
-            for b in range(a + 1, len(kids)):
-                i, j = kids[a], kids[b]
-                if abs(truth[i] - truth[j]) < MIN_GAP:
-                    continue
-                pairs += 1
-                d = est[i] - est[j]
-                hits += 0.5 if d == 0 else float((d > 0) == (truth[i] > truth[j]))
-    return (hits / pairs if pairs else float("nan")), pairs
+            i = index[(s.problem, s.parent)]
+            pairs.append((i, j))
+            kids.setdefault(i, []).append(j)
+    for group in kids.values():
+        pairs += [(a, b) for k, a in enumerate(group) for b in group[k + 1 :]]
+    return pairs
+
+
+def step_rank_accuracy(states: list[State], truth: list[float], est: list[float]) -> tuple[float, int]:
+    """Share of :func:`related_pairs` whose true values differ by at least ``MIN_GAP`` that the
+    estimate orders like the truth (a tie counts one half); and how many pairs that was."""
+    hits, n = 0.0, 0
+    for i, j in related_pairs(states):
+        if abs(truth[i] - truth[j]) < MIN_GAP:
+            continue
+        n += 1
+        d = est[i] - est[j]
+        hits += 0.5 if d == 0 else float((d > 0) == (truth[i] > truth[j]))
+    return (hits / n if n else float("nan")), n
 
 
 def score(arm: str, states: list[State], truth: list[float], est: list[float], tokens_per_state: float) -> EstimatorRow:
     err = [abs(e - t) for e, t in zip(est, truth)]
-    acc, pairs = sibling_rank_accuracy(states, truth, est)
+    acc, pairs = step_rank_accuracy(states, truth, est)
     return EstimatorRow(arm, mean_ci95(err), acc, pairs, len(states), tokens_per_state)
 
 
@@ -142,7 +161,7 @@ def _pct(x: float) -> str:
 
 
 def results_markdown(rows: list[EstimatorRow], truth_se: float) -> str:
-    head = ("| estimator | mean abs. error vs truth | sibling ranking accuracy | pairs ranked | states "
+    head = ("| estimator | mean abs. error vs truth | step-ranking accuracy | pairs ranked | states "
             "| generated tokens per state |\n|---|---|---|---|---|---|\n")
     body = "".join(f"| {r.arm} | {r.mae[0]:.3f} ± {r.mae[1]:.3f} | {_pct(r.rank_acc)} | {r.pairs} | {r.states} "
                    f"| {r.tokens_per_state:,.0f} |\n" for r in rows)
@@ -162,7 +181,7 @@ def plot_rows(rows: list[EstimatorRow], path: Path, title: str) -> None:
     a.set_xlabel("mean absolute error vs true value")
     b.barh(names, [0.0 if r.rank_acc != r.rank_acc else 100 * r.rank_acc for r in rows], color="C1")
     b.axvline(50, color="grey", linestyle="--", linewidth=1)
-    b.set_xlabel("sibling ranking accuracy (%)")
+    b.set_xlabel("step-ranking accuracy (%)")
     b.set_yticklabels([])
     for ax in (a, b):
         ax.invert_yaxis()
