@@ -38,9 +38,10 @@ def peaked_tiny():
     return _peaked_tiny
 
 
-def _scored_by(trainer, problems: list, completions: list[str]):
-    """The trainer's score stage on hand-written completions (each followed by eos)."""
-    tok = trainer.tokenizer
+def _scored_by(trainer, problems: list, completions: list[str], *, scorer=None, tokenizer=None, group_size: int = 0):
+    """The score stage (the trainer's, or ``scorer`` with ``tokenizer``) on hand-written
+    completions (each followed by eos); groups of ``group_size`` rows (0: one group)."""
+    tok = tokenizer or trainer.tokenizer
     rows = [tok(c, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for c in completions]
     b, width = len(rows), max(len(r) for r in rows)
     lengths = torch.tensor([len(r) for r in rows])
@@ -48,14 +49,15 @@ def _scored_by(trainer, problems: list, completions: list[str]):
         prompt_ids=torch.full((b, 1), tok.bos_token_id), prompt_mask=torch.ones(b, 1, dtype=torch.long),
         response_ids=torch.tensor([r + [tok.pad_token_id] * (width - len(r)) for r in rows]),
         response_lengths=lengths, response_mask=torch.arange(width)[None, :] < lengths[:, None],
-        old_logprobs=torch.zeros(b, width), group_ids=torch.zeros(b, dtype=torch.long),
+        old_logprobs=torch.zeros(b, width),
+        group_ids=torch.arange(b) // group_size if group_size else torch.zeros(b, dtype=torch.long),
         finished=torch.ones(b, dtype=torch.bool), extras={"problems": problems, "completions": completions},
     )
-    return trainer.scorer(batch, progress=0.0, generator=torch.Generator().manual_seed(0))
+    return (scorer or trainer.scorer)(batch, progress=0.0, generator=torch.Generator().manual_seed(0))
 
 
 @pytest.fixture(scope="session")
 def scored_by():
     """Factory fixture: ``scored_by(trainer, problems, completions)`` runs the trainer's score
-    stage on hand-written completions (each followed by eos)."""
+    stage on hand-written completions (each followed by eos); see :func:`_scored_by`."""
     return _scored_by

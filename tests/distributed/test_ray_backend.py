@@ -297,25 +297,8 @@ def score_pool():
     pool.pool.shutdown()
 
 
-def _scored(scorer: Scorer, tok, problems, completions):
-    """The score stage on hand-written completions (each followed by eos)."""
-    from creditrl.rollout.batch import TrajectoryBatch
-
-    rows = [tok(c, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for c in completions]
-    b, width = len(rows), max(len(r) for r in rows)
-    lengths = torch.tensor([len(r) for r in rows])
-    batch = TrajectoryBatch(
-        prompt_ids=torch.full((b, 1), tok.bos_token_id), prompt_mask=torch.ones(b, 1, dtype=torch.long),
-        response_ids=torch.tensor([r + [tok.pad_token_id] * (width - len(r)) for r in rows]),
-        response_lengths=lengths, response_mask=torch.arange(width)[None, :] < lengths[:, None],
-        old_logprobs=torch.zeros(b, width), group_ids=torch.arange(b) // 2,
-        finished=torch.ones(b, dtype=torch.bool), extras={"problems": problems, "completions": completions},
-    )
-    return scorer(batch, progress=0.0, generator=torch.Generator().manual_seed(0))
-
-
 @pytest.mark.parametrize("source", ["outcome", "oracle_steps"])
-def test_scoring_workers_score_like_the_driver(source: str, score_pool) -> None:
+def test_scoring_workers_score_like_the_driver(source: str, score_pool, scored_by) -> None:
     _, tok = build_tiny(0)
     cfg = load_config(None, [f"reward.source={source}"])
     task = make_task(cfg.task.name, **cfg.task.args)
@@ -325,11 +308,11 @@ def test_scoring_workers_score_like_the_driver(source: str, score_pool) -> None:
         steps = p.solution.split(";")
         completions += [p.solution, ";".join([steps[0] + "1"] + steps[1:-1]) + f";#{int(p.answer) + 1}"]
     problems = [p for p in problems for _ in range(2)]
-    here = _scored(Scorer(cfg, task, tok), tok, problems, completions)
+    here = scored_by(None, problems, completions, scorer=Scorer(cfg, task, tok), tokenizer=tok, group_size=2)
     remote_scorer = Scorer(cfg, task, tok)
     score_pool.attach(remote_scorer)
     calls = [i["calls"] for i in pool_info(score_pool.pool)]
-    there = _scored(remote_scorer, tok, problems, completions)
+    there = scored_by(None, problems, completions, scorer=remote_scorer, tokenizer=tok, group_size=2)
     assert [i["calls"] for i in pool_info(score_pool.pool)] == [c + 1 for c in calls]  # both workers scored
     for name in ("rewards", "reward_mask", "step_ends", "outcome", "step_correct", "keep"):
         assert torch.equal(getattr(here, name), getattr(there, name)), name
