@@ -342,3 +342,6 @@ def test_backend_section_defaults_and_errors() -> None:
         load_config(None, ["backend.name=slurm"])
     with pytest.raises(ConfigError, match="backend.score_workers: expected >= 0"):
         load_config(None, ["backend.score_workers=-1"])
+    assert load_config(None, []).backend.learner == "ddp"
+    with pytest.raises(ConfigError, match="backend.learner: unknown value 'zero'; valid: ddp, fsdp"):
+        load_config(None, ["backend.learner=zero"])

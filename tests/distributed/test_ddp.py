@@ -180,3 +180,42 @@ def test_prompts_per_iter_must_divide_by_world_size(tmp_path, monkeypatch, capsy
     argv = ["train", "--run-dir", str(tmp_path / "cli")] + [x for item in TRAIN for x in ("--set", item)]
     assert cli.main(argv) == 2
     assert "creditrl: error: rollout.prompts_per_iter=4 is not divisible" in capsys.readouterr().err
+
+
+def test_fsdp_learner_trains_like_ddp(tmp_path):
+    """``backend.learner=fsdp``: the update trains a sharded copy and every rank gathers it into
+    the model that generates and is saved -- two iterations end at the DDP run's weights."""
+    from safetensors.torch import load_file
+
+    weights = {}
+    rows = {}
+    for learner in ("ddp", "fsdp"):
+        run = tmp_path / learner
+        args = ["-m", "creditrl.cli", "train", "--run-dir", str(run)]
+        for item in TRAIN + [f"backend.learner={learner}"]:
+            args += ["--set", item]
+        proc = _torchrun(args, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        weights[learner] = load_file(run / "checkpoints" / "iter_000002" / "model.safetensors")
+        rows[learner] = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert weights["ddp"].keys() == weights["fsdp"].keys()
+    diff = max(float((weights["ddp"][k] - weights["fsdp"][k]).abs().max()) for k in weights["ddp"])
+    assert diff < 1e-6, diff
+    first = [rows[k][1] for k in ("ddp", "fsdp")]  # the first iteration samples from the same start
+    assert first[0]["tokens/generated"] == first[1]["tokens/generated"]
+    assert first[0]["reward/mean"] == pytest.approx(first[1]["reward/mean"], abs=1e-9)
+    assert first[0]["loss/total"] == pytest.approx(first[1]["loss/total"], rel=1e-5)
+    # the weights moved: the comparison is not between two untouched copies of the start
+    from creditrl.policy.model import load_policy
+
+    start, _ = load_policy("tiny", seed=0)
+    moved = max(float((weights["ddp"][k] - v).abs().max()) for k, v in start.state_dict().items() if k in weights["ddp"])
+    assert moved > 1e-5, moved
+
+
+def test_an_fsdp_run_is_not_resumed(tmp_path, monkeypatch):
+    load_config(overrides=TRAIN + ["backend.learner=fsdp"]).dump(tmp_path / "config.yaml")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match="resuming a backend.learner=fsdp run is not supported"):
+        RLTrainer.resume(tmp_path)
+    assert not dist.is_initialized()

@@ -192,6 +192,7 @@ class BackendConfig:
     address: str = ""  # ray: "" starts a local Ray instance; "auto" or host:port joins a cluster
     worker_threads: int = 1  # ray: torch intra-op threads per actor
     max_restarts: int = 3  # ray: times a dead actor is replaced before the run fails
+    learner: str = "ddp"  # torchrun launches: ddp (a full copy per rank) | fsdp (the update trains a sharded copy)
 
 
 @dataclass

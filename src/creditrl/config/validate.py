@@ -250,6 +250,7 @@ BACKENDS = ("local", "ray")
 def _check_backend(cfg: Config) -> None:
     b = cfg.backend
     _one_of("backend.name", b.name, BACKENDS)
+    _one_of("backend.learner", b.learner, ("ddp", "fsdp"))
     _positive("backend.rollout_workers", b.rollout_workers)
     _positive("backend.worker_threads", b.worker_threads)
     if b.score_workers < 0:

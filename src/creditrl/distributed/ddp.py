@@ -22,6 +22,7 @@ average, exactly the gradient of the single-process loss over the union of the r
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import os
 from collections.abc import Iterable, Iterator, Sequence
@@ -98,8 +99,13 @@ def init_from_env(*, timeout_s: float = 1800.0) -> bool:
 
 
 def shutdown() -> None:
-    """Leave the process group (if this process joined one)."""
+    """Leave the process group (if this process joined one), all ranks together. DDP wrappers
+    must be gone first (:meth:`creditrl.train.rl.RLTrainer.close` drops them): a DDP reducer that
+    outlives the group destroys it when collected, and gloo's destructor then waits for peers that
+    have already exited (a hang at process exit seen under torchrun)."""
     if dist.is_available() and dist.is_initialized():
+        gc.collect()
+        dist.barrier()
         dist.destroy_process_group()
 
 
@@ -236,9 +242,9 @@ def wrap(module: nn.Module, *, strategy: str = "ddp") -> nn.Module:
     forward passes: :func:`creditrl.train.update.update` pads the ranks' micro-batch counts to
     the largest with zero-weight passes, and the shared-prompt / plain forward choice of
     :func:`creditrl.rollout.batch.response_forward` agrees across ranks when micro-batches hold
-    whole groups of one size. Tested for gradient equality on CPU gloo; the trainer does not
-    use it (its rank-0-only generation, evaluation and ``save_pretrained`` need the unsharded
-    model).
+    whole groups of one size. Tested for gradient equality on CPU gloo. The trainer uses it with
+    ``backend.learner=fsdp``: the update trains the sharded copy, and every rank gathers it
+    (:func:`full_state_dict`) into the plain model that generates, evaluates and is saved.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown data-parallel strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
@@ -261,6 +267,16 @@ def _blocks(module: nn.Module) -> list[nn.Module]:
     for m in module.modules():
         names.update(getattr(m, "_no_split_modules", None) or ())
     return [m for m in module.modules() if type(m).__name__ in names]
+
+
+def full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
+    """The full (unsharded) state dict of an FSDP2 learner on every rank (a collective: every
+    rank calls it), through ``torch.distributed.checkpoint``; the plain state dict otherwise."""
+    if not is_fsdp(module):
+        return unwrap(module).state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=False))
 
 
 def unwrap(module: nn.Module) -> nn.Module:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from creditrl.config import Config, load_config
+from creditrl.config import Config, ConfigError, load_config
 from creditrl.policy.engine import SamplingParams
 from creditrl.policy.static_engine import make_engine
 from creditrl.policy.model import LORA_BASE_FILE, apply_lora, is_lora, load_policy
@@ -105,7 +105,14 @@ class RLTrainer:
                                     targets=p.lora_targets)
         if cfg.policy.gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        self.optimizer = self._optimizer()
+        # backend.learner=fsdp under torchrun: the update trains a sharded copy; self.model (generation,
+        # evaluation, checkpoints) is refreshed from it after every update
+        self._sharded = cfg.backend.learner == "fsdp" and ddp.is_distributed()
+        if self._sharded:
+            if cfg.policy.lora_r:
+                raise ConfigError("backend.learner=fsdp does not shard LoRA adapters; use backend.learner=ddp")
+            self._policy_ddp = ddp.wrap(copy.deepcopy(self.model), strategy="fsdp")
+        self.optimizer = self._optimizer(self._policy_ddp if self._sharded else self.model)
         self.task = make_task(cfg.task.name, **cfg.task.args)
         self.scorer = stages.Scorer(cfg, self.task, self.tokenizer)
         if cfg.backend.name == "ray":  # rollout (and scoring) workers as Ray actors; ray is imported only here
@@ -131,16 +138,17 @@ class RLTrainer:
         data-parallel launch, built on first use (and again for a policy swapped in by
         ``resume``); the plain modules in one process. Generation, evaluation and checkpoints
         always use the plain modules."""
-        if self._policy_ddp is None or ddp.unwrap(self._policy_ddp) is not self.model:
+        if not self._sharded and (self._policy_ddp is None or ddp.unwrap(self._policy_ddp) is not self.model):
             self._policy_ddp = ddp.wrap(self.model)
         if self._critic_ddp is None and self.value_stage.critic is not None:
             self._critic_ddp = ddp.wrap(self.value_stage.critic)
         return self._policy_ddp, self._critic_ddp
 
-    def _optimizer(self) -> torch.optim.Optimizer:
-        """AdamW over the trainable parameters (all of them, or the LoRA adapters)."""
+    def _optimizer(self, module: torch.nn.Module | None = None) -> torch.optim.Optimizer:
+        """AdamW over the trainable parameters (all of them, or the LoRA adapters) of ``module``
+        (default the policy; the sharded learner with ``backend.learner=fsdp``)."""
         cfg = self.cfg
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        params = [p for p in (module or self.model).parameters() if p.requires_grad]
         return torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, betas=(0.9, 0.99))
 
     # -- persistence -------------------------------------------------------------------------
@@ -156,17 +164,21 @@ class RLTrainer:
         if self.scorer.calibrator is not None:
             extra["calibrator"] = self.scorer.calibrator.state_dict()
         files = {LORA_BASE_FILE: json.dumps({"base": self.init_path})} if is_lora(self.model) else None
-        save_checkpoint(ckpt_dir / name, self.model, self.tokenizer, self.optimizer, state, extra, files=files)
+        optimizer = None if self._sharded else self.optimizer  # an FSDP optimizer holds this rank's shards only
+        save_checkpoint(ckpt_dir / name, self.model, self.tokenizer, optimizer, state, extra, files=files)
         mark_latest(ckpt_dir, name)
 
     @classmethod
     def resume(cls, run_dir: Path) -> "RLTrainer":
         """Rebuild a trainer from ``run_dir``'s config and latest checkpoint."""
         run_dir = Path(run_dir)
+        cfg = load_config(run_dir / "config.yaml")
+        if cfg.backend.learner == "fsdp" and ddp.launched():
+            raise ConfigError(f"{run_dir}: resuming a backend.learner=fsdp run is not supported (its checkpoints hold "
+                              "the weights but not the sharded optimizer state)")
         ckpt = latest_checkpoint(run_dir / "checkpoints")
         if ckpt is None:
             raise FileNotFoundError(f"{run_dir}: no checkpoints/latest to resume from")
-        cfg = load_config(run_dir / "config.yaml")
         state = json.loads((ckpt / "trainer_state.json").read_text())
         trainer = cls(cfg, run_dir, init_path=state["init_path"])
         trainer.model, _ = load_policy(str(ckpt), **policy_options(cfg))  # a LoRA checkpoint: base + adapter
@@ -247,6 +259,8 @@ class RLTrainer:
             policy_learner, self.optimizer, batch, adv, mask, cfg, gen,
             ref_logprobs=ref_logp, critic=critic, train_policy=train_policy,
         )
+        if self._sharded:  # every rank gathers the updated shards into its generation copy
+            self.model.load_state_dict(ddp.full_state_dict(policy_learner))
         if cfg.backend.name == "ray":  # broadcast the new weights to the rollout workers
             self.engine.sync(self.model)
         clock.append(time.perf_counter())
@@ -342,9 +356,11 @@ class RLTrainer:
         return RLResult(self.run_dir, history)
 
     def close(self) -> None:
-        """Stop the Ray workers (backend.name=ray); a no-op for the in-process backend."""
+        """Stop the Ray workers (backend.name=ray) and drop the data-parallel wrappers (so that
+        :func:`creditrl.distributed.ddp.shutdown` can leave the process group cleanly)."""
         if hasattr(self.engine, "shutdown"):
             self.engine.shutdown()
+        self._policy_ddp = self._critic_ddp = None
 
     def _log(self, row: dict[str, Any], history: list[dict[str, Any]]) -> None:
         history.append(row)
