@@ -65,16 +65,10 @@ def synchronize() -> None:
 def peaked_tiny(seed: int = 0):
     """The tiny preset with weights re-drawn at unit gain and final norm 3: peaked,
     context-dependent next-token distributions (as tests/conftest.py does at a smaller size)."""
-    from creditrl.policy.model import build_tiny
+    from creditrl.policy.model import build_tiny, sharpen
 
     model, tok = build_tiny(seed)
-    gen = torch.Generator().manual_seed(1000 + seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[1]))
-        model.model.norm.weight.fill_(3.0)
-    return model.eval(), tok
+    return sharpen(model, 1000 + seed), tok
 
 
 def prompts(tok, n: int, seed: int = 0) -> list[list[int]]:

@@ -18,18 +18,10 @@ def _peaked_tiny(init_seed: int, weight_seed: int):
     would be weak. Re-drawing the matrices at unit gain and scaling the final norm gives peaked,
     context-dependent distributions.
     """
-    import math
-
-    from creditrl.policy.model import TinyPreset, build_tiny
+    from creditrl.policy.model import TinyPreset, build_tiny, sharpen
 
     model, tok = build_tiny(init_seed, TinyPreset(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64))
-    gen = torch.Generator().manual_seed(weight_seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[1]))
-        model.model.norm.weight.fill_(3.0)
-    return model.eval(), tok
+    return sharpen(model, weight_seed), tok
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,6 @@ one-process run. Ray is started once for the module (2 CPUs)."""
 from __future__ import annotations
 
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -17,7 +16,7 @@ from creditrl.config import ConfigError, load_config
 from creditrl.distributed.ray_backend import RayEngine, engine_kind, import_ray, policy_weights, split_rows
 from creditrl.distributed.ray_score import ScorePool, pool_info
 from creditrl.policy.engine import SamplingParams
-from creditrl.policy.model import apply_lora, build_tiny
+from creditrl.policy.model import apply_lora, build_tiny, sharpen
 from creditrl.policy.static_engine import make_engine
 from creditrl.rewards.sources import make_source, score_batch
 from creditrl.tasks import make_task
@@ -46,14 +45,10 @@ def peaked_tiny(weight_seed: int, eos_gain: float = 3.0):
     """The default tiny preset (what the workers build from ``tiny``) with peaked, context-
     dependent next-token distributions and eos likely enough that some samples finish."""
     model, tok = build_tiny(0)
-    gen = torch.Generator().manual_seed(weight_seed)
+    sharpen(model, weight_seed)
     with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[1]))
-        model.model.norm.weight.fill_(3.0)
         model.lm_head.weight[tok.eos_token_id] *= eos_gain  # tied: also the eos embedding
-    return model.eval(), tok
+    return model, tok
 
 
 @pytest.fixture(scope="module")
