@@ -27,9 +27,11 @@ demo-quick: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/creditrl bench --curve 50 --scaling --out runs/bench
 
-# FINDINGS.md from findings/*.yaml and their grids (resumable: finished runs are read back)
+# FINDINGS.md from findings/*.yaml and their grids (resumable: finished runs are read back);
+# JOBS runs at a time, each with torch threads / JOBS threads (benchmarks/compare_jobs.py)
+JOBS ?= 2
 findings: $(STAMP)
-	$(BIN)/creditrl findings
+	$(BIN)/creditrl findings --jobs $(JOBS)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

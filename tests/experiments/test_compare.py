@@ -7,8 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from creditrl.config import ConfigError
+from creditrl.experiments.demo import demo_config_path
 from creditrl.experiments.compare import expand_grid, load_grid, results_csv, results_markdown, summarise_arm
 
 
@@ -139,3 +141,41 @@ def test_a_run_counts_as_finished_only_for_its_own_budget(tmp_path: Path):
     assert _finished(its, 150, "tokens/total") is None  # it ran on past a 150-token budget
     write([{"iteration": 0, "tokens/total": 0, "eval/accuracy": 0.2}, {"iteration": 1, "tokens/total": 90}])
     assert _finished(tmp_path / "metrics.jsonl", 50, "tokens/total") is None  # the last row was not evaluated
+
+
+def test_parallel_runs_equal_one_at_a_time_runs_and_record_their_launch(tmp_path: Path, monkeypatch):
+    """--jobs 2 (two spawned processes, one thread each) gives every run the numbers of a serial
+    run with one thread; each run records how it was launched, and the report says so."""
+    from creditrl.cli import main
+
+    monkeypatch.setenv("CREDITRL_CACHE", str(tmp_path / "cache"))
+    grid = _write(tmp_path, "name: par\nbudget: {samples: 100}\narms:\n  grpo: [credit.estimator=grpo]\n"
+                  "  rloo: [credit.estimator=rloo]\n")
+    serial, parallel = tmp_path / "serial", tmp_path / "parallel"
+    threads = torch.get_num_threads()
+    try:
+        assert main(["compare", str(grid), "--quick", "--out", str(serial), "--threads", "1"]) == 0
+        torch.set_num_threads(2)
+        assert main(["compare", str(grid), "--quick", "--out", str(parallel), "--jobs", "2"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    timing = ("time/", "perf/")
+    for arm in ("grpo", "rloo"):
+        for seed in (0, 1):
+            rows = [[{k: v for k, v in json.loads(x).items() if not k.startswith(timing)}
+                     for x in (d / arm / f"seed{seed}" / "metrics.jsonl").read_text().splitlines()]
+                    for d in (serial, parallel)]
+            assert rows[0] == rows[1] and len(rows[0]) == 3
+            assert json.loads((serial / arm / f"seed{seed}" / "launch.json").read_text()) == {"threads": 1, "jobs": 1}
+            assert json.loads((parallel / arm / f"seed{seed}" / "launch.json").read_text()) == {"threads": 1, "jobs": 2}
+    assert "launched: 2 runs at a time, 1 thread each." in (parallel / "results.md").read_text()
+    assert json.loads((serial / "summary.json").read_text())["launches"] == [{"threads": 1, "jobs": 1}]
+
+
+def test_a_failing_parallel_run_names_its_arm_and_seed(tmp_path: Path, monkeypatch):
+    from creditrl.experiments.seeds import run_arms
+
+    monkeypatch.setenv("CREDITRL_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(RuntimeError, match="arm 'bad' seed 0 failed: .*no-such-checkpoint"):
+        run_arms(demo_config_path(True), {"bad": []}, [0], 32, tmp_path / "out", str(tmp_path / "no-such-checkpoint"),
+                 unit="samples", jobs=2)

@@ -41,7 +41,7 @@ import yaml
 from creditrl.config import ConfigError, load_config
 from creditrl.experiments.demo import demo_config_path
 from creditrl.experiments.report import eval_rows
-from creditrl.experiments.seeds import mean_ci95, plot_seed_curves, run_arms
+from creditrl.experiments.seeds import launch_settings, mean_ci95, plot_seed_curves, run_arms
 
 KEYS = {"name", "base", "set", "seeds", "budget", "target", "init", "arms", "grid"}
 TOKEN_ITERATIONS = 1_000_000
@@ -241,8 +241,18 @@ def results_csv(rows: list[CompareRow]) -> str:
     return buf.getvalue()
 
 
+def launch_text(launches: list[dict[str, int]]) -> str:
+    """How the runs were launched, for the reports: iteration and wall times depend on it."""
+    def one(d: dict[str, int]) -> str:
+        if not d:
+            return "runs from before launch.json was recorded"
+        return ("one run at a time" if d["jobs"] == 1 else f"{d['jobs']} runs at a time") + \
+            f", {d['threads']} thread{'s' if d['threads'] > 1 else ''} each"
+    return "; ".join(one(d) for d in launches) or "no runs"
+
+
 def run_compare(grid_path: str | Path, out: str | Path | None = None, *, quick: bool = False,
-                seeds: int | None = None) -> dict[str, Any]:
+                seeds: int | None = None, jobs: int = 1) -> dict[str, Any]:
     grid = load_grid(grid_path, quick=quick, seeds=seeds)
     out = Path(out or Path("runs") / f"compare-{grid.name}")
     out.mkdir(parents=True, exist_ok=True)
@@ -256,7 +266,9 @@ def run_compare(grid_path: str | Path, out: str | Path | None = None, *, quick: 
         init = str(cached_sft(cfg, progress=cfg.train.progress)[0])
     common = ([f"train.iterations={TOKEN_ITERATIONS}"] if grid.unit == "tokens" else []) + grid.common
     log(f"{len(grid.arms)} arms x {len(grid.seeds)} seeds, {grid.budget:,} generated {grid.unit} per run -> {out}")
-    results = run_arms(grid.base, grid.arms, grid.seeds, grid.budget, out, init, common, log, unit=grid.unit)
+    results = run_arms(grid.base, grid.arms, grid.seeds, grid.budget, out, init, common, log, unit=grid.unit,
+                       jobs=jobs)
+    launches = launch_settings(out)
     rows = [summarise_arm(name, hs, grid.target, grid.gain) for name, hs in results.items()]
     table = results_markdown(rows)
     title = f"{grid.name}: {grid.budget:,} generated {grid.unit} per run, mean ± 95% CI over {len(grid.seeds)} seeds"
@@ -268,12 +280,12 @@ def run_compare(grid_path: str | Path, out: str | Path | None = None, *, quick: 
     target = f"{100 * grid.target:.1f}%" if grid.target is not None else f"start + {100 * grid.gain:.1f} points"
     (out / "results.md").write_text(
         f"# compare: {grid.name}\n\nGrid {grid_path}; base {grid.base}; seeds {grid.seeds}; budget {grid.budget:,} "
-        f"generated {grid.unit} per run; target {target}; init {init}.\n\n{table}\n"
+        f"generated {grid.unit} per run; target {target}; init {init}; launched: {launch_text(launches)}.\n\n{table}\n"
         "![accuracy vs samples](plots/accuracy_vs_samples.png)\n![accuracy vs wall time](plots/accuracy_vs_wall_time.png)\n"
         "![response length vs samples](plots/length_vs_samples.png)\n")
     (out / "results.csv").write_text(results_csv(rows))
     summary = {"grid": {**asdict(grid), "base": str(grid.base)}, "init": init, "rows": [asdict(r) for r in rows],
-               "wall_s": time.time() - start}
+               "launches": launches, "wall_s": time.time() - start}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print("\n" + table)
     log(f"results: {out / 'results.md'}")
@@ -285,7 +297,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    run_compare(args.grid, args.out, quick=args.quick, seeds=args.seeds)
+    run_compare(args.grid, args.out, quick=args.quick, seeds=args.seeds, jobs=args.jobs)
     return 0
 
 
@@ -296,4 +308,11 @@ def add_compare_parser(sub) -> None:
     p.add_argument("--out", help="output directory (default runs/compare-<grid name>); finished runs in it are reused")
     p.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 instead of the grid's")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    add_jobs_argument(p)
     p.set_defaults(func=cmd_compare)
+
+
+def add_jobs_argument(p) -> None:
+    p.add_argument("--jobs", type=int, default=1, help="runs at a time, each in its own process with threads / jobs "
+                   "intra-op threads and no progress bar (2 on this 2-core machine: 1.28x the runs per hour, "
+                   "benchmarks/compare_jobs.py)")

@@ -28,7 +28,7 @@ from typing import Any
 import yaml
 
 from creditrl.config import ConfigError
-from creditrl.experiments.compare import CompareRow, load_grid, results_markdown, run_compare
+from creditrl.experiments.compare import CompareRow, add_jobs_argument, launch_text, load_grid, results_markdown, run_compare
 from creditrl.experiments.seeds import slug
 
 FINDING_KEYS = {"id", "title", "grid", "report", "question", "claim", "reading", "plots"}
@@ -121,7 +121,8 @@ def _section(finding: dict[str, Any], grid, summary: dict[str, Any], plots: list
     return (
         f"## {finding['id']}: {finding['title']}\n\n*Question:* {finding['question'].strip()}\n{claim}\n"
         f"*Setting:* base `{grid.base.name}` with `{' '.join(grid.common) or '-'}`; {grid.budget:,} generated "
-        f"{grid.unit} per run; seeds {grid.seeds}; start `{summary['init']}`. Arms: {arms}. "
+        f"{grid.unit} per run; seeds {grid.seeds}; start `{summary['init']}`; launched: "
+        f"{launch_text(summary.get('launches', [{}]))}. Arms: {arms}. "
         f"Regenerate: `creditrl compare {finding['grid']}` (then `creditrl findings`).\n\n"
         f"{table}\n{images}\n\n*Reading.* {fill(finding['reading'].strip(), rows)}\n"
     )
@@ -152,8 +153,10 @@ def _report_section(finding: dict[str, Any], runs: Path, docs: Path, root: Path,
     )
 
 
-def run_findings(root: Path, *, quick: bool = False, out: Path | None = None, runs: Path | None = None) -> Path:
-    """Run every finding's grid (resumably) and write FINDINGS.md (``out``) with its plots."""
+def run_findings(root: Path, *, quick: bool = False, out: Path | None = None, runs: Path | None = None,
+                 jobs: int = 1) -> Path:
+    """Run every finding's grid (resumably; ``jobs`` runs at a time) and write FINDINGS.md
+    (``out``) with its plots."""
     root = Path(root)
     files = sorted((root / "findings").glob("*.yaml"))
     if not files:
@@ -171,7 +174,7 @@ def run_findings(root: Path, *, quick: bool = False, out: Path | None = None, ru
         grid_path = root / finding["grid"]
         grid = load_grid(grid_path, quick=quick)
         where = runs / grid.name
-        summary = run_compare(grid_path, where, quick=quick)
+        summary = run_compare(grid_path, where, quick=quick, jobs=jobs)
         plots = []
         for name in finding["plots"]:
             dest = docs / f"{finding['id']}_{name}.png"
@@ -190,7 +193,7 @@ def run_findings(root: Path, *, quick: bool = False, out: Path | None = None, ru
 
 
 def cmd_findings(args: argparse.Namespace) -> int:
-    run_findings(Path(args.root), quick=args.quick, out=Path(args.out) if args.out else None)
+    run_findings(Path(args.root), quick=args.quick, out=Path(args.out) if args.out else None, jobs=args.jobs)
     return 0
 
 
@@ -199,5 +202,6 @@ def add_findings_parser(sub) -> None:
     p.add_argument("--root", default=".", help="the repository root (holds findings/ and grids/)")
     p.add_argument("--quick", action="store_true", help="tiny grids (numbers meaningless); writes runs/findings-quick")
     p.add_argument("--out", help="where to write (default ROOT/FINDINGS.md)")
+    add_jobs_argument(p)
     p.set_defaults(func=cmd_findings)
 

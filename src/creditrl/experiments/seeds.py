@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from creditrl.config import load_config
 from creditrl.experiments.report import eval_rows, plt
@@ -72,17 +73,25 @@ def run_arms(
     common: list[str] | None = None,
     log=print,
     unit: str = "tokens",
+    jobs: int = 1,
 ) -> dict[str, list[list[dict[str, Any]]]]:
     """``{arm: [history per seed]}``; each run is ``base`` + ``common`` + the arm's overrides +
     ``train.seed=s`` + the budget, written to ``run_dir/<arm>/seed<s>``. The budget is
     ``train.max_tokens=budget`` for ``unit="tokens"``; for ``unit="samples"`` it is
     ``train.iterations`` = :func:`samples_iterations` (and ``train.max_tokens=0``), and a run is
-    finished when its last row is that iteration."""
+    finished when its last row is that iteration.
+
+    ``jobs > 1`` runs that many at once, each in its own (spawned) process with
+    ``max(1, torch threads // jobs)`` intra-op threads and no progress bar; a run's numbers then
+    equal those of a one-at-a-time run with the same thread count (tested). Every run writes
+    ``launch.json`` (threads, jobs), which the reports state, since iteration times depend on it."""
     if unit not in ("tokens", "samples"):
         raise ValueError(f"run_arms: unit must be 'tokens' or 'samples', got {unit!r}")
-    out: dict[str, list[list[dict[str, Any]]]] = {}
+    if jobs < 1:
+        raise ValueError(f"run_arms: jobs must be >= 1, got {jobs}")
+    threads = max(1, torch.get_num_threads() // jobs)
+    pending: list[tuple[str, int, list[str], Path]] = []
     for name, over in arms.items():
-        out[name] = []
         if unit == "tokens":
             extra, key, stop = [f"train.max_tokens={budget}"], "tokens/total", budget
         else:
@@ -90,18 +99,65 @@ def run_arms(
             extra, key = [f"train.iterations={stop}", "train.max_tokens=0"], "iteration"
         for seed in seeds:
             where = run_dir / slug(name) / f"seed{seed}"
-            done = _finished(where / "metrics.jsonl", stop, key)
-            if done is None:
-                if where.exists():  # an interrupted run restarts from scratch
-                    for f in sorted(where.rglob("*"), reverse=True):
-                        f.unlink() if f.is_file() else f.rmdir()
-                cfg = load_config(base, (common or []) + over + [f"train.seed={seed}"] + extra)
-                log(f"arm '{name}' seed {seed}: up to {budget:,} generated {unit}")
-                done = RLTrainer(cfg, where, init_path=init_path).run().history
-            else:
+            if _finished(where / "metrics.jsonl", stop, key) is not None:
                 log(f"arm '{name}' seed {seed}: finished earlier, read back")
-            out[name].append(done)
+                continue
+            if where.exists():  # an interrupted run restarts from scratch
+                for f in sorted(where.rglob("*"), reverse=True):
+                    f.unlink() if f.is_file() else f.rmdir()
+            pending.append((name, seed, (common or []) + over + [f"train.seed={seed}"] + extra, where))
+    if jobs == 1:
+        for name, seed, overrides, where in pending:
+            log(f"arm '{name}' seed {seed}: up to {budget:,} generated {unit}")
+            _run_one(base, overrides, where, init_path, torch.get_num_threads(), 1)
+    elif pending:
+        import multiprocessing
+        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+        log(f"{len(pending)} runs, {jobs} at a time with {threads} thread(s) each")
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            running = {pool.submit(_run_one, base, overrides + ["train.progress=false"], where, init_path, threads,
+                                   jobs): (name, seed) for name, seed, overrides, where in pending}
+            while running:
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    name, seed = running.pop(fut)
+                    try:
+                        seconds = fut.result()
+                    except Exception as exc:
+                        for other in running:
+                            other.cancel()
+                        raise RuntimeError(f"arm '{name}' seed {seed} failed: {exc}") from exc
+                    log(f"arm '{name}' seed {seed}: done in {seconds:.0f} s")
+    out: dict[str, list[list[dict[str, Any]]]] = {name: [] for name in arms}
+    for name in arms:
+        for seed in seeds:
+            metrics = run_dir / slug(name) / f"seed{seed}" / "metrics.jsonl"
+            out[name].append([json.loads(x) for x in metrics.read_text().splitlines() if x.strip()])
     return out
+
+
+def _run_one(base: Path, overrides: list[str], where: Path, init_path: str, threads: int, jobs: int) -> float:
+    """One run (also the worker of a parallel :func:`run_arms`); returns its wall seconds."""
+    import time
+
+    torch.set_num_threads(threads)
+    start = time.time()
+    RLTrainer(load_config(base, overrides), where, init_path=init_path).run()
+    (where / "launch.json").write_text(json.dumps({"threads": torch.get_num_threads(), "jobs": jobs}))  # train.threads wins
+    return time.time() - start
+
+
+def launch_settings(run_dir: Path) -> list[dict[str, int]]:
+    """The distinct ``launch.json`` settings of the runs under ``run_dir`` (runs from before it
+    existed count as ``{}``)."""
+    found = []
+    for metrics in sorted(Path(run_dir).glob("*/seed*/metrics.jsonl")):
+        f = metrics.parent / "launch.json"
+        d = json.loads(f.read_text()) if f.exists() else {}
+        if d not in found:
+            found.append(d)
+    return found
 
 
 @dataclass

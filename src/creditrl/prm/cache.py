@@ -54,15 +54,22 @@ def cached_prm(cfg: Config, init_path: str, *, progress: bool = False) -> Path:
 
     ``prm_info.json`` in it records the label statistics, the training metrics and the step AUROC
     against oracle labels on held-out samples (``prm/heldout_auroc``)."""
+    from creditrl.train.sft import cache_lock, cache_root
+
+    path = cache_root() / "prm" / prm_key(cfg, init_path)
+    with cache_lock(path):  # parallel runs needing the same PRM: the first trains it, the others wait
+        if not (path / "prm_info.json").exists():
+            _train_prm(cfg, init_path, path, progress)
+    return path
+
+
+def _train_prm(cfg: Config, init_path: str, path: Path, progress: bool) -> None:
     from creditrl.policy.model import load_policy
     from creditrl.prm.cli import train_from_examples
     from creditrl.prm.pipeline import evaluate_prm, label_quality
     from creditrl.prm.source import load_prm
-    from creditrl.train.sft import cache_root, policy_options
+    from creditrl.train.sft import policy_options
 
-    path = cache_root() / "prm" / prm_key(cfg, init_path)
-    if (path / "prm_info.json").exists():
-        return path
     model, tokenizer = load_policy(str(init_path), seed=cfg.policy.init_seed, **policy_options(cfg))
     model.eval()
     with torch.no_grad():
@@ -79,4 +86,3 @@ def cached_prm(cfg: Config, init_path: str, *, progress: bool = False) -> Path:
     (tmp / "prm_info.json").write_text(json.dumps(record, indent=2))
     shutil.rmtree(path, ignore_errors=True)
     tmp.rename(path)
-    return path

@@ -7,13 +7,15 @@ them (policy, SFT settings, task), so a second ``creditrl demo`` skips straight 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from tqdm import tqdm
@@ -32,6 +34,19 @@ CACHE_VERSION = 1
 def cache_root() -> Path:
     """``$CREDITRL_CACHE`` or ``~/.cache/creditrl``."""
     return Path(os.environ.get("CREDITRL_CACHE", Path.home() / ".cache" / "creditrl"))
+
+
+@contextmanager
+def cache_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock (``<path>.lock``, ``flock``) held while a cache entry is looked up and,
+    if missing, built: processes that need the same entry build it once."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 # Fields the SFT checkpoint does not depend on (generation engine, RL-only switches), and fields
@@ -140,7 +155,8 @@ def cached_sft(cfg: Config, *, progress: bool = True) -> tuple[Path, dict[str, A
     """Path of the SFT checkpoint for ``cfg`` (trained now if not cached) and its metrics."""
     path = cache_root() / "sft" / sft_key(cfg)
     state_file = path / "trainer_state.json"
-    if state_file.exists():
-        return path, json.loads(state_file.read_text())["metrics"]
-    _, _, metrics = train_sft(cfg, path, progress=progress)
+    with cache_lock(path):  # parallel runs needing the same checkpoint: the first trains it, the others wait
+        if state_file.exists():
+            return path, json.loads(state_file.read_text())["metrics"]
+        _, _, metrics = train_sft(cfg, path, progress=progress)
     return path, metrics
