@@ -58,3 +58,8 @@ def test_quick_value_report_writes_rows_and_is_read_back(tmp_path: Path, monkeyp
     monkeypatch.setattr(vr, "RLTrainer", lambda *a, **k: pytest.fail("a finished report is read back, not rerun"))
     again = vr.run_value_report(tmp_path / "out", quick=True)
     assert again == json.loads((tmp_path / "out" / "summary.json").read_text())
+    # a report made in another checkout (another absolute base path, the same config) is reused too
+    moved = json.loads((tmp_path / "out" / "summary.json").read_text())
+    moved["settings"]["base"] = "/elsewhere/creditrl/configs/demo_quick.yaml"
+    (tmp_path / "out" / "summary.json").write_text(json.dumps(moved))
+    assert vr.run_value_report(tmp_path / "out", quick=True)["settings"]["base"].startswith("/elsewhere")

@@ -142,6 +142,10 @@ def _run_one(base: Path, overrides: list[str], where: Path, init_path: str, thre
     import time
 
     torch.set_num_threads(threads)
+    if jobs > 1:  # parallel runs: their log lines, not interleaved progress bars
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()
     start = time.time()
     RLTrainer(load_config(base, overrides), where, init_path=init_path).run()
     (where / "launch.json").write_text(json.dumps({"threads": torch.get_num_threads(), "jobs": jobs}))  # train.threads wins

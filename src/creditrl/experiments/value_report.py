@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from creditrl.config import load_config
+from creditrl.config import config_hash, load_config
 from creditrl.experiments.demo import demo_config_path
 from creditrl.experiments.seeds import mean_ci95
 from creditrl.policy.engine import SamplingParams
@@ -200,14 +200,18 @@ def run_value_report(out: Path, *, quick: bool = False, config: str | Path | Non
     out = Path(out)
     base = Path(config) if config else demo_config_path(quick)
     overrides = list(overrides or [])
-    settings = {"base": str(base), "overrides": overrides, "seed": seed, **sizes}
+    cfg = load_config(base, overrides)
+    # the resolved config's hash, not the base's path: a report copied from another checkout is reused
+    settings = {"base": str(base), "config": config_hash(asdict(cfg)), "overrides": overrides, "seed": seed, **sizes}
     done = out / "summary.json"
-    if done.exists() and json.loads(done.read_text()).get("settings") == settings:
-        return json.loads(done.read_text())
+    if done.exists():
+        old = json.loads(done.read_text())
+        if {k: v for k, v in old.get("settings", {}).items() if k != "base"} == \
+                {k: v for k, v in settings.items() if k != "base"}:
+            return old
     out.mkdir(parents=True, exist_ok=True)
     start = time.time()
     log = lambda msg: print(f"[creditrl value-report] {time.time() - start:6.0f} s  {msg}", flush=True)  # noqa: E731
-    cfg = load_config(base, overrides)
     init = resolve_init(cfg, cfg.train.progress)
     shape = TreeShape(sizes["branching"], sizes["depth"])
     rows: list[EstimatorRow] = []
