@@ -184,3 +184,45 @@ def test_reward_prm_auto_trains_once_and_is_read_back(workdir: Path, tmp_path: P
     # another prm setting is another PRM
     third = RLTrainer(load_config(overrides=over + ["prm.steps=10"]), tmp_path / "c")
     assert third.cfg.reward.prm != str(prm_dir) and len(calls) == 2
+
+
+def test_mc_labels_come_from_prm_completer_when_set(workdir: Path, tmp_path: Path, capsys, monkeypatch) -> None:
+    """``prm.completer``: the MC labeler continues prefixes with that checkpoint instead of the
+    labelled policy. An untrained completer never reaches an answer, so every MC label before the
+    answer step is 0, while the SFT policy completing its own prefixes labels some correct."""
+    from creditrl.policy.model import load_policy
+
+    monkeypatch.setenv("CREDITRL_CACHE", str(workdir / "cache"))  # the module's SFT policy
+    untrained = tmp_path / "untrained"
+    model, tok = load_policy("tiny", seed=3)
+    model.save_pretrained(untrained)
+    tok.save_pretrained(untrained)
+    sets = [x for kv in SMALL + ["prm.labeler=mc"] for x in ("--set", kv)]
+    labels = {}
+    for name, extra in (("self", []), ("untrained", ["--set", f"prm.completer={untrained}"])):
+        out = tmp_path / f"{name}.jsonl"
+        assert main(["prm", "label", "--out", str(out), *sets, *extra]) == 0
+        capsys.readouterr()
+        # every step but the last: a prefix that holds the answer is judged as it stands, uncompleted
+        labels[name] = [x for ex in load_stepwise(out) for x in ex.labels[:-1] if x is not None]
+    assert len(labels["self"]) == len(labels["untrained"]) > 0  # the same samples, labelled twice
+    assert 1.0 in labels["self"] and set(labels["untrained"]) == {0.0}
+
+
+def test_prm_completer_errors_and_cache_key(tmp_path: Path) -> None:
+    from dataclasses import asdict
+
+    from creditrl.config import config_hash
+    from creditrl.policy.model import load_policy
+    from creditrl.prm.cache import CACHE_VERSION, load_completer, prm_key
+
+    model, tok = load_policy("tiny")
+    with pytest.raises(ValueError, match="prm.completer: not a checkpoint directory: .*nowhere"):
+        load_completer(load_config(overrides=[f"prm.completer={tmp_path / 'nowhere'}"]), model, tok)
+    assert load_completer(load_config(), model, tok) == (model, tok)  # empty: the policy itself
+    cfg = load_config()
+    old = asdict(cfg.prm)
+    del old["completer"]  # caches from before the key existed keep their keys
+    assert prm_key(cfg, "x") == config_hash({"v": CACHE_VERSION, "init": "x", "task": asdict(cfg.task), "prm": old,
+                                             "max_new_tokens": cfg.rollout.max_new_tokens})
+    assert prm_key(load_config(overrides=["prm.completer=/some/dir"]), "x") != prm_key(cfg, "x")

@@ -31,6 +31,7 @@ from creditrl.experiments.report import plt
 from creditrl.policy.engine import GenerationEngine, SamplingParams
 from creditrl.policy.static_engine import make_engine
 from creditrl.policy.model import load_policy
+from creditrl.prm.cache import load_completer
 from creditrl.prm.cli import train_from_examples
 from creditrl.prm.data import StepwiseExample
 from creditrl.prm.labels import mc_labels
@@ -145,9 +146,10 @@ def run_prm_report(run_dir: Path | None, *, quick: bool = False, overrides: list
 
     datasets: dict[str, list[StepwiseExample]] = {}
     quality: dict[str, dict[str, float]] = {}
+    completer, ctok = load_completer(cfg, policy, tok)
     for name in ("oracle", "mc", "outcome_heuristic"):
-        log(f"labelling with {name}")
-        examples, info = label_samples(train, name, task=task, model=policy, tokenizer=tok, mc_n=sizes.mc_n,
+        log(f"labelling with {name}" + (f" (completer {cfg.prm.completer})" if name == "mc" and cfg.prm.completer else ""))
+        examples, info = label_samples(train, name, task=task, model=completer, tokenizer=ctok, mc_n=sizes.mc_n,
                                        mc_mode="hard", mc_params=params, seed=0)
         datasets[name] = examples
         quality[name] = {**label_quality(examples), **{k: float(v) for k, v in info.items() if k != "labeler"}}
@@ -167,7 +169,9 @@ def run_prm_report(run_dir: Path | None, *, quick: bool = False, overrides: list
         if name == "oracle":
             probe_records = records
     log("MC label table (hard vs soft against the oracle)")
-    fpr_rows = mc_label_table(engine, tok, task, held[: sizes.fpr_problems * sizes.samples_per_problem], sizes.fpr_ns, params)
+    c_engine = engine if completer is policy else make_engine(completer, eos_id=tok.eos_token_id,
+                                                              pad_id=tok.pad_token_id, kind=cfg.policy.engine)
+    fpr_rows = mc_label_table(c_engine, tok, task, held[: sizes.fpr_problems * sizes.samples_per_problem], sizes.fpr_ns, params)
 
     log(f"best-of-N on {sizes.bon_problems} held-out problems x {max(sizes.bon_ns)} samples")
     bon = sample("heldout", sizes.bon_problems, max(sizes.bon_ns), 2)
@@ -200,7 +204,7 @@ def run_prm_report(run_dir: Path | None, *, quick: bool = False, overrides: list
         probe = shortcut_probe(probe_records, tokenizer=ptok)
         probe_md, probe_numbers = probe.markdown(), probe.__dict__
     summary = {
-        "sizes": sizes.__dict__, "policy": init, "label_quality": quality, "auroc": aurocs,
+        "sizes": sizes.__dict__, "policy": init, "completer": cfg.prm.completer or init, "label_quality": quality, "auroc": aurocs,
         "train": train_metrics, "mc_label_table": fpr_rows, "best_of_n": bon_table, "probe": probe_numbers,
         "rl_prm": {"evals": evals}, "wall_s": time.time() - start,
     }
@@ -230,7 +234,8 @@ def _plot_best_of_n(table: dict[str, dict[int, float]], path: Path) -> None:
 def _report(s: dict[str, Any], probe_md: str, quick: bool) -> str:
     note = "\n**Quick mode: smoke test only, the numbers mean nothing.**\n" if quick else ""
     sz = s["sizes"]
-    lines = [f"# creditrl PRM report\n{note}", f"Policy: `{s['policy']}`. Sizes: {sz}. Wall time {s['wall_s']:.0f} s.\n",
+    lines = [f"# creditrl PRM report\n{note}", f"Policy: `{s['policy']}`. MC completer: `{s.get('completer', s['policy'])}`. Sizes: {sz}. "
+             f"Wall time {s['wall_s']:.0f} s.\n",
              "## Labelers against the oracle (training steps)\n",
              "| labeler | steps | coverage | false-positive rate | agreement |", "|---|---|---|---|---|"]
     for name, q in s["label_quality"].items():

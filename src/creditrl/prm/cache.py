@@ -37,15 +37,36 @@ def label_policy_samples(cfg: Config, model, tokenizer, *, problems: int | None 
     todo = task.sample(p.problems if problems is None else problems, split=split or p.split, seed=seed)
     params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=p.temperature)
     samples = sample_solutions(model, tokenizer, task, todo, samples=p.samples, params=params, seed=seed)
+    completer, completer_tok = load_completer(cfg, model, tokenizer)
     return label_samples(
-        samples, labeler or p.labeler, task=task, model=model, tokenizer=tokenizer, mc_n=p.mc_n, mc_mode=p.mc_mode,
+        samples, labeler or p.labeler, task=task, model=completer, tokenizer=completer_tok, mc_n=p.mc_n,
+        mc_mode=p.mc_mode,
         mc_params=SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=p.mc_temperature),
         vote_labelers=[x.strip() for x in p.vote_labelers.split(",")], vote_threshold=p.vote_threshold, seed=seed,
     )
 
 
+def load_completer(cfg: Config, model, tokenizer):
+    """The MC labeler's completer: ``prm.completer`` (a checkpoint directory, which must share the
+    policy's tokenizer) or, when empty, the policy ``model`` itself."""
+    path = cfg.prm.completer
+    if not path:
+        return model, tokenizer
+    from creditrl.policy.model import load_policy
+
+    if not Path(path).is_dir():
+        raise ValueError(f"prm.completer: not a checkpoint directory: {path}")
+    completer, tok = load_policy(path, seed=cfg.policy.init_seed)
+    if tok.get_vocab() != tokenizer.get_vocab():
+        raise ValueError(f"prm.completer: {path} has another tokenizer than the policy it labels for")
+    return completer.eval(), tok
+
+
 def prm_key(cfg: Config, init_path: str) -> str:
-    return config_hash({"v": CACHE_VERSION, "init": str(init_path), "task": asdict(cfg.task), "prm": asdict(cfg.prm),
+    prm = asdict(cfg.prm)
+    if not prm["completer"]:  # added later: enters the key only when set, so existing caches keep their keys
+        del prm["completer"]
+    return config_hash({"v": CACHE_VERSION, "init": str(init_path), "task": asdict(cfg.task), "prm": prm,
                         "max_new_tokens": cfg.rollout.max_new_tokens})
 
 
