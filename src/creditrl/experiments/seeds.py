@@ -20,6 +20,7 @@ import torch
 
 from creditrl.config import load_config
 from creditrl.experiments.report import eval_rows, plt
+from creditrl.inspect.data import load_metrics
 from creditrl.train.rl import RLTrainer
 
 # two-sided 95% Student-t quantiles by degrees of freedom (n - 1)
@@ -46,9 +47,7 @@ def _finished(path: Path, budget: int, key: str = "tokens/total") -> list[dict[s
     """The run's metrics rows if it ran to exactly this ``budget`` of ``key`` and was evaluated at
     the end: for ``iteration`` the last row is that iteration; for a total (tokens) the last row
     reached it and the row before had not (a run made for a larger budget is not reused)."""
-    if not path.exists():
-        return None
-    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    rows = load_metrics(path.parent)
     if not rows or rows[-1].get(key, 0) < budget or "eval/accuracy" not in rows[-1]:
         return None
     if key == "iteration":
@@ -129,12 +128,7 @@ def run_arms(
                             other.cancel()
                         raise RuntimeError(f"arm '{name}' seed {seed} failed: {exc}") from exc
                     log(f"arm '{name}' seed {seed}: done in {seconds:.0f} s")
-    out: dict[str, list[list[dict[str, Any]]]] = {name: [] for name in arms}
-    for name in arms:
-        for seed in seeds:
-            metrics = run_dir / slug(name) / f"seed{seed}" / "metrics.jsonl"
-            out[name].append([json.loads(x) for x in metrics.read_text().splitlines() if x.strip()])
-    return out
+    return {name: [load_metrics(run_dir / slug(name) / f"seed{seed}") for seed in seeds] for name in arms}
 
 
 def _run_one(base: Path, overrides: list[str], where: Path, init_path: str, threads: int, jobs: int) -> float:
