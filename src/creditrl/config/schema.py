@@ -24,6 +24,8 @@ class PolicyConfig:
     init_seed: int = 0  # seed of the tiny model's random initialisation
     engine: str = "auto"  # generation engine: static | hf | auto (static when the architecture allows) | vllm (CUDA; vLLM installed separately)
     dtype: str = "float32"  # weights: float32 | bfloat16 | float16
+    device: str = "cpu"  # cpu | cuda | cuda:N | auto (CUDA when torch sees a GPU): policy, reference and critic
+    precision: str = "fp32"  # fp32 | bf16 | fp16: autocast mixed precision of every forward pass (weights stay in dtype)
     local_files_only: bool = True  # hub names from the local HF cache only; false allows downloads
     chat_template: str = "auto"  # auto: render prompts through the tokenizer's chat template if it has one; none
     lora_r: int = 0  # RL policy: LoRA rank (0 = full fine-tuning); the SFT warm start is always full
@@ -131,6 +133,7 @@ class LossConfig:
     kl_estimator: str = "k3"
     aggregation: str = "token-mean"
     entropy_coef: float = 0.0
+    recompute_logprobs: str = "auto"  # old-policy log-probs from the update's own forward: auto (when precision != fp32) | always | never
 
 
 @dataclass

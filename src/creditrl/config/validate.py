@@ -90,6 +90,24 @@ def _check_source(key: str, source_name: str, granularity: str, cfg: Config) -> 
         )
 
 
+def _check_device(cfg: Config) -> None:
+    from creditrl.policy.device import PRECISIONS, check_precision, resolve_device
+
+    _one_of("policy.precision", cfg.policy.precision, PRECISIONS)
+    _one_of("loss.recompute_logprobs", cfg.loss.recompute_logprobs, ("auto", "always", "never"))
+    try:
+        device = resolve_device(cfg.policy.device)
+        check_precision(cfg.policy.precision, device)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    if device.type != "cpu" and cfg.policy.engine == "static":
+        raise ConfigError(
+            f"policy.engine: the static engine is written for the CPU; on '{cfg.policy.device}' use hf, vllm or auto"
+        )
+    if device.type != "cpu" and cfg.backend.name == "ray":
+        raise ConfigError("policy.device: the Ray backend's rollout workers run on the CPU; use policy.device=cpu")
+
+
 def _check_ranges(cfg: Config) -> None:
     for key, value in (
         ("rollout.prompts_per_iter", cfg.rollout.prompts_per_iter),
@@ -291,6 +309,7 @@ def validate(cfg: Config) -> None:
     from creditrl.policy.static_engine import ENGINES
 
     _one_of("policy.engine", cfg.policy.engine, ENGINES)
+    _check_device(cfg)
     if cfg.policy.engine == "vllm":
         _check_vllm(cfg)
     for key, args in (("task.args", cfg.task.args), ("sft.task_args", cfg.sft.task_args or cfg.task.args)):

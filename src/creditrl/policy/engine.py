@@ -17,6 +17,8 @@ from typing import Protocol, Sequence
 import torch
 from transformers import PreTrainedModel
 
+from creditrl.policy.device import inference, module_device
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -121,7 +123,7 @@ def sample_next(
         if offset < 0 or offset + rows > total:
             raise ValueError(f"draw_rows={draw_rows}: rows {offset}..{offset + rows - 1} are not within {total}")
         u = torch.rand(total, 1, generator=generator, dtype=torch.float64)[offset : offset + rows]
-    u = u * cdf[:, -1:]
+    u = u.to(cdf.device) * cdf[:, -1:]  # drawn on the (CPU) generator: the same numbers on every device
     idx = torch.searchsorted(cdf, u, right=True).squeeze(-1)
     # u * total can round up to total (probability ~1e-16): take the last token with mass
     last = probs.shape[-1] - 1 - (probs > 0).flip(-1).int().argmax(-1)
@@ -151,7 +153,8 @@ def sample_step(
     tok = torch.where(done, torch.full_like(tok, pad_id), tok)
     logp = torch.log_softmax(logits, dim=-1).gather(-1, tok[:, None]).squeeze(-1)
     eos = (tok == eos_id) & ~done
-    ended = eos | (torch.isin(tok, torch.tensor(params.stop_ids, dtype=tok.dtype)) & ~done) if params.stop_ids else eos
+    stops = torch.tensor(params.stop_ids, dtype=tok.dtype, device=tok.device)
+    ended = eos | (torch.isin(tok, stops) & ~done) if params.stop_ids else eos
     return tok, logp, (finished | eos, done | ended | (limit <= step + 1))
 
 
@@ -195,16 +198,16 @@ def pack_generation(
     )
 
 
-class HFEngine:
-    """Batched sampling with the HF KV cache; a row that has produced eos leaves the batch (its
-    cache rows are dropped), and decoding stops when every row has."""
+class InProcessEngine:
+    """What the in-process engines share: ``generate`` runs their ``_generate`` in
+    ``grad_mode`` (no gradients), under ``policy.precision`` autocast on the model's device."""
 
-    def __init__(self, model: PreTrainedModel, *, eos_id: int, pad_id: int) -> None:
-        self.model = model
-        self.eos_id = eos_id
-        self.pad_id = pad_id
+    model: PreTrainedModel
+    precision: str = "fp32"
+    # no_grad, not inference_mode, for HF models: a buffer a model creates lazily during generation
+    # (e.g. a rotary cache) would otherwise become an inference tensor the next backward rejects
+    grad_mode: type = torch.no_grad
 
-    @torch.no_grad()
     def generate(
         self,
         prompts: Sequence[Sequence[int]],
@@ -217,21 +220,59 @@ class HFEngine:
     ) -> Generation:
         """``draw_rows = (offset, total)``: these requests are rows ``offset..`` of a larger
         batch of ``total`` requests, and each step draws that batch's random numbers (a
-        distributed worker's share of a batch, see :func:`sample_next`)."""
+        distributed worker's share of a batch, see :func:`sample_next`). The returned
+        generation is plain Python data, whatever the model's device."""
+        with self.grad_mode(), inference(module_device(self.model), self.precision):
+            return self._generate(prompts, n, params, generator, budgets, draw_rows)
+
+    def _generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        n: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        budgets: Sequence[int] | None,
+        draw_rows: tuple[int, int] | None,
+    ) -> Generation:
+        raise NotImplementedError
+
+
+class HFEngine(InProcessEngine):
+    """Batched sampling with the HF KV cache; a row that has produced eos leaves the batch (its
+    cache rows are dropped), and decoding stops when every row has. The model may sit on any
+    device."""
+
+    def __init__(self, model: PreTrainedModel, *, eos_id: int, pad_id: int, precision: str = "fp32") -> None:
+        self.model = model
+        self.eos_id = eos_id
+        self.pad_id = pad_id
+        self.precision = precision  # policy.precision: the forward passes run under autocast
+
+    def _generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        n: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        budgets: Sequence[int] | None,
+        draw_rows: tuple[int, int] | None,
+    ) -> Generation:
         requests, limit = expand_requests(prompts, n, params, budgets)
+        device = module_device(self.model)
         was_training = self.model.training
         self.model.eval()
-        ids, attn = left_pad(requests, self.pad_id)
+        ids, attn = (x.to(device) for x in left_pad(requests, self.pad_id))
         out = self.model(input_ids=ids, attention_mask=attn, position_ids=positions_from_mask(attn), use_cache=True)
         cache, logits = out.cache, out.logits[:, -1].float()
         next_pos = positions_from_mask(attn)[:, -1] + 1
         n_req = len(requests)
-        state = (torch.zeros(n_req, dtype=torch.bool),) * 2  # (finished, done)
-        active = torch.arange(n_req)  # rows still decoding; the cache holds only these
+        state = (torch.zeros(n_req, dtype=torch.bool, device=device),) * 2  # (finished, done)
+        active = torch.arange(n_req, device=device)  # rows still decoding; the cache holds only these
+        on_device = limit.to(device)
         tokens, logps = [], []
         for step in range(int(limit.max())):
             tok, logp, state = sample_step(
-                logits, params, generator, state, limit, step, pad_id=self.pad_id, eos_id=self.eos_id,
+                logits, params, generator, state, on_device, step, pad_id=self.pad_id, eos_id=self.eos_id,
                 draw_rows=draw_rows,
             )
             tokens.append(tok)
@@ -245,7 +286,7 @@ class HFEngine:
                 keep = still.nonzero().squeeze(-1)
                 cache.batch_select_indices(keep)
                 active, attn, next_pos = active[keep], attn[keep], next_pos[keep]
-            attn = torch.cat([attn, torch.ones((len(active), 1), dtype=attn.dtype)], dim=1)
+            attn = torch.cat([attn, attn.new_ones((len(active), 1))], dim=1)
             out = self.model(
                 input_ids=tok[active][:, None],
                 attention_mask=attn,
@@ -259,6 +300,6 @@ class HFEngine:
             next_pos = next_pos + 1
         self.model.train(was_training)
         return pack_generation(
-            len(prompts), n, requests, torch.stack(tokens, dim=1), torch.stack(logps, dim=1), limit, self.eos_id,
-            params.stop_ids,
+            len(prompts), n, requests, torch.stack(tokens, dim=1).cpu(), torch.stack(logps, dim=1).cpu(), limit,
+            self.eos_id, params.stop_ids,
         )

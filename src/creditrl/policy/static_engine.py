@@ -35,9 +35,11 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 from transformers.activations import ACT2FN
 
+from creditrl.policy.device import module_device
 from creditrl.policy.engine import (
     Generation,
     HFEngine,
+    InProcessEngine,
     SamplingParams,
     expand_requests,
     left_pad,
@@ -54,6 +56,8 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
     """Why :class:`StaticEngine` cannot run ``model`` (None when it can)."""
     if hasattr(model, "peft_config"):
         return "the model carries peft (LoRA) adapters, which the fused plain weights would ignore"
+    if module_device(model).type != "cpu":
+        return f"it is written for the CPU and the model is on '{module_device(model)}' (use hf or vllm there)"
     cfg = model.config
     if cfg.model_type not in SUPPORTED_MODEL_TYPES:
         return f"model_type '{cfg.model_type}' is not one of {SUPPORTED_MODEL_TYPES}"
@@ -219,10 +223,14 @@ class _Decoder:
         return F.linear(_rms(h[:, -1], self.norm, self.norm_eps), self.lm_head, self.lm_head_bias).float()
 
 
-class StaticEngine:
-    """Fast batched sampling for Llama-family HF models (see the module docstring)."""
+class StaticEngine(InProcessEngine):
+    """Fast batched sampling for Llama-family HF models on the CPU (see the module docstring)."""
 
-    def __init__(self, model: PreTrainedModel, *, eos_id: int, pad_id: int, compact_at: float = 0.75) -> None:
+    grad_mode = torch.inference_mode  # plain tensor ops on read-only weights: nothing for autograd
+
+    def __init__(
+        self, model: PreTrainedModel, *, eos_id: int, pad_id: int, compact_at: float = 0.75, precision: str = "fp32"
+    ) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"StaticEngine cannot run this model: {reason}")
@@ -232,19 +240,17 @@ class StaticEngine:
         self.eos_id = eos_id
         self.pad_id = pad_id
         self.compact_at = compact_at
+        self.precision = precision  # policy.precision: the tensor ops run under CPU autocast
 
-    @torch.inference_mode()
-    def generate(
+    def _generate(
         self,
         prompts: Sequence[Sequence[int]],
         n: int,
         params: SamplingParams,
-        *,
-        generator: torch.Generator | None = None,
-        budgets: Sequence[int] | None = None,
-        draw_rows: tuple[int, int] | None = None,
+        generator: torch.Generator | None,
+        budgets: Sequence[int] | None,
+        draw_rows: tuple[int, int] | None,
     ) -> Generation:
-        """``draw_rows``: see :meth:`creditrl.policy.engine.HFEngine.generate`."""
         requests, limit = expand_requests(prompts, n, params, budgets)
         dec = _Decoder(self.model)  # weights are read afresh: the policy changes between calls
         n_req = len(requests)
@@ -279,7 +285,7 @@ class StaticEngine:
         # response keys/values: (layers, 2, rows, kv, steps, head_dim), column j = response token j
         resp = torch.empty(len(dec.layers), 2, n_req, dec.n_kv, steps, dec.head_dim, dtype=dtype)
         next_pos = pos[prompt_of, -1] + 1
-        logits = plogits[prompt_of]
+        logits = plogits[prompt_of].float()  # float32 also under bf16/fp16 autocast (policy.precision)
 
         state = (torch.zeros(n_req, dtype=torch.bool),) * 2  # (finished, done)
         active = torch.arange(n_req)  # requests whose rows are in the cache, in cache order
@@ -308,6 +314,7 @@ class StaticEngine:
                     pbias,
                 )
 
+            # assigning into the float32 logits casts an autocast (policy.precision) result
             logits[active] = dec.forward(tok[active][:, None], cos_t[next_pos][:, None], sin_t[next_pos][:, None], step_attend)
             next_pos = next_pos + 1
         return pack_generation(len(prompts), n, requests, tokens, logps, limit, self.eos_id, params.stop_ids)
@@ -321,12 +328,14 @@ def make_engine(
     kind: str = "auto",
     model_path: str | None = None,
     vllm_options: Mapping[str, Any] | None = None,
+    precision: str = "fp32",
 ):
     """``static`` (error if unsupported), ``hf``, ``auto``: static when the model allows, or
     ``vllm``: a :class:`~creditrl.policy.vllm_engine.VLLMEngine` (one vLLM instance per process
     and architecture, shared by every call; it follows ``model``'s weights). ``model_path`` (a
     directory vLLM may load instead of a temporary save of ``model``) and ``vllm_options``
-    (``VLLMEngine`` keyword arguments) apply to ``vllm`` only."""
+    (``VLLMEngine`` keyword arguments) apply to ``vllm`` only; ``precision`` (``policy.precision``)
+    to the others (vLLM runs in its own dtype)."""
     if kind not in ENGINES:
         raise ValueError(f"policy.engine: expected one of {ENGINES}, got '{kind}'")
     if kind == "vllm":
@@ -334,5 +343,5 @@ def make_engine(
 
         return VLLMEngine(model_path, eos_id=eos_id, pad_id=pad_id, model=model, share=True, **(vllm_options or {}))
     if kind == "hf" or (kind == "auto" and unsupported_reason(model) is not None):
-        return HFEngine(model, eos_id=eos_id, pad_id=pad_id)
-    return StaticEngine(model, eos_id=eos_id, pad_id=pad_id)
+        return HFEngine(model, eos_id=eos_id, pad_id=pad_id, precision=precision)
+    return StaticEngine(model, eos_id=eos_id, pad_id=pad_id, precision=precision)

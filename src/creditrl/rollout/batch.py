@@ -8,7 +8,7 @@ response part (see DESIGN.md, "The currency").
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
+from creditrl.policy.device import module_device
 from creditrl.policy.engine import Generation, left_pad, positions_from_mask
 
 
@@ -34,6 +35,15 @@ class TrajectoryBatch:
     @property
     def size(self) -> int:
         return int(self.response_ids.shape[0])
+
+    def to(self, device: torch.device | str) -> "TrajectoryBatch":
+        """The batch with every tensor on ``device`` (this batch itself when already there);
+        ``extras`` are shared, not copied."""
+        device = torch.device(device)
+        if self.response_ids.device == device:
+            return self
+        moved = {f.name: getattr(self, f.name).to(device) for f in fields(self) if f.name != "extras"}
+        return replace(self, **moved)
 
     def select(self, rows: torch.Tensor) -> "TrajectoryBatch":
         """The sub-batch of the given row indices (per-response extras follow the rows)."""
@@ -125,7 +135,7 @@ def batch_from_generation(gen: Generation, group_ids: list[int], pad_id: int) ->
 def _joined(batch: TrajectoryBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(ids, attention_mask, position_ids)`` of prompt + response, each (B, P + T)."""
     width = batch.response_ids.shape[1]
-    valid = (torch.arange(width)[None, :] < batch.response_lengths[:, None]).long()
+    valid = (torch.arange(width, device=batch.response_lengths.device)[None, :] < batch.response_lengths[:, None]).long()
     ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=1)  # (B, P+T)
     attn = torch.cat([batch.prompt_mask, valid], dim=1)
     return ids, attn, positions_from_mask(attn)
@@ -138,8 +148,16 @@ def _response_slice(x: torch.Tensor, batch: TrajectoryBatch) -> torch.Tensor:
 
 
 def response_logits(model: PreTrainedModel, batch: TrajectoryBatch) -> torch.Tensor:
-    """Logits (B, T, V) that predict each response token, from one forward pass."""
+    """Logits (B, T, V) that predict each response token, from one forward pass (on the model's
+    device)."""
     return response_forward(model, batch)[0]
+
+
+def response_logprobs(model: PreTrainedModel, batch: TrajectoryBatch) -> torch.Tensor:
+    """log pi(token) of every response position under ``model``, float (B, T) on ``batch``'s
+    device (padding positions hold the log-prob of the pad token; mask them)."""
+    logits = response_logits(model, batch)
+    return token_logprobs(logits, batch.response_ids.to(logits.device)).to(batch.response_ids.device)
 
 
 def response_forward(
@@ -147,10 +165,12 @@ def response_forward(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logits (B, T, V) predicting each response token and, with ``hidden``, the last hidden
     state (B, T, H) at the same positions: the state *before* each token is emitted, which is
-    what a value head reads (V(s_t) in DESIGN.md).
+    what a value head reads (V(s_t) in DESIGN.md). Both are on the model's device (the batch is
+    moved there).
 
     Rows that share a prompt (a group's samples) share its computation: see
     :func:`_shared_prompt_forward`; otherwise one plain pass (:func:`_plain_response_forward`)."""
+    batch = batch.to(module_device(model))
     groups = _prompt_groups(batch, model)
     if groups is not None:
         logits, states = _shared_prompt_forward(model, batch, groups, lm=True, hidden=hidden)
@@ -159,7 +179,9 @@ def response_forward(
 
 
 def response_states(backbone: torch.nn.Module, batch: TrajectoryBatch) -> torch.Tensor:
-    """Last hidden states (B, T, H) of a base model (no LM head) before each response token."""
+    """Last hidden states (B, T, H) of a base model (no LM head) before each response token, on
+    the model's device."""
+    batch = batch.to(module_device(backbone))
     groups = _prompt_groups(batch, backbone)
     if groups is not None:
         return _shared_prompt_forward(backbone, batch, groups, lm=False, hidden=True)[1]

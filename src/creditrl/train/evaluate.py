@@ -54,9 +54,13 @@ def evaluate(
     max_new_tokens: int,
     batch_size: int = 256,
     engine: str = "auto",
+    precision: str = "fp32",
 ) -> EvalResult:
-    """Greedy exact match and step accuracy on ``problems`` (``engine``: see ``policy.engine``)."""
-    gen_engine = make_engine(model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, kind=engine)
+    """Greedy exact match and step accuracy on ``problems`` (``engine``, ``precision``: see
+    ``policy.engine``, ``policy.precision``)."""
+    gen_engine = make_engine(
+        model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, kind=engine, precision=precision
+    )
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
     completions: list[str] = []
     lengths: list[int] = []

@@ -33,7 +33,8 @@ from creditrl.credit.schedule import linear_schedule
 from creditrl.distributed import ddp
 from creditrl.inspect.record import record_iteration
 from creditrl.losses import explained_variance
-from creditrl.rollout.batch import response_logits, token_logprobs
+from creditrl.policy.device import grad_scaler, inference, resolve_device
+from creditrl.rollout.batch import response_logprobs
 from creditrl.rewards.sources import score_batch
 from creditrl.rollout.segment import step_stop_ids
 from creditrl.tasks import make_task
@@ -90,11 +91,14 @@ class RLTrainer:
             with ddp.main_first():
                 cfg.reward.prm = str(cached_prm(cfg, self.init_path, progress=cfg.train.progress))
         options = policy_options(cfg)
+        self.device = resolve_device(cfg.policy.device)
         self.model, self.tokenizer = load_policy(self.init_path, seed=cfg.policy.init_seed, **options)
+        self.model.to(self.device)
         self.ref_model = None
         if cfg.loss.kl_coef > 0 or cfg.shaping.kl_coef > 0:
             self.ref_model, _ = load_policy(self.init_path, seed=cfg.policy.init_seed, **options)
-            self.ref_model.eval().requires_grad_(False)
+            self.ref_model.to(self.device).eval().requires_grad_(False)
+        self.scaler = grad_scaler(self.device, cfg.policy.precision)  # fp16 loss scaling (None otherwise)
         # a separate critic copies the plain policy: LoRA injects its adapters in place
         critic_source = self.model
         if cfg.policy.lora_r:
@@ -121,7 +125,8 @@ class RLTrainer:
             self.engine = ray_engine(cfg, self.init_path, self.model, self.tokenizer, self.scorer)
         else:
             self.engine = make_engine(
-                self.model, eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id, kind=cfg.policy.engine
+                self.model, eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id, kind=cfg.policy.engine,
+                precision=cfg.policy.precision,
             )
         self.params = SamplingParams(
             max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p
@@ -163,6 +168,8 @@ class RLTrainer:
         extra = {"value": self.value_stage.state_dict()}
         if self.scorer.calibrator is not None:
             extra["calibrator"] = self.scorer.calibrator.state_dict()
+        if self.scaler is not None:
+            extra["grad_scaler"] = self.scaler.state_dict()
         files = {LORA_BASE_FILE: json.dumps({"base": self.init_path})} if is_lora(self.model) else None
         optimizer = None if self._sharded else self.optimizer  # an FSDP optimizer holds this rank's shards only
         save_checkpoint(ckpt_dir / name, self.model, self.tokenizer, optimizer, state, extra, files=files)
@@ -182,6 +189,7 @@ class RLTrainer:
         state = json.loads((ckpt / "trainer_state.json").read_text())
         trainer = cls(cfg, run_dir, init_path=state["init_path"])
         trainer.model, _ = load_policy(str(ckpt), **policy_options(cfg))  # a LoRA checkpoint: base + adapter
+        trainer.model.to(trainer.device)
         if cfg.policy.gradient_checkpointing:
             trainer.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         trainer.engine.model = trainer.model
@@ -193,6 +201,8 @@ class RLTrainer:
         trainer.value_stage.load_state_dict(extra.get("value", {}))
         if trainer.scorer.calibrator is not None and "calibrator" in extra:
             trainer.scorer.calibrator.load_state_dict(extra["calibrator"])
+        if trainer.scaler is not None and "grad_scaler" in extra:
+            trainer.scaler.load_state_dict(extra["grad_scaler"])
         trainer.start_iteration = state["iteration"]
         trainer.totals = state["totals"]
         # drop metric rows written after the checkpoint (the iterations are replayed)
@@ -213,6 +223,7 @@ class RLTrainer:
         res = evaluate(
             self.model, self.tokenizer, self.task, self.heldout,
             max_new_tokens=self.cfg.rollout.max_new_tokens, engine=self.cfg.policy.engine,
+            precision=self.cfg.policy.precision,
         )
         out = {"eval/accuracy": res.accuracy, "eval/step_accuracy": res.step_accuracy, "eval/length": res.mean_length}
         source = self.scorer.primary.source
@@ -240,8 +251,8 @@ class RLTrainer:
         )
         ref_logp = None
         if self.ref_model is not None:
-            with torch.no_grad():
-                ref_logp = token_logprobs(response_logits(self.ref_model, batch), batch.response_ids)
+            with inference(self.device, cfg.policy.precision):
+                ref_logp = response_logprobs(self.ref_model, batch)  # on the CPU, like the batch
         clock.append(time.perf_counter())
         scored = self.scorer(batch, progress=progress, generator=gen, ref_logprobs=ref_logp)
         clock.append(time.perf_counter())
@@ -257,7 +268,7 @@ class RLTrainer:
         train_policy = it >= cfg.value.warmup_iterations
         upd = stages.update(
             policy_learner, self.optimizer, batch, adv, mask, cfg, gen,
-            ref_logprobs=ref_logp, critic=critic, train_policy=train_policy,
+            ref_logprobs=ref_logp, critic=critic, train_policy=train_policy, scaler=self.scaler,
         )
         if self._sharded:  # every rank gathers the updated shards into its generation copy
             self.model.load_state_dict(ddp.full_state_dict(policy_learner))

@@ -22,6 +22,7 @@ from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from creditrl.config import Config, config_hash
+from creditrl.policy.device import autocast, grad_scaler, resolve_device
 from creditrl.policy.model import load_policy
 from creditrl.tasks import make_task
 from creditrl.tasks.base import Problem
@@ -52,7 +53,7 @@ def cache_lock(path: Path) -> Iterator[None]:
 # Fields the SFT checkpoint does not depend on (generation engine, RL-only switches), and fields
 # added later that enter the key only when set (so existing caches keep their keys).
 _NOT_IN_SFT_KEY = ("engine", "lora_r", "lora_alpha", "lora_dropout", "lora_targets", "gradient_checkpointing")
-_KEY_WHEN_SET = {"dtype": "float32", "local_files_only": True, "chat_template": "auto"}
+_KEY_WHEN_SET = {"dtype": "float32", "local_files_only": True, "chat_template": "auto", "device": "cpu", "precision": "fp32"}
 
 
 def sft_policy_fields(cfg: Config) -> dict:
@@ -117,6 +118,9 @@ def train_sft(
     s = cfg.sft
     torch.manual_seed(s.seed)
     model, tokenizer = load_policy(cfg.policy.model, seed=cfg.policy.init_seed, **policy_options(cfg))
+    device, precision = resolve_device(cfg.policy.device), cfg.policy.precision
+    model.to(device)
+    scaler = grad_scaler(device, precision)
     task = make_task(cfg.task.name, **(s.task_args or cfg.task.args))  # empty: the RL task's own args
     opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=s.weight_decay, betas=(0.9, 0.98))
     model.train()
@@ -125,21 +129,30 @@ def train_sft(
     loss_ema = None
     for step in bar:
         problems = task.sample(s.batch_size, split="train", seed=s.seed * 1_000_003 + step)
-        ids, mask, labels = sft_batch(tokenizer, problems)
+        ids, mask, labels = (x.to(device) for x in sft_batch(tokenizer, problems))
         for g in opt.param_groups:
             g["lr"] = lr_at(step, s.steps, s.warmup_steps, s.lr)
-        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        with autocast(device, precision):
+            loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        if scaler is None:
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+        else:  # fp16: scaled loss, unscaled gradients for the clip, overflowing steps skipped
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.step(opt)
+            scaler.update()
         loss_value = float(loss.detach())
         loss_ema = loss_value if loss_ema is None else 0.95 * loss_ema + 0.05 * loss_value
         bar.set_postfix(loss=f"{loss_ema:.3f}")
     elapsed = time.time() - start
     eval_task = make_task(cfg.task.name, **cfg.task.args)
     heldout = eval_task.sample(cfg.train.eval_size, split="heldout", seed=12345)
-    res = evaluate(model, tokenizer, eval_task, heldout, max_new_tokens=cfg.rollout.max_new_tokens, engine=cfg.policy.engine)
+    res = evaluate(model, tokenizer, eval_task, heldout, max_new_tokens=cfg.rollout.max_new_tokens,
+                   engine=cfg.policy.engine, precision=precision)
     metrics = {
         "sft/steps": s.steps,
         "sft/final_loss": loss_ema,

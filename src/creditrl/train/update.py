@@ -25,7 +25,7 @@ micro-batch passes (zero-weight padding passes), since FSDP all-gathers in every
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from transformers import PreTrainedModel
@@ -33,7 +33,15 @@ from transformers import PreTrainedModel
 from creditrl.config import Config
 from creditrl.distributed import ddp
 from creditrl.losses import aggregate, aggregation_count, clipped_value_loss, kl_estimate, ppo_clip_loss
-from creditrl.rollout.batch import TrajectoryBatch, micro_batches, response_forward, token_entropy, token_logprobs
+from creditrl.policy.device import autocast, inference, module_device
+from creditrl.rollout.batch import (
+    TrajectoryBatch,
+    micro_batches,
+    response_forward,
+    response_logprobs,
+    token_entropy,
+    token_logprobs,
+)
 from creditrl.values.critic import Critic
 
 
@@ -59,6 +67,7 @@ def update(
     ref_logprobs: torch.Tensor | None = None,
     critic: CriticTarget | None = None,
     train_policy: bool = True,
+    scaler: torch.amp.GradScaler | None = None,
 ) -> dict[str, float]:
     """Run the update; returns the metrics averaged over minibatches.
 
@@ -68,8 +77,19 @@ def update(
     aggregation's denominator, so the step equals the one over the whole minibatch. Under a
     data-parallel launch the denominators are global (see the module docstring) and the
     returned metrics are those of the union of the ranks' rows (the same on every rank).
+
+    The inputs may live on the CPU: everything moves to the policy's device (``policy.device``)
+    first. Forward passes run under ``policy.precision`` autocast; ``scaler`` (fp16) scales the
+    losses and steps the optimizers. With ``loss.recompute_logprobs`` (``auto``: when precision
+    is not fp32) the old log-probs come from this model's own forward, not from the sampler.
     """
     lc, oc = cfg.loss, cfg.optim
+    device = module_device(ddp.unwrap(model))
+    batch, advantages, mask = batch.to(device), advantages.to(device), mask.to(device)
+    ref_logprobs = None if ref_logprobs is None else ref_logprobs.to(device)
+    if critic is not None:
+        critic = replace(critic, returns=critic.returns.to(device), old_values=critic.old_values.to(device))
+    batch, gap = _old_logprobs(ddp.unwrap(model), batch, cfg)
     shared = critic is not None and critic.critic.shared
     world = ddp.world_size()
     # the largest padded length and row count over the ranks (the smallest, negated)
@@ -104,20 +124,23 @@ def update(
                 with ddp.no_sync(learners, enabled=i < n - 1):  # only the last one all-reduces
                     part = _micro_step(
                         model, batch, micro, advantages, mask, cfg, ref_logprobs, critic, train_policy, shared,
-                        norm=width, weight=weight,
+                        norm=width, weight=weight, scaler=scaler,
                     )
                 for k, v in part.items():
                     logs[k] = logs.get(k, 0.0) + weight * v
             if train_policy:
-                logs["grad/norm"] = float(torch.nn.utils.clip_grad_norm_(model.parameters(), oc.grad_clip))
-                optimizer.step()
+                logs["grad/norm"] = _clip_and_step(model, optimizer, oc.grad_clip, scaler)
             if critic is not None:
-                logs["grad/value_norm"] = float(torch.nn.utils.clip_grad_norm_(critic.critic.parameters(), oc.grad_clip))
-                critic.optimizer.step()
+                logs["grad/value_norm"] = _clip_and_step(critic.critic, critic.optimizer, oc.grad_clip, scaler)
+            if scaler is not None:
+                logs["optim/loss_scale"] = float(scaler.get_scale())
+                scaler.update()
             for k, v in logs.items():
                 sums[k] = sums.get(k, 0.0) + v
             steps += 1
     out = {k: v / steps for k, v in sums.items()}
+    if gap is not None:
+        out["policy/sampler_logprob_gap"] = gap
     if world > 1:  # each rank's weighted sums add up to W times the global metric
         keys = sorted(out)
         out = dict(zip(keys, ddp.all_reduce_mean([out[k] for k in keys])))
@@ -138,66 +161,108 @@ def _micro_step(
     *,
     norm: float,
     weight: float,
+    scaler: torch.amp.GradScaler | None = None,
 ) -> dict[str, float]:
-    """Forward and backward of ``weight *`` the losses of ``rows`` (gradients accumulate);
-    returns the micro-batch's unweighted metrics."""
-    lc = cfg.loss
+    """Forward (under ``policy.precision`` autocast) and backward of ``weight *`` the losses of
+    ``rows`` (gradients accumulate); returns the micro-batch's unweighted metrics."""
     mb = batch.select(rows).trimmed()
-    width = mb.response_ids.shape[1]
-    m = mask[rows][:, :width]
+    with autocast(mb.response_ids.device, cfg.policy.precision):  # the backward runs outside it
+        lc = cfg.loss
+        width = mb.response_ids.shape[1]
+        m = mask[rows][:, :width]
 
-    def agg(x: torch.Tensor) -> torch.Tensor:
-        return aggregate(lc.aggregation, x, m, norm=norm)
+        def agg(x: torch.Tensor) -> torch.Tensor:
+            return aggregate(lc.aggregation, x, m, norm=norm)
 
-    logs: dict[str, float] = {}
-    loss = torch.zeros(())
-    states = None
-    if train_policy:
-        logits, states = response_forward(model, mb, hidden=shared)  # (b, T, V), (b, T, H)
-    elif shared:  # critic warm-up: the heads read the policy's states, the policy is not trained
-        with torch.no_grad():
-            logits, states = response_forward(ddp.unwrap(model), mb, hidden=True)
-    if train_policy:
-        logp = token_logprobs(logits, mb.response_ids)
-        pg, stats = ppo_clip_loss(
-            logp, mb.old_logprobs, advantages[rows][:, :width], m,
-            clip_eps=lc.clip_eps, clip_eps_high=lc.clip_eps_high, dual_clip=lc.dual_clip,
-        )
-        loss = agg(pg)
-        # logged always, differentiated only when it is in the loss
-        entropy = agg(token_entropy(logits if lc.entropy_coef > 0 else logits.detach()))
-        if lc.entropy_coef > 0:
-            loss = loss - lc.entropy_coef * entropy
-        kl = torch.zeros(())
-        if ref_logprobs is not None and lc.kl_coef > 0:
-            kl = agg(kl_estimate(logp, ref_logprobs[rows][:, :width], lc.kl_estimator))
-            loss = loss + lc.kl_coef * kl
-        logs.update(
-            {
-                "loss/policy": float(agg(pg.detach())),
-                "kl/ref": float(kl.detach()),
-                "policy/entropy": float(entropy.detach()),
-                "policy/clipfrac": stats.clipfrac,
-                "policy/approx_kl": stats.approx_kl,
-            }
-        )
-    value_loss = None
-    if critic is not None:
-        if states is not None and not train_policy:
-            states = states.detach()
-        member = critic.critic(mb, states)  # (M, b, T): member_values, through DDP's forward
-        returns = critic.returns[rows][:, :width]
-        per_head = [
-            agg(clipped_value_loss(member[i], critic.old_values[i][rows][:, :width], returns, m, clip_eps=cfg.value.clip_eps))
-            for i in range(member.shape[0])
-        ]
-        value_loss = torch.stack(per_head).mean()
-        logs["loss/value"] = float(value_loss.detach())
-    if shared and value_loss is not None:
-        loss = loss + cfg.value.coef * value_loss
-    elif value_loss is not None:
-        (weight * value_loss).backward()
+        logs: dict[str, float] = {}
+        loss = torch.zeros((), device=m.device)
+        states = None
+        if train_policy:
+            logits, states = response_forward(model, mb, hidden=shared)  # (b, T, V), (b, T, H)
+        elif shared:  # critic warm-up: the heads read the policy's states, the policy is not trained
+            with torch.no_grad():
+                logits, states = response_forward(ddp.unwrap(model), mb, hidden=True)
+        if train_policy:
+            logp = token_logprobs(logits, mb.response_ids)
+            pg, stats = ppo_clip_loss(
+                logp, mb.old_logprobs, advantages[rows][:, :width], m,
+                clip_eps=lc.clip_eps, clip_eps_high=lc.clip_eps_high, dual_clip=lc.dual_clip,
+            )
+            loss = agg(pg)
+            # logged always, differentiated only when it is in the loss
+            entropy = agg(token_entropy(logits if lc.entropy_coef > 0 else logits.detach()))
+            if lc.entropy_coef > 0:
+                loss = loss - lc.entropy_coef * entropy
+            kl = torch.zeros((), device=m.device)
+            if ref_logprobs is not None and lc.kl_coef > 0:
+                kl = agg(kl_estimate(logp, ref_logprobs[rows][:, :width], lc.kl_estimator))
+                loss = loss + lc.kl_coef * kl
+            logs.update(
+                {
+                    "loss/policy": float(agg(pg.detach())),
+                    "kl/ref": float(kl.detach()),
+                    "policy/entropy": float(entropy.detach()),
+                    "policy/clipfrac": stats.clipfrac,
+                    "policy/approx_kl": stats.approx_kl,
+                }
+            )
+        value_loss = None
+        if critic is not None:
+            if states is not None and not train_policy:
+                states = states.detach()
+            member = critic.critic(mb, states)  # (M, b, T): member_values, through DDP's forward
+            returns = critic.returns[rows][:, :width]
+            per_head = [
+                agg(clipped_value_loss(member[i], critic.old_values[i][rows][:, :width], returns, m, clip_eps=cfg.value.clip_eps))
+                for i in range(member.shape[0])
+            ]
+            value_loss = torch.stack(per_head).mean()
+            logs["loss/value"] = float(value_loss.detach())
+        if shared and value_loss is not None:
+            loss = loss + cfg.value.coef * value_loss
+    if not shared and value_loss is not None:
+        _backward(weight * value_loss, scaler)
     if loss.requires_grad:
-        (weight * loss).backward()
+        _backward(weight * loss, scaler)
     logs["loss/total"] = float(loss.detach()) + (0.0 if shared or value_loss is None else float(value_loss.detach()))
     return logs
+
+
+def _backward(loss: torch.Tensor, scaler: torch.amp.GradScaler | None) -> None:
+    (loss if scaler is None else scaler.scale(loss)).backward()
+
+
+def _clip_and_step(
+    module: torch.nn.Module, optimizer: torch.optim.Optimizer, max_norm: float, scaler: torch.amp.GradScaler | None
+) -> float:
+    """Clip the (unscaled) gradient norm and step; returns the norm before clipping. With fp16
+    loss scaling a step whose gradients overflowed is skipped (and the scale lowered)."""
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    norm = float(torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm))
+    if scaler is None:
+        optimizer.step()
+    else:
+        scaler.step(optimizer)
+    return norm
+
+
+def _old_logprobs(model: PreTrainedModel, batch: TrajectoryBatch, cfg: Config) -> tuple[TrajectoryBatch, float | None]:
+    """The batch with old log-probs recomputed by ``model`` (no gradient, under autocast, in
+    micro-batches of whole groups) when ``loss.recompute_logprobs`` asks for it, and the mean
+    absolute gap to the sampler's over the response tokens; else ``(batch, None)``."""
+    mode = cfg.loss.recompute_logprobs
+    if mode == "never" or (mode == "auto" and cfg.policy.precision == "fp32"):
+        return batch, None
+    fresh = torch.zeros_like(batch.old_logprobs)
+    was_training = model.training
+    model.eval()
+    with inference(batch.response_ids.device, cfg.policy.precision):
+        for rows in micro_batches(batch, torch.arange(batch.size), cfg.optim.micro_batch_positions):
+            part = batch.select(rows).trimmed()
+            fresh[rows, : part.response_ids.shape[1]] = response_logprobs(model, part)
+    model.train(was_training)
+    fresh = torch.where(batch.response_mask, fresh, 0)
+    valid = batch.response_mask
+    gap = float((fresh - batch.old_logprobs).abs()[valid].mean()) if bool(valid.any()) else 0.0
+    return replace(batch, old_logprobs=fresh), gap

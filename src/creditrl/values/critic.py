@@ -76,9 +76,9 @@ class Critic(nn.Module):
                 states = policy_states
             else:
                 states = response_states(self.backbones[i], batch)  # (B, T, H)
-            outs.append(head(states.float()).squeeze(-1))  # (B, T)
-        values = torch.stack(outs)  # (M, B, T)
-        return values * batch.response_mask[None].to(values.dtype)
+            outs.append(head(states.float()).float().squeeze(-1))  # (B, T), float32 also under autocast
+        values = torch.stack(outs)  # (M, B, T), on the critic's device
+        return values * batch.response_mask[None].to(values)
 
     def forward(self, batch: TrajectoryBatch, policy_states: Tensor | None = None) -> Tensor:
         """:meth:`member_values`, so that a DDP wrapper's forward (which prepares its gradient

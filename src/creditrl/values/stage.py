@@ -19,6 +19,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from creditrl.config import Config
+from creditrl.policy.device import autocast, module_device
 from creditrl.policy.engine import GenerationEngine, SamplingParams
 from creditrl.rollout.batch import TrajectoryBatch, response_forward
 from creditrl.tasks.base import Task
@@ -60,6 +61,7 @@ class ValueStage:
                 policy, members=self.info.members, placement=cfg.value.model, seed=cfg.value.seed,
                 backbone=cfg.value.backbone,
             )
+            self.critic.to(module_device(policy))  # policy.device; new heads are built on the CPU
             self.optimizer = torch.optim.AdamW(self.critic.parameters(), lr=cfg.value.lr, betas=(0.9, 0.99))
 
     def set_policy(self, policy: PreTrainedModel) -> None:
@@ -72,11 +74,12 @@ class ValueStage:
             return ValueOut(None, None)
         if self.critic is not None:
             states = None
-            if self.critic.shared:
-                self.policy.eval()
-                states = response_forward(self.policy, batch, hidden=True)[1]
-            self.critic.eval()
-            members = self.critic.member_values(batch, states)  # (M, B, T)
+            with autocast(module_device(self.critic), self.cfg.policy.precision):
+                if self.critic.shared:
+                    self.policy.eval()
+                    states = response_forward(self.policy, batch, hidden=True)[1]
+                self.critic.eval()
+                members = self.critic.member_values(batch, states).cpu()  # (M, B, T); credit runs on the CPU
             return ValueOut(self.critic.combine(members), members)
         problems = batch.extras["problems"]
         if self.tree is not None:
