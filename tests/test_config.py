@@ -163,7 +163,7 @@ def test_wrong_types_name_the_key(override, message):
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("credit.estimator=ppo", "credit.estimator: unknown value 'ppo'; valid: dr_grpo, gae, grpo, grpo_process, reinforce, reinforce_baseline, rloo"),
+        ("credit.estimator=ppo", "credit.estimator: unknown value 'ppo'; valid: dr_grpo, gae, grpo, grpo_process, min_form, reinforce, reinforce_baseline, rloo"),
         ("credit.normaliser=zscore", "credit.normaliser: unknown value 'zscore'; valid: batch, group, none"),
         ("reward.source=orm", "reward.source: unknown value 'orm'; valid: bleu, chrf, oracle_steps, outcome, prm, rouge, step_format, unit_tests"),
         ("reward.on_error=ignore", "reward.on_error: unknown value 'ignore'; valid: raise, skip, zero"),
@@ -216,6 +216,12 @@ def test_ranges(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config(overrides=[override])
     assert load_config(overrides=["train.iterations=0", "rollout.temperature=0"]).train.iterations == 0
+
+
+def test_min_form_refuses_a_discount():
+    with pytest.raises(ConfigError, match=r"credit.gamma: min_form credit .* does not discount; set credit.gamma=1.0 \(got 0.9\)"):
+        load_config(overrides=["credit.estimator=min_form", "credit.gamma=0.9"])
+    assert load_config(overrides=["credit.estimator=min_form"]).credit.estimator == "min_form"
 
 
 @pytest.fixture

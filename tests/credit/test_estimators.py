@@ -16,7 +16,7 @@ from creditrl.credit import (
 from creditrl.credit.estimators import compact, expand
 
 EPS = 1e-6
-NAMES = ["reinforce", "reinforce_baseline", "rloo", "grpo", "dr_grpo", "grpo_process"]
+NAMES = ["reinforce", "reinforce_baseline", "rloo", "grpo", "dr_grpo", "grpo_process", "min_form"]
 GROUPED = [n for n in NAMES if n != "reinforce"]
 DYADIC = torch.tensor([-1.0, -0.5, 0.0, 0.25, 0.5, 1.0, 2.0])  # exact sums: ties stay ties
 
@@ -31,7 +31,13 @@ def reference(name, rewards, reward_mask, response_mask, group_ids, gamma):
     for b in range(B):
         for i, t in enumerate(valid[b]):
             ret[b][t] = sum(gamma**k * r[b][s] for k, s in enumerate(valid[b][i:]))
+    if name == "min_form":  # no discount; the return is the worst placed reward from t on
+        for b in range(B):
+            for i, t in enumerate(valid[b]):
+                ahead = [r[b][s] for s in valid[b][i:] if placed[b][s]]
+                ret[b][t] = min(ahead) if ahead else 0.0
     R = [sum(r[b][s] for s in valid[b]) for b in range(B)]
+    worst = [min((r[b][s] for s in valid[b] if placed[b][s]), default=0.0) for b in range(B)]
     members = {}
     for b in range(B):
         members.setdefault(gid[b], []).append(b)
@@ -51,6 +57,8 @@ def reference(name, rewards, reward_mask, response_mask, group_ids, gamma):
                 adv[b][t] = (R[b] - statistics.mean(scores)) / (statistics.stdev(scores) + EPS)
             elif name == "dr_grpo":
                 adv[b][t] = R[b] - statistics.mean(R[j] for j in group)
+            elif name == "min_form" and n > 1:
+                adv[b][t] = ret[b][t] - statistics.mean(worst[j] for j in group if j != b)
             elif name == "grpo_process" and n > 1:
                 pool = [r[j][s] for j in group for s in valid[j] if placed[j][s]]
                 if len(pool) >= 2:
@@ -316,3 +324,38 @@ def test_registration(monkeypatch):
         registry.estimate("twice_reward", torch.ones(1, 2), *masks)
     with pytest.raises(ValueError, match="subset of"):
         register_estimator("bad", needs={"critic"})
+
+
+def test_min_form_by_hand():
+    # Two responses in one group, step rewards placed at the ends of their steps.
+    rewards = torch.tensor([[0.0, 0.9, 0.0, 0.2, 0.8], [0.0, 0.6, 0.0, 0.0, 0.7]])
+    reward_mask = torch.tensor([[0, 1, 0, 1, 1], [0, 1, 0, 0, 1]], dtype=torch.bool)
+    response_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]], dtype=torch.bool)
+    adv, ret = estimate("min_form", rewards, reward_mask, response_mask, group_ids=torch.tensor([4, 4]))
+    # Row 1's last reward sits on a masked token and is ignored: its rewards are 0.6 at t = 1 only.
+    expected_ret = torch.tensor([[0.2, 0.2, 0.2, 0.2, 0.8], [0.6, 0.6, 0.0, 0.0, 0.0]])
+    assert torch.allclose(ret, expected_ret)
+    # Baselines are the other response's minimum: 0.6 for row 0, 0.2 for row 1.
+    expected_adv = torch.tensor([[-0.4, -0.4, -0.4, -0.4, 0.2], [0.4, 0.4, -0.2, -0.2, 0.0]])
+    assert torch.allclose(adv, expected_adv)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_min_form_is_rloo_for_sequence_rewards(seed):
+    rewards, reward_mask, response_mask, group_ids = sequence_level(seed, n_groups=3, size=4)
+    got = estimate("min_form", rewards, reward_mask, response_mask, group_ids=group_ids)
+    want = estimate("rloo", rewards, reward_mask, response_mask, group_ids=group_ids)
+    for a, b in zip(got, want, strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_min_form_cannot_be_raised_by_adding_good_steps():
+    # Sum-form credit pays for every extra step the reward model likes; min-form does not.
+    short = torch.tensor([[0.0, 0.3, 0.0, 0.9]])
+    padded = torch.tensor([[0.0, 0.3, 0.0, 0.9, 0.0, 0.9, 0.0, 0.9]])
+    mask_s, mask_p = short != 0, padded != 0
+    ones_s, ones_p = torch.ones_like(mask_s), torch.ones_like(mask_p)
+    _, ret_s = estimate("min_form", short, mask_s, ones_s, group_ids=torch.tensor([0]))
+    _, ret_p = estimate("min_form", padded, mask_p, ones_p, group_ids=torch.tensor([0]))
+    assert ret_s[0, 0] == ret_p[0, 0] == pytest.approx(0.3)
+    assert reward_to_go(padded, ones_p)[0, 0] > reward_to_go(short, ones_s)[0, 0]

@@ -145,7 +145,7 @@ def test_bad_input_errors(tmp_path: Path) -> None:
         load_iteration(tmp_path, 7)
     with pytest.raises(InspectError, match="unknown estimator 'nope'; valid: dr_grpo, gae, grpo"):
         parse_estimators("grpo,nope", "grpo")
-    assert parse_estimators(None, "rloo")[0] == "rloo" and len(parse_estimators(None, "rloo")) == 7
+    assert parse_estimators(None, "rloo")[0] == "rloo" and len(parse_estimators(None, "rloo")) == 8
     for key in ("train.inspect_every", "train.inspect_groups"):
         with pytest.raises(ConfigError, match=key):
             load_config(overrides=[f"{key}=-1"])

@@ -200,6 +200,11 @@ def _check_combinations(cfg: Config) -> None:
             f"value.source: '{cfg.value.source}' gives values that estimator '{cfg.credit.estimator}' "
             "never reads; use credit.estimator=gae or value.source=none"
         )
+    if cfg.credit.estimator == "min_form" and cfg.credit.gamma != 1.0:
+        raise ConfigError(
+            f"credit.gamma: min_form credit takes the minimum of the rewards ahead and does not discount; "
+            f"set credit.gamma=1.0 (got {cfg.credit.gamma})"
+        )
     resolution = resolved_resolution(cfg)
     if source.needs_steps and resolution != "step":
         raise ConfigError(

@@ -8,6 +8,7 @@ step; ``normalise(name, advantages, response_mask, ...)`` runs a registered norm
 # Importing the estimator modules is what registers the estimators in ESTIMATORS.
 from creditrl.credit.estimators import discounted_cumsum, reward_to_go
 from creditrl.credit.gae import gae
+from creditrl.credit.min_form import min_form, min_to_go
 from creditrl.credit.normalise import NORMALISERS, normalise
 from creditrl.credit.registry import ESTIMATORS, estimate, register_estimator, requires
 from creditrl.credit.resolution import RESOLUTIONS, StepView, estimate_at, step_view
@@ -21,6 +22,8 @@ __all__ = [
     "estimate",
     "estimate_at",
     "gae",
+    "min_form",
+    "min_to_go",
     "normalise",
     "register_estimator",
     "requires",

@@ -165,7 +165,7 @@ def group_std(x: Tensor, group_ids: Tensor, mask: Tensor | None = None) -> Tenso
     return (group_sum(deviation * deviation, group_ids, mask) / (n - 1).clamp(min=1)).sqrt()
 
 
-def _groups(group_ids: Tensor | None, estimator: str) -> Tensor:
+def require_groups(group_ids: Tensor | None, estimator: str) -> Tensor:
     if group_ids is None:
         raise missing_input_error(estimator, "group_ids")
     return group_ids
@@ -210,7 +210,7 @@ def reinforce_baseline(
     rewards float (B, T), masks bool (B, T), group_ids long (B,) -> (advantages, returns) float
     (B, T); ``returns = G``. ``values`` and ``lam`` are unused.
     """
-    groups = _groups(group_ids, "reinforce_baseline")
+    groups = require_groups(group_ids, "reinforce_baseline")
     g = reward_to_go(rewards, response_mask, gamma)
     baseline = group_mean(sequence_return(rewards, response_mask), groups)  # (B,)
     return torch.where(response_mask, g - baseline[:, None], 0), g
@@ -234,7 +234,7 @@ def rloo(
     leave-one-out baseline. rewards float (B, T), masks bool (B, T), group_ids long (B,) ->
     (advantages, returns) float (B, T); ``returns = G``. ``values`` and ``lam`` are unused.
     """
-    groups = _groups(group_ids, "rloo")
+    groups = require_groups(group_ids, "rloo")
     g = reward_to_go(rewards, response_mask, gamma)
     r = sequence_return(rewards, response_mask)  # (B,)
     n = group_count(groups)  # (B,)
@@ -261,7 +261,7 @@ def grpo(
     or with equal returns gets 0. rewards float (B, T), masks bool (B, T), group_ids long (B,) ->
     (advantages, returns) float (B, T). ``values`` and ``lam`` are unused.
     """
-    groups = _groups(group_ids, "grpo")
+    groups = require_groups(group_ids, "grpo")
     r = sequence_return(rewards, response_mask)  # (B,)
     score = (r - group_mean(r, groups)) / (group_std(r, groups) + EPS)
     returns = reward_to_go(rewards, response_mask, gamma)
@@ -285,7 +285,7 @@ def dr_grpo(
     rewards float (B, T), masks bool (B, T), group_ids long (B,) -> (advantages, returns) float
     (B, T); ``returns = G``. ``values`` and ``lam`` are unused.
     """
-    groups = _groups(group_ids, "dr_grpo")
+    groups = require_groups(group_ids, "dr_grpo")
     r = sequence_return(rewards, response_mask)  # (B,)
     score = r - group_mean(r, groups)
     returns = reward_to_go(rewards, response_mask, gamma)
@@ -315,7 +315,7 @@ def grpo_process(
     rewards float (B, T), masks bool (B, T), group_ids long (B,) -> (advantages, returns) float
     (B, T). ``values`` and ``lam`` are unused.
     """
-    groups = _groups(group_ids, "grpo_process")
+    groups = require_groups(group_ids, "grpo_process")
     placed = reward_mask & response_mask  # (B, T)
     mean = group_mean(rewards, groups, placed)[:, None]  # (B, 1)
     std = group_std(rewards, groups, placed)[:, None]  # (B, 1)
