@@ -379,3 +379,39 @@ def test_stop_ids_are_validated():
         SamplingParams(stop_ids=[3])
     with pytest.raises(ValueError, match="stop_ids must be a tuple"):
         SamplingParams(stop_ids=(-1,))
+
+
+# ----------------------------------------------------------------------------- chunked generation
+
+
+@pytest.mark.parametrize("kind", ["hf", "static"])
+@pytest.mark.parametrize("max_rows", [1, 5, 16])
+def test_generate_chunked_samples_what_one_call_samples(policy, kind, max_rows):
+    """Calls of at most ``max_rows`` rows draw the single call's uniforms for their rows, so the
+    tokens are the single call's, log-probs agree to rounding, and the generator ends in the
+    same state (the next draw is the same)."""
+    from creditrl.policy.engine import generate_chunked
+    from creditrl.policy.static_engine import make_engine
+
+    model, tok = policy
+    engine = make_engine(model, eos_id=STOP, pad_id=tok.pad_token_id, kind=kind)
+    params = SamplingParams(max_new_tokens=10, temperature=1.0)
+    g_one, g_chunked = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
+    one = engine.generate(PROMPTS, 4, params, generator=g_one, budgets=[10, 3, 10, 6])
+    chunked = generate_chunked(engine, PROMPTS, 4, params, generator=g_chunked, budgets=[10, 3, 10, 6], max_rows=max_rows)
+    assert chunked.tokens == one.tokens
+    assert chunked.finished == one.finished and chunked.prompt_index == one.prompt_index
+    assert chunked.prompt_ids == one.prompt_ids
+    for a, b in zip(chunked.logprobs, one.logprobs):
+        assert a == pytest.approx(b, abs=1e-5)
+    assert len({len(t) for t in one.tokens}) > 2  # rows of several lengths (eos, budgets)
+    assert torch.equal(torch.rand(3, generator=g_one), torch.rand(3, generator=g_chunked))
+
+
+def test_generate_chunked_rejects_a_bad_bound(policy):
+    from creditrl.policy.engine import generate_chunked
+
+    model, tok = policy
+    engine = HFEngine(model, eos_id=STOP, pad_id=tok.pad_token_id)
+    with pytest.raises(ValueError, match="max_rows must be >= 1, got 0"):
+        generate_chunked(engine, PROMPTS, 2, SamplingParams(), max_rows=0)

@@ -223,6 +223,8 @@ def test_prm_completer_errors_and_cache_key(tmp_path: Path) -> None:
     cfg = load_config()
     old = asdict(cfg.prm)
     del old["completer"]  # caches from before the key existed keep their keys
+    del old["mc_rows_per_call"]  # a memory bound, never in the key
     assert prm_key(cfg, "x") == config_hash({"v": CACHE_VERSION, "init": "x", "task": asdict(cfg.task), "prm": old,
                                              "max_new_tokens": cfg.rollout.max_new_tokens})
     assert prm_key(load_config(overrides=["prm.completer=/some/dir"]), "x") != prm_key(cfg, "x")
+    assert prm_key(load_config(overrides=["prm.mc_rows_per_call=64"]), "x") == prm_key(cfg, "x")

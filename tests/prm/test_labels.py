@@ -157,6 +157,8 @@ def test_mc_labels_rejects_bad_arguments(tok):
         mc_labels(engine, tok, TASK, ITEMS, n=0, params=PARAMS)
     with pytest.raises(ValueError, match="max_prefixes_per_call must be >= 1 or None, got 0"):
         mc_labels(engine, tok, TASK, ITEMS, n=4, params=PARAMS, max_prefixes_per_call=0)
+    with pytest.raises(ValueError, match="max_rows must be >= 1 or None, got 0"):
+        mc_labels(engine, tok, TASK, ITEMS, n=4, params=PARAMS, max_rows=0)
     assert engine.calls == []
 
 
@@ -183,6 +185,10 @@ def test_mc_labels_with_hf_engine(peaked_tiny):
         engine, tok, TASK, items, n=3, params=params, generator=torch.Generator().manual_seed(7), mode=mode
     )
     hard, soft = run("hard"), run("soft")
+    bounded = mc_labels(  # at most 4 continuations per engine call: the same samples
+        engine, tok, TASK, items, n=3, params=params, generator=torch.Generator().manual_seed(7), mode="soft", max_rows=4
+    )
+    assert bounded.fractions == soft.fractions and bounded.n_tokens == soft.n_tokens
     distinct = {(p.prompt, "".join(steps[: k + 1])) for p, steps in items for k in range(len(steps) - 1)}
     assert hard.n_prefixes == len(distinct) == 2 * sum(len(s) - 1 for _, s in items) // 3  # repeats shared
     assert hard.n_continuations == 3 * hard.n_prefixes

@@ -175,6 +175,7 @@ class PRMConfig:
     mc_mode: str = "hard"  # hard (any continuation correct) | soft (share correct)
     mc_temperature: float = 1.0  # sampling temperature of the MC completer
     completer: str = ""  # mc: checkpoint directory of the completer policy; "" = the policy being labelled
+    mc_rows_per_call: int = 8192  # mc: continuations an engine holds at once (memory); the samples do not depend on it
     members: int = 1  # ensemble members (each a backbone + head)
     combine: str = "mean"  # mean | min over members
     likelihood: bool = True  # the head also reads the step's summed and minimum token log-probs

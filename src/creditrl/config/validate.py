@@ -257,7 +257,7 @@ def _check_prm(cfg: Config) -> None:
     _one_of("prm.split", p.split, SPLITS)
     for name in p.vote_labelers.split(","):
         _one_of("prm.vote_labelers", name.strip(), ("oracle", "outcome_heuristic", "mc"))
-    for key in ("problems", "samples", "mc_n", "members", "steps", "batch_size", "lr"):
+    for key in ("problems", "samples", "mc_n", "mc_rows_per_call", "members", "steps", "batch_size", "lr"):
         _positive(f"prm.{key}", getattr(p, key))
     _positive("prm.temperature", p.temperature, allow_zero=True)
     _positive("prm.mc_temperature", p.mc_temperature, allow_zero=True)

@@ -35,7 +35,7 @@ import torch
 from transformers import PreTrainedModel
 
 from creditrl.config import Config, ConfigError
-from creditrl.policy.engine import Generation, HFEngine, SamplingParams, expand_requests
+from creditrl.policy.engine import Generation, HFEngine, SamplingParams, advance_generator, expand_requests
 from creditrl.policy.model import is_lora
 
 INSTALL_HINT = "pip install 'creditrl[ray]'"
@@ -303,9 +303,7 @@ class RayEngine:
         tokens = [t for r in results for t in r[0]]
         logprobs = [x for r in results for x in r[1]]
         finished = [f for r in results for f in r[2]]
-        if params.temperature > 0:  # the draws of the one-process engine: (N, 1) per decode step
-            for _ in range(max(len(t) for t in tokens)):
-                torch.rand(total, 1, generator=gen, dtype=torch.float64)
+        advance_generator(gen, total, tokens, params)  # the draws of the one-process engine
         return Generation(
             prompt_index=[i for i in range(len(prompts)) for _ in range(n)],
             prompt_ids=requests,

@@ -175,6 +175,63 @@ def expand_requests(
     return requests, limit
 
 
+def generate_chunked(
+    engine: "InProcessEngine",
+    prompts: Sequence[Sequence[int]],
+    n: int,
+    params: SamplingParams,
+    *,
+    generator: torch.Generator | None = None,
+    budgets: Sequence[int] | None = None,
+    max_rows: int,
+) -> Generation:
+    """``engine.generate(prompts, n, params, ...)`` in calls of at most ``max_rows`` request rows
+    (memory: an engine holds a KV cache per row), sampling what the single call samples.
+
+    Every chunk starts from the generator's state and draws the whole batch's uniforms each
+    step, using its own rows' (``draw_rows``, as the Ray backend's workers do); afterwards the
+    generator is advanced by the single call's draws (one ``(N, 1)`` draw per decode step, as
+    many steps as the longest row). Tokens are those of the single call, unless a smaller
+    batch's matrix products round a log-prob across a sampling boundary (float rounding only).
+    """
+    if max_rows < 1:
+        raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+    requests, limit = expand_requests(prompts, n, params, budgets)
+    total = len(requests)
+    if total <= max_rows:
+        return engine.generate(prompts, n, params, generator=generator, budgets=budgets)
+    gen = generator if generator is not None else torch.default_generator
+    state = gen.get_state()
+    limits = limit.tolist()
+    tokens, logprobs, finished = [], [], []
+    for a in range(0, total, max_rows):
+        b = min(total, a + max_rows)
+        part = torch.Generator().set_state(state.clone())
+        out = engine.generate(requests[a:b], 1, params, generator=part, budgets=limits[a:b], draw_rows=(a, total))
+        tokens += out.tokens
+        logprobs += out.logprobs
+        finished += out.finished
+    advance_generator(gen, total, tokens, params)
+    return Generation(
+        prompt_index=[i for i in range(len(prompts)) for _ in range(n)],
+        prompt_ids=requests,
+        tokens=tokens,
+        logprobs=logprobs,
+        finished=finished,
+    )
+
+
+def advance_generator(
+    generator: torch.Generator, total: int, tokens: Sequence[Sequence[int]], params: SamplingParams
+) -> None:
+    """Advance ``generator`` as one in-process ``generate`` call of ``total`` rows that produced
+    ``tokens`` would have: one ``(total, 1)`` uniform draw per decode step, as many steps as the
+    longest row (none at temperature 0)."""
+    if params.temperature > 0:
+        for _ in range(max((len(t) for t in tokens), default=0)):
+            torch.rand(total, 1, generator=generator, dtype=torch.float64)
+
+
 def pack_generation(
     n_prompts: int, n: int, requests: list[list[int]], tokens: torch.Tensor, logps: torch.Tensor,
     limit: torch.Tensor, eos_id: int, stop_ids: tuple[int, ...] = (),

@@ -40,7 +40,7 @@ def label_policy_samples(cfg: Config, model, tokenizer, *, problems: int | None 
     completer, completer_tok = load_completer(cfg, model, tokenizer)
     return label_samples(
         samples, labeler or p.labeler, task=task, model=completer, tokenizer=completer_tok, mc_n=p.mc_n,
-        mc_mode=p.mc_mode,
+        mc_mode=p.mc_mode, mc_max_rows=p.mc_rows_per_call,
         mc_params=SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=p.mc_temperature),
         vote_labelers=[x.strip() for x in p.vote_labelers.split(",")], vote_threshold=p.vote_threshold, seed=seed,
     )
@@ -66,6 +66,7 @@ def prm_key(cfg: Config, init_path: str) -> str:
     prm = asdict(cfg.prm)
     if not prm["completer"]:  # added later: enters the key only when set, so existing caches keep their keys
         del prm["completer"]
+    del prm["mc_rows_per_call"]  # a memory bound: the same labels either way
     return config_hash({"v": CACHE_VERSION, "init": str(init_path), "task": asdict(cfg.task), "prm": prm,
                         "max_new_tokens": cfg.rollout.max_new_tokens})
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from creditrl.policy.engine import GenerationEngine, SamplingParams
+from creditrl.policy.engine import GenerationEngine, SamplingParams, generate_chunked
 from creditrl.rewards.sources import first_error_labels
 from creditrl.tasks.base import Problem, Task
 from creditrl.train.evaluate import decode_response, encode_prompt
@@ -146,6 +146,7 @@ def mc_labels(
     generator: torch.Generator | None = None,
     mode: str = "hard",
     max_prefixes_per_call: int | None = None,
+    max_rows: int | None = None,
 ) -> MCLabels:
     """Monte-Carlo step labels (Math-Shepherd: Wang et al., 2024, arXiv:2312.08935).
 
@@ -171,11 +172,12 @@ def mc_labels(
     Deduplication: prefixes are keyed by (problem, prefix text); identical prefixes -- the
     first steps shared by several samples of one problem -- are sampled once and share their
     labels. All distinct prefixes go to ``engine.generate`` in one call (or in calls of at most
-    ``max_prefixes_per_call`` prefixes, to bound memory); ``n_continuations`` and ``n_tokens``
-    report what was spent.
+    ``max_prefixes_per_call`` prefixes); ``max_rows`` bounds the continuations an engine holds at
+    once without changing what is sampled (:func:`creditrl.policy.engine.generate_chunked`).
+    ``n_continuations`` and ``n_tokens`` report what was spent.
 
     Raises:
-        ValueError: On an unknown ``mode``, ``n < 1`` or ``max_prefixes_per_call < 1``.
+        ValueError: On an unknown ``mode``, ``n < 1``, ``max_prefixes_per_call < 1`` or ``max_rows < 1``.
     """
     if mode not in MC_MODES:
         raise ValueError(f"unknown MC label mode '{mode}'; valid: {', '.join(MC_MODES)}")
@@ -183,6 +185,8 @@ def mc_labels(
         raise ValueError(f"n must be >= 1, got {n}")
     if max_prefixes_per_call is not None and max_prefixes_per_call < 1:
         raise ValueError(f"max_prefixes_per_call must be >= 1 or None, got {max_prefixes_per_call}")
+    if max_rows is not None and max_rows < 1:
+        raise ValueError(f"max_rows must be >= 1 or None, got {max_rows}")
 
     index: dict[tuple[Problem, str], int] = {}
     prefixes: list[_Prefix] = []
@@ -207,7 +211,10 @@ def mc_labels(
     chunk = max_prefixes_per_call or max(1, len(prefixes))
     for start in range(0, len(prefixes), chunk):
         batch = prefixes[start : start + chunk]
-        gen = engine.generate([p.ids for p in batch], n, params, generator=generator)
+        if max_rows is None:
+            gen = engine.generate([p.ids for p in batch], n, params, generator=generator)
+        else:
+            gen = generate_chunked(engine, [p.ids for p in batch], n, params, generator=generator, max_rows=max_rows)
         for request, tokens in zip(gen.prompt_index, gen.tokens):
             prefix = batch[request]
             completion = decode_response(tokenizer, prefix.ids[prefix.n_prompt :] + list(tokens))

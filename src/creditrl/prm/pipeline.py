@@ -87,6 +87,7 @@ def label_samples(
     mc_n: int = 8,
     mc_mode: str = "hard",
     mc_params: SamplingParams | None = None,
+    mc_max_rows: int | None = None,
     vote_labelers: Sequence[str] = ("outcome_heuristic", "mc"),
     vote_threshold: float = 1.0,
     seed: int = 0,
@@ -94,7 +95,8 @@ def label_samples(
     """Stepwise examples labelled by ``labeler``; the info dict counts cost and dropped labels.
 
     ``mc`` (and ``vote`` with ``mc`` among its labelers) continues every step prefix ``mc_n``
-    times with ``model`` (the completer policy) at ``mc_params``.
+    times with ``model`` (the completer policy) at ``mc_params``, at most ``mc_max_rows``
+    continuations per engine call (a memory bound that leaves the samples unchanged).
     """
     if labeler not in LABELER_NAMES:
         raise ValueError(f"unknown labeler '{labeler}'; valid: {', '.join(LABELER_NAMES)}")
@@ -112,7 +114,7 @@ def label_samples(
             engine = make_engine(model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
             res = mc_labels(
                 engine, tokenizer, task, [(s.problem, s.steps) for s in samples], n=mc_n, params=mc_params,
-                generator=torch.Generator().manual_seed(seed), mode=mc_mode,
+                generator=torch.Generator().manual_seed(seed), mode=mc_mode, max_rows=mc_max_rows,
             )
             info.update({"mc/prefixes": res.n_prefixes, "mc/continuations": res.n_continuations, "mc/tokens": res.n_tokens})
             return [list(x) for x in res.labels]
