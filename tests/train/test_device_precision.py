@@ -64,6 +64,8 @@ def test_device_names(monkeypatch):
 def test_config_errors_name_the_key(monkeypatch):
     with pytest.raises(ConfigError, match="policy.precision: unknown value 'fp8'; valid: bf16, fp16, fp32"):
         load_config(overrides=["policy.precision=fp8"])
+    with pytest.raises(ConfigError, match="the Ray backend's rollout workers sample in fp32"):
+        load_config(overrides=["policy.precision=bf16", "backend.name=ray"])
     with pytest.raises(ConfigError, match="loss.recompute_logprobs: unknown value 'sometimes'; valid: always, auto, never"):
         load_config(overrides=["loss.recompute_logprobs=sometimes"])
     if not torch.cuda.is_available():

@@ -106,6 +106,8 @@ def _check_device(cfg: Config) -> None:
         )
     if device.type != "cpu" and cfg.backend.name == "ray":
         raise ConfigError("policy.device: the Ray backend's rollout workers run on the CPU; use policy.device=cpu")
+    if cfg.policy.precision != "fp32" and cfg.backend.name == "ray":
+        raise ConfigError("policy.precision: the Ray backend's rollout workers sample in fp32; use policy.precision=fp32")
 
 
 def _check_ranges(cfg: Config) -> None:

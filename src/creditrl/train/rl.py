@@ -92,6 +92,8 @@ class RLTrainer:
                 cfg.reward.prm = str(cached_prm(cfg, self.init_path, progress=cfg.train.progress))
         options = policy_options(cfg)
         self.device = resolve_device(cfg.policy.device)
+        if self.device.type == "cuda":  # NCCL (data-parallel ranks) uses the current device
+            torch.cuda.set_device(self.device)
         self.model, self.tokenizer = load_policy(self.init_path, seed=cfg.policy.init_seed, **options)
         self.model.to(self.device)
         self.ref_model = None
