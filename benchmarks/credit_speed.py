@@ -35,6 +35,7 @@ LOOPS = {
     "dr_grpo": BLOCKED,
     "grpo_process": BLOCKED,
     "gae": BLOCKED,
+    "min_form": "none (reverse cummin)",
 }
 NOT_AUDITED = "not audited"
 
