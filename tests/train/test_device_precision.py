@@ -64,6 +64,11 @@ def test_device_names(monkeypatch):
 def test_config_errors_name_the_key(monkeypatch):
     with pytest.raises(ConfigError, match="policy.precision: unknown value 'fp8'; valid: bf16, fp16, fp32"):
         load_config(overrides=["policy.precision=fp8"])
+    with pytest.raises(ConfigError, match="loss.recompute_logprobs: not supported with backend.learner=fsdp"):
+        load_config(overrides=["policy.precision=bf16", "backend.learner=fsdp"])
+    with pytest.raises(ConfigError, match="loss.recompute_logprobs: not supported with backend.learner=fsdp"):
+        load_config(overrides=["loss.recompute_logprobs=always", "backend.learner=fsdp"])
+    assert load_config(overrides=["backend.learner=fsdp"]).backend.learner == "fsdp"  # fp32, auto: no recompute
     with pytest.raises(ConfigError, match="the Ray backend's rollout workers sample in fp32"):
         load_config(overrides=["policy.precision=bf16", "backend.name=ray"])
     with pytest.raises(ConfigError, match="loss.recompute_logprobs: unknown value 'sometimes'; valid: always, auto, never"):

@@ -106,6 +106,14 @@ def _check_device(cfg: Config) -> None:
         )
     if device.type != "cpu" and cfg.backend.name == "ray":
         raise ConfigError("policy.device: the Ray backend's rollout workers run on the CPU; use policy.device=cpu")
+    recompute = cfg.loss.recompute_logprobs == "always" or (
+        cfg.loss.recompute_logprobs == "auto" and cfg.policy.precision != "fp32"
+    )
+    if recompute and cfg.backend.learner == "fsdp":  # its ranks would run unequal numbers of gathering forwards
+        raise ConfigError(
+            "loss.recompute_logprobs: not supported with backend.learner=fsdp; use backend.learner=ddp, "
+            "or policy.precision=fp32 with loss.recompute_logprobs=auto|never"
+        )
     if cfg.policy.precision != "fp32" and cfg.backend.name == "ray":
         raise ConfigError("policy.precision: the Ray backend's rollout workers sample in fp32; use policy.precision=fp32")
 
