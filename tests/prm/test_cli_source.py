@@ -106,6 +106,12 @@ def test_prm_source_scores_steps_in_one_batch_and_skips_empty_spans(workdir: Pat
     # the per-response fallback gives the same numbers
     single = prm_reward_source(str(workdir / "prm")).fn(task, problems[0], "", spans[0])
     assert single == pytest.approx(direct[0])
+    # reward.prm follows policy.device: the CPU here, and a clear error for a GPU torch cannot see
+    placed = make_source("prm", {"prm": str(workdir / "prm"), "device": "auto"})
+    assert placed.fn(task, problems[0], "", spans[0]) == pytest.approx(direct[0])
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="policy.device: 'cuda' but torch sees no CUDA device"):
+            make_source("prm", {"prm": str(workdir / "prm"), "device": "cuda"})
 
 
 def test_rl_with_the_prm_as_step_reward(workdir: Path, tmp_path: Path) -> None:

@@ -39,6 +39,7 @@ def cmd_label(args: argparse.Namespace) -> int:
 
 def train_from_examples(cfg: Config, init_path: str, examples, out: Path, progress: bool) -> dict:
     """Train a PRM on ``examples`` from the policy at ``init_path``; save model + tokenizer."""
+    from creditrl.policy.device import resolve_device
     from creditrl.policy.model import load_policy
     from creditrl.prm.augment import augment_negatives
     from creditrl.prm.model import ProcessRewardModel
@@ -51,10 +52,12 @@ def train_from_examples(cfg: Config, init_path: str, examples, out: Path, progre
     prm = ProcessRewardModel.from_model(
         policy, members=p.members, combine=p.combine, seed=p.seed, likelihood=p.likelihood
     )
+    prm.to(resolve_device(cfg.policy.device))  # trained where the policy trains
     metrics = train_prm(
         prm, tok, examples, steps=p.steps, batch_size=p.batch_size, lr=p.lr, soft=p.soft,
         max_step_tokens=p.max_step_tokens, seed=p.seed, progress=progress, train_backbone=p.train_backbone,
     )
+    prm.to("cpu")  # saved from the CPU; a reader places it (reward.prm: on policy.device)
     out.mkdir(parents=True, exist_ok=True)
     prm.save(out)
     tok.save_pretrained(out)

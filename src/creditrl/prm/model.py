@@ -42,6 +42,7 @@ import torch
 from torch import Tensor, nn
 from transformers import AutoModel, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
+from creditrl.policy.device import module_device
 from creditrl.policy.model import load_policy
 from creditrl.train.evaluate import encode_prompt
 
@@ -312,7 +313,8 @@ class ProcessRewardModel(nn.Module):
                 step_positions(ends, len(encode_prompt(tokenizer, prompt)), ids.shape[1])
                 for (prompt, _), (_, ends) in zip(chunk, encoded)
             ])
-            probs = torch.sigmoid(self(ids, mask, index))  # (M, B, L)
+            device = module_device(self)  # the PRM may sit on a GPU (policy.device); scores come back on the CPU
+            probs = torch.sigmoid(self(ids.to(device), mask.to(device), index.to(device))).float().cpu()  # (M, B, L)
             for i, ((_, steps), (_, ends)) in enumerate(zip(chunk, encoded)):
                 row = torch.full((self.members, len(steps)), float("nan"))
                 row[:, : len(ends)] = probs[:, i, ends]

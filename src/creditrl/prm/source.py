@@ -15,18 +15,21 @@ from typing import Sequence
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from creditrl.policy.device import resolve_device
 from creditrl.prm.model import ProcessRewardModel
 from creditrl.rewards.sources import RewardSource
 from creditrl.tasks.base import Problem, Task
 
 
 @lru_cache(maxsize=4)
-def load_prm(path: str) -> tuple[ProcessRewardModel, PreTrainedTokenizerBase]:
-    """The PRM and its tokenizer saved at ``path`` (cached: a run builds its sources once per
-    stage, and several sources may read the same PRM)."""
+def load_prm(path: str, device: str = "cpu") -> tuple[ProcessRewardModel, PreTrainedTokenizerBase]:
+    """The PRM and its tokenizer saved at ``path``, the PRM on ``device`` (a ``policy.device``
+    name; cached: a run builds its sources once per stage, and several sources may read the
+    same PRM)."""
     if not Path(path).is_dir():
         raise FileNotFoundError(f"reward.prm: '{path}' is not a PRM directory (write one with `creditrl prm train`)")
-    return ProcessRewardModel.load(path).eval(), AutoTokenizer.from_pretrained(path, local_files_only=True)
+    prm = ProcessRewardModel.load(path).eval().to(resolve_device(device))
+    return prm, AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
 def prm_step_scores(
@@ -44,8 +47,8 @@ def prm_step_scores(
     return out
 
 
-def prm_reward_source(path: str) -> RewardSource:
-    prm, tokenizer = load_prm(str(path))
+def prm_reward_source(path: str, device: str = "cpu") -> RewardSource:
+    prm, tokenizer = load_prm(str(path), device)
 
     def fn(task: Task, problem: Problem, completion: str, spans: Sequence[str]) -> list[float | None]:
         return prm_step_scores(prm, tokenizer, [problem.prompt], [spans])[0]

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
+from creditrl.policy.device import module_device
 from creditrl.prm.model import ProcessRewardModel, encode, right_pad, step_positions
 from creditrl.train.evaluate import encode_prompt
 from creditrl.train.sft import lr_at
@@ -96,12 +97,13 @@ def _batches(n: int, batch_size: int, rng: random.Random) -> Iterator[list[int]]
 
 
 def _member_loss(model: ProcessRewardModel, member: int, rows: list[_Encoded], pad_id: int) -> torch.Tensor:
-    ids, mask = right_pad([r.ids for r in rows], pad_id)
-    index = torch.tensor([r.index + [-1] * (ids.shape[1] - len(r.index)) for r in rows])  # (B, L)
+    device = module_device(model)
+    ids, mask = (x.to(device) for x in right_pad([r.ids for r in rows], pad_id))
+    index = torch.tensor([r.index + [-1] * (ids.shape[1] - len(r.index)) for r in rows], device=device)  # (B, L)
     logits = model.member_logits(member, ids, mask, index)  # (B, L)
-    b = torch.tensor([i for i, r in enumerate(rows) for _ in r.ends])
-    pos = torch.tensor([p for r in rows for p in r.ends])
-    targets = torch.tensor([t for r in rows for t in r.targets])
+    b = torch.tensor([i for i, r in enumerate(rows) for _ in r.ends], device=device)
+    pos = torch.tensor([p for r in rows for p in r.ends], device=device)
+    targets = torch.tensor([t for r in rows for t in r.targets], device=device)
     return F.binary_cross_entropy_with_logits(logits[b, pos], targets)
 
 

@@ -150,7 +150,7 @@ def _prm_source(options: dict[str, Any]) -> RewardSource:
     step's reward is the PRM's probability that the step is correct."""
     from creditrl.prm.source import prm_reward_source
 
-    return prm_reward_source(options["prm"])
+    return prm_reward_source(options["prm"], options.get("device", "cpu"))
 
 
 def first_error_labels(labels: Iterable[bool]) -> list[float | None]:

@@ -93,7 +93,7 @@ class Scorer:
 
         def placed(source: str, granularity: str) -> _Placed:
             gran = resolved_granularity(source, granularity)
-            return _Placed(make_source(source, {"prm": rc.prm}), gran, segmenter(gran))
+            return _Placed(make_source(source, {"prm": rc.prm, "device": cfg.policy.device}), gran, segmenter(gran))
 
         self.primary = placed(rc.source, rc.granularity)
         h = cfg.hybrid
