@@ -304,13 +304,7 @@ class RayEngine:
         logprobs = [x for r in results for x in r[1]]
         finished = [f for r in results for f in r[2]]
         advance_generator(gen, total, tokens, params)  # the draws of the one-process engine
-        return Generation(
-            prompt_index=[i for i in range(len(prompts)) for _ in range(n)],
-            prompt_ids=requests,
-            tokens=tokens,
-            logprobs=logprobs,
-            finished=finished,
-        )
+        return Generation.prompt_major(len(prompts), n, requests, tokens, logprobs, finished)
 
     def stats(self) -> dict[str, float]:
         """Per-iteration metrics (restarts since the last call, weight broadcast time)."""

@@ -11,6 +11,7 @@ Faster engines (static KV cache, vLLM) implement the same :class:`GenerationEngi
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
@@ -54,6 +55,14 @@ class Generation:
     tokens: list[list[int]]  # (N, *) generated ids, ending with eos when ``finished``
     logprobs: list[list[float]]  # (N, *) log pi(token) under the raw policy distribution
     finished: list[bool]  # (N,) produced eos within max_new_tokens
+
+    @classmethod
+    def prompt_major(
+        cls, n_prompts: int, n: int, requests: list[list[int]], tokens: list[list[int]],
+        logprobs: list[list[float]], finished: list[bool],
+    ) -> "Generation":
+        """The generation of ``n`` samples for each of ``n_prompts`` prompts, rows in request order."""
+        return cls([i for i in range(n_prompts) for _ in range(n)], requests, tokens, logprobs, finished)
 
 
 class GenerationEngine(Protocol):
@@ -212,13 +221,7 @@ def generate_chunked(
         logprobs += out.logprobs
         finished += out.finished
     advance_generator(gen, total, tokens, params)
-    return Generation(
-        prompt_index=[i for i in range(len(prompts)) for _ in range(n)],
-        prompt_ids=requests,
-        tokens=tokens,
-        logprobs=logprobs,
-        finished=finished,
-    )
+    return Generation.prompt_major(len(prompts), n, requests, tokens, logprobs, finished)
 
 
 def advance_generator(
@@ -246,16 +249,10 @@ def pack_generation(
         out_tokens.append(row_t[:length])
         out_logps.append(row_l[:length])
         ended.append(length > 0 and row_t[length - 1] == eos_id)
-    return Generation(
-        prompt_index=[i for i in range(n_prompts) for _ in range(n)],
-        prompt_ids=requests,
-        tokens=out_tokens,
-        logprobs=out_logps,
-        finished=ended,
-    )
+    return Generation.prompt_major(n_prompts, n, requests, out_tokens, out_logps, ended)
 
 
-class InProcessEngine:
+class InProcessEngine(ABC):
     """What the in-process engines share: ``generate`` runs their ``_generate`` in
     ``grad_mode`` (no gradients), under ``policy.precision`` autocast on the model's device."""
 
@@ -282,6 +279,7 @@ class InProcessEngine:
         with self.grad_mode(), inference(module_device(self.model), self.precision):
             return self._generate(prompts, n, params, generator, budgets, draw_rows)
 
+    @abstractmethod
     def _generate(
         self,
         prompts: Sequence[Sequence[int]],
@@ -291,7 +289,7 @@ class InProcessEngine:
         budgets: Sequence[int] | None,
         draw_rows: tuple[int, int] | None,
     ) -> Generation:
-        raise NotImplementedError
+        """The engine's sampling loop (the arguments of :meth:`generate`), called in its context."""
 
 
 class HFEngine(InProcessEngine):

@@ -389,13 +389,7 @@ class VLLMEngine:
             tokens.append(ids[:length])
             logprobs.append(lps[:length])
             finished.append(length > 0 and ids[length - 1] == self.eos_id)
-        return Generation(
-            prompt_index=[i for i in range(len(prompts)) for _ in range(n)],
-            prompt_ids=requests,
-            tokens=tokens,
-            logprobs=logprobs,
-            finished=finished,
-        )
+        return Generation.prompt_major(len(prompts), n, requests, tokens, logprobs, finished)
 
 
 def _sampled_logprob(position: Mapping[int, Any], token: int, request: int) -> float:
