@@ -134,7 +134,7 @@ def test_unknown_key_lists_the_section_keys():
 
 
 def test_unknown_key_in_file(tmp_path):
-    with pytest.raises(ConfigError, match="unknown key 'epochs' in section 'optim'; valid keys: lr, warmup_iterations, weight_decay"):
+    with pytest.raises(ConfigError, match="unknown key 'epochs' in section 'optim'; valid keys: name, lr, beta1, beta2, eps, momentum, warmup_iterations"):
         load_config(write(tmp_path, "optim:\n  epochs: 2\n"))
 
 
@@ -177,6 +177,7 @@ def test_wrong_types_name_the_key(override, message):
         ("hybrid.filter=best", "hybrid.filter: unknown value 'best'; valid: group_accuracy, none, top_q"),
         ("hybrid.schedule=cosine", "hybrid.schedule: unknown value 'cosine'; valid: constant, linear, switch"),
         ("shaping.kl_estimator=k5", "shaping.kl_estimator: unknown value 'k5'; valid: k1, k2, k3"),
+        ("optim.name=lion", "optim.name: unknown value 'lion'; valid: adamw, sgd"),
     ],
 )
 def test_unknown_names_list_valid_ones(override, message):
@@ -210,6 +211,9 @@ def test_task_args_errors_name_the_key():
         ("value.mc_samples=0", "value.mc_samples: must be > 0, got 0"),
         ("shaping.overlong_cache=64", r"shaping.overlong_cache: must be < rollout.max_new_tokens \(64\), got 64"),
         ("reward.segment_tokens=0", "reward.segment_tokens: must be > 0, got 0"),
+        ("optim.beta2=1", r"optim.beta2: must lie in \[0, 1\), got 1.0"),
+        ("optim.momentum=-0.1", r"optim.momentum: must lie in \[0, 1\), got -0.1"),
+        ("optim.eps=0", "optim.eps: must be > 0, got 0.0"),
     ],
 )
 def test_ranges(override, message):

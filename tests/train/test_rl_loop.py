@@ -54,9 +54,11 @@ def test_mean_reward_rises_on_easy_setting(sft_dir: str, tmp_path: Path) -> None
     assert last > first + 0.15, (first, last)
 
 
-def test_resume_gives_the_same_metrics(sft_dir: str, tmp_path: Path) -> None:
-    over = EASY + ["train.iterations=4", "train.eval_every=2", "train.checkpoint_every=2", "train.threads=1"]
+@pytest.mark.parametrize("optimizer", [[], ["optim.name=sgd", "optim.lr=0.05"]], ids=["adamw", "sgd"])
+def test_resume_gives_the_same_metrics(sft_dir: str, tmp_path: Path, optimizer: list[str]) -> None:
+    over = EASY + optimizer + ["train.iterations=4", "train.eval_every=2", "train.checkpoint_every=2", "train.threads=1"]
     full = RLTrainer(load_config(overrides=over), tmp_path / "full", init_path=sft_dir)
+    assert type(full.optimizer).__name__ == ("SGD" if optimizer else "AdamW")
     full.run()
     # an interrupted run: stop after the checkpoint at iteration 2, then resume to 4
     part_cfg = load_config(overrides=over)

@@ -83,3 +83,33 @@ def test_micro_batched_update_equals_whole_minibatch(aggregation, critic_model):
     assert torch.allclose(p0, p1, atol=2e-6, rtol=1e-4)
     for key in ("loss/total", "grad/norm", "kl/ref", "policy/entropy"):
         assert l1[key] == pytest.approx(l0[key], rel=1e-4, abs=1e-6)
+
+
+def test_make_optimizer_follows_the_config() -> None:
+    from creditrl.train.update import make_optimizer
+
+    cfg = load_config(overrides=["optim.lr=0.1", "optim.beta1=0.8", "optim.beta2=0.95", "optim.eps=1e-3", "optim.weight_decay=0.01"])
+    w = torch.nn.Parameter(torch.tensor([1.0, -2.0]))
+    opt = make_optimizer([w], cfg.optim)
+    group = opt.param_groups[0]
+    assert isinstance(opt, torch.optim.AdamW)
+    assert (group["lr"], group["betas"], group["eps"], group["weight_decay"]) == (0.1, (0.8, 0.95), 1e-3, 0.01)
+    # a larger eps shrinks a tiny gradient's first step: lr * g / (|g| + eps) after bias correction
+    w.grad = torch.tensor([1e-3, 1.0])
+    before = w.detach().clone()
+    opt.step()
+    decayed = before * (1 - 0.1 * 0.01)
+    expected = decayed - 0.1 * w.grad / (w.grad.abs() + 1e-3)
+    assert torch.allclose(w.detach(), expected, atol=1e-6)
+
+    sgd = load_config(overrides=["optim.name=sgd", "optim.lr=0.5", "optim.momentum=0.9"])
+    v = torch.nn.Parameter(torch.tensor([1.0, -2.0]))
+    opt = make_optimizer([v], sgd.optim)
+    assert isinstance(opt, torch.optim.SGD)
+    g = torch.tensor([0.2, -0.4])
+    v.grad = g.clone()
+    opt.step()  # momentum buffer starts at g
+    assert torch.allclose(v.detach(), torch.tensor([1.0, -2.0]) - 0.5 * g)
+    v.grad = g.clone()
+    opt.step()  # buffer 0.9 g + g
+    assert torch.allclose(v.detach(), torch.tensor([1.0, -2.0]) - 0.5 * g - 0.5 * 1.9 * g, atol=1e-7)

@@ -138,7 +138,12 @@ class LossConfig:
 
 @dataclass
 class OptimConfig:
+    name: str = "adamw"  # adamw | sgd (with momentum)
     lr: float = 5e-5
+    beta1: float = 0.9  # adamw
+    beta2: float = 0.99  # adamw
+    eps: float = 1e-8  # adamw: a larger eps makes coordinates with tiny, noisy gradients move less than lr
+    momentum: float = 0.9  # sgd (heavy-ball)
     warmup_iterations: int = 0  # linear lr warm-up; Adam's first steps are sign-like and noisy in RL
     weight_decay: float = 0.0
     grad_clip: float = 1.0

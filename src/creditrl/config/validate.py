@@ -158,6 +158,10 @@ def _check_ranges(cfg: Config) -> None:
     ):
         _positive(key, value, allow_zero=True)
     _unit("credit.gamma", cfg.credit.gamma)
+    for key, value in (("optim.beta1", cfg.optim.beta1), ("optim.beta2", cfg.optim.beta2), ("optim.momentum", cfg.optim.momentum)):
+        if not 0 <= value < 1:
+            raise ConfigError(f"{key}: must lie in [0, 1), got {value}")
+    _positive("optim.eps", cfg.optim.eps)
     _unit("credit.lam", cfg.credit.lam)
     if cfg.credit.lam_end is not None:
         _unit("credit.lam_end", cfg.credit.lam_end)
@@ -314,6 +318,7 @@ def validate(cfg: Config) -> None:
     """Check names against the registries, ranges and combinations; raise ConfigError on the first problem."""
     from creditrl.credit import ESTIMATORS, NORMALISERS, RESOLUTIONS
     from creditrl.losses import AGGREGATIONS, KL_ESTIMATORS
+    from creditrl.train.update import OPTIMIZERS
     from creditrl.rewards.hybrid import FILTERS, SCHEDULES
     from creditrl.rewards.sources import ERROR_POLICIES
     from creditrl.tasks import make_task
@@ -339,6 +344,7 @@ def validate(cfg: Config) -> None:
     _one_of("credit.resolution", cfg.credit.resolution, ("auto", *RESOLUTIONS))
     _one_of("reward.on_error", cfg.reward.on_error, ERROR_POLICIES)
     _one_of("loss.aggregation", cfg.loss.aggregation, AGGREGATIONS)
+    _one_of("optim.name", cfg.optim.name, OPTIMIZERS)
     _one_of("loss.kl_estimator", cfg.loss.kl_estimator, KL_ESTIMATORS)
     _one_of("shaping.kl_estimator", cfg.shaping.kl_estimator, KL_ESTIMATORS)
     _one_of("hybrid.filter", cfg.hybrid.filter, FILTERS)

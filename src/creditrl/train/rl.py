@@ -43,6 +43,7 @@ from creditrl.train.checkpoint import latest_checkpoint, load_extra, load_traini
 from creditrl.train.evaluate import evaluate
 from creditrl.train.metrics import masked_stats, pass_at_k_metrics, reduce_row
 from creditrl.train.sft import cached_sft, policy_options
+from creditrl.train.update import make_optimizer
 from creditrl.values.registry import VALUE_SOURCES
 from creditrl.values.stage import ValueStage
 
@@ -152,11 +153,10 @@ class RLTrainer:
         return self._policy_ddp, self._critic_ddp
 
     def _optimizer(self, module: torch.nn.Module | None = None) -> torch.optim.Optimizer:
-        """AdamW over the trainable parameters (all of them, or the LoRA adapters) of ``module``
+        """``optim.name`` over the trainable parameters (all of them, or the LoRA adapters) of ``module``
         (default the policy; the sharded learner with ``backend.learner=fsdp``)."""
-        cfg = self.cfg
         params = [p for p in (module or self.model).parameters() if p.requires_grad]
-        return torch.optim.AdamW(params, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay, betas=(0.9, 0.99))
+        return make_optimizer(params, self.cfg.optim)
 
     # -- persistence -------------------------------------------------------------------------
     @property

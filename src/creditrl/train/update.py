@@ -44,6 +44,25 @@ from creditrl.rollout.batch import (
 )
 from creditrl.values.critic import Critic
 
+OPTIMIZERS = ("adamw", "sgd")
+
+
+def make_optimizer(params, optim) -> torch.optim.Optimizer:
+    """The policy optimizer named by ``optim.name`` (an :class:`~creditrl.config.schema.OptimConfig`).
+
+    ``adamw``: AdamW(lr, (beta1, beta2), eps, weight_decay). Its per-coordinate normalisation
+    moves every weight by about lr per step, even where the gradient is only sampling noise; a
+    larger ``eps`` (near the gradients' per-coordinate scale) makes such coordinates move less.
+    ``sgd``: heavy-ball SGD(lr, momentum, weight_decay), whose step is proportional to the gradient.
+    """
+    if optim.name == "adamw":
+        return torch.optim.AdamW(
+            params, lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps, weight_decay=optim.weight_decay
+        )
+    if optim.name == "sgd":
+        return torch.optim.SGD(params, lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
+    raise ValueError(f"optim.name: unknown value '{optim.name}'; valid: {', '.join(OPTIMIZERS)}")
+
 
 @dataclass
 class CriticTarget:
