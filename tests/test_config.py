@@ -175,7 +175,7 @@ def test_wrong_types_name_the_key(override, message):
         ("value.model=tied", "value.model: unknown value 'tied'; valid: separate, shared"),
         ("credit.resolution=word", "credit.resolution: unknown value 'word'; valid: auto, step, token"),
         ("hybrid.filter=best", "hybrid.filter: unknown value 'best'; valid: group_accuracy, none, top_q"),
-        ("hybrid.schedule=cosine", "hybrid.schedule: unknown value 'cosine'; valid: constant, linear, switch"),
+        ("hybrid.schedule=cosine", "hybrid.schedule: unknown value 'cosine'; valid: constant, decay, linear, switch"),
         ("shaping.kl_estimator=k5", "shaping.kl_estimator: unknown value 'k5'; valid: k1, k2, k3"),
         ("optim.name=lion", "optim.name: unknown value 'lion'; valid: adamw, sgd"),
     ],

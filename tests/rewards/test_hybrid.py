@@ -182,6 +182,10 @@ def test_unknown_filter_and_duplicate_registration():
         ("linear", 0.25, (0.75, 0.125)),
         ("linear", 0.8, (1.0 - 0.8, 0.5 * 0.8)),
         ("linear", 1.0, (0.0, 0.5)),
+        ("decay", 0.0, (1.0, 0.5)),
+        ("decay", 0.3, (1.0, 0.5 * (1 - 0.3 / 0.8))),
+        ("decay", 0.8, (1.0, 0.0)),
+        ("decay", 0.95, (1.0, 0.0)),
     ],
 )
 def test_mix_weights_hand_values(schedule, progress, expected):
@@ -204,8 +208,8 @@ def test_linear_weights_sum_to_one_with_unit_weight():
 
 
 def test_schedule_errors():
-    assert SCHEDULES == ("constant", "switch", "linear")
-    with pytest.raises(ValueError, match="unknown reward schedule 'cosine'; valid: constant, linear, switch"):
+    assert SCHEDULES == ("constant", "switch", "linear", "decay")
+    with pytest.raises(ValueError, match="unknown reward schedule 'cosine'; valid: constant, decay, linear, switch"):
         mix_weights("cosine", 0.5)
     for bad in (-0.1, 1.5, 37):
         with pytest.raises(ValueError, match=r"progress must lie in \[0, 1\]"):

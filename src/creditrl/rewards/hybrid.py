@@ -6,7 +6,7 @@ strategies"):
 
 - *filter then refine*: a filter (``FILTERS``, reached through :func:`apply_filter`) keeps some
   responses by outcome before dense rewards are applied to the kept ones;
-- *switch schedule*: :func:`mix_weights` gives the weights of ``w_seq * seq + w_dense * dense``
+- *switch / decay schedules*: :func:`mix_weights` gives the weights of ``w_seq * seq + w_dense * dense``
   at a point of training, :func:`mix_rewards` applies them to (B, T) rewards;
 - *calibration*: :class:`Calibrator` scales a dense source's weight by its running agreement
   with the outcome checker; :func:`dense_verdict` turns dense rewards into per-response verdicts.
@@ -173,10 +173,17 @@ def _linear(progress: float, switch_at: float, weight: float) -> tuple[float, fl
     return 1.0 - progress, weight * progress
 
 
+def _decay(progress: float, switch_at: float, weight: float) -> tuple[float, float]:
+    if switch_at == 0.0:
+        return 1.0, 0.0
+    return 1.0, weight * max(0.0, 1.0 - progress / switch_at)
+
+
 _SCHEDULES: dict[str, Callable[[float, float, float], tuple[float, float]]] = {
     "constant": _constant,
     "switch": _switch,
     "linear": _linear,
+    "decay": _decay,
 }
 SCHEDULES: tuple[str, ...] = tuple(_SCHEDULES)
 
@@ -190,7 +197,10 @@ def mix_weights(
     - ``constant``: ``(1, weight)`` throughout;
     - ``switch``: ``(1, 0)`` while ``progress < switch_at``, then ``(0, weight)`` (sequence-only
       for the first 80% of training, dense-only for the last 20% with the default);
-    - ``linear``: ``(1 - progress, weight * progress)``, a linear hand-over.
+    - ``linear``: ``(1 - progress, weight * progress)``, a linear hand-over;
+    - ``decay``: ``(1, weight * max(0, 1 - progress / switch_at))``: the dense source shapes the
+      start of training and is annealed away by ``switch_at``, so a learned checker cannot be
+      exploited once the policy has left the distribution it was trained on.
 
     Raises ValueError for an unknown schedule (listing ``SCHEDULES``) or ``progress`` or
     ``switch_at`` outside [0, 1] (a progress of 37 is an iteration passed by mistake).
