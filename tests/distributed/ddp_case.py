@@ -128,6 +128,24 @@ def gradients(case: dict, agg: str, positions: int, critic_kind: str, *, strateg
     return {"grads": torch.cat([x.detach().flatten() for x in grads]), "logs": logs}
 
 
+SKIPPED_GROUPS = (0, 1, 2, 4)  # all of rank 0's groups and one of rank 1's have advantage 0 throughout
+
+
+def skip_gradients(case: dict, agg: str, positions: int, *, strategy: str = "ddp") -> dict:
+    """One update (no KL, entropy or critic term) with the zero-advantage groups left out of
+    the forward/backward (``optim.skip_zero_advantage``); rank 0 then has no row to train."""
+    import copy
+
+    cfg = load_config(None, {"loss": {"aggregation": agg}, "optim": {"micro_batch_positions": positions, "grad_clip": 1e9}})
+    zero = torch.isin(case["batch"].group_ids, torch.tensor(SKIPPED_GROUPS))
+    advantages = torch.where(zero[:, None], 0.0, case["advantages"])
+    model = ddp.wrap(copy.deepcopy(case["model"]), strategy=strategy)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    logs = update(model, opt, case["batch"], advantages, case["mask"], cfg, torch.Generator().manual_seed(0))
+    grads = [p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad for p in model.parameters()]
+    return {"grads": torch.cat([x.detach().flatten() for x in grads]), "logs": logs}
+
+
 def whitening_case() -> tuple[torch.Tensor, torch.Tensor]:
     """Advantages (18, 14) with unequal valid tokens per rank and offset means (rank 1 higher)."""
     g = torch.Generator().manual_seed(3)
@@ -141,6 +159,8 @@ def reference() -> dict:
     """Single-process results on the whole batch."""
     case = make_case()
     out = {key(*v): gradients(case, *v) for v in variants()}
+    for agg in sorted(AGGREGATIONS):
+        out["skip|" + agg] = skip_gradients(case, agg, MICRO_POSITIONS)
     adv, mask = whitening_case()
     out["whiten"] = normalise("batch", adv, mask)
     out["whiten_stage"] = _stage_whitening(adv, mask, torch.arange(mask.shape[0]))
@@ -197,6 +217,9 @@ def main(out_dir: str) -> None:
     for agg in sorted(AGGREGATIONS):
         for pos in (0, MICRO_POSITIONS):
             out["fsdp|" + key(agg, pos, "separate")] = gradients(case, agg, pos, "separate", strategy="fsdp")
+    for agg in sorted(AGGREGATIONS):
+        out["skip|" + agg] = skip_gradients(case, agg, MICRO_POSITIONS)
+        out["skip-fsdp|" + agg] = skip_gradients(case, agg, MICRO_POSITIONS, strategy="fsdp")
     adv, mask = whitening_case()
     rows = rank_rows(r)
     out["whiten"] = ddp.batch_whitening(adv[rows], mask[rows], 1e-6)

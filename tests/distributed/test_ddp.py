@@ -100,6 +100,22 @@ def test_per_rank_denominators_do_not_match(ranks, agg):
     assert float((r0["naive|" + key]["grads"] - ref[key]["grads"]).abs().max()) > 1e-3
 
 
+@pytest.mark.parametrize("agg", sorted(AGGREGATIONS))
+def test_skipped_zero_advantage_rows_give_the_single_process_step(ranks, agg):
+    """Rank 0's rows all have advantage 0: it runs one zero-weight pass so that the all-reduce
+    (DDP) and the all-gathers (FSDP) still pair up, and the gradient is the whole batch's."""
+    (r0, r1), ref = ranks
+    want = ref["skip|" + agg]
+    assert float(want["grads"].abs().max()) > 1e-2
+    for name in ("skip|", "skip-fsdp|"):
+        got = r0[name + agg]
+        assert torch.equal(got["grads"], r1[name + agg]["grads"])
+        assert float((got["grads"] - want["grads"]).abs().max()) <= TOL
+        for metric in ("loss/total", "loss/policy", "policy/entropy", "grad/norm", "update/skipped_rows"):
+            assert got["logs"][metric] == pytest.approx(want["logs"][metric], abs=1e-5), (name, metric)
+    assert want["logs"]["update/skipped_rows"] == pytest.approx(12 / 18)
+
+
 def test_global_batch_whitening_equals_single_process(ranks):
     (r0, r1), ref = ranks
     whole = torch.cat([r0["whiten"], r1["whiten"]])
@@ -200,11 +216,11 @@ def test_fsdp_learner_trains_like_ddp(tmp_path):
         rows[learner] = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert weights["ddp"].keys() == weights["fsdp"].keys()
     diff = max(float((weights["ddp"][k] - weights["fsdp"][k]).abs().max()) for k in weights["ddp"])
-    assert diff < 1e-6, diff
+    assert diff < 1e-5, diff  # the FSDP learner runs the plain forward, DDP the shared-prompt one: float rounding
     first = [rows[k][1] for k in ("ddp", "fsdp")]  # the first iteration samples from the same start
     assert first[0]["tokens/generated"] == first[1]["tokens/generated"]
     assert first[0]["reward/mean"] == pytest.approx(first[1]["reward/mean"], abs=1e-9)
-    assert first[0]["loss/total"] == pytest.approx(first[1]["loss/total"], rel=1e-5)
+    assert first[0]["loss/total"] == pytest.approx(first[1]["loss/total"], rel=1e-5, abs=1e-6)  # about 0 at ratio 1
     # the weights moved: the comparison is not between two untouched copies of the start
     from creditrl.policy.model import load_policy
 

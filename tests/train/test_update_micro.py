@@ -113,3 +113,74 @@ def test_make_optimizer_follows_the_config() -> None:
     v.grad = g.clone()
     opt.step()  # buffer 0.9 g + g
     assert torch.allclose(v.detach(), torch.tensor([1.0, -2.0]) - 0.5 * g - 0.5 * 1.9 * g, atol=1e-7)
+
+
+def _params(m) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in m.parameters()])
+
+
+@pytest.mark.parametrize("aggregation", sorted(AGGREGATIONS))
+def test_skipping_zero_advantage_rows_gives_the_same_step(aggregation):
+    model, tok = build_tiny(0)
+    batch = _batch(model, tok)  # 4 prompts x 3 samples
+    adv = torch.randn(batch.response_mask.shape, generator=torch.Generator().manual_seed(5))
+    zero = (batch.group_ids == 1) | (batch.group_ids == 3)  # two whole groups, as GRPO gives all-failed groups
+    zero[0] = True  # and one row of another group
+    adv[zero] = 0.0
+    adv[~zero, 0] = torch.where(adv[~zero, 0] == 0, 1.0, adv[~zero, 0])  # every other row has a non-zero token
+    runs = {}
+    for skip in (False, True):
+        cfg = load_config(None, {"loss": {"aggregation": aggregation},
+                                 "optim": {"skip_zero_advantage": skip, "minibatches": 2, "ppo_epochs": 2,
+                                           "micro_batch_positions": 40}})
+        m = copy.deepcopy(model)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+        logs = update(m, opt, batch, adv, batch.response_mask, cfg, torch.Generator().manual_seed(4))
+        runs[skip] = (_params(m), logs)
+    (p0, l0), (p1, l1) = runs[False], runs[True]
+    assert float((p0 - _params(model)).abs().max()) > 1e-4
+    assert torch.allclose(p0, p1, atol=1e-6, rtol=1e-5)
+    for key in ("loss/total", "loss/policy", "grad/norm"):
+        assert l1[key] == pytest.approx(l0[key], rel=1e-4, abs=1e-7)
+    assert "update/skipped_rows" not in l0
+    # each epoch's two minibatches of 6 rows hold the 7 zero rows between them: 7 / 12 on average
+    assert l1["update/skipped_rows"] == pytest.approx(7 / 12)
+
+
+def test_skipped_rows_leave_the_diagnostics_of_the_trained_rows():
+    model, tok = build_tiny(0)
+    batch = _batch(model, tok)
+    adv = torch.zeros(batch.response_mask.shape)
+    kept = batch.group_ids == 2
+    adv[kept] = 1.0
+    cfg = load_config(None, {"optim": {"micro_batch_positions": 0}})
+    logs = update(copy.deepcopy(model), torch.optim.SGD(model.parameters(), lr=0.0), batch, adv,
+                  batch.response_mask, cfg, torch.Generator().manual_seed(0))
+    sub = batch.select(torch.nonzero(kept).flatten())
+    ref = update(copy.deepcopy(model), torch.optim.SGD(model.parameters(), lr=0.0), sub, adv[kept],
+                 sub.response_mask, load_config(None, {"optim": {"skip_zero_advantage": False, "micro_batch_positions": 0}}),
+                 torch.Generator().manual_seed(0))
+    assert logs["update/skipped_rows"] == pytest.approx(9 / 12)
+    assert logs["policy/entropy"] == pytest.approx(ref["policy/entropy"], rel=1e-5)
+    assert logs["policy/clipfrac"] == ref["policy/clipfrac"] == 0.0
+
+
+@pytest.mark.parametrize("overrides", [{}, {"loss": {"entropy_coef": 0.01}}])
+def test_an_all_zero_advantage_step_is_still_a_zero_gradient_step(overrides):
+    """AdamW keeps moving on its momentum (and weight decay) at a zero gradient: skipping every
+    row must not turn that step into no step. With an entropy bonus nothing is skipped."""
+    model, tok = build_tiny(0)
+    batch = _batch(model, tok)
+    first = torch.randn(batch.response_mask.shape, generator=torch.Generator().manual_seed(1))
+    runs = {}
+    for skip in (False, True):
+        cfg = load_config(None, {**overrides, "optim": {"skip_zero_advantage": skip}})
+        m = copy.deepcopy(model)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.1)
+        update(m, opt, batch, first, batch.response_mask, cfg, torch.Generator().manual_seed(0))
+        after_first = _params(m)
+        logs = update(m, opt, batch, torch.zeros_like(first), batch.response_mask, cfg, torch.Generator().manual_seed(0))
+        runs[skip] = (_params(m), logs)
+        assert float((runs[skip][0] - after_first).abs().max()) > 1e-5  # momentum moved it
+    assert torch.allclose(runs[False][0], runs[True][0], atol=1e-7)
+    assert runs[True][1].get("update/skipped_rows") == (None if overrides else 1.0)

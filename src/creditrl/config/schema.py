@@ -150,6 +150,7 @@ class OptimConfig:
     ppo_epochs: int = 1  # passes over each batch
     minibatches: int = 1  # optimizer steps per pass
     micro_batch_positions: int = 4096  # gradient accumulation over groups up to this many padded positions; 0 = whole minibatch
+    skip_zero_advantage: bool = True  # leave rows whose advantages are all 0 out of the forward/backward when that is exact (no KL, entropy or critic term)
 
 
 @dataclass

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
+from creditrl.distributed.ddp import is_fsdp
 from creditrl.policy.device import module_device
 from creditrl.policy.engine import Generation, left_pad, positions_from_mask
 
@@ -226,8 +227,10 @@ def _prompt_groups(batch: TrajectoryBatch, module: torch.nn.Module) -> tuple[tor
     """:func:`_distinct_prompts` when the shared-prompt forward is used; ``None`` for the plain
     pass: too few repeated prompts for the second pass to pay, or a model that cannot run the
     prompt through a plain, differentiable ``DynamicCache`` (activation checkpointing drops the
-    cache; sliding-window or non-attention layers keep other state)."""
-    if batch.size < 2:
+    cache; sliding-window or non-attention layers keep other state). An FSDP2 module always takes
+    the plain pass: it all-gathers in every model call, so its ranks must make the same calls,
+    and whether a micro-batch shares its prompts depends on that rank's rows."""
+    if batch.size < 2 or is_fsdp(module):
         return None
     first, inverse = _distinct_prompts(batch)
     if batch.size < _MIN_SHARE * first.numel():

@@ -119,6 +119,7 @@ def update(
             "the same number (whole prompt groups of equal size)"
         )
     learners = ([model] if train_policy else []) + ([critic.critic] if critic is not None else [])
+    skippable = _zero_advantage_rows(advantages, mask, cfg, ref_logprobs, critic, train_policy)
     sums: dict[str, float] = {}
     steps = 0
     model.train()
@@ -132,13 +133,20 @@ def update(
                 critic.optimizer.zero_grad(set_to_none=True)
             logs: dict[str, float] = {}
             total = ddp.all_reduce_sum(aggregation_count(lc.aggregation, mask[rows]))  # over every rank's rows
-            micros = micro_batches(batch, rows, oc.micro_batch_positions)
+            trained = rows if skippable is None else rows[~skippable[rows]]
+            if skippable is not None:
+                logs["update/skipped_rows"] = 1.0 - len(trained) / max(1, len(rows))
+            if len(trained) == 0:  # a zero-weight pass over one row keeps the step a zero-gradient step
+                trained, empty = rows[:1], True
+            else:
+                empty = False
+            micros = micro_batches(batch, trained, oc.micro_batch_positions)
             n = len(micros)
             if any(ddp.is_fsdp(m) for m in learners):  # FSDP all-gathers in every forward: equal pass counts
                 n = int(ddp.all_reduce_max(float(n)))
             for i in range(n):
                 micro = micros[min(i, len(micros) - 1)]  # past its own micro-batches: a zero-weight pass
-                count = aggregation_count(lc.aggregation, mask[micro]) if i < len(micros) else 0.0
+                count = aggregation_count(lc.aggregation, mask[micro]) if i < len(micros) and not empty else 0.0
                 weight = world * count / max(1.0, total)
                 with ddp.no_sync(learners, enabled=i < n - 1):  # only the last one all-reduces
                     part = _micro_step(
@@ -147,6 +155,10 @@ def update(
                     )
                 for k, v in part.items():
                     logs[k] = logs.get(k, 0.0) + weight * v
+            if skippable is not None:  # the diagnostics describe the trained rows (the loss sums are exact)
+                share = ddp.all_reduce_sum(aggregation_count(lc.aggregation, mask[trained]) if not empty else 0.0)
+                for k in ("policy/entropy", "policy/clipfrac", "policy/approx_kl"):
+                    logs[k] = logs[k] * total / share if share > 0 else 0.0
             if train_policy:
                 logs["grad/norm"] = _clip_and_step(model, optimizer, oc.grad_clip, scaler)
             if critic is not None:
@@ -164,6 +176,32 @@ def update(
         keys = sorted(out)
         out = dict(zip(keys, ddp.all_reduce_mean([out[k] for k in keys])))
     return out
+
+
+def _zero_advantage_rows(
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    cfg: Config,
+    ref_logprobs: torch.Tensor | None,
+    critic: CriticTarget | None,
+    train_policy: bool,
+) -> torch.Tensor | None:
+    """Rows (B,) whose every response token has advantage 0, when leaving them out of the update
+    is exact (``optim.skip_zero_advantage``); else None.
+
+    The clipped policy loss of a token with A = 0 is 0 for every ratio, so with no KL term, no
+    entropy bonus and no critic loss such a row adds nothing to the gradient; it still counts in
+    the aggregation's denominator (computed over all rows), so the step is unchanged. In GRPO
+    with 0/1 rewards every group whose samples all failed (or all succeeded) is such a row set.
+    """
+    lc = cfg.loss
+    exact = (
+        cfg.optim.skip_zero_advantage and train_policy and critic is None and lc.entropy_coef == 0
+        and (ref_logprobs is None or lc.kl_coef == 0)
+    )
+    if not exact:
+        return None
+    return (((advantages != 0) & mask).sum(-1) == 0).cpu()
 
 
 def _micro_step(
