@@ -39,6 +39,11 @@ def test_bench_sections_agree(quick_result):
     assert it["trl"]["iter_s"]["n"] == 4
     assert it["creditrl"]["rollout_s"]["median"] < it["creditrl"]["iter_s"]["median"]
     assert it["ratio_trl_vs_creditrl"] == pytest.approx(it["trl"]["iter_s"]["median"] / it["creditrl"]["iter_s"]["median"])
+    assert it["creditrl_every_row"]["iter_s"]["n"] == 4  # the same iterations with optim.skip_zero_advantage=false
+    assert it["ratio_trl_vs_creditrl_every_row"] == pytest.approx(
+        it["trl"]["iter_s"]["median"] / it["creditrl_every_row"]["iter_s"]["median"]
+    )
+    assert 0.0 <= it["creditrl"]["skipped_rows"]["min"] <= it["creditrl"]["skipped_rows"]["max"] <= 1.0
     assert it["creditrl"]["update_share_of_peak"] == pytest.approx(
         it["creditrl"]["update_gflops"]["median"] / res["peak_gflops"]["max"]
     )
@@ -51,6 +56,7 @@ def test_bench_sections_agree(quick_result):
     report = markdown_report(res)
     assert f"{fixed['ratio_static_vs_hf_generate']:.2f}x" in report
     assert "TRL / creditrl" in report and "| group | 2 |" in report
+    assert "every row trained (`optim.skip_zero_advantage=false`)" in report
 
 
 def test_bench_cli_quick_without_trl(tmp_path, capsys):

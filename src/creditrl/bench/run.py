@@ -179,12 +179,15 @@ def bench_iteration(policy: str, opts: BenchOptions, peak: float, log: Callable[
     model, _ = load_policy(policy)
     n_params = count_parameters(model) - model.get_input_embeddings().weight.numel()
     rows: list[dict] = []
+    every: list[dict] = []  # the same iterations with every row trained (no zero-advantage skipping)
     trl: list[dict] = []
     for _ in range(opts.rounds):
         rows += creditrl_iterations(policy, opts, opts.iterations)[1:]
+        every += creditrl_iterations(policy, opts, opts.iterations, ["optim.skip_zero_advantage=false"])[1:]
         if opts.trl:
             trl += trl_iterations(policy, opts, opts.iterations)[1:]
-    upd_flops = [6 * n_params * r["tokens/padded"] for r in rows]
+    # model FLOPs of the rows the update trained: 6 N x their share of the batch's padded positions
+    upd_flops = [6 * n_params * r["tokens/padded"] * (1.0 - r.get("update/skipped_rows", 0.0)) for r in rows]
     out: dict[str, Any] = {
         "creditrl": {
             "iter_s": spread([r["time/iter_s"] for r in rows]),
@@ -192,6 +195,11 @@ def bench_iteration(policy: str, opts: BenchOptions, peak: float, log: Callable[
             "update_s": spread([r["time/update_s"] for r in rows]),
             "response_length": spread([r["response/length"] for r in rows]),
             "update_gflops": spread([f / r["time/update_s"] / 1e9 for f, r in zip(upd_flops, rows)]),
+            "skipped_rows": spread([r.get("update/skipped_rows", 0.0) for r in rows]),
+        },
+        "creditrl_every_row": {
+            "iter_s": spread([r["time/iter_s"] for r in every]),
+            "update_s": spread([r["time/update_s"] for r in every]),
         },
         "non_embedding_parameters": n_params,
     }
@@ -199,12 +207,16 @@ def bench_iteration(policy: str, opts: BenchOptions, peak: float, log: Callable[
     log(f"iteration/creditrl: {out['creditrl']['iter_s']['median']:.3f} s (rollout "
         f"{out['creditrl']['rollout_s']['median']:.3f}, update {out['creditrl']['update_s']['median']:.3f}; "
         f"update {out['creditrl']['update_gflops']['median']:.0f} GFLOP/s = "
-        f"{100 * out['creditrl']['update_share_of_peak']:.0f}% of peak)")
+        f"{100 * out['creditrl']['update_share_of_peak']:.0f}% of peak; "
+        f"{100 * out['creditrl']['skipped_rows']['median']:.0f}% of rows skipped with advantage 0)")
+    log(f"iteration/creditrl, every row trained: {out['creditrl_every_row']['iter_s']['median']:.3f} s "
+        f"(update {out['creditrl_every_row']['update_s']['median']:.3f})")
     if opts.trl:
         out["trl"] = {"iter_s": spread([r["time_s"] for r in trl])}
         out["ratio_trl_vs_creditrl"] = out["trl"]["iter_s"]["median"] / out["creditrl"]["iter_s"]["median"]
+        out["ratio_trl_vs_creditrl_every_row"] = out["trl"]["iter_s"]["median"] / out["creditrl_every_row"]["iter_s"]["median"]
         log(f"iteration/TRL GRPOTrainer: {out['trl']['iter_s']['median']:.3f} s -> creditrl "
-            f"{out['ratio_trl_vs_creditrl']:.2f}x faster")
+            f"{out['ratio_trl_vs_creditrl']:.2f}x faster ({out['ratio_trl_vs_creditrl_every_row']:.2f}x training every row)")
     return out
 
 
@@ -326,12 +338,16 @@ def markdown_report(res: dict[str, Any]) -> str:
         f"| creditrl full iteration | {s(it['creditrl']['iter_s'])} |",
         f"| creditrl rollout | {s(it['creditrl']['rollout_s'])} |",
         f"| creditrl update | {s(it['creditrl']['update_s'])} |",
+        f"| share of rows the update skipped (advantage 0 everywhere) | {s(it['creditrl']['skipped_rows'])} |",
+        f"| creditrl full iteration, every row trained (`optim.skip_zero_advantage=false`) | {s(it['creditrl_every_row']['iter_s'])} |",
+        f"| creditrl update, every row trained | {s(it['creditrl_every_row']['update_s'])} |",
     ]
     if "trl" in it:
         lines += [f"| TRL GRPOTrainer full iteration | {s(it['trl']['iter_s'])} |",
-                  f"| TRL / creditrl | {it['ratio_trl_vs_creditrl']:.2f}x |"]
+                  f"| TRL / creditrl | {it['ratio_trl_vs_creditrl']:.2f}x |",
+                  f"| TRL / creditrl training every row | {it['ratio_trl_vs_creditrl_every_row']:.2f}x |"]
     lines += [
-        f"| update model GFLOP/s (6 N x padded positions) | {it['creditrl']['update_gflops']['median']:.0f} "
+        f"| update model GFLOP/s (6 N x the trained rows' padded positions) | {it['creditrl']['update_gflops']['median']:.0f} "
         f"({100 * it['creditrl']['update_share_of_peak']:.0f}% of the {res['peak_gflops']['max']:.0f} GFLOP/s matmul peak) |",
         f"| peak RSS of the bench process | {res['peak_rss_mb']:.0f} MB |",
     ]
