@@ -148,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_findings_parser(sub)
     add_value_report_parser(sub)
+    from creditrl.experiments.evaluate import add_eval_parser
+
+    add_eval_parser(sub, add_config_args)
     return parser
 
 

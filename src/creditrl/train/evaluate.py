@@ -35,6 +35,7 @@ class EvalResult:
     step_accuracy: float  # mean over problems of the share of generated steps judged correct
     mean_length: float  # generated tokens per response
     completions: list[str]
+    correct: list[bool]  # per problem: the final answer is right
 
 
 def step_labels(task: Task, problem: Problem, completion: str) -> list[bool]:
@@ -80,4 +81,5 @@ def evaluate(
         step_accuracy=sum(step_acc) / n,
         mean_length=sum(lengths) / n,
         completions=completions,
+        correct=correct,
     )
