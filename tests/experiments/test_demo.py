@@ -49,6 +49,13 @@ def test_quick_demo_writes_every_output(tmp_path: Path, monkeypatch: pytest.Monk
         rows = [json.loads(x) for x in (run / arm_dir / "metrics.jsonl").read_text().splitlines()]
         assert [r["iteration"] for r in rows] == [0, 1, 2, 3]
         assert (run / arm_dir / "config.yaml").exists()
+    # the final check: the SFT start and each arm's last checkpoint on 32 held-out problems, paired
+    final = summary["final_eval"]
+    assert [r["checkpoint"] for r in final] == ["SFT start", "outcome + grpo", "oracle steps + grpo_process"]
+    assert all(r["n"] == 32 for r in final) and final[0]["diff"] is None
+    for r in final[1:]:
+        assert r["diff"] == pytest.approx(r["accuracy"] - final[0]["accuracy"])
+    assert "Greedy held-out exact match on 32 problems" in report and "| SFT start |" in report
 
 
 def test_cli_rejects_unknown_estimator_with_valid_names(capsys) -> None:
