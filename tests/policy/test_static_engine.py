@@ -34,6 +34,16 @@ PROMPTS = [[1, 5, 6], [1], [1, 20, 30, 40, 50, 60, 70], [1, 14, 15, 16], [1, 9, 
 STOP = 57  # a token the conftest ``peaked_tiny(0, 123)`` policy emits often: eos for mixed lengths
 
 
+@pytest.fixture(autouse=True, params=["numba", "torch"])
+def attention(request, monkeypatch):
+    """Every test runs with both decode paths: the compiled kernels (the default where numba
+    imports) and plain tensor ops (``attention="torch"``)."""
+    defaults = dict(StaticEngine.__init__.__kwdefaults__)
+    defaults["attention"] = request.param
+    monkeypatch.setattr(StaticEngine.__init__, "__kwdefaults__", defaults)
+    return request.param
+
+
 # ----------------------------------------------------------------------------- models
 
 
@@ -370,13 +380,18 @@ def simulate_cache_rows(tokens, compact_at):
 def test_compaction_does_not_change_outputs(monkeypatch, peaked, temperature):
     model, _ = peaked
     calls = []
-    forward = se._Decoder.forward
+    forward, fused = se._Decoder.forward, se._Decoder.decode_fused
 
     def spy(self, ids, *args, **kwargs):
         calls.append(ids.shape)
         return forward(self, ids, *args, **kwargs)
 
+    def spy_fused(self, tok, *args, **kwargs):
+        calls.append((tok.shape[0], 1))
+        return fused(self, tok, *args, **kwargs)
+
     monkeypatch.setattr(se._Decoder, "forward", spy)
+    monkeypatch.setattr(se._Decoder, "decode_fused", spy_fused)
     params = SamplingParams(max_new_tokens=14, temperature=temperature)
     results, sizes = {}, {}
     for c in (0.75, 1.0, 0.25):

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 from transformers.activations import ACT2FN
 
+from creditrl.policy import kernels
 from creditrl.policy.device import module_device
 from creditrl.policy.engine import (
     Generation,
@@ -49,7 +50,8 @@ from creditrl.policy.engine import (
 )
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-ENGINES = ("auto", "static", "hf", "vllm")  # vllm: creditrl.policy.vllm_engine (CUDA; vLLM installed separately)
+ENGINES = ("auto", "static", "hf", "vllm")
+ATTENTION = ("auto", "numba", "torch")  # StaticEngine decode attention: auto = numba when importable, fp32  # vllm: creditrl.policy.vllm_engine (CUDA; vLLM installed separately)
 
 
 def unsupported_reason(model: PreTrainedModel) -> str | None:
@@ -128,6 +130,7 @@ class _Decoder:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
         self.scale = self.head_dim**-0.5
         self.act = ACT2FN[cfg.hidden_act]
+        self.hidden_act = cfg.hidden_act
         self.window = getattr(cfg, "sliding_window", None) if cfg.model_type == "mistral" else None
         self.embed = base.embed_tokens.weight
         self.norm, self.norm_eps = base.norm.weight, _eps(base.norm)
@@ -190,6 +193,32 @@ class _Decoder:
         width = s_p.shape[-1]
         return torch.matmul(probs[..., :width], self._heads(vp, 1)) + torch.matmul(probs[..., width:], self._heads(vr, 1))
 
+    @property
+    def fusable(self) -> bool:
+        """Whether :meth:`decode_fused` can run this model (no q/k norms, SiLU MLP)."""
+        first = self.layers[0]
+        return first.q_norm is None and first.k_norm is None and self.hidden_act == "silu"
+
+    def decode_fused(
+        self,
+        tok: torch.Tensor,  # (b,) one new token per row
+        attend: Callable[[int, torch.Tensor], torch.Tensor],
+    ) -> torch.Tensor:
+        """Logits (b, V) of one decode step through the compiled kernels (float32): RMSNorm in
+        one pass, residual adds folded into the products (``addmm``), and
+        ``attend(layer, qkv)`` the rotary embedding, cache write and attention of a layer
+        (:func:`~creditrl.policy.kernels.rope_cache_attend`), returning (b, heads * d)."""
+        h = F.embedding(tok, self.embed)
+        for i, ly in enumerate(self.layers):
+            qkv = F.linear(kernels.rms_norm(h, ly.ln1, ly.eps1), ly.qkv, ly.qkv_bias)
+            a = attend(i, qkv)
+            h = torch.addmm(h, a, ly.o.t()) if ly.o_bias is None else h + F.linear(a, ly.o, ly.o_bias)
+            gu = F.linear(kernels.rms_norm(h, ly.ln2, ly.eps2), ly.gate_up, ly.gate_up_bias)
+            inter = gu.shape[-1] // 2
+            m = F.silu(gu[:, :inter]).mul_(gu[:, inter:])
+            h = torch.addmm(h, m, ly.down.t()) if ly.down_bias is None else h + F.linear(m, ly.down, ly.down_bias)
+        return F.linear(kernels.rms_norm(h, self.norm, self.norm_eps), self.lm_head, self.lm_head_bias)
+
     def forward(
         self,
         ids: torch.Tensor,  # (b, s)
@@ -229,18 +258,39 @@ class StaticEngine(InProcessEngine):
     grad_mode = torch.inference_mode  # plain tensor ops on read-only weights: nothing for autograd
 
     def __init__(
-        self, model: PreTrainedModel, *, eos_id: int, pad_id: int, compact_at: float = 0.75, precision: str = "fp32"
+        self,
+        model: PreTrainedModel,
+        *,
+        eos_id: int,
+        pad_id: int,
+        compact_at: float = 0.75,
+        precision: str = "fp32",
+        attention: str = "auto",
     ) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"StaticEngine cannot run this model: {reason}")
         if not 0 < compact_at <= 1:
             raise ValueError(f"compact_at must be in (0, 1], got {compact_at}")
+        if attention not in ATTENTION:
+            raise ValueError(f"attention: expected one of {ATTENTION}, got '{attention}'")
+        if attention == "numba" and not kernels.available():
+            raise ValueError("attention='numba' needs numba, which cannot be imported here (pip install numba)")
         self.model = model
         self.eos_id = eos_id
         self.pad_id = pad_id
         self.compact_at = compact_at
         self.precision = precision  # policy.precision: the tensor ops run under CPU autocast
+        self.attention = attention
+
+    def _use_kernel(self, dtype: torch.dtype) -> bool:
+        """Decode attention through the compiled kernel: float32 only (fp32 weights, no autocast)."""
+        if self.attention == "torch":
+            return False
+        fp32 = dtype == torch.float32 and self.precision == "fp32"
+        if self.attention == "numba" and not fp32:
+            raise ValueError(f"attention='numba' runs float32 only (weights {dtype}, policy.precision {self.precision})")
+        return fp32 and kernels.available()
 
     def _generate(
         self,
@@ -280,8 +330,15 @@ class StaticEngine(InProcessEngine):
             return dec.prompt_attend(q, k, v, bias)
 
         plogits = dec.forward(ids, cos_t[pos], sin_t[pos], prompt_attend)
-        pbias = torch.zeros(len(uniq), 1, 1, width).masked_fill_(~attn.bool()[:, None, None], float("-inf"))
-        prefix, pbias = prefix[:, :, prompt_of], pbias[prompt_of]  # one row per request from here on
+        fused = self._use_kernel(dtype)
+        whole = fused and dec.fusable  # the whole decode step through the kernels
+        if fused:  # the kernel reads each distinct prompt's keys where they are
+            kernels.match_threads()
+            pstart = (width - attn.sum(-1)).to(torch.int64)  # first real column (left padding)
+            row_prompt = prompt_of.clone()
+        else:
+            pbias = torch.zeros(len(uniq), 1, 1, width).masked_fill_(~attn.bool()[:, None, None], float("-inf"))
+            prefix, pbias = prefix[:, :, prompt_of], pbias[prompt_of]  # one row per request from here on
         # response keys/values: (layers, 2, rows, kv, steps, head_dim), column j = response token j
         resp = torch.empty(len(dec.layers), 2, n_req, dec.n_kv, steps, dec.head_dim, dtype=dtype)
         next_pos = pos[prompt_of, -1] + 1
@@ -304,18 +361,36 @@ class StaticEngine(InProcessEngine):
             n_live = int(live.sum())
             if n_live < len(active) and n_live <= self.compact_at * len(active):
                 keep = live.nonzero().squeeze(-1)
-                resp, prefix, pbias = resp[:, :, keep], prefix[:, :, keep], pbias[keep]
-                active, next_pos = active[keep], next_pos[keep]
+                resp, active, next_pos = resp[:, :, keep], active[keep], next_pos[keep]
+                if fused:
+                    row_prompt = row_prompt[keep]
+                else:
+                    prefix, pbias = prefix[:, :, keep], pbias[keep]
 
             def step_attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
                 resp[i, 0, :, :, step : step + 1], resp[i, 1, :, :, step : step + 1] = k, v
+                if fused:
+                    out = kernels.decode_attention(
+                        q, prefix[i, 0], prefix[i, 1], row_prompt, pstart, resp[i, 0], resp[i, 1], step + 1, dec.scale
+                    )
+                    return out.view(q.shape[0], dec.n_heads, 1, dec.head_dim)
                 return dec.decode_attend(
                     q, prefix[i, 0], prefix[i, 1], resp[i, 0, :, :, : step + 1], resp[i, 1, :, :, : step + 1],
                     pbias,
                 )
 
-            # assigning into the float32 logits casts an autocast (policy.precision) result
-            logits[active] = dec.forward(tok[active][:, None], cos_t[next_pos][:, None], sin_t[next_pos][:, None], step_attend)
+            def fused_attend(i: int, qkv: torch.Tensor) -> torch.Tensor:
+                return kernels.rope_cache_attend(
+                    qkv, cos_t, sin_t, next_pos, dec.n_heads, prefix[i, 0], prefix[i, 1], row_prompt, pstart,
+                    resp[i, 0], resp[i, 1], step + 1, dec.scale,
+                )
+
+            if whole:
+                logits[active] = dec.decode_fused(tok[active], fused_attend)
+            else:  # assigning into the float32 logits casts an autocast (policy.precision) result
+                logits[active] = dec.forward(
+                    tok[active][:, None], cos_t[next_pos][:, None], sin_t[next_pos][:, None], step_attend
+                )
             next_pos = next_pos + 1
         return pack_generation(len(prompts), n, requests, tokens, logps, limit, self.eos_id, params.stop_ids)
 

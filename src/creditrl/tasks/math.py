@@ -18,12 +18,12 @@ Unparsable or garbage completions are False, never an exception.
 
 Timeouts: sympy can hang on a hostile completion (``\\boxed{9^{9^{9^{9}}}}``), and math-verify's
 own timeouts use ``signal.alarm``, which works only in a process's main thread (elsewhere
-``parse`` raises ValueError). So each check runs under a ``timeout_s`` wall-clock limit of its
-own: in the main thread a SIGALRM timer (math-verify's timers are turned off, they would cancel
-ours); in any other thread the check is sent to a helper process (started on first use, shared,
-one check at a time) that runs it in its main thread under the same timer, and is killed and
-restarted if it does not answer within ``timeout_s`` plus a grace period. A check that times
-out is False (and logged). POSIX only (SIGALRM).
+``parse`` raises ValueError) and only between Python operations: one long C-level power
+ignores it. So every check, from any thread, is sent to a helper process (started on first
+use, shared, one check at a time) that runs it in its main thread under a SIGALRM timer of
+``timeout_s`` (math-verify's own timers are turned off, they would cancel it), and is killed
+and restarted if it does not answer within ``timeout_s`` plus a grace period. A check that
+times out is False (and logged). POSIX only (SIGALRM).
 
 The built-in sample (``data/math_sample.jsonl``, 22 self-written problems) is the default
 training file. Without a held-out file the rows are split by a hash of the question.
@@ -134,7 +134,7 @@ def _with_alarm(seconds: float, fn: Callable[..., Any], *args: Any) -> Any:
 
 
 class _Helper:
-    """A child process that runs math-verify calls in its own main thread (for other threads).
+    """A child process that runs math-verify calls in its own main thread, under its timer.
 
     One JSON line per request (``[function, args, timeout_s]``) and per answer (``{"result": ...}``).
     A child that does not answer in time (stuck in uninterruptible code) or dies is killed; the
@@ -198,10 +198,9 @@ def _serve() -> None:
 
 
 def _guarded(function: str, *args: Any, timeout_s: float) -> Any:
-    """``_FUNCTIONS[function](*args)`` under a ``timeout_s`` limit from any thread (module doc)."""
-    if threading.current_thread() is threading.main_thread():
-        _preload()
-        return _with_alarm(timeout_s, _FUNCTIONS[function], *args)
+    """``_FUNCTIONS[function](*args)`` under a ``timeout_s`` limit from any thread (module doc):
+    always in the helper process, which can be killed; an in-process alarm cannot stop sympy
+    inside one long C-level operation (the ``9^{9^{9^9}}`` power)."""
     return _HELPER.call(function, args, timeout_s)
 
 

@@ -1,0 +1,139 @@
+"""The compiled decode kernels (creditrl.policy.kernels) against slow reference loops written
+with plain tensor ops, on random inputs: grouped-query heads, left-padded prompts of different
+lengths shared by several rows, response columns beyond ``t`` filled with garbage that must not
+be read."""
+
+import math
+
+import pytest
+import torch
+
+from creditrl.policy import kernels
+from creditrl.policy import static_engine as se
+from creditrl.policy.engine import SamplingParams
+from creditrl.policy.model import build_tiny
+from creditrl.policy.static_engine import StaticEngine
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="numba is a pinned dependency; this env lacks it")
+
+
+def reference_attention(q, kp, vp, prompt_of, pstart, kr, vr, t, scale):
+    """One (row, head) at a time: softmax over the prompt's real columns, then the response's."""
+    b, h, _, d = q.shape
+    group = h // kp.shape[1]
+    out = torch.zeros(b, h * d, dtype=torch.float64)
+    for i in range(b):
+        u = int(prompt_of[i])
+        for head in range(h):
+            g = head // group
+            keys = torch.cat([kp[u, g, int(pstart[u]) :], kr[i, g, :t]]).double()
+            vals = torch.cat([vp[u, g, int(pstart[u]) :], vr[i, g, :t]]).double()
+            w = torch.softmax(keys @ q[i, head, 0].double() * scale, dim=0)
+            out[i, head * d : (head + 1) * d] = w @ vals
+    return out
+
+
+def rope_reference(x, cos, sin):
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+def random_case(seed, b=7, u=3, heads=4, kv=2, d=8, width=5, steps=6):
+    g = torch.Generator().manual_seed(seed)
+    kp, vp = torch.randn(u, kv, width, d, generator=g), torch.randn(u, kv, width, d, generator=g)
+    pstart = torch.tensor([0, 2, width - 1])[:u]  # prompts of length 5, 3 and 1
+    prompt_of = torch.randint(0, u, (b,), generator=g)
+    kr, vr = torch.randn(b, kv, steps, d, generator=g), torch.randn(b, kv, steps, d, generator=g)
+    return g, kp, vp, pstart, prompt_of, kr, vr
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("kv", [1, 2, 4])
+def test_decode_attention_matches_reference(seed, kv):
+    g, kp, vp, pstart, prompt_of, kr, vr = random_case(seed, kv=kv)
+    q = torch.randn(7, 4, 1, 8, generator=g)
+    for t in (1, 3, 6):
+        got = kernels.decode_attention(q, kp, vp, prompt_of, pstart, kr, vr, t, 8**-0.5)
+        want = reference_attention(q, kp, vp, prompt_of, pstart, kr, vr, t, 8**-0.5)
+        assert got.shape == (7, 32)
+        assert float((got.double() - want).abs().max()) < 1e-5
+
+
+def test_decode_attention_ignores_padding_and_later_columns():
+    g, kp, vp, pstart, prompt_of, kr, vr = random_case(0)
+    q = torch.randn(7, 4, 1, 8, generator=g)
+    base = kernels.decode_attention(q, kp, vp, prompt_of, pstart, kr, vr, 3, 0.3)
+    kp2, vp2, kr2, vr2 = kp.clone(), vp.clone(), kr.clone(), vr.clone()
+    kp2[1, :, :2] = 1e6  # prompt 1's left padding
+    vp2[2, :, : kp.shape[2] - 1] = float("nan")  # prompt 2's left padding
+    kr2[:, :, 3:], vr2[:, :, 3:] = float("nan"), float("nan")  # response columns not yet written
+    assert torch.equal(kernels.decode_attention(q, kp2, vp2, prompt_of, pstart, kr2, vr2, 3, 0.3), base)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_rope_cache_attend_matches_reference_and_writes_the_cache(seed):
+    g, kp, vp, pstart, prompt_of, kr, vr = random_case(seed)
+    b, heads, kv, d, t = 7, 4, 2, 8, 4
+    qkv = torch.randn(b, (heads + 2 * kv) * d, generator=g)
+    cos_t, sin_t = torch.randn(20, d, generator=g), torch.randn(20, d, generator=g)
+    pos = torch.randint(0, 20, (b,), generator=g)
+    kr_ref, vr_ref = kr.clone(), vr.clone()
+    got = kernels.rope_cache_attend(qkv, cos_t, sin_t, pos, heads, kp, vp, prompt_of, pstart, kr, vr, t, 0.4)
+    q = qkv[:, : heads * d].view(b, heads, d)
+    k = qkv[:, heads * d : (heads + kv) * d].view(b, kv, d)
+    v = qkv[:, (heads + kv) * d :].view(b, kv, d)
+    cos, sin = cos_t[pos][:, None], sin_t[pos][:, None]
+    kr_ref[:, :, t - 1], vr_ref[:, :, t - 1] = rope_reference(k, cos, sin), v
+    assert torch.equal(vr, vr_ref)
+    assert float((kr - kr_ref).abs().max()) < 1e-6  # untouched columns equal, the new one to rounding
+    assert torch.equal(kr[:, :, : t - 1], kr_ref[:, :, : t - 1]) and torch.equal(kr[:, :, t:], kr_ref[:, :, t:])
+    want = reference_attention(rope_reference(q, cos, sin)[:, :, None], kp, vp, prompt_of, pstart, kr_ref, vr_ref, t, 0.4)
+    assert float((got.double() - want).abs().max()) < 1e-5
+
+
+def test_rms_norm_matches_torch():
+    g = torch.Generator().manual_seed(0)
+    x, w = 3 * torch.randn(9, 40, generator=g), torch.randn(40, generator=g)
+    want = w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+    assert float((kernels.rms_norm(x, w, 1e-6) - want).abs().max()) < 1e-5
+
+
+def test_engine_takes_the_fused_path_only_where_it_applies(monkeypatch):
+    """Llama in float32 decodes through ``decode_fused``; ``attention='torch'`` and bf16
+    autocast go through the tensor-op forward; ``attention='numba'`` refuses a bf16 policy."""
+    model, tok = build_tiny(0)
+    calls = []
+    fused = se._Decoder.decode_fused
+
+    def spy(self, *args, **kwargs):
+        calls.append(1)
+        return fused(self, *args, **kwargs)
+
+    monkeypatch.setattr(se._Decoder, "decode_fused", spy)
+    params = SamplingParams(max_new_tokens=5, temperature=0.0)
+    prompts = [[tok.bos_token_id, 5, 6]]
+    out = StaticEngine(model, eos_id=-1, pad_id=0).generate(prompts, 2, params)
+    assert len(calls) == 4 and all(len(t) == 5 for t in out.tokens)  # 5 tokens: 4 fed back
+    calls.clear()
+    assert StaticEngine(model, eos_id=-1, pad_id=0, attention="torch").generate(prompts, 2, params).tokens == out.tokens
+    StaticEngine(model, eos_id=-1, pad_id=0, precision="bf16").generate(prompts, 2, params)
+    assert calls == []
+    with pytest.raises(ValueError, match="attention='numba' runs float32 only"):
+        StaticEngine(model, eos_id=-1, pad_id=0, precision="bf16", attention="numba").generate(prompts, 2, params)
+    with pytest.raises(ValueError, match=r"attention: expected one of \('auto', 'numba', 'torch'\), got 'cuda'"):
+        StaticEngine(model, eos_id=-1, pad_id=0, attention="cuda")
+    assert math.isfinite(sum(map(sum, out.logprobs)))
+
+
+def test_kernels_keep_torch_thread_count():
+    """numba's OpenMP pool must not change torch's intra-op threads (``train.threads``, the
+    one-thread runs of ``--jobs``), whose count can change a run's numbers."""
+    threads = torch.get_num_threads()
+    model, tok = build_tiny(0)
+    try:
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            StaticEngine(model, eos_id=-1, pad_id=0).generate([[tok.bos_token_id, 5]], 2, SamplingParams(max_new_tokens=3))
+            assert torch.get_num_threads() == n
+    finally:
+        torch.set_num_threads(threads)
