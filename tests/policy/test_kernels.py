@@ -137,3 +137,23 @@ def test_kernels_keep_torch_thread_count():
             assert torch.get_num_threads() == n
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("temperature", [0.3, 0.7, 1.0, 1.5])
+def test_sample_tokens_draws_what_sample_next_draws(temperature):
+    """Same uniforms -> same tokens as the tensor-op sampler, log-probs of the raw policy,
+    pad on done rows, and never a token of probability 0 (a -inf logit)."""
+    from creditrl.policy.engine import sample_next
+
+    g = torch.Generator().manual_seed(int(temperature * 10))
+    logits = torch.randn(300, 57, generator=g) * torch.tensor([0.5, 3.0, 12.0]).repeat(100)[:, None]
+    logits[::7, 5:] = float("-inf")  # rows with only 5 tokens of mass
+    done = torch.rand(300, generator=g) < 0.2
+    state = g.get_state()
+    want = sample_next(logits, SamplingParams(temperature=temperature), g)
+    u = torch.Generator().set_state(state)
+    tok, logp = kernels.sample_tokens(logits, temperature, torch.rand(300, 1, generator=u, dtype=torch.float64)[:, 0], done, 0)
+    assert torch.equal(tok[~done], want[~done]) and bool((tok[done] == 0).all())
+    assert bool((tok[::7] < 5).all())
+    ref = torch.log_softmax(logits, -1).gather(-1, tok[:, None])[:, 0]
+    assert float((logp - ref).abs().max()) < 1e-5

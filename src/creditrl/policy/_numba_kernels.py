@@ -111,3 +111,47 @@ def _rms(x, w, eps, out):
         r = np.float32(1.0) / np.sqrt(ss / np.float32(n) + eps)
         for c in range(n):
             out[i, c] = w[c] * (x[i, c] * r)
+
+
+@numba.njit(parallel=True, cache=True)
+def _sample(logits, temperature, u, done, pad, scratch, tok, logp):
+    """Per row: inverse-CDF draw from softmax(logits / temperature) (float32 probabilities, a
+    float64 running sum, the first token whose cumulative mass exceeds u * total, never a token
+    of mass 0), pad for rows already done; logp = the drawn token's log-softmax at temperature 1."""
+    n, vocab = logits.shape
+    for i in numba.prange(n):
+        m = np.float32(-np.inf)
+        for j in range(vocab):
+            m = max(m, logits[i, j] / temperature)
+        s = np.float32(0.0)
+        for j in range(vocab):
+            e = np.float32(math.exp(logits[i, j] / temperature - m))
+            scratch[i, j] = e
+            s += e
+        total = 0.0
+        for j in range(vocab):
+            scratch[i, j] = scratch[i, j] / s
+            total += np.float64(scratch[i, j])
+        target = u[i] * total
+        k = -1
+        run = 0.0
+        for j in range(vocab):
+            run += np.float64(scratch[i, j])
+            if run > target:
+                k = j
+                break
+        if k < 0:  # u * total rounded up to total: the last token with mass
+            for j in range(vocab - 1, -1, -1):
+                if scratch[i, j] > 0:
+                    k = j
+                    break
+        if done[i]:
+            k = pad
+        tok[i] = k
+        m1 = logits[i, 0]
+        for j in range(vocab):
+            m1 = max(m1, logits[i, j])
+        s1 = np.float32(0.0)
+        for j in range(vocab):
+            s1 += np.float32(math.exp(logits[i, j] - m1))
+        logp[i] = (logits[i, k] - m1) - np.float32(math.log(s1))

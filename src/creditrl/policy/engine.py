@@ -124,19 +124,22 @@ def sample_next(
         sorted_p = sorted_p.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
     cdf = probs.double().cumsum(-1)
-    rows = probs.shape[0]
-    if draw_rows is None:
-        u = torch.rand(rows, 1, generator=generator, dtype=torch.float64)
-    else:
-        offset, total = draw_rows
-        if offset < 0 or offset + rows > total:
-            raise ValueError(f"draw_rows={draw_rows}: rows {offset}..{offset + rows - 1} are not within {total}")
-        u = torch.rand(total, 1, generator=generator, dtype=torch.float64)[offset : offset + rows]
-    u = u.to(cdf.device) * cdf[:, -1:]  # drawn on the (CPU) generator: the same numbers on every device
+    u = uniforms(probs.shape[0], generator, draw_rows)
+    u = u.to(cdf.device)[:, None] * cdf[:, -1:]  # drawn on the (CPU) generator: the same numbers on every device
     idx = torch.searchsorted(cdf, u, right=True).squeeze(-1)
     # u * total can round up to total (probability ~1e-16): take the last token with mass
     last = probs.shape[-1] - 1 - (probs > 0).flip(-1).int().argmax(-1)
     return torch.minimum(idx, last)
+
+
+def uniforms(rows: int, generator: torch.Generator | None, draw_rows: tuple[int, int] | None = None) -> torch.Tensor:
+    """The (rows,) float64 uniforms of one sampling step (see :func:`sample_next`'s ``draw_rows``)."""
+    if draw_rows is None:
+        return torch.rand(rows, 1, generator=generator, dtype=torch.float64)[:, 0]
+    offset, total = draw_rows
+    if offset < 0 or offset + rows > total:
+        raise ValueError(f"draw_rows={draw_rows}: rows {offset}..{offset + rows - 1} are not within {total}")
+    return torch.rand(total, 1, generator=generator, dtype=torch.float64)[offset : offset + rows, 0]
 
 
 def sample_step(
@@ -150,17 +153,26 @@ def sample_step(
     pad_id: int,
     eos_id: int,
     draw_rows: tuple[int, int] | None = None,
+    compiled: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
     """One decode step's draw for every request, shared by the engines so that they consume the
     generator identically: one draw per request per step, also for requests already done (their
     stale logits are sampled and the token replaced by pad), so the random stream does not depend
     on when rows leave the batch. ``state`` is ``(finished, done)``: ended with eos, and ended (eos
     or a ``params.stop_ids`` token) or out of budget. Returns the tokens, their log-probs under the raw policy and the new state.
-    ``draw_rows``: see :func:`sample_next`."""
+    ``draw_rows``: see :func:`sample_next`. ``compiled``: draw and log-prob in one compiled pass
+    (:func:`creditrl.policy.kernels.sample_tokens`, float32 CPU logits, temperature > 0, no top-p;
+    the same arithmetic to float rounding), else tensor ops."""
     finished, done = state
-    tok = sample_next(logits, params, generator, draw_rows)
-    tok = torch.where(done, torch.full_like(tok, pad_id), tok)
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, tok[:, None]).squeeze(-1)
+    if compiled and params.temperature > 0 and params.top_p >= 1.0:
+        from creditrl.policy import kernels
+
+        u = uniforms(logits.shape[0], generator, draw_rows)
+        tok, logp = kernels.sample_tokens(logits, params.temperature, u, done, pad_id)
+    else:
+        tok = sample_next(logits, params, generator, draw_rows)
+        tok = torch.where(done, torch.full_like(tok, pad_id), tok)
+        logp = torch.log_softmax(logits, dim=-1).gather(-1, tok[:, None]).squeeze(-1)
     eos = (tok == eos_id) & ~done
     stops = torch.tensor(params.stop_ids, dtype=tok.dtype, device=tok.device)
     ended = eos | (torch.isin(tok, stops) & ~done) if params.stop_ids else eos

@@ -120,3 +120,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     out = np.empty(tuple(x.shape), dtype=np.float32)
     lib._rms(x.numpy(), weight.numpy(), np.float32(eps), out)
     return torch.from_numpy(out)
+
+
+def sample_tokens(
+    logits: torch.Tensor, temperature: float, u: torch.Tensor, done: torch.Tensor, pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`~creditrl.policy.engine.sample_next` without top-p, and the drawn tokens'
+    log-probs under the raw policy, in one pass: (N, V) float32 logits, (N,) float64 uniforms,
+    (N,) bool rows already done (they get ``pad_id``). Returns tokens (N,) int64 and log-probs (N,)."""
+    lib = _need()
+    x = logits.contiguous()
+    n = x.shape[0]
+    tok, logp = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.float32)
+    scratch = np.empty(tuple(x.shape), dtype=np.float32)
+    lib._sample(x.numpy(), np.float32(temperature), u.numpy(), done.numpy(), pad_id, scratch, tok, logp)
+    return torch.from_numpy(tok), torch.from_numpy(logp)

@@ -351,7 +351,7 @@ class StaticEngine(InProcessEngine):
         for step in range(steps):
             tok, logps[:, step], state = sample_step(
                 logits, params, generator, state, limit, step, pad_id=self.pad_id, eos_id=self.eos_id,
-                draw_rows=draw_rows,
+                draw_rows=draw_rows, compiled=fused,
             )
             tokens[:, step] = tok
             done = state[1]
