@@ -214,6 +214,7 @@ def test_task_args_errors_name_the_key():
         ("optim.beta2=1", r"optim.beta2: must lie in \[0, 1\), got 1.0"),
         ("optim.momentum=-0.1", r"optim.momentum: must lie in \[0, 1\), got -0.1"),
         ("optim.eps=0", "optim.eps: must be > 0, got 0.0"),
+        ("policy.kernels=cuda", "policy.kernels: unknown value 'cuda'; valid: auto, numba, torch"),
     ],
 )
 def test_ranges(override, message):
@@ -355,3 +356,11 @@ def test_backend_section_defaults_and_errors() -> None:
     assert load_config(None, []).backend.learner == "ddp"
     with pytest.raises(ConfigError, match="backend.learner: unknown value 'zero'; valid: ddp, fsdp"):
         load_config(None, ["backend.learner=zero"])
+
+
+def test_policy_kernels_numba_runs_float32_only():
+    assert load_config(overrides=["policy.kernels=numba"]).policy.kernels == "numba"
+    assert load_config(overrides=["policy.kernels=torch", "policy.precision=bf16"]).policy.kernels == "torch"
+    for override in ("policy.precision=bf16", "policy.dtype=bfloat16"):
+        with pytest.raises(ConfigError, match="policy.kernels: 'numba' runs float32 only"):
+            load_config(overrides=["policy.kernels=numba", override])

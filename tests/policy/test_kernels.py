@@ -14,7 +14,6 @@ from creditrl.policy.engine import SamplingParams
 from creditrl.policy.model import build_tiny
 from creditrl.policy.static_engine import StaticEngine
 
-pytestmark = pytest.mark.skipif(not kernels.available(), reason="numba is a pinned dependency; this env lacks it")
 
 
 def reference_attention(q, kp, vp, prompt_of, pstart, kr, vr, t, scale):
@@ -99,8 +98,8 @@ def test_rms_norm_matches_torch():
 
 
 def test_engine_takes_the_fused_path_only_where_it_applies(monkeypatch):
-    """Llama in float32 decodes through ``decode_fused``; ``attention='torch'`` and bf16
-    autocast go through the tensor-op forward; ``attention='numba'`` refuses a bf16 policy."""
+    """Llama in float32 decodes through ``decode_fused``; ``kernels='torch'`` and bf16
+    autocast go through the tensor-op forward; ``kernels='numba'`` refuses a bf16 policy."""
     model, tok = build_tiny(0)
     calls = []
     fused = se._Decoder.decode_fused
@@ -115,13 +114,13 @@ def test_engine_takes_the_fused_path_only_where_it_applies(monkeypatch):
     out = StaticEngine(model, eos_id=-1, pad_id=0).generate(prompts, 2, params)
     assert len(calls) == 4 and all(len(t) == 5 for t in out.tokens)  # 5 tokens: 4 fed back
     calls.clear()
-    assert StaticEngine(model, eos_id=-1, pad_id=0, attention="torch").generate(prompts, 2, params).tokens == out.tokens
+    assert StaticEngine(model, eos_id=-1, pad_id=0, kernels="torch").generate(prompts, 2, params).tokens == out.tokens
     StaticEngine(model, eos_id=-1, pad_id=0, precision="bf16").generate(prompts, 2, params)
     assert calls == []
-    with pytest.raises(ValueError, match="attention='numba' runs float32 only"):
-        StaticEngine(model, eos_id=-1, pad_id=0, precision="bf16", attention="numba").generate(prompts, 2, params)
-    with pytest.raises(ValueError, match=r"attention: expected one of \('auto', 'numba', 'torch'\), got 'cuda'"):
-        StaticEngine(model, eos_id=-1, pad_id=0, attention="cuda")
+    with pytest.raises(ValueError, match="kernels='numba' runs float32 only"):
+        StaticEngine(model, eos_id=-1, pad_id=0, precision="bf16", kernels="numba").generate(prompts, 2, params)
+    with pytest.raises(ValueError, match=r"kernels: expected one of \('auto', 'numba', 'torch'\), got 'cuda'"):
+        StaticEngine(model, eos_id=-1, pad_id=0, kernels="cuda")
     assert math.isfinite(sum(map(sum, out.logprobs)))
 
 

@@ -35,11 +35,11 @@ STOP = 57  # a token the conftest ``peaked_tiny(0, 123)`` policy emits often: eo
 
 
 @pytest.fixture(autouse=True, params=["numba", "torch"])
-def attention(request, monkeypatch):
+def kernels(request, monkeypatch):
     """Every test runs with both decode paths: the compiled kernels (the default where numba
-    imports) and plain tensor ops (``attention="torch"``)."""
+    imports) and plain tensor ops (``kernels="torch"``)."""
     defaults = dict(StaticEngine.__init__.__kwdefaults__)
-    defaults["attention"] = request.param
+    defaults["kernels"] = request.param
     monkeypatch.setattr(StaticEngine.__init__, "__kwdefaults__", defaults)
     return request.param
 

@@ -23,6 +23,7 @@ class PolicyConfig:
     model: str = "tiny"  # "tiny" (built locally) or a local save_pretrained directory
     init_seed: int = 0  # seed of the tiny model's random initialisation
     engine: str = "auto"  # generation engine: static | hf | auto (static when the architecture allows) | vllm (CUDA; vLLM installed separately)
+    kernels: str = "auto"  # static engine decode step: numba (compiled kernels) | torch (tensor ops) | auto (numba in fp32 when importable)
     dtype: str = "float32"  # weights: float32 | bfloat16 | float16
     device: str = "cpu"  # cpu | cuda | cuda:N | auto (CUDA when torch sees a GPU): policy, reference and critic
     precision: str = "fp32"  # fp32 | bf16 | fp16: autocast mixed precision of every forward pass (weights stay in dtype)

@@ -326,9 +326,20 @@ def validate(cfg: Config) -> None:
     from creditrl.values.critic import CRITIC_MODELS
     from creditrl.values.registry import VALUE_SOURCES
 
-    from creditrl.policy.static_engine import ENGINES
+    from creditrl.policy.static_engine import ENGINES, KERNELS
 
     _one_of("policy.engine", cfg.policy.engine, ENGINES)
+    _one_of("policy.kernels", cfg.policy.kernels, KERNELS)
+    if cfg.policy.kernels == "numba":
+        from creditrl.policy import kernels
+
+        if not kernels.available():
+            raise ConfigError("policy.kernels: 'numba' needs numba, which cannot be imported here; use auto or torch")
+        if cfg.policy.precision != "fp32" or cfg.policy.dtype != "float32":
+            raise ConfigError(
+                f"policy.kernels: 'numba' runs float32 only, got policy.dtype={cfg.policy.dtype}, "
+                f"policy.precision={cfg.policy.precision}; use auto or torch"
+            )
     _check_device(cfg)
     if cfg.policy.engine == "vllm":
         _check_vllm(cfg)

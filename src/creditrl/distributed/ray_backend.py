@@ -175,7 +175,7 @@ class RolloutWorker:
     """A Ray actor (wrapped by :class:`RayEngine`): a policy copy and its in-process engine."""
 
     def __init__(self, init_path: str, seed: int, options: dict, kind: str, threads: int, eos_id: int,
-                 pad_id: int) -> None:
+                 pad_id: int, kernels: str = "auto") -> None:
         from creditrl.policy.model import load_policy
         from creditrl.policy.static_engine import make_engine
 
@@ -184,7 +184,7 @@ class RolloutWorker:
         if is_lora(model):  # the driver sends merged weights
             model = model.merge_and_unload()
         self.model = model.eval().requires_grad_(False)
-        self.engine = make_engine(self.model, eos_id=eos_id, pad_id=pad_id, kind=kind)
+        self.engine = make_engine(self.model, eos_id=eos_id, pad_id=pad_id, kind=kind, kernels=kernels)
         self.version = 0
         self.calls = 0
         self.crash_at: int | None = None
@@ -229,7 +229,8 @@ class RayEngine:
         self.kind = engine_kind(model, cfg.policy.engine)
         self.eos_id, self.pad_id, self.threads = eos_id, pad_id, b.worker_threads
         worker = ray.remote(num_cpus=b.worker_threads, max_restarts=0)(RolloutWorker)
-        args = (init_path, cfg.policy.init_seed, policy_options(cfg), self.kind, b.worker_threads, eos_id, pad_id)
+        args = (init_path, cfg.policy.init_seed, policy_options(cfg), self.kind, b.worker_threads, eos_id, pad_id,
+                cfg.policy.kernels)
         self.pool = WorkerPool(ray, "rollout", lambda slot: worker.remote(*args), b.rollout_workers, b.max_restarts,
                                prepare=self._prepare)
         self.scoring = None  # a ray_score.ScorePool when backend.score_workers > 0

@@ -93,7 +93,7 @@ def evaluate_checkpoints(config: str | None, checkpoints: list[str], *, size: in
         model, tok = load_policy(str(path), **policy_options(cfg))
         model.eval()
         res = evaluate(model, tok, task, problems, max_new_tokens=cfg.rollout.max_new_tokens,
-                       engine=cfg.policy.engine, precision=cfg.policy.precision)
+                       engine=cfg.policy.engine, precision=cfg.policy.precision, kernels=cfg.policy.kernels)
         p, n = res.accuracy, len(problems)
         row = CheckpointEval(given, p, math.sqrt(p * (1 - p) / n), res.step_accuracy, res.mean_length, n)
         if base_correct is None:

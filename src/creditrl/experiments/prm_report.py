@@ -131,7 +131,8 @@ def run_prm_report(run_dir: Path | None, *, quick: bool = False, overrides: list
     policy.eval()
     task = make_task(cfg.task.name, **cfg.task.args)
     params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=1.0)
-    engine = make_engine(policy, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, kind=cfg.policy.engine)
+    engine = make_engine(policy, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, kind=cfg.policy.engine,
+                         kernels=cfg.policy.kernels)
 
     def sample(split: str, n_problems: int, per: int, seed: int) -> list[Sample]:
         problems = task.sample(n_problems, split=split, seed=seed)
@@ -170,7 +171,8 @@ def run_prm_report(run_dir: Path | None, *, quick: bool = False, overrides: list
             probe_records = records
     log("MC label table (hard vs soft against the oracle)")
     c_engine = engine if completer is policy else make_engine(completer, eos_id=tok.eos_token_id,
-                                                              pad_id=tok.pad_token_id, kind=cfg.policy.engine)
+                                                              pad_id=tok.pad_token_id, kind=cfg.policy.engine,
+                                                              kernels=cfg.policy.kernels)
     fpr_rows = mc_label_table(c_engine, tok, task, held[: sizes.fpr_problems * sizes.samples_per_problem], sizes.fpr_ns, params)
 
     log(f"best-of-N on {sizes.bon_problems} held-out problems x {max(sizes.bon_ns)} samples")

@@ -119,7 +119,8 @@ def run_search_report(
     prm = load_prm(str(prm_dir or out_dir / "prms" / "prm"))
     orm = load_prm(str(orm_dir or out_dir / "prms" / "orm"))
     held = task.sample(sizes.problems, split="heldout", seed=0)
-    engine = make_engine(policy, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, kind=cfg.policy.engine)
+    engine = make_engine(policy, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, kind=cfg.policy.engine,
+                         kernels=cfg.policy.kernels)
     kw = dict(engine=engine, tokenizer=tok, task=task, prm=prm, orm=orm)
 
     rows: list[dict[str, Any]] = []

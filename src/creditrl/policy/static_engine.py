@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 from transformers.activations import ACT2FN
 
-from creditrl.policy import kernels
+from creditrl.policy import kernels as compiled
 from creditrl.policy.device import module_device
 from creditrl.policy.engine import (
     Generation,
@@ -50,8 +50,8 @@ from creditrl.policy.engine import (
 )
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-ENGINES = ("auto", "static", "hf", "vllm")
-ATTENTION = ("auto", "numba", "torch")  # StaticEngine decode attention: auto = numba when importable, fp32  # vllm: creditrl.policy.vllm_engine (CUDA; vLLM installed separately)
+ENGINES = ("auto", "static", "hf", "vllm")  # vllm: creditrl.policy.vllm_engine (CUDA; vLLM installed separately)
+KERNELS = ("auto", "numba", "torch")  # StaticEngine's decode step (policy.kernels): auto = numba in fp32 when importable
 
 
 def unsupported_reason(model: PreTrainedModel) -> str | None:
@@ -210,14 +210,14 @@ class _Decoder:
         (:func:`~creditrl.policy.kernels.rope_cache_attend`), returning (b, heads * d)."""
         h = F.embedding(tok, self.embed)
         for i, ly in enumerate(self.layers):
-            qkv = F.linear(kernels.rms_norm(h, ly.ln1, ly.eps1), ly.qkv, ly.qkv_bias)
+            qkv = F.linear(compiled.rms_norm(h, ly.ln1, ly.eps1), ly.qkv, ly.qkv_bias)
             a = attend(i, qkv)
             h = torch.addmm(h, a, ly.o.t()) if ly.o_bias is None else h + F.linear(a, ly.o, ly.o_bias)
-            gu = F.linear(kernels.rms_norm(h, ly.ln2, ly.eps2), ly.gate_up, ly.gate_up_bias)
+            gu = F.linear(compiled.rms_norm(h, ly.ln2, ly.eps2), ly.gate_up, ly.gate_up_bias)
             inter = gu.shape[-1] // 2
             m = F.silu(gu[:, :inter]).mul_(gu[:, inter:])
             h = torch.addmm(h, m, ly.down.t()) if ly.down_bias is None else h + F.linear(m, ly.down, ly.down_bias)
-        return F.linear(kernels.rms_norm(h, self.norm, self.norm_eps), self.lm_head, self.lm_head_bias)
+        return F.linear(compiled.rms_norm(h, self.norm, self.norm_eps), self.lm_head, self.lm_head_bias)
 
     def forward(
         self,
@@ -265,32 +265,32 @@ class StaticEngine(InProcessEngine):
         pad_id: int,
         compact_at: float = 0.75,
         precision: str = "fp32",
-        attention: str = "auto",
+        kernels: str = "auto",
     ) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"StaticEngine cannot run this model: {reason}")
         if not 0 < compact_at <= 1:
             raise ValueError(f"compact_at must be in (0, 1], got {compact_at}")
-        if attention not in ATTENTION:
-            raise ValueError(f"attention: expected one of {ATTENTION}, got '{attention}'")
-        if attention == "numba" and not kernels.available():
-            raise ValueError("attention='numba' needs numba, which cannot be imported here (pip install numba)")
+        if kernels not in KERNELS:
+            raise ValueError(f"kernels: expected one of {KERNELS}, got '{kernels}'")
+        if kernels == "numba" and not compiled.available():
+            raise ValueError("kernels='numba' needs numba, which cannot be imported here (pip install numba)")
         self.model = model
         self.eos_id = eos_id
         self.pad_id = pad_id
         self.compact_at = compact_at
         self.precision = precision  # policy.precision: the tensor ops run under CPU autocast
-        self.attention = attention
+        self.kernels = kernels
 
-    def _use_kernel(self, dtype: torch.dtype) -> bool:
-        """Decode attention through the compiled kernel: float32 only (fp32 weights, no autocast)."""
-        if self.attention == "torch":
+    def _use_kernels(self, dtype: torch.dtype) -> bool:
+        """Decode through the compiled kernels: float32 only (fp32 weights, no autocast)."""
+        if self.kernels == "torch":
             return False
         fp32 = dtype == torch.float32 and self.precision == "fp32"
-        if self.attention == "numba" and not fp32:
-            raise ValueError(f"attention='numba' runs float32 only (weights {dtype}, policy.precision {self.precision})")
-        return fp32 and kernels.available()
+        if self.kernels == "numba" and not fp32:
+            raise ValueError(f"kernels='numba' runs float32 only (weights {dtype}, policy.precision {self.precision})")
+        return fp32 and compiled.available()
 
     def _generate(
         self,
@@ -330,10 +330,10 @@ class StaticEngine(InProcessEngine):
             return dec.prompt_attend(q, k, v, bias)
 
         plogits = dec.forward(ids, cos_t[pos], sin_t[pos], prompt_attend)
-        fused = self._use_kernel(dtype)
+        fused = self._use_kernels(dtype)
         whole = fused and dec.fusable  # the whole decode step through the kernels
         if fused:  # the kernel reads each distinct prompt's keys where they are
-            kernels.match_threads()
+            compiled.match_threads()
             pstart = (width - attn.sum(-1)).to(torch.int64)  # first real column (left padding)
             row_prompt = prompt_of.clone()
         else:
@@ -370,7 +370,7 @@ class StaticEngine(InProcessEngine):
             def step_attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
                 resp[i, 0, :, :, step : step + 1], resp[i, 1, :, :, step : step + 1] = k, v
                 if fused:
-                    out = kernels.decode_attention(
+                    out = compiled.decode_attention(
                         q, prefix[i, 0], prefix[i, 1], row_prompt, pstart, resp[i, 0], resp[i, 1], step + 1, dec.scale
                     )
                     return out.view(q.shape[0], dec.n_heads, 1, dec.head_dim)
@@ -380,7 +380,7 @@ class StaticEngine(InProcessEngine):
                 )
 
             def fused_attend(i: int, qkv: torch.Tensor) -> torch.Tensor:
-                return kernels.rope_cache_attend(
+                return compiled.rope_cache_attend(
                     qkv, cos_t, sin_t, next_pos, dec.n_heads, prefix[i, 0], prefix[i, 1], row_prompt, pstart,
                     resp[i, 0], resp[i, 1], step + 1, dec.scale,
                 )
@@ -404,13 +404,14 @@ def make_engine(
     model_path: str | None = None,
     vllm_options: Mapping[str, Any] | None = None,
     precision: str = "fp32",
+    kernels: str = "auto",
 ):
     """``static`` (error if unsupported), ``hf``, ``auto``: static when the model allows, or
     ``vllm``: a :class:`~creditrl.policy.vllm_engine.VLLMEngine` (one vLLM instance per process
     and architecture, shared by every call; it follows ``model``'s weights). ``model_path`` (a
     directory vLLM may load instead of a temporary save of ``model``) and ``vllm_options``
     (``VLLMEngine`` keyword arguments) apply to ``vllm`` only; ``precision`` (``policy.precision``)
-    to the others (vLLM runs in its own dtype)."""
+    to the others (vLLM runs in its own dtype); ``kernels`` (``policy.kernels``) to ``StaticEngine``."""
     if kind not in ENGINES:
         raise ValueError(f"policy.engine: expected one of {ENGINES}, got '{kind}'")
     if kind == "vllm":
@@ -419,4 +420,4 @@ def make_engine(
         return VLLMEngine(model_path, eos_id=eos_id, pad_id=pad_id, model=model, share=True, **(vllm_options or {}))
     if kind == "hf" or (kind == "auto" and unsupported_reason(model) is not None):
         return HFEngine(model, eos_id=eos_id, pad_id=pad_id, precision=precision)
-    return StaticEngine(model, eos_id=eos_id, pad_id=pad_id, precision=precision)
+    return StaticEngine(model, eos_id=eos_id, pad_id=pad_id, precision=precision, kernels=kernels)

@@ -56,11 +56,13 @@ def evaluate(
     batch_size: int = 256,
     engine: str = "auto",
     precision: str = "fp32",
+    kernels: str = "auto",
 ) -> EvalResult:
-    """Greedy exact match and step accuracy on ``problems`` (``engine``, ``precision``: see
-    ``policy.engine``, ``policy.precision``)."""
+    """Greedy exact match and step accuracy on ``problems`` (``engine``, ``precision``,
+    ``kernels``: see ``policy.engine``, ``policy.precision``, ``policy.kernels``)."""
     gen_engine = make_engine(
-        model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, kind=engine, precision=precision
+        model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, kind=engine, precision=precision,
+        kernels=kernels,
     )
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
     completions: list[str] = []

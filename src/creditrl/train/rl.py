@@ -129,7 +129,7 @@ class RLTrainer:
         else:
             self.engine = make_engine(
                 self.model, eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id, kind=cfg.policy.engine,
-                precision=cfg.policy.precision,
+                precision=cfg.policy.precision, kernels=cfg.policy.kernels,
             )
         self.params = SamplingParams(
             max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p
@@ -225,7 +225,7 @@ class RLTrainer:
         res = evaluate(
             self.model, self.tokenizer, self.task, self.heldout,
             max_new_tokens=self.cfg.rollout.max_new_tokens, engine=self.cfg.policy.engine,
-            precision=self.cfg.policy.precision,
+            precision=self.cfg.policy.precision, kernels=self.cfg.policy.kernels,
         )
         out = {"eval/accuracy": res.accuracy, "eval/step_accuracy": res.step_accuracy, "eval/length": res.mean_length}
         source = self.scorer.primary.source

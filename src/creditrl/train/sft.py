@@ -152,7 +152,7 @@ def train_sft(
     eval_task = make_task(cfg.task.name, **cfg.task.args)
     heldout = eval_task.sample(cfg.train.eval_size, split="heldout", seed=12345)
     res = evaluate(model, tokenizer, eval_task, heldout, max_new_tokens=cfg.rollout.max_new_tokens,
-                   engine=cfg.policy.engine, precision=precision)
+                   engine=cfg.policy.engine, precision=precision, kernels=cfg.policy.kernels)
     metrics = {
         "sft/steps": s.steps,
         "sft/final_loss": loss_ema,
