@@ -106,6 +106,8 @@ def test_sft_is_cached_by_config_hash(sft_dir: str, tmp_path: Path, monkeypatch:
     assert metrics == state["metrics"]
     assert sft_key(load_config(overrides=EASY + ["sft.steps=31"])) != sft_key(cfg)
     assert sft_key(load_config(overrides=EASY + ["train.iterations=7"])) == sft_key(cfg)
+    for choice in ("policy.engine=hf", "policy.kernels=torch"):  # generation only: the checkpoint is the same
+        assert sft_key(load_config(overrides=EASY + [choice])) == sft_key(cfg)
 
 
 def test_token_budget_stops_the_run_with_a_final_evaluation(sft_dir: str, tmp_path: Path) -> None:

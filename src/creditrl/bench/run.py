@@ -130,6 +130,8 @@ def bench_decode(policy: str, opts: BenchOptions, log: Callable[[str], None]) ->
     for workload in ("fixed", "rollout"):
         eos = tok.eos_token_id if workload == "rollout" else -1  # -1: no token ends a row
         engines = {"creditrl_static": StaticEngine(model, eos_id=eos, pad_id=tok.pad_token_id),
+                   # the same engine without the compiled kernels (policy.kernels=torch): their A/B
+                   "creditrl_static_torch": StaticEngine(model, eos_id=eos, pad_id=tok.pad_token_id, kernels="torch"),
                    "creditrl_hf_engine": HFEngine(model, eos_id=eos, pad_id=tok.pad_token_id)}
         rates: dict[str, list[float]] = {"hf_generate": [], **{k: [] for k in engines}}
         tokens: dict[str, int] = {}
@@ -150,7 +152,11 @@ def bench_decode(policy: str, opts: BenchOptions, log: Callable[[str], None]) ->
         out[workload] = {name: {"tokens_per_s": spread(v), "new_tokens": tokens[name]} for name, v in rates.items()}
         ratio = statistics.median(rates["creditrl_static"]) / statistics.median(rates["hf_generate"])
         out[workload]["ratio_static_vs_hf_generate"] = ratio
-        log(f"decode/{workload}: static {statistics.median(rates['creditrl_static']):,.0f} tok/s, "
+        out[workload]["ratio_kernels_vs_tensor_ops"] = (
+            statistics.median(rates["creditrl_static"]) / statistics.median(rates["creditrl_static_torch"])
+        )
+        log(f"decode/{workload}: static {statistics.median(rates['creditrl_static']):,.0f} tok/s "
+            f"({out[workload]['ratio_kernels_vs_tensor_ops']:.2f}x its tensor-op path), "
             f"HF generate {statistics.median(rates['hf_generate']):,.0f} tok/s -> {ratio:.2f}x")
     return out
 
@@ -322,13 +328,15 @@ def markdown_report(res: dict[str, Any]) -> str:
         f"Batch {o['prompts']} prompts x {o['group']} samples, up to {o['max_new_tokens']} new tokens, "
         f"{res['threads']} threads; min / median / max over repeats.",
         "",
-        "| decode (tokens/s) | workload | HF generate | creditrl HFEngine | creditrl StaticEngine | static / HF generate |",
-        "|---|---|---|---|---|---|",
+        "| decode (tokens/s) | workload | HF generate | creditrl HFEngine | creditrl StaticEngine, tensor ops "
+        "(`policy.kernels=torch`) | creditrl StaticEngine | kernels / tensor ops | static / HF generate |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for workload, d in res["decode"].items():
         cell = lambda k: "{min:,.0f} / {median:,.0f} / {max:,.0f}".format(**d[k]["tokens_per_s"])  # noqa: E731
         lines.append(f"| | {workload} | {cell('hf_generate')} | {cell('creditrl_hf_engine')} | "
-                     f"{cell('creditrl_static')} | {d['ratio_static_vs_hf_generate']:.2f}x |")
+                     f"{cell('creditrl_static_torch')} | {cell('creditrl_static')} | "
+                     f"{d['ratio_kernels_vs_tensor_ops']:.2f}x | {d['ratio_static_vs_hf_generate']:.2f}x |")
     it = res["iteration"]
     s = lambda d: "{min:.3f} / {median:.3f} / {max:.3f}".format(**d)  # noqa: E731
     lines += [

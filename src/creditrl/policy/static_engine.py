@@ -17,7 +17,11 @@ and keeps keys and values in tensors allocated once per call:
 * **early exit**: finished rows are compacted out of the cache once they are a quarter of it,
   so late steps run on the rows still decoding;
 * the **log-probs** returned are those of the raw policy distribution (temperature 1, no top-p),
-  taken from the same logits that were sampled from, so no second forward pass is needed.
+  taken from the same logits that were sampled from, so no second forward pass is needed;
+* **compiled decode step** (``kernels``, ``policy.kernels``; float32): each layer's rotary
+  embedding, cache write and attention in one numba pass, RMSNorm in one pass, residual adds
+  folded into ``addmm``, and the sampling draw with its log-prob in one pass
+  (:mod:`creditrl.policy.kernels`); ``kernels="torch"`` keeps every step in tensor ops.
 
 Sampling consumes the generator exactly like :class:`~creditrl.policy.engine.HFEngine` (one
 draw per request per step), so both engines give the same tokens for the same seed up to float

@@ -52,7 +52,7 @@ def cache_lock(path: Path) -> Iterator[None]:
 
 # Fields the SFT checkpoint does not depend on (generation engine, RL-only switches), and fields
 # added later that enter the key only when set (so existing caches keep their keys).
-_NOT_IN_SFT_KEY = ("engine", "lora_r", "lora_alpha", "lora_dropout", "lora_targets", "gradient_checkpointing")
+_NOT_IN_SFT_KEY = ("engine", "kernels", "lora_r", "lora_alpha", "lora_dropout", "lora_targets", "gradient_checkpointing")
 _KEY_WHEN_SET = {"dtype": "float32", "local_files_only": True, "chat_template": "auto", "device": "cpu", "precision": "fp32"}
 
 

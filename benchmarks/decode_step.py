@@ -1,0 +1,55 @@
+"""Static engine decode time per step against batch size, with and without the compiled kernels.
+
+    .venv/bin/python benchmarks/decode_step.py [--threads 2] [--tokens 48] [--repeats 4]
+
+The demo's SFT policy, eos disabled (every row decodes ``--tokens`` steps), 4-6-operation
+arithmetic prompts; for each batch (prompts x samples) the best of ``--repeats`` calls, divided
+by the number of steps (prefill included), for ``policy.kernels=torch`` and ``numba``.
+"""
+
+import argparse
+import time
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from creditrl.config import load_config
+from creditrl.policy.engine import SamplingParams
+from creditrl.policy.model import load_policy
+from creditrl.policy.static_engine import StaticEngine
+from creditrl.tasks import make_task
+from creditrl.train.evaluate import encode_prompt
+from creditrl.train.sft import cached_sft
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--repeats", type=int, default=4)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    path, _ = cached_sft(load_config(Path(str(resources.files("creditrl") / "configs" / "demo.yaml"))), progress=True)
+    model, tok = load_policy(str(path))
+    model.eval()
+    task = make_task("arithmetic", min_ops=4, max_ops=6)
+    params = SamplingParams(max_new_tokens=args.tokens, temperature=1.0)
+    engines = {k: StaticEngine(model, eos_id=-1, pad_id=tok.pad_token_id, kernels=k) for k in ("torch", "numba")}
+    print(f"ms per decode step ({args.threads} threads, {args.tokens} tokens, best of {args.repeats})")
+    print("| rows | tensor ops | compiled kernels | ratio |\n|---|---|---|---|")
+    for n_prompts, n in ((1, 1), (16, 1), (16, 4), (16, 8), (32, 8)):
+        prompts = [encode_prompt(tok, p.prompt) for p in task.sample(n_prompts, split="train", seed=0)]
+        best = {}
+        for name, engine in engines.items():
+            times = []
+            for r in range(args.repeats):
+                start = time.perf_counter()
+                engine.generate(prompts, n, params, generator=torch.Generator().manual_seed(r))
+                times.append(time.perf_counter() - start)
+            best[name] = 1000 * min(times) / args.tokens
+        print(f"| {n_prompts * n} | {best['torch']:.2f} | {best['numba']:.2f} | {best['torch'] / best['numba']:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
