@@ -49,6 +49,13 @@ def _attend_head(qbuf, i, kp, vp, u, s0, kr, vr, g, t, scale, scores, acc, out, 
         out[i, obase + c] = acc[i, c] * inv
 
 
+@numba.njit(cache=True, inline="always")
+def _scratch(b, width, d):
+    """Per-row scratch of the attention kernels: scores (b, width), value sums and the query (b, d)."""
+    return (np.empty((b, width), dtype=np.float32), np.empty((b, d), dtype=np.float32),
+            np.empty((b, d), dtype=np.float32))
+
+
 @numba.njit(parallel=True, fastmath={"reassoc", "contract"}, cache=True)
 def _attend(q, kp, vp, prompt_of, pstart, kr, vr, t, scale, out):
     # q (b, h * d) = (b, h, d) flattened; kp/vp (u, kv, P, d) one row per distinct prompt,
@@ -57,9 +64,7 @@ def _attend(q, kp, vp, prompt_of, pstart, kr, vr, t, scale, out):
     kv, d = kp.shape[1], kp.shape[3]
     h = q.shape[1] // d
     group = h // kv
-    scores = np.empty((b, kp.shape[2] + t), dtype=np.float32)
-    acc = np.empty((b, d), dtype=np.float32)
-    qbuf = np.empty((b, d), dtype=np.float32)
+    scores, acc, qbuf = _scratch(b, kp.shape[2] + t, d)
     for i in numba.prange(b):
         u = prompt_of[i]
         for head in range(h):
@@ -77,9 +82,7 @@ def _rope_cache_attend(qkv, cos_t, sin_t, pos, h, kv, kp, vp, prompt_of, pstart,
     d = kr.shape[3]
     half = d // 2
     group = h // kv
-    scores = np.empty((b, kp.shape[2] + t), dtype=np.float32)
-    acc = np.empty((b, d), dtype=np.float32)
-    qbuf = np.empty((b, d), dtype=np.float32)
+    scores, acc, qbuf = _scratch(b, kp.shape[2] + t, d)
     for i in numba.prange(b):
         p = pos[i]
         for g in range(kv):
