@@ -4,7 +4,7 @@ Decoding a ~1M-parameter model at 128 rows, the matrix products are about half o
 rest was many small tensor ops, each paying a fixed cost larger than its arithmetic. Decode
 attention was the worst: per layer 512 products of one query (32 values) with a few dozen
 keys, at about 0.3 us of ``bmm`` overhead each. These kernels do that work in compiled loops
-(numba, float32, both cores):
+(numba, float32, on as many threads as torch's intra-op pool):
 
 * :func:`rope_cache_attend`: a layer's attention block from its fused ``q|k|v`` projection:
   rotary embedding of q and k, k and v written into the response cache, then per (row, head)
@@ -13,6 +13,8 @@ keys, at about 0.3 us of ``bmm`` overhead each. These kernels do that work in co
   (``prompt_of`` maps a row to it): the ``n`` samples of a prompt read the same cache lines.
 * :func:`decode_attention`: the attention alone (models with per-head q/k norms, Qwen3).
 * :func:`rms_norm`: RMSNorm in one pass instead of five ops.
+* :func:`sample_tokens`: a decode step's inverse-CDF draw at a temperature (no top-p) and the
+  drawn token's raw log-prob in one pass, from uniforms the caller drew from its generator.
 
 Results equal the tensor-op path to float rounding (the sums run in another order); tests in
 ``tests/policy/test_kernels.py`` check them against slow reference loops, and the engine's
