@@ -9,18 +9,15 @@ by the number of steps (prefill included), for ``policy.kernels=torch`` and ``nu
 
 import argparse
 import time
-from importlib import resources
-from pathlib import Path
 
 import torch
 
-from creditrl.config import load_config
+from creditrl.bench.run import BenchOptions, resolve_policy
 from creditrl.policy.engine import SamplingParams
 from creditrl.policy.model import load_policy
 from creditrl.policy.static_engine import StaticEngine
 from creditrl.tasks import make_task
 from creditrl.train.evaluate import encode_prompt
-from creditrl.train.sft import cached_sft
 
 
 def main() -> None:
@@ -30,8 +27,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=4)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    path, _ = cached_sft(load_config(Path(str(resources.files("creditrl") / "configs" / "demo.yaml"))), progress=True)
-    model, tok = load_policy(str(path))
+    model, tok = load_policy(resolve_policy(BenchOptions()))  # the demo's SFT policy, as creditrl bench uses
     model.eval()
     task = make_task("arithmetic", min_ops=4, max_ops=6)
     params = SamplingParams(max_new_tokens=args.tokens, temperature=1.0)

@@ -9,18 +9,15 @@ log-prob| over all sampled tokens, with the log-prob where it occurs.
 """
 
 import argparse
-from importlib import resources
-from pathlib import Path
 
 import torch
 
-from creditrl.config import load_config
+from creditrl.bench.run import BenchOptions, resolve_policy
 from creditrl.policy.engine import SamplingParams
 from creditrl.policy.model import load_policy
 from creditrl.policy.static_engine import StaticEngine
 from creditrl.tasks import make_task
 from creditrl.train.evaluate import encode_prompt
-from creditrl.train.sft import cached_sft
 
 
 def main() -> None:
@@ -29,8 +26,7 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=48)
     args = ap.parse_args()
-    path, _ = cached_sft(load_config(Path(str(resources.files("creditrl") / "configs" / "demo.yaml"))), progress=True)
-    model, tok = load_policy(str(path))
+    model, tok = load_policy(resolve_policy(BenchOptions()))  # the demo's SFT policy, as creditrl bench uses
     model.eval()
     task = make_task("arithmetic", min_ops=4, max_ops=6)
     prompts = [encode_prompt(tok, p.prompt) for p in task.sample(args.prompts, split="train", seed=0)]

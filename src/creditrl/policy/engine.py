@@ -18,6 +18,7 @@ from typing import Protocol, Sequence
 import torch
 from transformers import PreTrainedModel
 
+from creditrl.policy import kernels
 from creditrl.policy.device import inference, module_device
 
 
@@ -165,8 +166,6 @@ def sample_step(
     the same arithmetic to float rounding), else tensor ops."""
     finished, done = state
     if compiled and params.temperature > 0 and params.top_p >= 1.0:
-        from creditrl.policy import kernels
-
         u = uniforms(logits.shape[0], generator, draw_rows)
         tok, logp = kernels.sample_tokens(logits, params.temperature, u, done, pad_id)
     else:

@@ -339,7 +339,7 @@ class StaticEngine(InProcessEngine):
         if fused:  # the kernel reads each distinct prompt's keys where they are
             compiled.match_threads()
             pstart = (width - attn.sum(-1)).to(torch.int64)  # first real column (left padding)
-            row_prompt = prompt_of.clone()
+            row_prompt = prompt_of
         else:
             pbias = torch.zeros(len(uniq), 1, 1, width).masked_fill_(~attn.bool()[:, None, None], float("-inf"))
             prefix, pbias = prefix[:, :, prompt_of], pbias[prompt_of]  # one row per request from here on
