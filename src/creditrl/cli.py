@@ -62,7 +62,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from creditrl.experiments.demo import run_demo
 
-    run_demo(_run_dir(args.run_dir, "demo"), quick=args.quick, overrides=args.set)
+    run_demo(_run_dir(args.run_dir, "demo"), quick=args.quick, overrides=args.set, config=args.config)
     return 0
 
 
@@ -100,6 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="SFT warm start, then outcome-GRPO vs step-level process-GRPO")
     p.add_argument("--quick", action="store_true", help="every output in under a minute (numbers meaningless)")
     p.add_argument("--run-dir", help="where to write (default runs/demo-TIMESTAMP)")
+    p.add_argument("config", nargs="?", help="run both arms on this config instead of the packaged demo.yaml "
+                   "(e.g. src/creditrl/configs/arith.yaml: operands 1-9, the demo until 2026-11-30)")
     add_config_args(p, positional=False)
     p.set_defaults(func=cmd_demo)
 
@@ -114,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("bench", help="rollout and GRPO iteration speed against TRL and HF generate")
-    p.add_argument("--policy", default="sft", help="sft (the demo's SFT policy), tiny (random init) or a model dir")
+    p.add_argument("--policy", default="sft", help="sft (the arith config's SFT policy), tiny (random init) or a model dir")
     p.add_argument("--curve", type=int, default=0, metavar="N", help="also N-iteration reward curves, TRL vs creditrl")
     p.add_argument("--scaling", action="store_true", help="also iteration time vs group size and max new tokens")
     p.add_argument("--no-trl", action="store_true", help="skip the TRL peer (trl not installed)")

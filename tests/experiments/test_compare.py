@@ -47,6 +47,20 @@ def test_load_grid_arms_times_grid_and_budgets(tmp_path: Path):
     assert load_grid(Path("grids/estimators.yaml")).gain == pytest.approx(0.05)
 
 
+def test_packaged_bases_resolve_and_quick_swaps_in_the_smoke_sizes(tmp_path: Path):
+    from creditrl.config.loader import arith_config_path
+
+    body = "budget: {samples: 40}\narms: {a: []}\n"
+    assert load_grid(_write(tmp_path, "base: arith\n" + body)).base == arith_config_path(False)
+    assert load_grid(_write(tmp_path, "base: demo\n" + body)).base == demo_config_path(False)
+    assert load_grid(_write(tmp_path, body)).base == demo_config_path(False)  # no base: the demo's
+    for name in ("arith", "demo"):
+        assert load_grid(_write(tmp_path, f"base: {name}\n" + body), quick=True).base == demo_config_path(True)
+    # every committed grid was measured on the operand-1-9 config
+    for grid in sorted(Path("grids").glob("*.yaml")):
+        assert load_grid(grid).base == arith_config_path(False), grid
+
+
 @pytest.mark.parametrize("text, match", [
     ("budget: {tokens: 10}\n", "needs 'arms'"),
     ("budget: {steps: 10}\narms: {a: []}\n", "key 'budget'"),

@@ -55,10 +55,10 @@ def test_committed_findings_name_existing_grids_and_arms():
         finding = load_finding(f)
         if "report" in finding:  # the value report's rows
             from creditrl.config import load_config
-            from creditrl.experiments.demo import demo_config_path
+            from creditrl.config.loader import arith_config_path
             from creditrl.experiments.value_report import FULL, arm_names
 
-            r = load_config(demo_config_path(False)).rollout
+            r = load_config(arith_config_path(False)).rollout
             fake = [{"arm": name, "mae": [0.1, 0.01], "rank_acc": 0.7, "pairs": 10, "states": 20, "tokens_per_state": 5.0}
                     for name in arm_names(FULL, r.prompts_per_iter * r.group_size)]
             assert "{" not in fill(finding["reading"], fake), f

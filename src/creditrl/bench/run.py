@@ -26,13 +26,13 @@ import statistics
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 from creditrl.config import Config, load_config
+from creditrl.config.loader import arith_config_path
 from creditrl.experiments.report import peak_rss_mb
 from creditrl.policy.engine import HFEngine, SamplingParams
 from creditrl.policy.model import build_tiny, count_parameters, load_policy
@@ -43,7 +43,7 @@ from creditrl.train.evaluate import encode_prompt
 
 @dataclass
 class BenchOptions:
-    policy: str = "sft"  # "sft" (the demo's cached SFT policy), "tiny" (random init) or a model path
+    policy: str = "sft"  # "sft" (the arith config's cached SFT policy), "tiny" (random init) or a model path
     prompts: int = 16
     group: int = 8
     max_new_tokens: int = 48
@@ -80,7 +80,7 @@ def matmul_peak(n: int, repeats: int = 5) -> dict[str, float]:
 
 
 def _demo_config(opts: BenchOptions, overrides: list[str] | None = None) -> Config:
-    path = Path(str(resources.files("creditrl") / "configs" / "demo.yaml"))
+    path = arith_config_path(False)
     return load_config(
         path,
         [
@@ -106,8 +106,8 @@ def resolve_policy(opts: BenchOptions) -> str:
     if opts.policy == "sft":
         from creditrl.train.sft import cached_sft
 
-        # the demo's own SFT checkpoint (its cache key is the demo config, not the bench overrides)
-        path, _ = cached_sft(load_config(Path(str(resources.files("creditrl") / "configs" / "demo.yaml"))), progress=True)
+        # the arith config's own SFT checkpoint (its cache key is that config, not the bench overrides)
+        path, _ = cached_sft(load_config(arith_config_path(False)), progress=True)
         return str(path)
     if opts.policy == "tiny":
         model, tok = build_tiny(opts.seed)

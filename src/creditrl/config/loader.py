@@ -158,3 +158,19 @@ def config_hash(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def packaged_config(name: str) -> Path:
+    """A config shipped in ``creditrl/configs`` by name (``demo``, ``demo_quick``, ``arith``)."""
+    from importlib import resources
+
+    return Path(str(resources.files("creditrl") / "configs" / f"{name}.yaml"))
+
+
+def demo_config_path(quick: bool) -> Path:
+    """The demo's config (operands 1-3), or its smoke-test sizes under ``quick``."""
+    return packaged_config("demo_quick" if quick else "demo")
+
+
+def arith_config_path(quick: bool) -> Path:
+    """The reference arithmetic config (operands 1-9; the demo's until 2026-11-30) that the findings
+    grids, the reports and ``creditrl bench`` start from; under ``quick`` the demo's smoke-test sizes."""
+    return packaged_config("demo_quick" if quick else "arith")

@@ -3,7 +3,7 @@
 Grid file (every key but ``arms``/``grid`` optional)::
 
     name: estimators          # default: the file's stem; output in runs/compare-<name>
-    base: demo                # demo | demo_quick | a config path (relative to the grid file or cwd)
+    base: arith               # demo | arith | demo_quick (packaged configs) | a config path (relative to the grid file or cwd); default demo
     set: [train.eval_every=10]  # overrides common to every run (after base, before the arm's)
     seeds: [0, 1, 2]
     budget: {tokens: 400000}  # or {samples: 20000}, per run
@@ -39,11 +39,12 @@ import numpy as np
 import yaml
 
 from creditrl.config import ConfigError, load_config
-from creditrl.experiments.demo import demo_config_path
+from creditrl.config.loader import arith_config_path, demo_config_path, packaged_config
 from creditrl.experiments.report import eval_rows
 from creditrl.experiments.seeds import launch_settings, mean_ci95, plot_seed_curves, run_arms
 
 KEYS = {"name", "base", "set", "seeds", "budget", "target", "init", "arms", "grid"}
+PACKAGED = ("demo", "demo_quick", "arith")  # configs shipped in creditrl/configs, named in a grid's base
 TOKEN_ITERATIONS = 1_000_000
 # --quick: demo_quick sizes on any base, a tiny budget, 2 seeds (numbers meaningless)
 QUICK_SET = ["sft.steps=20", "sft.batch_size=16", "sft.warmup_steps=5", "rollout.prompts_per_iter=4",
@@ -92,8 +93,10 @@ def expand_grid(grid: dict[str, list[Any]], where: str = "grid") -> dict[str, li
 
 
 def _base_path(raw: Any, here: Path, where: str) -> Path:
-    if raw in (None, "demo", "demo_quick"):
-        return demo_config_path(raw == "demo_quick")
+    if raw is None:
+        return demo_config_path(False)
+    if raw in PACKAGED:
+        return packaged_config(str(raw))
     for p in (here / str(raw), Path(str(raw))):
         if p.exists():
             return p
@@ -118,7 +121,7 @@ def load_grid(path: str | Path, *, quick: bool = False, seeds: int | None = None
     if unknown := set(data) - KEYS:
         raise ConfigError(f"{path}: unknown key(s) {sorted(unknown)}; expected some of {sorted(KEYS)}")
     base = _base_path(data.get("base"), path.parent, str(path))
-    if quick and base == demo_config_path(False):
+    if quick and base in (demo_config_path(False), arith_config_path(False)):
         base = demo_config_path(True)
     common = _str_list(data.get("set", []), f"{path}: key 'set'") + (QUICK_SET if quick else [])
     seed_list = data.get("seeds", [0, 1, 2])

@@ -11,14 +11,15 @@ import json
 import re
 import time
 from dataclasses import asdict
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from creditrl.config import Config, load_config, merge, parse_overrides
-from creditrl.experiments.evaluate import evaluate_checkpoints
+from creditrl.config import Config, ConfigError, load_config, merge, parse_overrides
+from creditrl.config.loader import demo_config_path
+from creditrl.experiments.evaluate import errors_table, evaluate_checkpoints
 from creditrl.experiments.evaluate import markdown_table as eval_table
 from creditrl.experiments.report import ArmSummary, markdown_table, peak_rss_mb, plot_accuracy, summarise
+from creditrl.tasks import make_task
 from creditrl.train.rl import RLTrainer
 from creditrl.train.sft import cached_sft
 
@@ -39,19 +40,21 @@ TARGET_GAIN = 0.10  # "samples to target" = samples until held-out exact match i
 FINAL_EVAL_SIZE = {False: 2048, True: 32}
 
 
-def demo_config_path(quick: bool) -> Path:
-    return Path(str(resources.files("creditrl") / "configs" / ("demo_quick.yaml" if quick else "demo.yaml")))
-
-
 def _slug(name: str) -> str:
     return re.sub(r"[^0-9a-zA-Z]+", "_", name).strip("_")
 
 
-def run_demo(run_dir: Path, *, quick: bool = False, overrides: list[str] | None = None) -> list[ArmSummary]:
-    """Run the demo into ``run_dir``; print and return the per-arm summaries."""
+def run_demo(run_dir: Path, *, quick: bool = False, overrides: list[str] | None = None,
+             config: str | Path | None = None) -> list[ArmSummary]:
+    """Run the demo into ``run_dir`` (on ``config`` instead of the packaged demo.yaml when given,
+    e.g. configs/arith.yaml for the operand-1-9 setting); print and return the per-arm summaries."""
+    if config is not None and quick:
+        raise ConfigError("creditrl demo: give a config or --quick, not both (--quick has its own sizes)")
+    base_path = Path(config) if config is not None else demo_config_path(quick)
+    if not base_path.exists():
+        raise FileNotFoundError(f"creditrl demo: config file not found: {base_path}")
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    base_path = demo_config_path(quick)
     base = load_config(base_path, overrides or [])
     start = time.time()
     print(f"[creditrl demo] config {base_path.name}; SFT warm start (cached by config hash) ...", flush=True)
@@ -72,13 +75,14 @@ def run_demo(run_dir: Path, *, quick: bool = False, overrides: list[str] | None 
     arms = [summarise(name, h, target) for name, h in histories.items()]
     table = markdown_table(arms, target)
     size = FINAL_EVAL_SIZE[quick]
+    classified = hasattr(make_task(base.task.name, **base.task.args), "first_error")  # where solutions go wrong
     print(f"[creditrl demo] final check: the SFT start and both arms' last checkpoints on {size} held-out problems",
           flush=True)
     final = evaluate_checkpoints(str(base_path), [str(sft_path)] + [str(run_dir / _slug(n)) for n in ARMS],
-                                 size=size, overrides=overrides)
+                                 size=size, overrides=overrides, errors=classified)
     for row, label in zip(final, ["SFT start", *ARMS]):
         row.checkpoint = label
-    table += "\n\n" + eval_table(final) + "\n"
+    table += "\n\n" + eval_table(final) + "\n" + ("\n" + errors_table(final) + "\n" if classified else "")
     plot_accuracy(histories, run_dir / "plots" / "accuracy_vs_samples.png",
                   f"arithmetic {base.task.args}: RL from the same SFT start")
     elapsed = time.time() - start

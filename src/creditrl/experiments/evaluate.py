@@ -36,6 +36,7 @@ class CheckpointEval:
     diff_se: float | None = None
     gained: int | None = None  # problems this checkpoint solves and the baseline does not
     lost: int | None = None
+    errors: dict[str, int] | None = None  # problems per first-error kind (task.first_error), with --errors
 
 
 def paired_difference(base: list[bool], other: list[bool]) -> tuple[float, float, int, int]:
@@ -66,8 +67,9 @@ def resolve_checkpoint(path: str) -> Path:
 
 
 def evaluate_checkpoints(config: str | None, checkpoints: list[str], *, size: int, baseline: str | None = None,
-                         overrides: list[str] | None = None, log=print) -> list[CheckpointEval]:
-    """Evaluate ``checkpoints`` (and ``baseline``, first, when given) on ``size`` held-out problems."""
+                         overrides: list[str] | None = None, errors: bool = False, log=print) -> list[CheckpointEval]:
+    """Evaluate ``checkpoints`` (and ``baseline``, first, when given) on ``size`` held-out problems;
+    with ``errors``, also count each checkpoint's problems by the task's ``first_error`` kind."""
     import torch
 
     from creditrl.policy.model import load_policy
@@ -84,6 +86,8 @@ def evaluate_checkpoints(config: str | None, checkpoints: list[str], *, size: in
         raise ConfigError("give at least one checkpoint")
     resolved = [resolve_checkpoint(p) for p in paths]  # fail on a bad path before evaluating any
     task = make_task(cfg.task.name, **cfg.task.args)
+    if errors and not hasattr(task, "first_error"):
+        raise ConfigError(f"--errors: task {cfg.task.name!r} has no first_error classifier (arithmetic has)")
     problems = task.sample(size, split="heldout", seed=EVAL_SEED)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
@@ -100,6 +104,9 @@ def evaluate_checkpoints(config: str | None, checkpoints: list[str], *, size: in
             base_correct = res.correct
         else:
             row.diff, row.diff_se, row.gained, row.lost = paired_difference(base_correct, res.correct)
+        if errors:
+            kinds = [task.first_error(q, c) for q, c in zip(problems, res.completions)]
+            row.errors = {k: kinds.count(k) for k in task.error_kinds}
         rows.append(row)
         log(f"[creditrl eval] {given}: exact match {100 * p:.1f}% +- {100 * row.accuracy_se:.1f}")
     return rows
@@ -121,10 +128,28 @@ def markdown_table(rows: list[CheckpointEval]) -> str:
     return "\n".join(lines)
 
 
+def errors_table(rows: list[CheckpointEval]) -> str:
+    """Share of the problems per first-error kind (see ``ArithmeticTask.first_error``), one row per checkpoint."""
+    kinds = list(rows[0].errors or {})
+    lines = [
+        f"Where greedy solutions first go wrong (share of the {rows[0].n:,} problems):",
+        "",
+        "| checkpoint | " + " | ".join(k.replace("_", " ") for k in kinds) + " |",
+        "|---" * (len(kinds) + 1) + "|",
+    ]
+    for r in rows:
+        counts = r.errors or {}
+        lines.append(f"| {r.checkpoint} | " + " | ".join(f"{100 * counts.get(k, 0) / r.n:.1f}%" for k in kinds) + " |")
+    return "\n".join(lines)
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     rows = evaluate_checkpoints(args.config, args.checkpoints, size=args.size, baseline=args.baseline,
-                                overrides=args.set)
+                                overrides=args.set, errors=args.errors)
     print(markdown_table(rows))
+    if args.errors:
+        print()
+        print(errors_table(rows))
     if args.out:
         Path(args.out).write_text(json.dumps([asdict(r) for r in rows], indent=2))
     return 0
@@ -137,4 +162,6 @@ def add_eval_parser(sub, add_config_args) -> None:
     p.add_argument("--size", type=int, default=2048, help="held-out problems (default 2048; a run evaluates the first train.eval_size)")
     p.add_argument("--baseline", help="the checkpoint the differences are against (default: the first one)")
     p.add_argument("--out", help="also write the rows as JSON here")
+    p.add_argument("--errors", action="store_true",
+                   help="also count where each checkpoint's solutions first go wrong (arithmetic: slips, wrong operands, ...)")
     p.set_defaults(func=cmd_eval)

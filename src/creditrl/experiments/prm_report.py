@@ -1,6 +1,6 @@
 """``creditrl prm report``: the PRM life cycle measured on arithmetic, end to end.
 
-From the demo's SFT policy (4-6-operation problems):
+From the arith config's SFT policy (4-6-operation problems, operands 1-9):
 
 1. sample training and held-out solutions from the policy;
 2. label the training steps with ``oracle``, ``mc`` (hard, N) and ``outcome_heuristic``, and
@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import torch
 
 from creditrl.config import Config, load_config
-from creditrl.experiments.demo import demo_config_path
+from creditrl.config.loader import arith_config_path
 from creditrl.experiments.report import plt
 from creditrl.policy.engine import GenerationEngine, SamplingParams
 from creditrl.policy.static_engine import make_engine
@@ -121,7 +121,7 @@ def run_prm_report(run_dir: Path | None, *, quick: bool = False, overrides: list
     sizes = QUICK if quick else Sizes()
     run_dir = Path(run_dir or Path("runs") / f"prm-{time.strftime('%Y%m%d-%H%M%S')}")
     (run_dir / "plots").mkdir(parents=True, exist_ok=True)
-    cfg = load_config(demo_config_path(quick), overrides or [])
+    cfg = load_config(arith_config_path(quick), overrides or [])
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     start = time.time()
@@ -197,7 +197,7 @@ def run_prm_report(run_dir: Path | None, *, quick: bool = False, overrides: list
         "reward.source=prm", f"reward.prm={run_dir / 'prms' / 'oracle'}", "credit.estimator=grpo_process",
         "credit.normaliser=batch", f"train.iterations={sizes.rl_iterations}",
     ]
-    rl_cfg = load_config(demo_config_path(quick), rl_over)
+    rl_cfg = load_config(arith_config_path(quick), rl_over)
     history = RLTrainer(rl_cfg, run_dir / "rl_prm", init_path=init).run().history
     evals = [(r["iteration"], r["eval/accuracy"]) for r in history if "eval/accuracy" in r]
 
@@ -255,7 +255,7 @@ def _report(s: dict[str, Any], probe_md: str, quick: bool) -> str:
     for m, acc in s["best_of_n"].items():
         lines.append(f"| {m} | " + " | ".join(f"{100 * acc[n]:.1f}%" for n in ns) + " |")
     lines += ["", "![best of N](plots/best_of_n.png)", "", "## RL with the learned PRM as step reward\n",
-              "grpo_process with batch whitening, the demo's settings otherwise. Held-out greedy exact match:\n",
+              "grpo_process with batch whitening, the arith config's settings otherwise. Held-out greedy exact match:\n",
               "| iteration | " + " | ".join(str(i) for i, _ in s["rl_prm"]["evals"]) + " |",
               "|---|" + "---|" * len(s["rl_prm"]["evals"]),
               "| accuracy | " + " | ".join(f"{100 * a:.1f}%" for _, a in s["rl_prm"]["evals"]) + " |", ""]

@@ -1,6 +1,6 @@
 """``creditrl search report``: test-time search methods compared at equal generated-token cost.
 
-On held-out 5-7-operation arithmetic problems (the demo's SFT policy was trained on 1-6):
+On held-out 5-7-operation arithmetic problems (the arith config's SFT policy, operands 1-9, was trained on 1-6):
 
 1. unless given, train a PRM on oracle step labels and an ORM on outcomes, from the SFT
    weights, on the policy's own samples of training-split problems (as ``creditrl prm report``);
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from creditrl.config import load_config
-from creditrl.experiments.demo import demo_config_path
+from creditrl.config.loader import arith_config_path
 from creditrl.experiments.prm_report import orm_examples
 from creditrl.experiments.report import plt
 from creditrl.policy.engine import SamplingParams
@@ -104,7 +104,7 @@ def run_search_report(
         sizes = replace(sizes, problems=problems)
     out_dir = Path(out_dir or Path("runs") / f"search-{time.strftime('%Y%m%d-%H%M%S')}")
     (out_dir / "plots").mkdir(parents=True, exist_ok=True)
-    cfg = load_config(demo_config_path(quick), overrides or [])
+    cfg = load_config(arith_config_path(quick), overrides or [])
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     start = time.time()
@@ -191,7 +191,7 @@ def _report(s: dict[str, Any], quick: bool) -> str:
     note = "\n**Quick mode: smoke test only, the numbers mean nothing.**\n" if quick else ""
     return f"""# creditrl search report
 {note}
-Policy `{s['policy']}` (the demo's SFT policy, trained on 1-6 operations); {s['sizes']['problems']} held-out
+Policy `{s['policy']}` (the arith config's SFT policy, trained on 1-6 operations); {s['sizes']['problems']} held-out
 arithmetic problems with {s['task']['min_ops']}-{s['task']['max_ops']} operations. PRM `{s['prm']}` (oracle step
 labels), ORM `{s['orm']}` (outcome labels). Tokens/problem: every token the engine generated for a problem
 (discarded expansions and rollouts included), averaged over problems. Best-of-N: one sampling at the largest

@@ -1,7 +1,7 @@
 """``creditrl tree-report``: tree rollouts (outcome reward only) vs outcome GRPO, equal tokens.
 
-Both arms start from the demo's SFT checkpoint, train on the held-out-disjoint training split of
-5-7-operation problems with the demo's optimiser settings, and stop at the same budget of
+Both arms start from the arith config's SFT checkpoint, train on the held-out-disjoint training split of
+5-7-operation problems with that config's optimiser settings, and stop at the same budget of
 generated tokens; held-out greedy exact match (256 problems of 5-7 operations) is plotted against
 generated tokens over several seeds.
 
@@ -20,7 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from creditrl.config import load_config
-from creditrl.experiments.demo import demo_config_path
+from creditrl.config.loader import arith_config_path
 from creditrl.experiments.seeds import plot_seed_curves, run_arms, seeds_table, summarise_seeds
 from creditrl.train.sft import cached_sft
 
@@ -44,8 +44,8 @@ def run_tree_report(run_dir: Path | None, *, quick: bool = False, seeds: int | N
     run_dir.mkdir(parents=True, exist_ok=True)
     start = time.time()
     log = lambda msg: print(f"[creditrl tree-report] {time.time() - start:6.0f} s  {msg}", flush=True)  # noqa: E731
-    base = demo_config_path(quick)
-    # the demo's SFT start (trained on 1-6 operations, cached); RL runs on the arms' own task
+    base = arith_config_path(quick)
+    # the arith config's SFT start (trained on 1-6 operations, cached); RL runs on the arms' own task
     sft_path, _ = cached_sft(load_config(base), progress=load_config(base).train.progress)
     budget = budget or sizes["budget"]
     seed_list = sizes["seeds"] if seeds is None else list(range(seeds))

@@ -2,7 +2,7 @@
 
 On this task the true value of a state -- a prompt plus the first steps of a response -- is
 computable: V(s) = P(a continuation from s by the policy is correct), estimated by ``truth``
-fresh continuations per state. The policy is the config's start policy (the demo's SFT) and stays
+fresh continuations per state. The policy is the config's start policy (the arith config's SFT) and stays
 fixed, so every estimator targets the same V.
 
 The states: one tree per held-out problem (:func:`creditrl.values.tree.tree_rollout`, branching b,
@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from creditrl.config import config_hash, load_config
-from creditrl.experiments.demo import demo_config_path
+from creditrl.config.loader import arith_config_path
 from creditrl.experiments.seeds import mean_ci95
 from creditrl.policy.engine import SamplingParams
 from creditrl.rollout.segment import step_stop_ids
@@ -198,7 +198,7 @@ def run_value_report(out: Path, *, quick: bool = False, config: str | Path | Non
     (summary.json with the same settings) is read back, not rerun."""
     sizes = QUICK if quick else FULL
     out = Path(out)
-    base = Path(config) if config else demo_config_path(quick)
+    base = Path(config) if config else arith_config_path(quick)
     overrides = list(overrides or [])
     cfg = load_config(base, overrides)
     # the resolved config's hash, not the base's path: a report copied from another checkout is reused
@@ -280,7 +280,7 @@ def cmd_value_report(args: argparse.Namespace) -> int:
 
 def add_value_report_parser(sub) -> None:
     p = sub.add_parser("value-report", help="value estimates (critic, dual critic, MC K, tree) vs true step values")
-    p.add_argument("config", nargs="?", help="config (default: the demo's)")
+    p.add_argument("config", nargs="?", help="config (default: the packaged arith config)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
     p.add_argument("--out", default="runs/value-report", help="output directory (a finished report is read back)")
     p.add_argument("--quick", action="store_true", help="tiny sizes (numbers meaningless)")

@@ -18,7 +18,7 @@ features):
     p_k = sigmoid(w . h(end_k) + u . [sum_{t in step k} log p(x_t | x_<t), min_{t in step k} log p(x_t | x_<t)] + b)
 
 A policy that writes canonical steps puts low probability on a wrong one, so its likelihood is
-a strong verifier on its own (on the demo's held-out SFT samples the step's summed log-prob
+a strong verifier on its own (on the arith config's held-out SFT samples the step's summed log-prob
 under the SFT policy alone has AUROC 0.976 against the true labels); the trained head decides
 how to combine it with the hidden state. ``u`` starts at 0.
 

@@ -10,14 +10,15 @@ from creditrl.config import ConfigError
 
 
 def _policy_path(name: str) -> str:
-    """``sft``: the demo's cached SFT policy (trained now if not cached); else a directory or ``tiny``."""
+    """``sft``: the arith config's cached SFT policy (operands 1-9, trained now if not cached); else a
+    directory or ``tiny``."""
     if name != "sft":
         return name
     from creditrl.config import load_config
-    from creditrl.experiments.demo import demo_config_path
+    from creditrl.config.loader import arith_config_path
     from creditrl.train.rl import resolve_init
 
-    cfg = load_config(demo_config_path(False))
+    cfg = load_config(arith_config_path(False))
     return resolve_init(cfg, cfg.train.progress)
 
 
@@ -79,7 +80,7 @@ def add_search_parser(sub: argparse._SubParsersAction) -> None:
                     "`creditrl search report` compares all methods.",
     )
     p.add_argument("--method", default="greedy", help="greedy | best_of_n | beam | mcts")
-    p.add_argument("--policy", default="sft", help="policy directory, 'sft' (the demo's cached SFT policy) or 'tiny'")
+    p.add_argument("--policy", default="sft", help="policy directory, 'sft' (the arith config's cached SFT policy) or 'tiny'")
     p.add_argument("--prm", help="PRM directory (creditrl prm train): beam, mcts leaf_value=prm, best_of_n prm_*")
     p.add_argument("--orm", help="ORM directory: best_of_n selector=orm, mcts leaf_value=rollout_orm")
     p.add_argument("--budget", type=int, default=1024, help="generated tokens per problem, all engine output counted")
@@ -103,5 +104,5 @@ def add_search_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--problems", type=int, default=None, help="held-out problems (default 128; quick: 4)")
     r.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of every sampling method")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override of the demo config (e.g. train.progress=false)")
+                   help="override of the arith config (e.g. train.progress=false)")
     r.set_defaults(func=cmd_report)
