@@ -56,6 +56,10 @@ def test_quick_demo_writes_every_output(tmp_path: Path, monkeypatch: pytest.Monk
     for r in final[1:]:
         assert r["diff"] == pytest.approx(r["accuracy"] - final[0]["accuracy"])
     assert "Greedy held-out exact match on 32 problems" in report and "| SFT start |" in report
+    # ... with where each one's solutions first go wrong: every problem counted once
+    for r in final:
+        assert sum(r["errors"].values()) == 32 and r["errors"]["correct"] == round(r["accuracy"] * 32)
+    assert "Where greedy solutions first go wrong" in report and "| slip multi digit |" in report
 
 
 def test_cli_rejects_unknown_estimator_with_valid_names(capsys) -> None:
@@ -68,3 +72,33 @@ def test_cli_rejects_unknown_key(capsys) -> None:
     assert main(["train", "--set", "optim.learning_rate=1"]) == 2
     err = capsys.readouterr().err
     assert "unknown key 'learning_rate' in section 'optim'" in err and "lr" in err
+
+
+def test_demo_uses_operands_1_to_3_and_arith_keeps_the_measured_sft_key() -> None:
+    from creditrl.config import load_config
+    from creditrl.config.loader import arith_config_path, demo_config_path
+    from creditrl.tasks import make_task
+    from creditrl.train.sft import sft_key
+
+    demo, quick, arith = (load_config(p) for p in (demo_config_path(False), demo_config_path(True), arith_config_path(False)))
+    for cfg in (demo, quick):  # SFT and RL both on operands 1-3, RL on 4-6 operations
+        assert cfg.task.args["operand_max"] == 3 and cfg.sft.task_args["operand_max"] == 3
+        assert (cfg.task.args["min_ops"], cfg.task.args["max_ops"]) == (4, 6)
+    problems = make_task(demo.task.name, **demo.task.args).sample(64, split="heldout", seed=0)
+    assert max(max(map(int, p.prompt[:-1].replace("*", "+").replace("-", "+").split("+"))) for p in problems) == 3
+    # arith.yaml is the demo's config as it was until 2026-11-30: every finding, report and bench
+    # number was measured from the SFT checkpoint cached under this key
+    assert make_task(arith.task.name, **arith.task.args).config.operand_max == 9
+    assert sft_key(arith) == "08812f9fefa79ea7"
+    assert sft_key(demo) != sft_key(arith)
+
+
+def test_demo_takes_another_config_but_not_with_quick(tmp_path: Path, capsys) -> None:
+    from creditrl.config.loader import arith_config_path
+
+    assert main(["demo", str(arith_config_path(False)), "--quick", "--run-dir", str(tmp_path / "d")]) == 2
+    assert "give a config or --quick, not both" in capsys.readouterr().err
+    assert main(["demo", str(tmp_path / "nope.yaml"), "--run-dir", str(tmp_path / "d")]) == 2
+    err = capsys.readouterr().err
+    assert "config file not found" in err and "nope.yaml" in err
+    assert not (tmp_path / "d").exists()  # nothing written before the config is known

@@ -88,3 +88,29 @@ def test_eval_cli_writes_json_and_rejects_bad_input(checkpoints, tmp_path, capsy
     assert "neither a model directory" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="--size: must be > 0, got 0"):
         evaluate_checkpoints(None, [str(m0)], size=0)
+
+
+def test_errors_count_each_problem_once_by_its_first_error(checkpoints, capsys):
+    from creditrl.tasks import make_task
+    from creditrl.train.evaluate import evaluate
+    from creditrl.train.rl import EVAL_SEED
+
+    (m0, m1), _ = checkpoints
+    rows = evaluate_checkpoints(None, [str(m0), str(m1)], size=24, overrides=TASK, errors=True, log=lambda _: None)
+    task = make_task("arithmetic", min_ops=1, max_ops=2, operand_min=1, operand_max=5, operators="+")
+    problems = task.sample(24, split="heldout", seed=EVAL_SEED)
+    for seed, row in zip((0, 1), rows):
+        assert list(row.errors) == list(task.error_kinds) and sum(row.errors.values()) == 24
+        assert row.errors["correct"] == round(24 * row.accuracy)
+        model, tok = build_tiny(seed)
+        direct = evaluate(model, tok, task, problems, max_new_tokens=8).completions
+        kinds = [task.first_error(p, c) for p, c in zip(problems, direct)]
+        assert row.errors == {k: kinds.count(k) for k in task.error_kinds}
+    argv = ["eval", str(m0), "--size", "8", "--errors"]
+    for item in TASK:
+        argv += ["--set", item]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "Where greedy solutions first go wrong (share of the 8 problems)" in out and "| wrong operands |" in out
+    with pytest.raises(ConfigError, match="--errors: task 'toy_translate' has no first_error classifier"):
+        evaluate_checkpoints(None, [str(m0)], size=4, overrides=["task.name=toy_translate", "task.args={}"], errors=True)

@@ -239,6 +239,53 @@ def test_label_completion(problem: Problem, completion: str, labels: list[bool])
     assert TASK.label_completion(problem, completion) == labels
 
 
+P_BIG = TASK.make_problem("4*4+5*5+3=")  # 4*4=16; 5*5=25; 16+25=41; 41+3=44; answer 44
+
+
+@pytest.mark.parametrize(
+    ("problem", "completion", "kind"),
+    [
+        (P, "3*2=6;7+6=13;13-5=8;#8", "correct"),
+        (P, "#8", "correct"),  # the outcome decides "correct", whatever the steps
+        (P, "3*2=5;7+5=12;12-5=7;#7", "slip_single_digit"),
+        (P, "3*2=6;7+6=12;12-5=7;#7", "slip_single_digit"),  # the operands decide: 7+6 ...
+        (P, "3*2=6;7+6=13;13-5=9;#9", "slip_multi_digit"),  # ... 13-5 is not
+        (P_BIG, "4*4=16;5*5=25;16+25=44;44+3=47;#47", "slip_multi_digit"),
+        (P, "3*2=6;7+2=9;9-5=4;#4", "wrong_operands"),  # copied the wrong operand
+        (P, "7+3=10;10*2=20;20-5=15;#15", "wrong_operands"),  # left to right, precedence ignored
+        (P, "3*2=6;7+6=13;13-5=8;8-5=3;#3", "wrong_operands"),  # a step after the end
+        (P, "3*2=6;7+6=13;13-=8;#8x", "malformed"),
+        (P, "3*2=6;hello", "malformed"),
+        (P, "", "wrong_answer"),
+        (P, "3*2=6;7+6=13;13-5=8;#9", "wrong_answer"),
+        (P, "3*2=6;7+6=13;13-5=8", "wrong_answer"),  # no answer
+        (P, "3*2=6;#6", "wrong_answer"),  # an early answer
+        (P_NEG, "3-7=-4;-4+2=-3;#-3", "slip_single_digit"),
+    ],
+)
+def test_first_error_classifies_the_first_wrong_step(problem: Problem, completion: str, kind: str) -> None:
+    assert TASK.first_error(problem, completion) == kind
+    assert kind in TASK.error_kinds
+
+
+def test_first_error_agrees_with_the_step_checker_under_corruption() -> None:
+    """A slip or wrong-operand verdict points at the step the checker labels first wrong."""
+    rng = random.Random(1)
+    for problem in TASK.sample(300, split="train", seed=5):
+        chars = list(problem.solution)
+        chars[rng.randrange(len(chars))] = rng.choice("0123456789+-*=;#")
+        completion = "".join(chars)
+        kind = TASK.first_error(problem, completion)
+        labels = TASK.label_completion(problem, completion)
+        if kind == "correct":
+            assert TASK.check_outcome(problem, completion)
+        elif kind == "wrong_answer":
+            steps = split_completion(completion)
+            assert all(lab for seg, lab in zip(steps, labels) if not seg.startswith("#"))
+        else:
+            assert not all(labels)
+
+
 def test_very_long_completions() -> None:
     labels = TASK.label_completion(P, "3*2=6;" * 10_000 + "#8")
     assert labels == [T] + [F] * 9_999 + [T]

@@ -309,6 +309,40 @@ class ArithmeticTask:
                 failed = True
         return labels
 
+    error_kinds: tuple[str, ...] = (
+        "correct", "slip_multi_digit", "slip_single_digit", "wrong_operands", "malformed", "wrong_answer",
+    )
+
+    def first_error(self, problem: Problem, completion: str) -> str:
+        """Classify where ``completion`` goes wrong, as one of :attr:`error_kinds`.
+
+        ``correct``: :meth:`check_outcome` holds (whatever the steps). Otherwise the first
+        arithmetic segment that :meth:`check_steps` labels wrong decides: a well-formed step
+        ``a{op}b=c`` whose ``a{op}b`` is the next canonical reduction but whose ``c`` is wrong is
+        a slip, ``slip_multi_digit`` when ``a`` or ``b`` has two or more digits, else
+        ``slip_single_digit``; a well-formed step with other operands (a wrong copy, a skipped or
+        out-of-order reduction, a step after the expression is reduced) is ``wrong_operands``;
+        any other text is ``malformed``. With no wrong arithmetic segment (every step right,
+        the answer wrong, missing or early) it is ``wrong_answer``.
+        """
+        if self.check_outcome(problem, completion):
+            return "correct"
+        expected = canonical_steps(problem.prompt)
+        for i, segment in enumerate(split_completion(completion)):
+            text = segment.strip().removesuffix(";").strip()
+            if text.startswith("#"):
+                break
+            if i < len(expected) and text == _format_step(expected[i]):
+                continue
+            if not self.step_pattern.fullmatch(text):
+                return "malformed"
+            if i < len(expected):
+                a, op, b, _ = expected[i]
+                if text.split("=", 1)[0] == f"{a}{op}{b}":
+                    return "slip_multi_digit" if max(abs(a), abs(b)) >= 10 else "slip_single_digit"
+            return "wrong_operands"
+        return "wrong_answer"
+
     def label_completion(self, problem: Problem, completion: str) -> list[bool]:
         """Return ``check_steps(problem, split_completion(completion))``."""
         return self.check_steps(problem, split_completion(completion))
