@@ -114,3 +114,12 @@ def test_errors_count_each_problem_once_by_its_first_error(checkpoints, capsys):
     assert "Where greedy solutions first go wrong (share of the 8 problems)" in out and "| wrong operands |" in out
     with pytest.raises(ConfigError, match="--errors: task 'toy_translate' has no first_error classifier"):
         evaluate_checkpoints(None, [str(m0)], size=4, overrides=["task.name=toy_translate", "task.args={}"], errors=True)
+
+
+def test_errors_reject_a_kind_the_task_does_not_list(checkpoints, monkeypatch):
+    from creditrl.tasks.arithmetic import ArithmeticTask
+
+    (m0, _), _ = checkpoints
+    monkeypatch.setattr(ArithmeticTask, "first_error", lambda self, problem, completion: "gremlins")
+    with pytest.raises(ConfigError, match=r"first_error returned \['gremlins'\], not among its error_kinds"):
+        evaluate_checkpoints(None, [str(m0)], size=4, overrides=TASK, errors=True, log=lambda _: None)

@@ -106,6 +106,9 @@ def evaluate_checkpoints(config: str | None, checkpoints: list[str], *, size: in
             row.diff, row.diff_se, row.gained, row.lost = paired_difference(base_correct, res.correct)
         if errors:
             kinds = [task.first_error(q, c) for q, c in zip(problems, res.completions)]
+            if stray := sorted(set(kinds) - set(task.error_kinds)):
+                raise ConfigError(f"--errors: task {cfg.task.name!r}'s first_error returned {stray}, "
+                                  f"not among its error_kinds {list(task.error_kinds)}")
             row.errors = {k: kinds.count(k) for k in task.error_kinds}
         rows.append(row)
         log(f"[creditrl eval] {given}: exact match {100 * p:.1f}% +- {100 * row.accuracy_se:.1f}")
