@@ -79,7 +79,7 @@ def matmul_peak(n: int, repeats: int = 5) -> dict[str, float]:
     return spread(rates)
 
 
-def _demo_config(opts: BenchOptions, overrides: list[str] | None = None) -> Config:
+def _bench_config(opts: BenchOptions, overrides: list[str] | None = None) -> Config:
     path = arith_config_path(False)
     return load_config(
         path,
@@ -164,7 +164,7 @@ def bench_decode(policy: str, opts: BenchOptions, log: Callable[[str], None]) ->
 def creditrl_iterations(policy: str, opts: BenchOptions, n: int, overrides: list[str] | None = None) -> list[dict]:
     from creditrl.train.rl import RLTrainer
 
-    cfg = _demo_config(opts, overrides)
+    cfg = _bench_config(opts, overrides)
     with tempfile.TemporaryDirectory(prefix="creditrl-bench-") as run_dir:
         trainer = RLTrainer(cfg, Path(run_dir), init_path=policy)
         return [trainer.iteration(i) for i in range(n)]

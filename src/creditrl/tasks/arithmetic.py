@@ -170,6 +170,11 @@ def split_completion(completion: str) -> list[str]:
     return segments
 
 
+def _normalise(segment: str) -> str:
+    """A segment as the step checker reads it: stripped, one trailing ``";"`` removed, stripped."""
+    return segment.strip().removesuffix(";").strip()
+
+
 def _stream_seed(seed: int, split: str) -> int:
     """Derive the RNG seed of one split from ``seed``, stably across processes."""
     digest = hashlib.sha256(f"arithmetic/{split}/{seed}".encode()).digest()
@@ -291,7 +296,7 @@ class ArithmeticTask:
         failed = False
         seen_answer = False
         for segment in segments:
-            text = segment.strip().removesuffix(";").strip()
+            text = _normalise(segment)
             if text.startswith("#"):
                 labels.append(not seen_answer and self.check_outcome(problem, text))
                 seen_answer = True
@@ -328,11 +333,12 @@ class ArithmeticTask:
         if self.check_outcome(problem, completion):
             return "correct"
         expected = canonical_steps(problem.prompt)
-        for i, segment in enumerate(split_completion(completion)):
-            text = segment.strip().removesuffix(";").strip()
+        segments = split_completion(completion)
+        for i, (segment, right) in enumerate(zip(segments, self.check_steps(problem, segments))):
+            text = _normalise(segment)
             if text.startswith("#"):
                 break
-            if i < len(expected) and text == _format_step(expected[i]):
+            if right:  # before the first error, step i is the i-th canonical reduction
                 continue
             if not self.step_pattern.fullmatch(text):
                 return "malformed"
