@@ -37,6 +37,12 @@ def rope_reference(x, cos, sin):
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
+def rows_last(kp, kr, prompt_of):
+    """The kernels' cache of one layer, (kv, P + steps, d, b): each row's prompt columns, then its
+    response columns, rows innermost."""
+    return torch.cat([kp[prompt_of], kr], dim=2).permute(1, 2, 3, 0).contiguous()
+
+
 def random_case(seed, b=7, u=3, heads=4, kv=2, d=8, width=5, steps=6):
     g = torch.Generator().manual_seed(seed)
     kp, vp = torch.randn(u, kv, width, d, generator=g), torch.randn(u, kv, width, d, generator=g)
@@ -51,8 +57,9 @@ def random_case(seed, b=7, u=3, heads=4, kv=2, d=8, width=5, steps=6):
 def test_decode_attention_matches_reference(seed, kv):
     g, kp, vp, pstart, prompt_of, kr, vr = random_case(seed, kv=kv)
     q = torch.randn(7, 4, 1, 8, generator=g)
+    k, v, first, width = rows_last(kp, kr, prompt_of), rows_last(vp, vr, prompt_of), pstart[prompt_of], kp.shape[2]
     for t in (1, 3, 6):
-        got = kernels.decode_attention(q, kp, vp, prompt_of, pstart, kr, vr, t, 8**-0.5)
+        got = kernels.decode_attention(q, k, v, first, width + t, 8**-0.5)
         want = reference_attention(q, kp, vp, prompt_of, pstart, kr, vr, t, 8**-0.5)
         assert got.shape == (7, 32)
         assert float((got.double() - want).abs().max()) < 1e-5
@@ -61,12 +68,17 @@ def test_decode_attention_matches_reference(seed, kv):
 def test_decode_attention_ignores_padding_and_later_columns():
     g, kp, vp, pstart, prompt_of, kr, vr = random_case(0)
     q = torch.randn(7, 4, 1, 8, generator=g)
-    base = kernels.decode_attention(q, kp, vp, prompt_of, pstart, kr, vr, 3, 0.3)
+    width, first = kp.shape[2], pstart[prompt_of]
+
+    def attend(kp, vp, kr, vr):
+        return kernels.decode_attention(q, rows_last(kp, kr, prompt_of), rows_last(vp, vr, prompt_of), first, width + 3, 0.3)
+
+    base = attend(kp, vp, kr, vr)
     kp2, vp2, kr2, vr2 = kp.clone(), vp.clone(), kr.clone(), vr.clone()
     kp2[1, :, :2] = 1e6  # prompt 1's left padding
-    vp2[2, :, : kp.shape[2] - 1] = float("nan")  # prompt 2's left padding
+    vp2[2, :, : width - 1] = 3e4  # prompt 2's left padding (finite, as the prefill leaves it)
     kr2[:, :, 3:], vr2[:, :, 3:] = float("nan"), float("nan")  # response columns not yet written
-    assert torch.equal(kernels.decode_attention(q, kp2, vp2, prompt_of, pstart, kr2, vr2, 3, 0.3), base)
+    assert torch.equal(attend(kp2, vp2, kr2, vr2), base)
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -77,15 +89,21 @@ def test_rope_cache_attend_matches_reference_and_writes_the_cache(seed):
     cos_t, sin_t = torch.randn(20, d, generator=g), torch.randn(20, d, generator=g)
     pos = torch.randint(0, 20, (b,), generator=g)
     kr_ref, vr_ref = kr.clone(), vr.clone()
-    got = kernels.rope_cache_attend(qkv, cos_t, sin_t, pos, heads, kp, vp, prompt_of, pstart, kr, vr, t, 0.4)
+    width = kp.shape[2]
+    k, v = rows_last(kp, kr, prompt_of), rows_last(vp, vr, prompt_of)
+    k_before, v_before = k.clone(), v.clone()
+    got = kernels.rope_cache_attend(qkv, cos_t, sin_t, pos, heads, k, v, pstart[prompt_of], width + t, 0.4)
     q = qkv[:, : heads * d].view(b, heads, d)
-    k = qkv[:, heads * d : (heads + kv) * d].view(b, kv, d)
-    v = qkv[:, (heads + kv) * d :].view(b, kv, d)
+    kn = qkv[:, heads * d : (heads + kv) * d].view(b, kv, d)
+    vn = qkv[:, (heads + kv) * d :].view(b, kv, d)
     cos, sin = cos_t[pos][:, None], sin_t[pos][:, None]
-    kr_ref[:, :, t - 1], vr_ref[:, :, t - 1] = rope_reference(k, cos, sin), v
-    assert torch.equal(vr, vr_ref)
-    assert float((kr - kr_ref).abs().max()) < 1e-6  # untouched columns equal, the new one to rounding
-    assert torch.equal(kr[:, :, : t - 1], kr_ref[:, :, : t - 1]) and torch.equal(kr[:, :, t:], kr_ref[:, :, t:])
+    kr_ref[:, :, t - 1], vr_ref[:, :, t - 1] = rope_reference(kn, cos, sin), vn
+    col = width + t - 1
+    assert torch.equal(v[:, col], vn.permute(1, 2, 0))
+    assert float((k[:, col] - rope_reference(kn, cos, sin).permute(1, 2, 0)).abs().max()) < 1e-6  # to rounding
+    others = torch.ones(k.shape[1], dtype=torch.bool)
+    others[col] = False
+    assert torch.equal(k[:, others], k_before[:, others]) and torch.equal(v[:, others], v_before[:, others])
     want = reference_attention(rope_reference(q, cos, sin)[:, :, None], kp, vp, prompt_of, pstart, kr_ref, vr_ref, t, 0.4)
     assert float((got.double() - want).abs().max()) < 1e-5
 
@@ -156,3 +174,24 @@ def test_sample_tokens_draws_what_sample_next_draws(temperature):
     assert bool((tok[::7] < 5).all())
     ref = torch.log_softmax(logits, -1).gather(-1, tok[:, None])[:, 0]
     assert float((logp - ref).abs().max()) < 1e-5
+
+
+def test_polynomial_exp_matches_exp_to_float_rounding():
+    """The attention's exponential (arithmetic only, so it vectorises) against float64 exp on
+    [-87, 0], the range softmax feeds it; exp(0) is exactly 1."""
+    import numba
+    import numpy as np
+
+    lib = kernels._need()
+
+    @numba.njit
+    def run(x):
+        out = np.empty_like(x)
+        for i in range(x.shape[0]):
+            out[i] = lib._exp_neg(x[i])
+        return out
+
+    x = np.concatenate([np.linspace(-87.0, 0.0, 200_001), -np.logspace(-8, 1.9, 1_000)]).astype(np.float32)
+    rel = np.abs(run(x).astype(np.float64) / np.exp(x.astype(np.float64)) - 1)
+    assert rel.max() < 2e-7
+    assert run(np.zeros(1, dtype=np.float32))[0] == 1.0

@@ -7,10 +7,14 @@ keys, at about 0.3 us of ``bmm`` overhead each. These kernels do that work in co
 (numba, float32, on as many threads as torch's intra-op pool):
 
 * :func:`rope_cache_attend`: a layer's attention block from its fused ``q|k|v`` projection:
-  rotary embedding of q and k, k and v written into the response cache, then per (row, head)
-  the scores over the row's prompt keys and response keys, softmax and the weighted sum of
-  values, reading every key and value once. The prompt keys stay one copy per *distinct* prompt
-  (``prompt_of`` maps a row to it): the ``n`` samples of a prompt read the same cache lines.
+  rotary embedding of q and k, k and v written into the cache, then the scores over the row's
+  prompt and response columns, softmax (its exponential in arithmetic, so it vectorises) and
+  the weighted sum of values. The cache is laid out ``(kv, columns, d, rows)``, rows innermost:
+  every loop runs over contiguous rows and the cache is read front to back in one stream per
+  head (decode attention is limited by reading the cache; the earlier per-(row, head) layout,
+  with prompt keys shared per distinct prompt, read it in short strided pieces and took about
+  1.4x as long inside the decode loop, ``benchmarks/attention_in_loop.py``). Each row holds its
+  own copy of its prompt's keys, as the tensor-op path does.
 * :func:`decode_attention`: the attention alone (models with per-head q/k norms, Qwen3).
 * :func:`rms_norm`: RMSNorm in one pass instead of five ops.
 * :func:`sample_tokens`: a decode step's inverse-CDF draw at a temperature (no top-p) and the
@@ -67,25 +71,19 @@ def match_threads() -> None:
 
 
 def decode_attention(
-    q: torch.Tensor,  # (b, heads, 1, d)
-    kp: torch.Tensor,  # (u, kv, P, d): the distinct prompts' keys
-    vp: torch.Tensor,
-    prompt_of: torch.Tensor,  # (b,) int64: each row's prompt
-    pstart: torch.Tensor,  # (u,) int64: each prompt's first real (not left-padding) column
-    kr: torch.Tensor,  # (b, kv, T, d): response keys, columns [0, t) valid
-    vr: torch.Tensor,
+    q: torch.Tensor,  # (b, heads, 1, d): rotated queries
+    k: torch.Tensor,  # (kv, C, d, b): the layer's keys, rows innermost
+    v: torch.Tensor,
+    first: torch.Tensor,  # (b,) int64: each row's first real column (left padding before it)
     t: int,
     scale: float,
 ) -> torch.Tensor:
-    """Softmax attention of one query token per row over its prompt's real columns and its
-    first ``t`` response columns; float32 tensors; returns (b, heads * d)."""
+    """Softmax attention of one query token per row over its columns [first[i], t) of a
+    rows-innermost cache (see :func:`rope_cache_attend`); float32; returns (b, heads * d)."""
     lib = _need()
     b, h, _, d = q.shape
     out = np.empty((b, h * d), dtype=np.float32)
-    lib._attend(
-        q.reshape(b, h * d).contiguous().numpy(), kp.numpy(), vp.numpy(), prompt_of.numpy(), pstart.numpy(),
-        kr.numpy(), vr.numpy(), t, np.float32(scale), out,
-    )
+    lib._attend(q.reshape(b, h * d).contiguous().numpy(), k.numpy(), v.numpy(), first.numpy(), t, np.float32(scale), out)
     return torch.from_numpy(out)
 
 
@@ -95,23 +93,24 @@ def rope_cache_attend(
     sin_t: torch.Tensor,
     pos: torch.Tensor,  # (b,) int64: each row's position
     heads: int,
-    kp: torch.Tensor,
-    vp: torch.Tensor,
-    prompt_of: torch.Tensor,
-    pstart: torch.Tensor,
-    kr: torch.Tensor,  # (b, kv, T, d): written at column t - 1
-    vr: torch.Tensor,
+    k: torch.Tensor,  # (kv, C, d, b): written at column t - 1
+    v: torch.Tensor,
+    first: torch.Tensor,
     t: int,
     scale: float,
 ) -> torch.Tensor:
     """A decode step's attention block in one pass: rotary embedding of q and k at ``pos``,
-    k and v stored in response column ``t - 1``, then :func:`decode_attention`. Returns (b, heads * d)."""
+    k and v stored in column ``t - 1``, then :func:`decode_attention` over columns
+    ``[first[i], t)``. The cache holds each row's prompt columns then its response columns, with
+    rows as the innermost axis: every loop of the kernel runs over contiguous rows (it
+    vectorises) and reads the cache front to back. Columns before ``first[i]`` (left padding) get
+    weight exactly 0 and must hold finite numbers. Returns (b, heads * d)."""
     lib = _need()
     b = qkv.shape[0]
-    out = np.empty((b, heads * kr.shape[3]), dtype=np.float32)
+    out = np.empty((b, heads * k.shape[2]), dtype=np.float32)
     lib._rope_cache_attend(
-        qkv.numpy(), cos_t.numpy(), sin_t.numpy(), pos.numpy(), heads, kr.shape[1], kp.numpy(), vp.numpy(),
-        prompt_of.numpy(), pstart.numpy(), kr.numpy(), vr.numpy(), t, np.float32(scale), out,
+        qkv.numpy(), cos_t.numpy(), sin_t.numpy(), pos.numpy(), heads, k.numpy(), v.numpy(), first.numpy(), t,
+        np.float32(scale), out,
     )
     return torch.from_numpy(out)
 

@@ -11,7 +11,9 @@ and keeps keys and values in tensors allocated once per call:
 
 * **pre-allocated KV cache**: the prompt keys/values ``(layers, 2, prompts, kv_heads, P,
   head_dim)`` and the response keys/values ``(layers, 2, rows, kv_heads, max_new_tokens,
-  head_dim)`` are allocated once per call; decode step j writes column j of the response part;
+  head_dim)`` are allocated once per call; decode step j writes column j of the response part
+  (with the compiled kernels: one ``(layers, 2, kv_heads, P + max_new_tokens, head_dim, rows)``
+  cache, rows innermost, each row's prompt columns copied in after the prefill);
 * **shared-prefix prefill**: identical prompts (the ``n`` samples of a prompt, MC continuations
   of one prefix) are run through the prompt forward once and their keys/values copied;
 * **early exit**: finished rows are compacted out of the cache once they are a quarter of it,
@@ -336,15 +338,18 @@ class StaticEngine(InProcessEngine):
         plogits = dec.forward(ids, cos_t[pos], sin_t[pos], prompt_attend)
         fused = self._use_kernels(dtype)
         whole = fused and dec.fusable  # the whole decode step through the kernels
-        if fused:  # the kernel reads each distinct prompt's keys where they are
+        if fused:
             compiled.match_threads()
-            pstart = (width - attn.sum(-1)).to(torch.int64)  # first real column (left padding)
-            row_prompt = prompt_of
+            # one cache per layer for the kernels: (layers, 2, kv, prompt + response columns, d,
+            # rows), rows innermost; each row's prompt columns copied from its prompt's prefill
+            cache = torch.empty(len(dec.layers), 2, dec.n_kv, width + steps, dec.head_dim, n_req, dtype=dtype)
+            cache[:, :, :, :width] = prefix[:, :, prompt_of].permute(0, 1, 3, 4, 5, 2)
+            first = (width - attn.sum(-1)).to(torch.int64)[prompt_of]  # each row's first real column
         else:
             pbias = torch.zeros(len(uniq), 1, 1, width).masked_fill_(~attn.bool()[:, None, None], float("-inf"))
             prefix, pbias = prefix[:, :, prompt_of], pbias[prompt_of]  # one row per request from here on
-        # response keys/values: (layers, 2, rows, kv, steps, head_dim), column j = response token j
-        resp = torch.empty(len(dec.layers), 2, n_req, dec.n_kv, steps, dec.head_dim, dtype=dtype)
+            # response keys/values: (layers, 2, rows, kv, steps, head_dim), column j = response token j
+            resp = torch.empty(len(dec.layers), 2, n_req, dec.n_kv, steps, dec.head_dim, dtype=dtype)
         next_pos = pos[prompt_of, -1] + 1
         logits = plogits[prompt_of].float()  # float32 also under bf16/fp16 autocast (policy.precision)
 
@@ -365,19 +370,20 @@ class StaticEngine(InProcessEngine):
             n_live = int(live.sum())
             if n_live < len(active) and n_live <= self.compact_at * len(active):
                 keep = live.nonzero().squeeze(-1)
-                resp, active, next_pos = resp[:, :, keep], active[keep], next_pos[keep]
+                active, next_pos = active[keep], next_pos[keep]
                 if fused:
-                    row_prompt = row_prompt[keep]
+                    cache, first = cache.index_select(-1, keep), first[keep]
                 else:
-                    prefix, pbias = prefix[:, :, keep], pbias[keep]
+                    resp, prefix, pbias = resp[:, :, keep], prefix[:, :, keep], pbias[keep]
+
+            col = width + step  # the kernels' cache column of this step's token
 
             def step_attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-                resp[i, 0, :, :, step : step + 1], resp[i, 1, :, :, step : step + 1] = k, v
-                if fused:
-                    out = compiled.decode_attention(
-                        q, prefix[i, 0], prefix[i, 1], row_prompt, pstart, resp[i, 0], resp[i, 1], step + 1, dec.scale
-                    )
+                if fused:  # q/k-normed models (Qwen3): rotary in tensor ops, the attention compiled
+                    cache[i, 0, :, col], cache[i, 1, :, col] = k[:, :, 0].permute(1, 2, 0), v[:, :, 0].permute(1, 2, 0)
+                    out = compiled.decode_attention(q, cache[i, 0], cache[i, 1], first, col + 1, dec.scale)
                     return out.view(q.shape[0], dec.n_heads, 1, dec.head_dim)
+                resp[i, 0, :, :, step : step + 1], resp[i, 1, :, :, step : step + 1] = k, v
                 return dec.decode_attend(
                     q, prefix[i, 0], prefix[i, 1], resp[i, 0, :, :, : step + 1], resp[i, 1, :, :, : step + 1],
                     pbias,
@@ -385,8 +391,7 @@ class StaticEngine(InProcessEngine):
 
             def fused_attend(i: int, qkv: torch.Tensor) -> torch.Tensor:
                 return compiled.rope_cache_attend(
-                    qkv, cos_t, sin_t, next_pos, dec.n_heads, prefix[i, 0], prefix[i, 1], row_prompt, pstart,
-                    resp[i, 0], resp[i, 1], step + 1, dec.scale,
+                    qkv, cos_t, sin_t, next_pos, dec.n_heads, cache[i, 0], cache[i, 1], first, col + 1, dec.scale
                 )
 
             if whole:
