@@ -42,7 +42,7 @@ def _exp_neg(x):
     call per element): x = k ln2 + r, |r| <= ln2 / 2, exp(r) by polynomial, 2^k by building the
     float's exponent bits. Relative error <= 1e-7 down to x = -87 (below: exp(-87))."""
     x = max(x, np.float32(-87.0))
-    k = math.floor(x * _LOG2E + np.float32(0.5))
+    k = np.floor(x * _LOG2E + np.float32(0.5))
     r = (x - k * _LN2_HI) - k * _LN2_LO
     p = _C6
     p = p * r + _C5
@@ -54,7 +54,7 @@ def _exp_neg(x):
     return p * _bits_as_f32((np.int32(k) + np.int32(127)) << np.int32(23))
 
 
-@numba.njit(fastmath=FAST, cache=True)
+@numba.njit(fastmath=FAST, error_model="numpy", cache=True)
 def _head(q, k, v, g, first, j0, t, s, m, total, acc, out, head):
     """Head ``head`` of every row against kv head ``g``'s columns [j0, t) (row i's from first[i]):
     q (heads, d, b) scaled queries; k, v (kv, C, d, b); writes out[:, head * d : (head + 1) * d].
@@ -100,7 +100,7 @@ def _scratch(h, d, b, t):
             np.empty((h, b), dtype=np.float32))
 
 
-@numba.njit(fastmath=FAST, cache=True)
+@numba.njit(fastmath=FAST, error_model="numpy", cache=True)
 def _rope_rows(x, base, cos_t, sin_t, pos, scale, dst, a, col):
     """dst[a, col, c, i] = (rotary embedding of x[i, base : base + d] at pos[i])[c] * scale:
     HF's x * cos + rotate_half(x) * sin, written rows-innermost."""
@@ -116,7 +116,7 @@ def _rope_rows(x, base, cos_t, sin_t, pos, scale, dst, a, col):
             dst[a, col, c, i] = (x[i, base + c] * cos_t[p, c] + x[i, base + c - half] * sin_t[p, c]) * scale
 
 
-@numba.njit(parallel=True, fastmath=FAST, cache=True)
+@numba.njit(parallel=True, fastmath=FAST, error_model="numpy", cache=True)
 def _attend(q, k, v, first, t, scale, out):
     # q (b, h * d) rotated queries; k/v (kv, C, d, b) with columns [0, t) valid; out (b, h * d)
     b = q.shape[0]
@@ -131,30 +131,33 @@ def _attend(q, k, v, first, t, scale, out):
         _head(qt, k, v, head // (h // kv), first, j0, t, s, m, total, acc, out, head)
 
 
-@numba.njit(parallel=True, fastmath=FAST, cache=True)
+@numba.njit(parallel=True, fastmath=FAST, error_model="numpy", cache=True)
 def _rope_cache_attend(qkv, cos_t, sin_t, pos, h, k, v, first, t, scale, out):
     # qkv (b, (h + 2 kv) d) fresh from the fused projection; rotates k at each row's position
     # and writes k and v into column t - 1 of k/v (kv, C, d, b), rotates q, then attends
     b = qkv.shape[0]
     kv, d = k.shape[0], k.shape[2]
-    for g in numba.prange(kv):
+    group = h // kv
+    s, qt, acc, m, total = _scratch(h, d, b, t)
+    q4 = qt.reshape((h, 1, d, b))
+    j0 = first.min()
+    for g in numba.prange(kv):  # one parallel region: a kv head's column, then the heads reading it
         _rope_rows(qkv, (h + g) * d, cos_t, sin_t, pos, np.float32(1.0), k, g, t - 1)
         for c in range(d):
             for i in range(b):
                 v[g, t - 1, c, i] = qkv[i, (h + kv + g) * d + c]
-    s, qt, acc, m, total = _scratch(h, d, b, t)
-    q4 = qt.reshape((h, 1, d, b))
-    j0 = first.min()
-    for head in numba.prange(h):
-        _rope_rows(qkv, head * d, cos_t, sin_t, pos, scale, q4, head, 0)
-        _head(qt, k, v, head // (h // kv), first, j0, t, s, m, total, acc, out, head)
+        for head in range(g * group, (g + 1) * group):
+            _rope_rows(qkv, head * d, cos_t, sin_t, pos, scale, q4, head, 0)
+            _head(qt, k, v, g, first, j0, t, s, m, total, acc, out, head)
 
 
-@numba.njit(parallel=True, cache=True)
+@numba.njit(fastmath=FAST, error_model="numpy", cache=True)
 def _rms(x, w, eps, out):
-    """out = w * (x * rsqrt(mean(x^2) + eps)) per row (the HF LlamaRMSNorm op order)."""
+    """out = w * (x * rsqrt(mean(x^2) + eps)) per row (the HF LlamaRMSNorm op order). One
+    thread: a decode step's (rows, hidden) is a few microseconds of work, less than waking a
+    second thread costs."""
     n = x.shape[1]
-    for i in numba.prange(x.shape[0]):
+    for i in range(x.shape[0]):
         ss = np.float32(0.0)
         for c in range(n):
             ss += x[i, c] * x[i, c]
@@ -163,7 +166,20 @@ def _rms(x, w, eps, out):
             out[i, c] = w[c] * (x[i, c] * r)
 
 
-@numba.njit(parallel=True, cache=True)
+@numba.njit(fastmath=FAST, error_model="numpy", cache=True)
+def _silu_mul(gu, out):
+    """out = silu(gate) * up for gu = [gate | up] per row (one thread, as :func:`_rms`);
+    silu(x) = x * sigmoid(x), the sigmoid from exp(-|x|) so the loop vectorises."""
+    inter = out.shape[1]
+    for i in range(gu.shape[0]):
+        for c in range(inter):
+            x = gu[i, c]
+            e = _exp_neg(min(x, -x))
+            r = np.float32(1.0) / (np.float32(1.0) + e)
+            out[i, c] = x * (r if x >= 0 else e * r) * gu[i, inter + c]
+
+
+@numba.njit(parallel=True, fastmath=FAST, error_model="numpy", cache=True)
 def _sample(logits, temperature, u, done, pad, scratch, tok, logp):
     """Per row: inverse-CDF draw from softmax(logits / temperature) (float32 probabilities, a
     float64 running sum, the first token whose cumulative mass exceeds u * total, never a token
@@ -175,7 +191,8 @@ def _sample(logits, temperature, u, done, pad, scratch, tok, logp):
             m = max(m, logits[i, j] / temperature)
         s = np.float32(0.0)
         for j in range(vocab):
-            e = np.float32(math.exp(logits[i, j] / temperature - m))
+            x = logits[i, j] / temperature - m
+            e = _exp_neg(x) if x > -np.inf else np.float32(0.0)  # a -inf logit has mass exactly 0
             scratch[i, j] = e
             s += e
         total = 0.0
@@ -203,5 +220,6 @@ def _sample(logits, temperature, u, done, pad, scratch, tok, logp):
             m1 = max(m1, logits[i, j])
         s1 = np.float32(0.0)
         for j in range(vocab):
-            s1 += np.float32(math.exp(logits[i, j] - m1))
+            x = logits[i, j] - m1
+            s1 += _exp_neg(x) if x > -np.inf else np.float32(0.0)
         logp[i] = (logits[i, k] - m1) - np.float32(math.log(s1))

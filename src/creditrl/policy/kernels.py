@@ -123,6 +123,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.from_numpy(out)
 
 
+def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up of a contiguous (b, 2 * inter) float32 ``[gate | up]`` projection: (b, inter)."""
+    lib = _need()
+    out = np.empty((gu.shape[0], gu.shape[1] // 2), dtype=np.float32)
+    lib._silu_mul(gu.numpy(), out)
+    return torch.from_numpy(out)
+
+
 def sample_tokens(
     logits: torch.Tensor, temperature: float, u: torch.Tensor, done: torch.Tensor, pad_id: int
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -210,8 +210,8 @@ class _Decoder:
         tok: torch.Tensor,  # (b,) one new token per row
         attend: Callable[[int, torch.Tensor], torch.Tensor],
     ) -> torch.Tensor:
-        """Logits (b, V) of one decode step through the compiled kernels (float32): RMSNorm in
-        one pass, residual adds folded into the products (``addmm``), and
+        """Logits (b, V) of one decode step through the compiled kernels (float32): RMSNorm and
+        the gated SiLU in one pass each, residual adds folded into the products (``addmm``), and
         ``attend(layer, qkv)`` the rotary embedding, cache write and attention of a layer
         (:func:`~creditrl.policy.kernels.rope_cache_attend`), returning (b, heads * d)."""
         h = F.embedding(tok, self.embed)
@@ -220,8 +220,7 @@ class _Decoder:
             a = attend(i, qkv)
             h = torch.addmm(h, a, ly.o.t()) if ly.o_bias is None else h + F.linear(a, ly.o, ly.o_bias)
             gu = F.linear(compiled.rms_norm(h, ly.ln2, ly.eps2), ly.gate_up, ly.gate_up_bias)
-            inter = gu.shape[-1] // 2
-            m = F.silu(gu[:, :inter]).mul_(gu[:, inter:])
+            m = compiled.silu_mul(gu)
             h = torch.addmm(h, m, ly.down.t()) if ly.down_bias is None else h + F.linear(m, ly.down, ly.down_bias)
         return F.linear(compiled.rms_norm(h, self.norm, self.norm_eps), self.lm_head, self.lm_head_bias)
 
