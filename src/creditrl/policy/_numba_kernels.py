@@ -151,6 +151,13 @@ def _rope_cache_attend(qkv, cos_t, sin_t, pos, h, k, v, first, t, scale, out):
             _head(qt, k, v, g, first, j0, t, s, m, total, acc, out, head)
 
 
+@numba.njit(parallel=True, cache=True)
+def _start_pool(x):
+    """A parallel loop that does nothing useful: its first call starts numba's thread pool."""
+    for i in numba.prange(x.shape[0]):
+        x[i] += 1.0
+
+
 @numba.njit(fastmath=FAST, error_model="numpy", cache=True)
 def _rms(x, w, eps, out):
     """out = w * (x * rsqrt(mean(x^2) + eps)) per row (the HF LlamaRMSNorm op order). One

@@ -45,8 +45,7 @@ def _lib() -> ModuleType | None:
     # numba's first parallel call starts its OpenMP pool, which resets the process's OpenMP
     # thread count (torch's intra-op threads) to the machine's; start it now and restore it
     threads = torch.get_num_threads()
-    one = np.ones((1, 1), dtype=np.float32)
-    lib._rms(one, one[0], np.float32(1e-6), np.empty_like(one))
+    lib._start_pool(np.zeros(2, dtype=np.float32))
     torch.set_num_threads(threads)
     return lib
 
