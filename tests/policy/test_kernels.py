@@ -195,3 +195,12 @@ def test_polynomial_exp_matches_exp_to_float_rounding():
     rel = np.abs(run(x).astype(np.float64) / np.exp(x.astype(np.float64)) - 1)
     assert rel.max() < 2e-7
     assert run(np.zeros(1, dtype=np.float32))[0] == 1.0
+
+
+def test_keep_rows_copies_the_kept_rows_of_the_written_columns():
+    g = torch.Generator().manual_seed(0)
+    cache = torch.randn(2, 2, 3, 9, 4, 11, generator=g)
+    keep = torch.tensor([0, 3, 4, 10])
+    got = kernels.keep_rows(cache, keep, 6)
+    assert got.shape == (2, 2, 3, 9, 4, 4)
+    assert torch.equal(got[:, :, :, :6], cache[:, :, :, :6][..., keep])

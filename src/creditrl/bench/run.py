@@ -135,6 +135,14 @@ def bench_decode(policy: str, opts: BenchOptions, log: Callable[[str], None]) ->
                    "creditrl_hf_engine": HFEngine(model, eos_id=eos, pad_id=tok.pad_token_id)}
         rates: dict[str, list[float]] = {"hf_generate": [], **{k: [] for k in engines}}
         tokens: dict[str, int] = {}
+        # one untimed call of each first: first-call costs (numba loading its cached machine
+        # code, allocator and thread-pool start-up) are not decode throughput
+        hf_generate_throughput(
+            model, prompts, opts.group, opts.max_new_tokens, temperature=opts.temperature,
+            pad_id=tok.pad_token_id, eos_id=None if eos < 0 else eos, seed=opts.seed,
+        )
+        for engine in engines.values():
+            engine.generate(prompts, opts.group, params, generator=torch.Generator().manual_seed(opts.seed))
         for r in range(opts.repeats):
             res = hf_generate_throughput(
                 model, prompts, opts.group, opts.max_new_tokens, temperature=opts.temperature,

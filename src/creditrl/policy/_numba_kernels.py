@@ -152,6 +152,17 @@ def _rope_cache_attend(qkv, cos_t, sin_t, pos, h, k, v, first, t, scale, out):
 
 
 @numba.njit(parallel=True, cache=True)
+def _keep_rows(src, keep, used, dst):
+    """dst[a, j, c, r] = src[a, j, c, keep[r]] for columns j < used: the rows-innermost cache
+    without its finished rows (columns from ``used`` on are not yet written and not copied)."""
+    for a in numba.prange(src.shape[0]):
+        for j in range(used):
+            for c in range(src.shape[2]):
+                for r in range(keep.shape[0]):
+                    dst[a, j, c, r] = src[a, j, c, keep[r]]
+
+
+@numba.njit(parallel=True, cache=True)
 def _start_pool(x):
     """A parallel loop that does nothing useful: its first call starts numba's thread pool."""
     for i in numba.prange(x.shape[0]):

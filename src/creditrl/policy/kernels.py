@@ -114,6 +114,16 @@ def rope_cache_attend(
     return torch.from_numpy(out)
 
 
+def keep_rows(cache: torch.Tensor, keep: torch.Tensor, used: int) -> torch.Tensor:
+    """A rows-innermost cache (..., columns, d, rows) restricted to the rows ``keep`` (int64,
+    increasing), columns [0, used) copied; the rest of the new cache is left unwritten."""
+    lib = _need()
+    *lead, cols, d, b = cache.shape
+    out = torch.empty(*lead, cols, d, len(keep), dtype=cache.dtype)
+    lib._keep_rows(cache.reshape(-1, cols, d, b).numpy(), keep.numpy(), used, out.view(-1, cols, d, len(keep)).numpy())
+    return out
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm of each row of a contiguous (b, n) float32 tensor."""
     lib = _need()

@@ -371,7 +371,7 @@ class StaticEngine(InProcessEngine):
                 keep = live.nonzero().squeeze(-1)
                 active, next_pos = active[keep], next_pos[keep]
                 if fused:
-                    cache, first = cache.index_select(-1, keep), first[keep]
+                    cache, first = compiled.keep_rows(cache, keep, width + step), first[keep]
                 else:
                     resp, prefix, pbias = resp[:, :, keep], prefix[:, :, keep], pbias[keep]
 
