@@ -204,3 +204,14 @@ def test_keep_rows_copies_the_kept_rows_of_the_written_columns():
     got = kernels.keep_rows(cache, keep, 6)
     assert got.shape == (2, 2, 3, 9, 4, 4)
     assert torch.equal(got[:, :, :, :6], cache[:, :, :, :6][..., keep])
+
+
+def test_silu_mul_matches_torch():
+    g = torch.Generator().manual_seed(0)
+    gu = 4 * torch.randn(9, 2 * 37, generator=g)
+    gu[0, :6] = torch.tensor([0.0, -0.0, 80.0, -80.0, 1e-30, -100.0])
+    want = torch.nn.functional.silu(gu[:, :37]) * gu[:, 37:]
+    got = kernels.silu_mul(gu)
+    assert got.shape == (9, 37)
+    # relative 1e-6, and absolute 1e-30 where silu underflows (x <= -87: exp is held at exp(-87))
+    assert bool(((got - want).abs() <= 1e-6 * want.abs() + 1e-30).all())
