@@ -17,13 +17,10 @@ import time
 import numpy as np
 import torch
 
-from creditrl.bench.run import BenchOptions, resolve_policy
+from creditrl.bench.run import bench_policy_and_prompts
 from creditrl.policy import kernels
 from creditrl.policy.engine import SamplingParams
-from creditrl.policy.model import load_policy
 from creditrl.policy.static_engine import StaticEngine
-from creditrl.tasks import make_task
-from creditrl.train.evaluate import encode_prompt
 
 COLUMNS = 24  # the response length at which one call's arguments are kept for the isolated runs
 
@@ -34,9 +31,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=4)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    model, tok = load_policy(resolve_policy(BenchOptions()))
-    model.eval()
-    prompts = [encode_prompt(tok, p.prompt) for p in make_task("arithmetic", min_ops=4, max_ops=6).sample(16, split="train", seed=0)]
+    model, tok, prompts = bench_policy_and_prompts()  # the SFT policy creditrl bench uses
     params = SamplingParams(max_new_tokens=48, temperature=1.0)
     engine = StaticEngine(model, eos_id=-1, pad_id=tok.pad_token_id, kernels="numba")
     lib = kernels._need()

@@ -17,13 +17,10 @@ import time
 import torch
 import torch.nn.functional as F
 
-from creditrl.bench.run import BenchOptions, resolve_policy
+from creditrl.bench.run import bench_policy_and_prompts
 from creditrl.policy import kernels
 from creditrl.policy import static_engine as se
 from creditrl.policy.engine import SamplingParams
-from creditrl.policy.model import load_policy
-from creditrl.tasks import make_task
-from creditrl.train.evaluate import encode_prompt
 
 STEPS = 48
 
@@ -35,9 +32,7 @@ def main() -> None:
     ap.add_argument("--rows-per-prompt", type=int, default=8)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    model, tok = load_policy(resolve_policy(BenchOptions()))
-    model.eval()
-    prompts = [encode_prompt(tok, p.prompt) for p in make_task("arithmetic", min_ops=4, max_ops=6).sample(16, split="train", seed=0)]
+    model, tok, prompts = bench_policy_and_prompts()  # the SFT policy creditrl bench uses
     params = SamplingParams(max_new_tokens=STEPS, temperature=1.0)
     engine = se.StaticEngine(model, eos_id=-1, pad_id=tok.pad_token_id, kernels="numba")
     hidden, inter = model.config.hidden_size, model.config.intermediate_size

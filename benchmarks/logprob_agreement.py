@@ -12,12 +12,9 @@ import argparse
 
 import torch
 
-from creditrl.bench.run import BenchOptions, resolve_policy
+from creditrl.bench.run import bench_policy_and_prompts
 from creditrl.policy.engine import SamplingParams
-from creditrl.policy.model import load_policy
 from creditrl.policy.static_engine import StaticEngine
-from creditrl.tasks import make_task
-from creditrl.train.evaluate import encode_prompt
 
 
 def main() -> None:
@@ -26,10 +23,7 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=48)
     args = ap.parse_args()
-    model, tok = load_policy(resolve_policy(BenchOptions()))  # the demo's SFT policy, as creditrl bench uses
-    model.eval()
-    task = make_task("arithmetic", min_ops=4, max_ops=6)
-    prompts = [encode_prompt(tok, p.prompt) for p in task.sample(args.prompts, split="train", seed=0)]
+    model, tok, prompts = bench_policy_and_prompts(args.prompts)  # the SFT policy creditrl bench uses
     params = SamplingParams(max_new_tokens=args.tokens, temperature=1.0)
     for kernels in ("torch", "numba"):
         engine = StaticEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, kernels=kernels)

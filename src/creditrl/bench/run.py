@@ -118,6 +118,15 @@ def resolve_policy(opts: BenchOptions) -> str:
     return opts.policy
 
 
+def bench_policy_and_prompts(n_prompts: int = 16) -> tuple[Any, Any, list[list[int]]]:
+    """The bench's SFT policy (in eval mode), its tokenizer and ``n_prompts`` encoded 4-6-operation
+    arithmetic prompts (train split, seed 0): the set-up the scripts in ``benchmarks/`` share."""
+    model, tok = load_policy(resolve_policy(BenchOptions()))
+    model.eval()
+    task = make_task("arithmetic", min_ops=4, max_ops=6)
+    return model, tok, [encode_prompt(tok, p.prompt) for p in task.sample(n_prompts, split="train", seed=0)]
+
+
 def bench_decode(policy: str, opts: BenchOptions, log: Callable[[str], None]) -> dict[str, Any]:
     from creditrl.bench.hf_peer import hf_generate_throughput
 
