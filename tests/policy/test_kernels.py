@@ -108,6 +108,53 @@ def test_rope_cache_attend_matches_reference_and_writes_the_cache(seed):
     assert float((got.double() - want).abs().max()) < 1e-5
 
 
+# the shared-prompt layout's kernels (StaticEngine.rows_layout picks between the two)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("kv", [1, 2, 4])
+def test_shared_decode_attention_matches_reference(seed, kv):
+    g, kp, vp, pstart, prompt_of, kr, vr = random_case(seed, kv=kv)
+    q = torch.randn(7, 4, 1, 8, generator=g)
+    for t in (1, 3, 6):
+        got = kernels.decode_attention_shared(q, kp, vp, prompt_of, pstart, kr, vr, t, 8**-0.5)
+        want = reference_attention(q, kp, vp, prompt_of, pstart, kr, vr, t, 8**-0.5)
+        assert got.shape == (7, 32)
+        assert float((got.double() - want).abs().max()) < 1e-5
+
+
+def test_shared_decode_attention_ignores_padding_and_later_columns():
+    g, kp, vp, pstart, prompt_of, kr, vr = random_case(0)
+    q = torch.randn(7, 4, 1, 8, generator=g)
+    base = kernels.decode_attention_shared(q, kp, vp, prompt_of, pstart, kr, vr, 3, 0.3)
+    kp2, vp2, kr2, vr2 = kp.clone(), vp.clone(), kr.clone(), vr.clone()
+    kp2[1, :, :2] = 1e6  # prompt 1's left padding
+    vp2[2, :, : kp.shape[2] - 1] = float("nan")  # prompt 2's left padding
+    kr2[:, :, 3:], vr2[:, :, 3:] = float("nan"), float("nan")  # response columns not yet written
+    assert torch.equal(kernels.decode_attention_shared(q, kp2, vp2, prompt_of, pstart, kr2, vr2, 3, 0.3), base)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_shared_rope_cache_attend_matches_reference_and_writes_the_cache(seed):
+    g, kp, vp, pstart, prompt_of, kr, vr = random_case(seed)
+    b, heads, kv, d, t = 7, 4, 2, 8, 4
+    qkv = torch.randn(b, (heads + 2 * kv) * d, generator=g)
+    cos_t, sin_t = torch.randn(20, d, generator=g), torch.randn(20, d, generator=g)
+    pos = torch.randint(0, 20, (b,), generator=g)
+    kr_ref, vr_ref = kr.clone(), vr.clone()
+    got = kernels.rope_cache_attend_shared(qkv, cos_t, sin_t, pos, heads, kp, vp, prompt_of, pstart, kr, vr, t, 0.4)
+    q = qkv[:, : heads * d].view(b, heads, d)
+    k = qkv[:, heads * d : (heads + kv) * d].view(b, kv, d)
+    v = qkv[:, (heads + kv) * d :].view(b, kv, d)
+    cos, sin = cos_t[pos][:, None], sin_t[pos][:, None]
+    kr_ref[:, :, t - 1], vr_ref[:, :, t - 1] = rope_reference(k, cos, sin), v
+    assert torch.equal(vr, vr_ref)
+    assert float((kr - kr_ref).abs().max()) < 1e-6  # untouched columns equal, the new one to rounding
+    assert torch.equal(kr[:, :, : t - 1], kr_ref[:, :, : t - 1]) and torch.equal(kr[:, :, t:], kr_ref[:, :, t:])
+    want = reference_attention(rope_reference(q, cos, sin)[:, :, None], kp, vp, prompt_of, pstart, kr_ref, vr_ref, t, 0.4)
+    assert float((got.double() - want).abs().max()) < 1e-5
+
+
 def test_rms_norm_matches_torch():
     g = torch.Generator().manual_seed(0)
     x, w = 3 * torch.randn(9, 40, generator=g), torch.randn(40, generator=g)
@@ -215,3 +262,15 @@ def test_silu_mul_matches_torch():
     assert got.shape == (9, 37)
     # relative 1e-6, and absolute 1e-30 where silu underflows (x <= -87: exp is held at exp(-87))
     assert bool(((got - want).abs() <= 1e-6 * want.abs() + 1e-30).all())
+
+
+def test_cache_layout_rows_unless_copying_prompts_reads_twice_what_sharing_reads():
+    model, _ = build_tiny(0)
+    engine = StaticEngine(model, eos_id=-1, pad_id=0)
+    assert engine.rows_layout(128, 16, 15, 48)  # the bench: ratio 1.5
+    assert not engine.rows_layout(8192, 1024, 80, 64)  # MC continuations of long prefixes: 2.7
+    assert engine.rows_layout(8, 8, 500, 64)  # one sample per prompt: nothing to share
+    assert StaticEngine(model, eos_id=-1, pad_id=0, cache_layout="rows").rows_layout(8192, 1024, 80, 64)
+    assert not StaticEngine(model, eos_id=-1, pad_id=0, cache_layout="shared").rows_layout(128, 16, 15, 48)
+    with pytest.raises(ValueError, match=r"cache_layout: expected one of \('auto', 'rows', 'shared'\), got 'x'"):
+        StaticEngine(model, eos_id=-1, pad_id=0, cache_layout="x")

@@ -34,14 +34,17 @@ PROMPTS = [[1, 5, 6], [1], [1, 20, 30, 40, 50, 60, 70], [1, 14, 15, 16], [1, 9, 
 STOP = 57  # a token the conftest ``peaked_tiny(0, 123)`` policy emits often: eos for mixed lengths
 
 
-@pytest.fixture(autouse=True, params=["numba", "torch"])
+@pytest.fixture(autouse=True, params=["numba-rows", "numba-shared", "torch"])
 def kernels(request, monkeypatch):
-    """Every test runs with both decode paths: the compiled kernels (the default where numba
-    imports) and plain tensor ops (``kernels="torch"``)."""
+    """Every test runs with every decode path: the compiled kernels (the default where numba
+    imports) with each KV cache layout (rows innermost, prompts shared per distinct prompt), and
+    plain tensor ops (``kernels="torch"``)."""
+    kernels, _, layout = request.param.partition("-")
     defaults = dict(StaticEngine.__init__.__kwdefaults__)
-    defaults["kernels"] = request.param
+    defaults["kernels"] = kernels
+    defaults["cache_layout"] = layout or "auto"
     monkeypatch.setattr(StaticEngine.__init__, "__kwdefaults__", defaults)
-    return request.param
+    return kernels
 
 
 # ----------------------------------------------------------------------------- models

@@ -151,6 +151,108 @@ def _rope_cache_attend(qkv, cos_t, sin_t, pos, h, k, v, first, t, scale, out):
             _head(qt, k, v, g, first, j0, t, s, m, total, acc, out, head)
 
 
+# The shared-prompt layout (the first version of the attention kernels): per (row, head), the
+# prompt keys kept once per distinct prompt, (u, kv, P, d), and the response keys per row,
+# (b, kv, T, d). The engine takes it when copying each prompt into every row would read
+# (and hold) far more than sharing it: long prefixes continued many times (MC labels and values).
+
+
+@numba.njit(fastmath={"reassoc", "contract"}, cache=True, inline="always")
+def _attend_head_shared(qbuf, i, kp, vp, u, s0, kr, vr, g, t, scale, scores, acc, out, obase):
+    """Head of row i (query qbuf[i]) against prompt u's keys from column s0 and the row's
+    first t response keys; writes out[i, obase : obase + d]. Whole arrays and indices only:
+    a view per row or key costs an atomic reference count that the threads contend for."""
+    d = qbuf.shape[1]
+    width = kp.shape[2]
+    m = np.float32(-np.inf)
+    for j in range(s0, width):
+        a = np.float32(0.0)
+        for c in range(d):
+            a += qbuf[i, c] * kp[u, g, j, c]
+        a *= scale
+        scores[i, j] = a
+        m = max(m, a)
+    for j in range(t):
+        a = np.float32(0.0)
+        for c in range(d):
+            a += qbuf[i, c] * kr[i, g, j, c]
+        a *= scale
+        scores[i, width + j] = a
+        m = max(m, a)
+    total = np.float32(0.0)
+    for j in range(s0, width + t):
+        e = np.float32(math.exp(scores[i, j] - m))
+        scores[i, j] = e
+        total += e
+    for c in range(d):
+        acc[i, c] = 0.0
+    for j in range(s0, width):
+        w = scores[i, j]
+        for c in range(d):
+            acc[i, c] += w * vp[u, g, j, c]
+    for j in range(t):
+        w = scores[i, width + j]
+        for c in range(d):
+            acc[i, c] += w * vr[i, g, j, c]
+    inv = np.float32(1.0) / total
+    for c in range(d):
+        out[i, obase + c] = acc[i, c] * inv
+
+
+@numba.njit(cache=True, inline="always")
+def _scratch_shared(b, width, d):
+    """Per-row scratch of the attention kernels: scores (b, width), value sums and the query (b, d)."""
+    return (np.empty((b, width), dtype=np.float32), np.empty((b, d), dtype=np.float32),
+            np.empty((b, d), dtype=np.float32))
+
+
+@numba.njit(parallel=True, fastmath={"reassoc", "contract"}, cache=True)
+def _attend_shared(q, kp, vp, prompt_of, pstart, kr, vr, t, scale, out):
+    # q (b, h * d) = (b, h, d) flattened; kp/vp (u, kv, P, d) one row per distinct prompt,
+    # real columns from pstart[u]; kr/vr (b, kv, T, d), response columns [0, t); out (b, h * d).
+    b = q.shape[0]
+    kv, d = kp.shape[1], kp.shape[3]
+    h = q.shape[1] // d
+    group = h // kv
+    scores, acc, qbuf = _scratch_shared(b, kp.shape[2] + t, d)
+    for i in numba.prange(b):
+        u = prompt_of[i]
+        for head in range(h):
+            for c in range(d):
+                qbuf[i, c] = q[i, head * d + c]
+            _attend_head_shared(qbuf, i, kp, vp, u, pstart[u], kr, vr, head // group, t, scale, scores, acc, out, head * d)
+
+
+@numba.njit(parallel=True, fastmath={"reassoc", "contract"}, cache=True)
+def _rope_cache_attend_shared(qkv, cos_t, sin_t, pos, h, kv, kp, vp, prompt_of, pstart, kr, vr, t, scale, out):
+    # qkv (b, (h + 2 kv) d) fresh from the fused projection; rotates q and k at each row's
+    # position (HF's x * cos + rotate_half(x) * sin), writes k and v into response column
+    # t - 1 of kr/vr, then attends.
+    b = qkv.shape[0]
+    d = kr.shape[3]
+    half = d // 2
+    group = h // kv
+    scores, acc, qbuf = _scratch_shared(b, kp.shape[2] + t, d)
+    for i in numba.prange(b):
+        p = pos[i]
+        for g in range(kv):
+            kb, vb = (h + g) * d, (h + kv + g) * d
+            for c in range(half):
+                kr[i, g, t - 1, c] = qkv[i, kb + c] * cos_t[p, c] + (-qkv[i, kb + c + half]) * sin_t[p, c]
+            for c in range(half, d):
+                kr[i, g, t - 1, c] = qkv[i, kb + c] * cos_t[p, c] + qkv[i, kb + c - half] * sin_t[p, c]
+            for c in range(d):
+                vr[i, g, t - 1, c] = qkv[i, vb + c]
+        u = prompt_of[i]
+        for head in range(h):
+            qb = head * d
+            for c in range(half):
+                qbuf[i, c] = qkv[i, qb + c] * cos_t[p, c] + (-qkv[i, qb + c + half]) * sin_t[p, c]
+            for c in range(half, d):
+                qbuf[i, c] = qkv[i, qb + c] * cos_t[p, c] + qkv[i, qb + c - half] * sin_t[p, c]
+            _attend_head_shared(qbuf, i, kp, vp, u, pstart[u], kr, vr, head // group, t, scale, scores, acc, out, qb)
+
+
 @numba.njit(parallel=True, cache=True)
 def _keep_rows(src, keep, used, dst):
     """dst[a, j, c, r] = src[a, j, c, keep[r]] for columns j < used: the rows-innermost cache

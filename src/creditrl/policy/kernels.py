@@ -114,6 +114,56 @@ def rope_cache_attend(
     return torch.from_numpy(out)
 
 
+def decode_attention_shared(
+    q: torch.Tensor,  # (b, heads, 1, d)
+    kp: torch.Tensor,  # (u, kv, P, d): the distinct prompts' keys
+    vp: torch.Tensor,
+    prompt_of: torch.Tensor,  # (b,) int64: each row's prompt
+    pstart: torch.Tensor,  # (u,) int64: each prompt's first real (not left-padding) column
+    kr: torch.Tensor,  # (b, kv, T, d): response keys, columns [0, t) valid
+    vr: torch.Tensor,
+    t: int,
+    scale: float,
+) -> torch.Tensor:
+    """Softmax attention of one query token per row over its prompt's real columns and its
+    first ``t`` response columns; float32 tensors; returns (b, heads * d)."""
+    lib = _need()
+    b, h, _, d = q.shape
+    out = np.empty((b, h * d), dtype=np.float32)
+    lib._attend_shared(
+        q.reshape(b, h * d).contiguous().numpy(), kp.numpy(), vp.numpy(), prompt_of.numpy(), pstart.numpy(),
+        kr.numpy(), vr.numpy(), t, np.float32(scale), out,
+    )
+    return torch.from_numpy(out)
+
+
+def rope_cache_attend_shared(
+    qkv: torch.Tensor,  # (b, (heads + 2 kv) d): the fused q|k|v projection of one token per row
+    cos_t: torch.Tensor,  # (positions, d) rotary tables
+    sin_t: torch.Tensor,
+    pos: torch.Tensor,  # (b,) int64: each row's position
+    heads: int,
+    kp: torch.Tensor,
+    vp: torch.Tensor,
+    prompt_of: torch.Tensor,
+    pstart: torch.Tensor,
+    kr: torch.Tensor,  # (b, kv, T, d): written at column t - 1
+    vr: torch.Tensor,
+    t: int,
+    scale: float,
+) -> torch.Tensor:
+    """A decode step's attention block in one pass: rotary embedding of q and k at ``pos``,
+    k and v stored in response column ``t - 1``, then :func:`decode_attention_shared`. Returns (b, heads * d)."""
+    lib = _need()
+    b = qkv.shape[0]
+    out = np.empty((b, heads * kr.shape[3]), dtype=np.float32)
+    lib._rope_cache_attend_shared(
+        qkv.numpy(), cos_t.numpy(), sin_t.numpy(), pos.numpy(), heads, kr.shape[1], kp.numpy(), vp.numpy(),
+        prompt_of.numpy(), pstart.numpy(), kr.numpy(), vr.numpy(), t, np.float32(scale), out,
+    )
+    return torch.from_numpy(out)
+
+
 def keep_rows(cache: torch.Tensor, keep: torch.Tensor, used: int) -> torch.Tensor:
     """A rows-innermost cache (..., columns, d, rows) restricted to the rows ``keep`` (int64,
     increasing), columns [0, used) copied; the rest of the new cache is left unwritten."""
