@@ -15,6 +15,10 @@ keys, at about 0.3 us of ``bmm`` overhead each. These kernels do that work in co
   with prompt keys shared per distinct prompt, read it in short strided pieces and took about
   1.4x as long inside the decode loop, ``benchmarks/attention_in_loop.py``). Each row holds its
   own copy of its prompt's keys, as the tensor-op path does.
+* :func:`rope_cache_attend_shared`, :func:`decode_attention_shared`: that earlier layout, kept for
+  calls where copying prompts would read far more than sharing them (long prefixes continued many
+  times); :meth:`StaticEngine.rows_layout <creditrl.policy.static_engine.StaticEngine.rows_layout>`
+  picks per call.
 * :func:`decode_attention`: the attention alone (models with per-head q/k norms, Qwen3).
 * :func:`rms_norm`: RMSNorm in one pass instead of five ops.
 * :func:`sample_tokens`: a decode step's inverse-CDF draw at a temperature (no top-p) and the

@@ -12,8 +12,9 @@ and keeps keys and values in tensors allocated once per call:
 * **pre-allocated KV cache**: the prompt keys/values ``(layers, 2, prompts, kv_heads, P,
   head_dim)`` and the response keys/values ``(layers, 2, rows, kv_heads, max_new_tokens,
   head_dim)`` are allocated once per call; decode step j writes column j of the response part
-  (with the compiled kernels: one ``(layers, 2, kv_heads, P + max_new_tokens, head_dim, rows)``
-  cache, rows innermost, each row's prompt columns copied in after the prefill);
+  (with the compiled kernels, unless the prompts are long and shared by many rows: one
+  ``(layers, 2, kv_heads, P + max_new_tokens, head_dim, rows)`` cache, rows innermost, each row's
+  prompt columns copied in after the prefill; see :meth:`StaticEngine.rows_layout`);
 * **shared-prefix prefill**: identical prompts (the ``n`` samples of a prompt, MC continuations
   of one prefix) are run through the prompt forward once and their keys/values copied;
 * **early exit**: finished rows are compacted out of the cache once they are a quarter of it,
