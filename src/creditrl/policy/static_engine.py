@@ -14,7 +14,8 @@ and keeps keys and values in tensors allocated once per call:
   head_dim)`` are allocated once per call; decode step j writes column j of the response part
   (with the compiled kernels, unless the prompts are long and shared by many rows: one
   ``(layers, 2, kv_heads, P + max_new_tokens, head_dim, rows)`` cache, rows innermost, each row's
-  prompt columns copied in after the prefill; see :meth:`StaticEngine.rows_layout`);
+  prompt columns copied in after the prefill; see :meth:`StaticEngine.rows_layout` and
+  :mod:`creditrl.policy.kv_cache`);
 * **shared-prefix prefill**: identical prompts (the ``n`` samples of a prompt, MC continuations
   of one prefix) are run through the prompt forward once and their keys/values copied;
 * **early exit**: finished rows are compacted out of the cache once they are a quarter of it,
@@ -44,6 +45,7 @@ from transformers.activations import ACT2FN
 
 from creditrl.policy import kernels as compiled
 from creditrl.policy.device import module_device
+from creditrl.policy.kv_cache import RowsCache, SharedCache, TensorCache
 from creditrl.policy.engine import (
     Generation,
     HFEngine,
@@ -360,24 +362,12 @@ class StaticEngine(InProcessEngine):
         plogits = dec.forward(ids, cos_t[pos], sin_t[pos], prompt_attend)
         fused = self._use_kernels(dtype)
         whole = fused and dec.fusable  # the whole decode step through the kernels
-        rows_layout = fused and self.rows_layout(n_req, len(uniq), width, steps)
-        if rows_layout:
-            compiled.match_threads()
-            # one cache per layer for the kernels: (layers, 2, kv, prompt + response columns, d,
-            # rows), rows innermost; each row's prompt columns copied from its prompt's prefill
-            cache = torch.empty(len(dec.layers), 2, dec.n_kv, width + steps, dec.head_dim, n_req, dtype=dtype)
-            cache[:, :, :, :width] = prefix[:, :, prompt_of].permute(0, 1, 3, 4, 5, 2)
-            first = (width - attn.sum(-1)).to(torch.int64)[prompt_of]  # each row's first real column
+        if not fused:
+            kv: TensorCache | SharedCache | RowsCache = TensorCache(dec, prefix, attn, prompt_of, steps)
+        elif self.rows_layout(n_req, len(uniq), width, steps):
+            kv = RowsCache(dec, prefix, attn, prompt_of, steps)
         else:
-            if fused:  # the shared-prompt kernels read each distinct prompt's keys where they are
-                compiled.match_threads()
-                pstart = (width - attn.sum(-1)).to(torch.int64)  # first real column (left padding)
-                row_prompt = prompt_of
-            else:
-                pbias = torch.zeros(len(uniq), 1, 1, width).masked_fill_(~attn.bool()[:, None, None], float("-inf"))
-                prefix, pbias = prefix[:, :, prompt_of], pbias[prompt_of]  # one row per request from here on
-            # response keys/values: (layers, 2, rows, kv, steps, head_dim), column j = response token j
-            resp = torch.empty(len(dec.layers), 2, n_req, dec.n_kv, steps, dec.head_dim, dtype=dtype)
+            kv = SharedCache(dec, prefix, attn, prompt_of, steps)
         next_pos = pos[prompt_of, -1] + 1
         logits = plogits[prompt_of].float()  # float32 also under bf16/fp16 autocast (policy.precision)
 
@@ -399,46 +389,15 @@ class StaticEngine(InProcessEngine):
             if n_live < len(active) and n_live <= self.compact_at * len(active):
                 keep = live.nonzero().squeeze(-1)
                 active, next_pos = active[keep], next_pos[keep]
-                if rows_layout:
-                    cache, first = compiled.keep_rows(cache, keep, width + step), first[keep]
-                elif fused:
-                    resp, row_prompt = resp[:, :, keep], row_prompt[keep]
-                else:
-                    resp, prefix, pbias = resp[:, :, keep], prefix[:, :, keep], pbias[keep]
-
-            col = width + step  # the kernels' cache column of this step's token
-
-            def step_attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-                if rows_layout:  # q/k-normed models (Qwen3): rotary in tensor ops, the attention compiled
-                    cache[i, 0, :, col], cache[i, 1, :, col] = k[:, :, 0].permute(1, 2, 0), v[:, :, 0].permute(1, 2, 0)
-                    out = compiled.decode_attention(q, cache[i, 0], cache[i, 1], first, col + 1, dec.scale)
-                    return out.view(q.shape[0], dec.n_heads, 1, dec.head_dim)
-                resp[i, 0, :, :, step : step + 1], resp[i, 1, :, :, step : step + 1] = k, v
-                if fused:
-                    out = compiled.decode_attention_shared(
-                        q, prefix[i, 0], prefix[i, 1], row_prompt, pstart, resp[i, 0], resp[i, 1], step + 1, dec.scale
-                    )
-                    return out.view(q.shape[0], dec.n_heads, 1, dec.head_dim)
-                return dec.decode_attend(
-                    q, prefix[i, 0], prefix[i, 1], resp[i, 0, :, :, : step + 1], resp[i, 1, :, :, : step + 1],
-                    pbias,
-                )
-
-            def fused_attend(i: int, qkv: torch.Tensor) -> torch.Tensor:
-                if rows_layout:
-                    return compiled.rope_cache_attend(
-                        qkv, cos_t, sin_t, next_pos, dec.n_heads, cache[i, 0], cache[i, 1], first, col + 1, dec.scale
-                    )
-                return compiled.rope_cache_attend_shared(
-                    qkv, cos_t, sin_t, next_pos, dec.n_heads, prefix[i, 0], prefix[i, 1], row_prompt, pstart,
-                    resp[i, 0], resp[i, 1], step + 1, dec.scale,
-                )
-
+                kv.keep(keep, step)
             if whole:
-                logits[active] = dec.decode_fused(tok[active], fused_attend)
+                logits[active] = dec.decode_fused(
+                    tok[active], lambda i, qkv: kv.fused(i, qkv, cos_t, sin_t, next_pos, step)
+                )
             else:  # assigning into the float32 logits casts an autocast (policy.precision) result
                 logits[active] = dec.forward(
-                    tok[active][:, None], cos_t[next_pos][:, None], sin_t[next_pos][:, None], step_attend
+                    tok[active][:, None], cos_t[next_pos][:, None], sin_t[next_pos][:, None],
+                    lambda i, q, k, v: kv.attend(i, q, k, v, step),
                 )
             next_pos = next_pos + 1
         return pack_generation(len(prompts), n, requests, tokens, logps, limit, self.eos_id, params.stop_ids)
