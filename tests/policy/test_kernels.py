@@ -52,105 +52,64 @@ def random_case(seed, b=7, u=3, heads=4, kv=2, d=8, width=5, steps=6):
     return g, kp, vp, pstart, prompt_of, kr, vr
 
 
+def attention(layout, q, kp, vp, prompt_of, pstart, kr, vr, t, scale):
+    """Decode attention over response columns [0, t) through either cache layout's kernel."""
+    if layout == "shared":
+        return kernels.decode_attention_shared(q, kp, vp, prompt_of, pstart, kr, vr, t, scale)
+    k, v = rows_last(kp, kr, prompt_of), rows_last(vp, vr, prompt_of)
+    return kernels.decode_attention(q, k, v, pstart[prompt_of], kp.shape[2] + t, scale)
+
+
+@pytest.mark.parametrize("layout", ["rows", "shared"])
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("kv", [1, 2, 4])
-def test_decode_attention_matches_reference(seed, kv):
+def test_decode_attention_matches_reference(layout, seed, kv):
     g, kp, vp, pstart, prompt_of, kr, vr = random_case(seed, kv=kv)
     q = torch.randn(7, 4, 1, 8, generator=g)
-    k, v, first, width = rows_last(kp, kr, prompt_of), rows_last(vp, vr, prompt_of), pstart[prompt_of], kp.shape[2]
     for t in (1, 3, 6):
-        got = kernels.decode_attention(q, k, v, first, width + t, 8**-0.5)
+        got = attention(layout, q, kp, vp, prompt_of, pstart, kr, vr, t, 8**-0.5)
         want = reference_attention(q, kp, vp, prompt_of, pstart, kr, vr, t, 8**-0.5)
         assert got.shape == (7, 32)
         assert float((got.double() - want).abs().max()) < 1e-5
 
 
-def test_decode_attention_ignores_padding_and_later_columns():
+@pytest.mark.parametrize("layout", ["rows", "shared"])
+def test_decode_attention_ignores_padding_and_later_columns(layout):
     g, kp, vp, pstart, prompt_of, kr, vr = random_case(0)
     q = torch.randn(7, 4, 1, 8, generator=g)
-    width, first = kp.shape[2], pstart[prompt_of]
-
-    def attend(kp, vp, kr, vr):
-        return kernels.decode_attention(q, rows_last(kp, kr, prompt_of), rows_last(vp, vr, prompt_of), first, width + 3, 0.3)
-
-    base = attend(kp, vp, kr, vr)
+    base = attention(layout, q, kp, vp, prompt_of, pstart, kr, vr, 3, 0.3)
     kp2, vp2, kr2, vr2 = kp.clone(), vp.clone(), kr.clone(), vr.clone()
     kp2[1, :, :2] = 1e6  # prompt 1's left padding
-    vp2[2, :, : width - 1] = 3e4  # prompt 2's left padding (finite, as the prefill leaves it)
+    vp2[2, :, : kp.shape[2] - 1] = 3e4  # prompt 2's left padding (finite, as the prefill leaves it)
     kr2[:, :, 3:], vr2[:, :, 3:] = float("nan"), float("nan")  # response columns not yet written
-    assert torch.equal(attend(kp2, vp2, kr2, vr2), base)
+    assert torch.equal(attention(layout, q, kp2, vp2, prompt_of, pstart, kr2, vr2, 3, 0.3), base)
 
 
+@pytest.mark.parametrize("layout", ["rows", "shared"])
 @pytest.mark.parametrize("seed", range(3))
-def test_rope_cache_attend_matches_reference_and_writes_the_cache(seed):
+def test_rope_cache_attend_matches_reference_and_writes_the_cache(layout, seed):
     g, kp, vp, pstart, prompt_of, kr, vr = random_case(seed)
     b, heads, kv, d, t = 7, 4, 2, 8, 4
     qkv = torch.randn(b, (heads + 2 * kv) * d, generator=g)
     cos_t, sin_t = torch.randn(20, d, generator=g), torch.randn(20, d, generator=g)
     pos = torch.randint(0, 20, (b,), generator=g)
-    kr_ref, vr_ref = kr.clone(), vr.clone()
-    width = kp.shape[2]
-    k, v = rows_last(kp, kr, prompt_of), rows_last(vp, vr, prompt_of)
-    k_before, v_before = k.clone(), v.clone()
-    got = kernels.rope_cache_attend(qkv, cos_t, sin_t, pos, heads, k, v, pstart[prompt_of], width + t, 0.4)
     q = qkv[:, : heads * d].view(b, heads, d)
     kn = qkv[:, heads * d : (heads + kv) * d].view(b, kv, d)
     vn = qkv[:, (heads + kv) * d :].view(b, kv, d)
     cos, sin = cos_t[pos][:, None], sin_t[pos][:, None]
-    kr_ref[:, :, t - 1], vr_ref[:, :, t - 1] = rope_reference(kn, cos, sin), vn
-    col = width + t - 1
-    assert torch.equal(v[:, col], vn.permute(1, 2, 0))
-    assert float((k[:, col] - rope_reference(kn, cos, sin).permute(1, 2, 0)).abs().max()) < 1e-6  # to rounding
-    others = torch.ones(k.shape[1], dtype=torch.bool)
-    others[col] = False
-    assert torch.equal(k[:, others], k_before[:, others]) and torch.equal(v[:, others], v_before[:, others])
-    want = reference_attention(rope_reference(q, cos, sin)[:, :, None], kp, vp, prompt_of, pstart, kr_ref, vr_ref, t, 0.4)
-    assert float((got.double() - want).abs().max()) < 1e-5
-
-
-# the shared-prompt layout's kernels (StaticEngine.rows_layout picks between the two)
-
-
-@pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("kv", [1, 2, 4])
-def test_shared_decode_attention_matches_reference(seed, kv):
-    g, kp, vp, pstart, prompt_of, kr, vr = random_case(seed, kv=kv)
-    q = torch.randn(7, 4, 1, 8, generator=g)
-    for t in (1, 3, 6):
-        got = kernels.decode_attention_shared(q, kp, vp, prompt_of, pstart, kr, vr, t, 8**-0.5)
-        want = reference_attention(q, kp, vp, prompt_of, pstart, kr, vr, t, 8**-0.5)
-        assert got.shape == (7, 32)
-        assert float((got.double() - want).abs().max()) < 1e-5
-
-
-def test_shared_decode_attention_ignores_padding_and_later_columns():
-    g, kp, vp, pstart, prompt_of, kr, vr = random_case(0)
-    q = torch.randn(7, 4, 1, 8, generator=g)
-    base = kernels.decode_attention_shared(q, kp, vp, prompt_of, pstart, kr, vr, 3, 0.3)
-    kp2, vp2, kr2, vr2 = kp.clone(), vp.clone(), kr.clone(), vr.clone()
-    kp2[1, :, :2] = 1e6  # prompt 1's left padding
-    vp2[2, :, : kp.shape[2] - 1] = float("nan")  # prompt 2's left padding
-    kr2[:, :, 3:], vr2[:, :, 3:] = float("nan"), float("nan")  # response columns not yet written
-    assert torch.equal(kernels.decode_attention_shared(q, kp2, vp2, prompt_of, pstart, kr2, vr2, 3, 0.3), base)
-
-
-@pytest.mark.parametrize("seed", range(3))
-def test_shared_rope_cache_attend_matches_reference_and_writes_the_cache(seed):
-    g, kp, vp, pstart, prompt_of, kr, vr = random_case(seed)
-    b, heads, kv, d, t = 7, 4, 2, 8, 4
-    qkv = torch.randn(b, (heads + 2 * kv) * d, generator=g)
-    cos_t, sin_t = torch.randn(20, d, generator=g), torch.randn(20, d, generator=g)
-    pos = torch.randint(0, 20, (b,), generator=g)
     kr_ref, vr_ref = kr.clone(), vr.clone()
-    got = kernels.rope_cache_attend_shared(qkv, cos_t, sin_t, pos, heads, kp, vp, prompt_of, pstart, kr, vr, t, 0.4)
-    q = qkv[:, : heads * d].view(b, heads, d)
-    k = qkv[:, heads * d : (heads + kv) * d].view(b, kv, d)
-    v = qkv[:, (heads + kv) * d :].view(b, kv, d)
-    cos, sin = cos_t[pos][:, None], sin_t[pos][:, None]
-    kr_ref[:, :, t - 1], vr_ref[:, :, t - 1] = rope_reference(k, cos, sin), v
-    assert torch.equal(vr, vr_ref)
-    assert float((kr - kr_ref).abs().max()) < 1e-6  # untouched columns equal, the new one to rounding
-    assert torch.equal(kr[:, :, : t - 1], kr_ref[:, :, : t - 1]) and torch.equal(kr[:, :, t:], kr_ref[:, :, t:])
+    kr_ref[:, :, t - 1], vr_ref[:, :, t - 1] = rope_reference(kn, cos, sin), vn
+    if layout == "rows":  # (kv, P + steps, d, rows): the new token in column P + t - 1
+        k, v = rows_last(kp, kr, prompt_of), rows_last(vp, vr, prompt_of)
+        got = kernels.rope_cache_attend(qkv, cos_t, sin_t, pos, heads, k, v, pstart[prompt_of], kp.shape[2] + t, 0.4)
+        k_ref, v_ref, axis, col = rows_last(kp, kr_ref, prompt_of), rows_last(vp, vr_ref, prompt_of), 1, kp.shape[2] + t - 1
+    else:  # response keys (rows, kv, steps, d): the new token in column t - 1
+        k, v = kr, vr
+        got = kernels.rope_cache_attend_shared(qkv, cos_t, sin_t, pos, heads, kp, vp, prompt_of, pstart, k, v, t, 0.4)
+        k_ref, v_ref, axis, col = kr_ref, vr_ref, 2, t - 1
+    assert torch.equal(v, v_ref)
+    assert float((k - k_ref).abs().max()) < 1e-6  # the new column to rounding
+    assert set((k != k_ref).nonzero()[:, axis].tolist()) <= {col}  # every other column untouched
     want = reference_attention(rope_reference(q, cos, sin)[:, :, None], kp, vp, prompt_of, pstart, kr_ref, vr_ref, t, 0.4)
     assert float((got.double() - want).abs().max()) < 1e-5
 
