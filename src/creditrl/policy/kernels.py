@@ -12,15 +12,17 @@ keys, at about 0.3 us of ``bmm`` overhead each. These kernels do that work in co
   the weighted sum of values. The cache is laid out ``(kv, columns, d, rows)``, rows innermost:
   every loop runs over contiguous rows and the cache is read front to back in one stream per
   head (decode attention is limited by reading the cache; the earlier per-(row, head) layout,
-  with prompt keys shared per distinct prompt, read it in short strided pieces and took about
-  1.4x as long inside the decode loop, ``benchmarks/attention_in_loop.py``). Each row holds its
+  with prompt keys shared per distinct prompt, read it in short strided pieces and took
+  1.4-1.8x as long inside the decode loop, ``benchmarks/attention_in_loop.py``). Each row holds its
   own copy of its prompt's keys, as the tensor-op path does.
 * :func:`rope_cache_attend_shared`, :func:`decode_attention_shared`: that earlier layout, kept for
   calls where copying prompts would read far more than sharing them (long prefixes continued many
   times); :meth:`StaticEngine.rows_layout <creditrl.policy.static_engine.StaticEngine.rows_layout>`
   picks per call.
 * :func:`decode_attention`: the attention alone (models with per-head q/k norms, Qwen3).
-* :func:`rms_norm`: RMSNorm in one pass instead of five ops.
+* :func:`rms_norm`: RMSNorm in one pass instead of five ops; :func:`silu_mul`: the gated SiLU in
+  one pass (both on one thread: a step's rows are less work than starting a parallel region).
+* :func:`keep_rows`: the rows-innermost cache without its finished rows, written columns only.
 * :func:`sample_tokens`: a decode step's inverse-CDF draw at a temperature (no top-p) and the
   drawn token's raw log-prob in one pass, from uniforms the caller drew from its generator.
 
