@@ -5,7 +5,9 @@ SFT policy (the unit tests check < 1e-5 on small test models; this measures a tr
 
 For each decode path (``policy.kernels``: torch = tensor ops, numba = compiled kernels) it samples
 prompts x group responses at temperature 1 and prints the largest |engine log-prob - full-forward
-log-prob| over all sampled tokens, with the log-prob where it occurs.
+log-prob| over all sampled tokens, with the log-prob where it occurs; then, per path, how the
+engine's output changes when identical rows are not shared (``share_rows=False``: every row
+decoded): rows with different tokens and the largest log-prob difference.
 """
 
 import argparse
@@ -40,7 +42,13 @@ def main() -> None:
                 if float(diff.max()) > worst:
                     worst, at = float(diff.max()), float(ref[diff.argmax()])
         print(f"policy.kernels={kernels}: max |engine - full forward| = {worst:.2e} over {count} tokens "
-              f"(at a log-prob of {at:.2f})")
+              f"(at a log-prob of {at:.2f}); {engine.last_rows[0]:,} of {engine.last_rows[1]:,} row-steps computed")
+        every = StaticEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, kernels=kernels, share_rows=False)
+        alone = every.generate(prompts, args.group, params, generator=torch.Generator().manual_seed(0))
+        differ = sum(a != b for a, b in zip(gen.tokens, alone.tokens))
+        gap = max(max((abs(x - y) for x, y in zip(a, b)), default=0.0) for a, b in zip(gen.logprobs, alone.logprobs))
+        print(f"policy.kernels={kernels}: share_rows=False: {differ} of {len(gen.tokens)} rows with other tokens, "
+              f"max |log-prob difference| {gap:.2e}")
 
 
 if __name__ == "__main__":

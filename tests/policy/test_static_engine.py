@@ -399,7 +399,8 @@ def test_compaction_does_not_change_outputs(monkeypatch, peaked, temperature):
     results, sizes = {}, {}
     for c in (0.75, 1.0, 0.25):
         calls.clear()
-        engine = StaticEngine(model, eos_id=STOP, pad_id=PAD, compact_at=c)
+        # share_rows off: every cache row goes through the step (test_identical_rows_... below)
+        engine = StaticEngine(model, eos_id=STOP, pad_id=PAD, compact_at=c, share_rows=False)
         results[c] = engine.generate(PROMPTS, 3, params, generator=torch.Generator().manual_seed(9))
         assert calls[0][0] == len(PROMPTS)  # shared prefill: one row per distinct prompt
         sizes[c] = [shape[0] for shape in calls[1:]]
@@ -415,6 +416,44 @@ def test_compaction_does_not_change_outputs(monkeypatch, peaked, temperature):
         assert s == simulate_cache_rows(base.tokens, c), c
     assert sizes[1.0] != sizes[0.25]  # compaction happened at different points
     assert sizes[1.0][-1] < len(base.tokens)
+
+
+def distinct_row_steps(prompts, n, tokens):
+    """Reference count for share_rows without compaction: at each decode step every row feeds
+    its token (pad once it has ended); rows whose prompt and fed tokens so far are equal form one
+    sequence, computed once. Returns (sequences computed, rows decoded) summed over the steps."""
+    rows = [tuple(p) for p in prompts for _ in range(n)]
+    fed = [list(t) + [PAD] * (max(len(x) for x in tokens) - len(t)) for t in tokens]
+    steps = max(len(t) for t in tokens) - 1  # the last drawn token is never fed back
+    computed = sum(len({(rows[i], tuple(fed[i][: s + 1])) for i in range(len(rows))}) for s in range(steps))
+    return computed, steps * len(rows)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 1.5])
+def test_identical_rows_are_decoded_once_with_unchanged_outputs(monkeypatch, peaked, temperature):
+    model, _ = peaked
+    prompts = PROMPTS + [PROMPTS[3]]  # a duplicate prompt: its rows start as one sequence too
+    params = SamplingParams(max_new_tokens=12, temperature=temperature)
+    widths = []
+    fused, forward = se._Decoder.decode_fused, se._Decoder.forward
+    monkeypatch.setattr(se._Decoder, "decode_fused", lambda self, tok, *a: widths.append(len(tok)) or fused(self, tok, *a))
+    monkeypatch.setattr(se._Decoder, "forward", lambda self, ids, *a: widths.append(len(ids)) or forward(self, ids, *a))
+    kw = dict(eos_id=STOP, pad_id=PAD)
+    for compact_at in (0.75, 1e-9):  # with compaction, and without (every row decodes every step)
+        off = StaticEngine(model, **kw, compact_at=compact_at, share_rows=False)
+        on = StaticEngine(model, **kw, compact_at=compact_at)
+        ref = off.generate(prompts, 4, params, generator=torch.Generator().manual_seed(5))
+        widths.clear()
+        gen = on.generate(prompts, 4, params, generator=torch.Generator().manual_seed(5))
+        assert gen.tokens == ref.tokens and gen.finished == ref.finished
+        for a, b in zip(gen.logprobs, ref.logprobs):
+            assert max_abs_diff(a, b) < 1e-6
+        computed, decoded = on.last_rows
+        assert computed == sum(widths[1:]) < decoded == off.last_rows[0] == off.last_rows[1]
+    assert any(gen.finished) and len({len(t) for t in gen.tokens}) >= 2
+    assert on.last_rows == distinct_row_steps(prompts, 4, gen.tokens)
+    if temperature == 0.0:  # greedy: the samples of a prompt never part
+        assert on.last_rows[0] == len({tuple(p) for p in prompts}) * (max(len(t) for t in gen.tokens) - 1)
 
 
 # ----------------------------------------------------------------------------- 7. errors, make_engine

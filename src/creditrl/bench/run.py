@@ -139,11 +139,14 @@ def bench_decode(policy: str, opts: BenchOptions, log: Callable[[str], None]) ->
     for workload in ("fixed", "rollout"):
         eos = tok.eos_token_id if workload == "rollout" else -1  # -1: no token ends a row
         engines = {"creditrl_static": StaticEngine(model, eos_id=eos, pad_id=tok.pad_token_id),
+                   # the same engine decoding every row, also the identical ones: share_rows' A/B
+                   "creditrl_static_every_row": StaticEngine(model, eos_id=eos, pad_id=tok.pad_token_id, share_rows=False),
                    # the same engine without the compiled kernels (policy.kernels=torch): their A/B
                    "creditrl_static_torch": StaticEngine(model, eos_id=eos, pad_id=tok.pad_token_id, kernels="torch"),
                    "creditrl_hf_engine": HFEngine(model, eos_id=eos, pad_id=tok.pad_token_id)}
         rates: dict[str, list[float]] = {"hf_generate": [], **{k: [] for k in engines}}
         tokens: dict[str, int] = {}
+        computed: list[float] = []  # share of row-steps the static engine computed (share_rows)
         # one untimed call of each first: first-call costs (numba loading its cached machine
         # code, allocator and thread-pool start-up) are not decode throughput
         hf_generate_throughput(
@@ -166,14 +169,22 @@ def bench_decode(policy: str, opts: BenchOptions, log: Callable[[str], None]) ->
                 elapsed = time.perf_counter() - start
                 tokens[name] = sum(len(t) for t in g.tokens)
                 rates[name].append(tokens[name] / elapsed)
+                if name == "creditrl_static":
+                    computed.append(engine.last_rows[0] / engine.last_rows[1])
         out[workload] = {name: {"tokens_per_s": spread(v), "new_tokens": tokens[name]} for name, v in rates.items()}
         ratio = statistics.median(rates["creditrl_static"]) / statistics.median(rates["hf_generate"])
         out[workload]["ratio_static_vs_hf_generate"] = ratio
         out[workload]["ratio_kernels_vs_tensor_ops"] = (
             statistics.median(rates["creditrl_static"]) / statistics.median(rates["creditrl_static_torch"])
         )
+        out[workload]["ratio_shared_vs_every_row"] = (
+            statistics.median(rates["creditrl_static"]) / statistics.median(rates["creditrl_static_every_row"])
+        )
+        out[workload]["computed_share"] = spread(computed)
         log(f"decode/{workload}: static {statistics.median(rates['creditrl_static']):,.0f} tok/s "
-            f"({out[workload]['ratio_kernels_vs_tensor_ops']:.2f}x its tensor-op path), "
+            f"({out[workload]['ratio_kernels_vs_tensor_ops']:.2f}x its tensor-op path, "
+            f"{out[workload]['ratio_shared_vs_every_row']:.2f}x decoding every row; computed "
+            f"{100 * statistics.median(computed):.0f}% of the row-steps), "
             f"HF generate {statistics.median(rates['hf_generate']):,.0f} tok/s -> {ratio:.2f}x")
     return out
 
@@ -346,14 +357,16 @@ def markdown_report(res: dict[str, Any]) -> str:
         f"{res['threads']} threads; min / median / max over repeats.",
         "",
         "| decode (tokens/s) | workload | HF generate | creditrl HFEngine | creditrl StaticEngine, tensor ops "
-        "(`policy.kernels=torch`) | creditrl StaticEngine | kernels / tensor ops | static / HF generate |",
-        "|---|---|---|---|---|---|---|---|",
+        "(`policy.kernels=torch`) | creditrl StaticEngine, every row decoded (`share_rows=False`) | "
+        "creditrl StaticEngine | row-steps computed | kernels / tensor ops | shared / every row | static / HF generate |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for workload, d in res["decode"].items():
         cell = lambda k: "{min:,.0f} / {median:,.0f} / {max:,.0f}".format(**d[k]["tokens_per_s"])  # noqa: E731
         lines.append(f"| | {workload} | {cell('hf_generate')} | {cell('creditrl_hf_engine')} | "
-                     f"{cell('creditrl_static_torch')} | {cell('creditrl_static')} | "
-                     f"{d['ratio_kernels_vs_tensor_ops']:.2f}x | {d['ratio_static_vs_hf_generate']:.2f}x |")
+                     f"{cell('creditrl_static_torch')} | {cell('creditrl_static_every_row')} | {cell('creditrl_static')} | "
+                     f"{100 * d['computed_share']['median']:.0f}% | {d['ratio_kernels_vs_tensor_ops']:.2f}x | "
+                     f"{d['ratio_shared_vs_every_row']:.2f}x | {d['ratio_static_vs_hf_generate']:.2f}x |")
     it = res["iteration"]
     s = lambda d: "{min:.3f} / {median:.3f} / {max:.3f}".format(**d)  # noqa: E731
     lines += [
