@@ -114,6 +114,44 @@ def test_rope_cache_attend_matches_reference_and_writes_the_cache(layout, seed):
     assert float((got.double() - want).abs().max()) < 1e-5
 
 
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("seed", range(3))
+def test_rows_kernels_fork_rows_while_streaming_the_cache(fused, seed):
+    """Rows 7 and 8 are new sequences parting from rows 1 and 4: the kernel copies those rows'
+    columns into them as it reads the cache, so the call equals attention over a cache in
+    which they had always held that history. The cache holds 11 rows; the call attends 9."""
+    g, kp, vp, pstart, prompt_of, kr, vr = random_case(seed)
+    heads, kv, d, t, width = 4, 2, 8, 4, kp.shape[2]
+    src, dst = torch.tensor([1, 4]), torch.tensor([7, 8])
+    ext_prompt, ext_kr, ext_vr = torch.cat([prompt_of, prompt_of[src]]), torch.cat([kr, kr[src]]), torch.cat([vr, vr[src]])
+    b, first = 9, pstart[torch.cat([prompt_of, prompt_of[src]])]
+    qkv = torch.randn(b, (heads + 2 * kv) * d, generator=g)
+    cos_t, sin_t = torch.randn(20, d, generator=g), torch.randn(20, d, generator=g)
+    pos = torch.randint(0, 20, (b,), generator=g)
+    q = rope_reference(qkv[:, : heads * d].view(b, heads, d), cos_t[pos][:, None], sin_t[pos][:, None])
+    kn = rope_reference(qkv[:, heads * d : (heads + kv) * d].view(b, kv, d), cos_t[pos][:, None], sin_t[pos][:, None])
+    vn = qkv[:, (heads + kv) * d :].view(b, kv, d)
+    ext_kr[:, :, t - 1], ext_vr[:, :, t - 1] = kn, vn
+    want_k, want_v = rows_last(kp, ext_kr, ext_prompt), rows_last(vp, ext_vr, ext_prompt)
+    # the cache before the call: rows 7-10 hold stale numbers (a slot's earlier use), 9-10 unused
+    k = torch.cat([rows_last(kp, kr, prompt_of), torch.randn(kv, width + kr.shape[2], d, 4, generator=g)], -1)
+    v = torch.cat([rows_last(vp, vr, prompt_of), torch.randn(kv, width + kr.shape[2], d, 4, generator=g)], -1)
+    after_k, after_v = k[..., 9:].clone(), v[..., 9:].clone()
+    first11 = torch.cat([first, torch.zeros(2, dtype=torch.long)])
+    col = width + t - 1
+    if fused:
+        got = kernels.rope_cache_attend(qkv, cos_t, sin_t, pos, heads, k, v, first11[:b], col + 1, 0.4, src, dst)
+    else:  # the caller writes the new column
+        k[:, col, :, :b], v[:, col, :, :b] = kn.permute(1, 2, 0), vn.permute(1, 2, 0)
+        got = kernels.decode_attention(q[:, :, None] * 1.0, k, v, first11[:b], col + 1, 0.4, src, dst)
+    want = reference_attention(q[:, :, None], kp, vp, ext_prompt, pstart, ext_kr, ext_vr, t, 0.4)
+    assert float((got.double() - want).abs().max()) < 1e-5
+    j0 = int(first.min())  # columns before every row's first are never read, nor copied
+    assert float((k[:, j0 : col + 1, :, :b] - want_k[:, j0 : col + 1]).abs().max()) < 1e-6
+    assert torch.equal(v[:, j0 : col + 1, :, :b], want_v[:, j0 : col + 1])
+    assert torch.equal(k[..., 9:], after_k) and torch.equal(v[..., 9:], after_v)  # rows past the call untouched
+
+
 def test_rms_norm_matches_torch():
     g = torch.Generator().manual_seed(0)
     x, w = 3 * torch.randn(9, 40, generator=g), torch.randn(40, generator=g)
@@ -210,6 +248,9 @@ def test_keep_rows_copies_the_kept_rows_of_the_written_columns():
     got = kernels.keep_rows(cache, keep, 6)
     assert got.shape == (2, 2, 3, 9, 4, 4)
     assert torch.equal(got[:, :, :, :6], cache[:, :, :, :6][..., keep])
+    roomy = kernels.keep_rows(cache, keep, 6, capacity=16)  # room for sequences that part later
+    assert roomy.shape == (2, 2, 3, 9, 4, 16)
+    assert torch.equal(roomy[:, :, :, :6, :, :4], got[:, :, :, :6])
 
 
 def test_silu_mul_matches_torch():

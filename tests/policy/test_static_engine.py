@@ -418,14 +418,28 @@ def test_compaction_does_not_change_outputs(monkeypatch, peaked, temperature):
     assert sizes[1.0][-1] < len(base.tokens)
 
 
-def distinct_row_steps(prompts, n, tokens):
-    """Reference count for share_rows without compaction: at each decode step every row feeds
-    its token (pad once it has ended); rows whose prompt and fed tokens so far are equal form one
-    sequence, computed once. Returns (sequences computed, rows decoded) summed over the steps."""
+def slot_steps(prompts, n, tokens):
+    """Reference count for share_rows without compaction: (slot-steps computed, row-steps
+    decoded). The rows of a prompt start in one slot; at each decode step the rows still
+    decoding (a row of length L decodes after drawing its token s while L > s + 1) split their
+    slot by the token they drew: one group keeps it, each other takes a new slot. Done rows
+    stay where they are, and a slot once taken is computed until the cache drops it."""
     rows = [tuple(p) for p in prompts for _ in range(n)]
-    fed = [list(t) + [PAD] * (max(len(x) for x in tokens) - len(t)) for t in tokens]
+    first_slot = {}
+    slot = [first_slot.setdefault(r, len(first_slot)) for r in rows]
+    used, computed = len(first_slot), 0
     steps = max(len(t) for t in tokens) - 1  # the last drawn token is never fed back
-    computed = sum(len({(rows[i], tuple(fed[i][: s + 1])) for i in range(len(rows))}) for s in range(steps))
+    for s in range(steps):
+        children = {}
+        for i in range(len(rows)):
+            if len(tokens[i]) > s + 1:
+                children.setdefault(slot[i], {}).setdefault(tokens[i][s], []).append(i)
+        for groups in children.values():
+            for tok in sorted(groups)[1:]:
+                for i in groups[tok]:
+                    slot[i] = used
+                used += 1
+        computed += used
     return computed, steps * len(rows)
 
 
@@ -451,7 +465,7 @@ def test_identical_rows_are_decoded_once_with_unchanged_outputs(monkeypatch, pea
         computed, decoded = on.last_rows
         assert computed == sum(widths[1:]) < decoded == off.last_rows[0] == off.last_rows[1]
     assert any(gen.finished) and len({len(t) for t in gen.tokens}) >= 2
-    assert on.last_rows == distinct_row_steps(prompts, 4, gen.tokens)
+    assert on.last_rows == slot_steps(prompts, 4, gen.tokens)
     if temperature == 0.0:  # greedy: the samples of a prompt never part
         assert on.last_rows[0] == len({tuple(p) for p in prompts}) * (max(len(t) for t in gen.tokens) - 1)
 

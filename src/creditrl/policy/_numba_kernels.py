@@ -55,11 +55,13 @@ def _exp_neg(x):
 
 
 @numba.njit(fastmath=FAST, error_model="numpy", cache=True)
-def _head(q, k, v, g, first, j0, t, s, m, total, acc, out, head):
+def _head(q, k, v, g, first, j0, t, s, m, total, acc, out, head, src, dst, fork):
     """Head ``head`` of every row against kv head ``g``'s columns [j0, t) (row i's from first[i]):
     q (heads, d, b) scaled queries; k, v (kv, C, d, b); writes out[:, head * d : (head + 1) * d].
     Rows are the innermost axis of every array, so each loop below runs over contiguous rows
-    and vectorises; the cache is read column after column, front to back."""
+    and vectorises; the cache is read column after column, front to back. With ``fork``, rows
+    dst[n] first get row src[n]'s keys and values of columns [j0, t - 1) as they stream past
+    (a sequence parting from its twins; columns before j0 are never read)."""
     d, b = q.shape[1], q.shape[2]
     for i in range(b):
         m[head, i] = -np.inf
@@ -68,6 +70,9 @@ def _head(q, k, v, g, first, j0, t, s, m, total, acc, out, head):
         for i in range(b):
             s[head, j, i] = 0.0
         for c in range(d):
+            if fork and j < t - 1:
+                for n in range(src.shape[0]):
+                    k[g, j, c, dst[n]] = k[g, j, c, src[n]]
             for i in range(b):
                 s[head, j, i] += q[head, c, i] * k[g, j, c, i]
         for i in range(b):
@@ -84,6 +89,9 @@ def _head(q, k, v, g, first, j0, t, s, m, total, acc, out, head):
             acc[head, c, i] = 0.0
     for j in range(j0, t):
         for c in range(d):
+            if fork and j < t - 1:
+                for n in range(src.shape[0]):
+                    v[g, j, c, dst[n]] = v[g, j, c, src[n]]
             for i in range(b):
                 acc[head, c, i] += s[head, j, i] * v[g, j, c, i]
     for i in range(b):
@@ -117,22 +125,24 @@ def _rope_rows(x, base, cos_t, sin_t, pos, scale, dst, a, col):
 
 
 @numba.njit(parallel=True, fastmath=FAST, error_model="numpy", cache=True)
-def _attend(q, k, v, first, t, scale, out):
+def _attend(q, k, v, first, t, scale, src, dst, out):
     # q (b, h * d) rotated queries; k/v (kv, C, d, b) with columns [0, t) valid; out (b, h * d)
     b = q.shape[0]
     kv, d = k.shape[0], k.shape[2]
     h = q.shape[1] // d
     s, qt, acc, m, total = _scratch(h, d, b, t)
     j0 = first.min()
-    for head in numba.prange(h):
-        for c in range(d):
-            for i in range(b):
-                qt[head, c, i] = q[i, head * d + c] * scale
-        _head(qt, k, v, head // (h // kv), first, j0, t, s, m, total, acc, out, head)
+    group = h // kv
+    for g in numba.prange(kv):  # a kv head per thread: its first query head copies forked rows
+        for head in range(g * group, (g + 1) * group):
+            for c in range(d):
+                for i in range(b):
+                    qt[head, c, i] = q[i, head * d + c] * scale
+            _head(qt, k, v, g, first, j0, t, s, m, total, acc, out, head, src, dst, head == g * group)
 
 
 @numba.njit(parallel=True, fastmath=FAST, error_model="numpy", cache=True)
-def _rope_cache_attend(qkv, cos_t, sin_t, pos, h, k, v, first, t, scale, out):
+def _rope_cache_attend(qkv, cos_t, sin_t, pos, h, k, v, first, t, scale, src, dst, out):
     # qkv (b, (h + 2 kv) d) fresh from the fused projection; rotates k at each row's position
     # and writes k and v into column t - 1 of k/v (kv, C, d, b), rotates q, then attends
     b = qkv.shape[0]
@@ -148,7 +158,7 @@ def _rope_cache_attend(qkv, cos_t, sin_t, pos, h, k, v, first, t, scale, out):
                 v[g, t - 1, c, i] = qkv[i, (h + kv + g) * d + c]
         for head in range(g * group, (g + 1) * group):
             _rope_rows(qkv, head * d, cos_t, sin_t, pos, scale, q4, head, 0)
-            _head(qt, k, v, g, first, j0, t, s, m, total, acc, out, head)
+            _head(qt, k, v, g, first, j0, t, s, m, total, acc, out, head, src, dst, head == g * group)
 
 
 # The shared-prompt layout (the first version of the attention kernels): per (row, head), the

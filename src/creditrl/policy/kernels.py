@@ -82,14 +82,27 @@ def decode_attention(
     first: torch.Tensor,  # (b,) int64: each row's first real column (left padding before it)
     t: int,
     scale: float,
+    src: torch.Tensor | None = None,
+    dst: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Softmax attention of one query token per row over its columns [first[i], t) of a
-    rows-innermost cache (see :func:`rope_cache_attend`); float32; returns (b, heads * d)."""
+    rows-innermost cache (see :func:`rope_cache_attend`, also for ``src``/``dst``); float32;
+    returns (b, heads * d)."""
     lib = _need()
     b, h, _, d = q.shape
     out = np.empty((b, h * d), dtype=np.float32)
-    lib._attend(q.reshape(b, h * d).contiguous().numpy(), k.numpy(), v.numpy(), first.numpy(), t, np.float32(scale), out)
+    lib._attend(
+        q.reshape(b, h * d).contiguous().numpy(), k.numpy(), v.numpy(), first.numpy(), t, np.float32(scale),
+        *_forks(src, dst), out,
+    )
     return torch.from_numpy(out)
+
+
+_NO_ROWS = np.empty(0, dtype=np.int64)
+
+
+def _forks(src: torch.Tensor | None, dst: torch.Tensor | None) -> tuple[np.ndarray, np.ndarray]:
+    return (_NO_ROWS, _NO_ROWS) if src is None else (src.numpy(), dst.numpy())
 
 
 def rope_cache_attend(
@@ -103,19 +116,25 @@ def rope_cache_attend(
     first: torch.Tensor,
     t: int,
     scale: float,
+    src: torch.Tensor | None = None,
+    dst: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """A decode step's attention block in one pass: rotary embedding of q and k at ``pos``,
     k and v stored in column ``t - 1``, then :func:`decode_attention` over columns
     ``[first[i], t)``. The cache holds each row's prompt columns then its response columns, with
     rows as the innermost axis: every loop of the kernel runs over contiguous rows (it
     vectorises) and reads the cache front to back. Columns before ``first[i]`` (left padding) get
-    weight exactly 0 and must hold finite numbers. Returns (b, heads * d)."""
+    weight exactly 0 and must hold finite numbers. ``src``/``dst`` (int64, no row in both): rows
+    ``dst`` first take rows ``src``'s keys and values of the columns before ``t - 1`` that any
+    row reads (from ``first.min()``), copied as the kernel streams the cache, so a fork costs
+    almost no extra reading (``dst`` rows need ``first[dst] = first[src]``). The cache may hold
+    more rows than ``b``: the first ``b`` are attended. Returns (b, heads * d)."""
     lib = _need()
     b = qkv.shape[0]
     out = np.empty((b, heads * k.shape[2]), dtype=np.float32)
     lib._rope_cache_attend(
         qkv.numpy(), cos_t.numpy(), sin_t.numpy(), pos.numpy(), heads, k.numpy(), v.numpy(), first.numpy(), t,
-        np.float32(scale), out,
+        np.float32(scale), *_forks(src, dst), out,
     )
     return torch.from_numpy(out)
 
@@ -170,13 +189,15 @@ def rope_cache_attend_shared(
     return torch.from_numpy(out)
 
 
-def keep_rows(cache: torch.Tensor, keep: torch.Tensor, used: int) -> torch.Tensor:
-    """A rows-innermost cache (..., columns, d, rows) restricted to the rows ``keep`` (int64,
-    increasing), columns [0, used) copied; the rest of the new cache is left unwritten."""
+def keep_rows(cache: torch.Tensor, keep: torch.Tensor, used: int, capacity: int | None = None) -> torch.Tensor:
+    """A rows-innermost cache (..., columns, d, rows) restricted to the rows ``keep`` (int64),
+    columns [0, used) copied into rows [0, len(keep)) of a new cache of ``capacity`` rows
+    (default len(keep)); the rest of the new cache is left unwritten."""
     lib = _need()
     *lead, cols, d, b = cache.shape
-    out = torch.empty(*lead, cols, d, len(keep), dtype=cache.dtype)
-    lib._keep_rows(cache.reshape(-1, cols, d, b).numpy(), keep.numpy(), used, out.view(-1, cols, d, len(keep)).numpy())
+    cap = len(keep) if capacity is None else capacity
+    out = torch.empty(*lead, cols, d, cap, dtype=cache.dtype)
+    lib._keep_rows(cache.reshape(-1, cols, d, b).numpy(), keep.numpy(), used, out.view(-1, cols, d, cap).numpy())
     return out
 
 

@@ -1,8 +1,12 @@
 """The decode KV caches of :class:`~creditrl.policy.static_engine.StaticEngine`, one per call.
 
-Each holds the prompt keys/values from the shared-prefix prefill and the response keys/values
-written at decode step ``step`` (response column ``step``), drops finished rows (``keep``) and
-runs one layer's decode attention:
+A cache holds ``capacity`` slots, one per distinct sequence being decoded (the rows that are
+still identical share one; see :class:`Slots`), of which the first ``n`` are in use:
+``n`` is the number of rows of ``q``/``qkv`` at each call. Each slot holds its prompt's
+keys/values from the shared-prefix prefill and the response keys/values written at decode step
+``step`` (response column ``step``). ``fork(src, dst, step)`` gives slots ``dst`` copies of slots
+``src`` (a sequence parting from its twins), ``keep(slots, step, capacity)`` keeps only
+``slots``, renumbered from 0, and each cache runs one layer's decode attention:
 
 * :class:`TensorCache`: tensor ops (``policy.kernels=torch``, or a bf16/fp16 policy): prompt
   keys copied into every row, ``(layers, 2, rows, kv, P, d)``, response keys ``(layers, 2, rows,
@@ -20,80 +24,181 @@ and attention from the fused projection; not :class:`TensorCache`).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from creditrl.policy import kernels as compiled
 
 
+class Slots:
+    """The decode cache's slots: one per distinct sequence among the rows (the ``n`` samples of a
+    prompt until they first draw different tokens, and any that keep drawing the same). The
+    decode step -- products, attention, norms, MLP -- runs once per slot and its logits are
+    copied to every row in it; each row still draws its own token. When the rows of a slot draw
+    different tokens, one sequence keeps the slot and each other gets a new slot with a copy of
+    the keys so far. Rows that are done keep their slot (their draws are discarded) until the
+    cache drops them. With ``share`` off every row is its own slot."""
+
+    def __init__(self, prompt_of: torch.Tensor, share: bool) -> None:
+        rows = len(prompt_of)
+        self.share = share
+        # each row's slot, and each slot's prompt: one slot per distinct prompt, or per row
+        self.row, self.prompt = (prompt_of, torch.arange(int(prompt_of.max()) + 1)) if share else (torch.arange(rows), prompt_of)
+        self.n = len(self.prompt)  # slots in use: [0, n)
+        self.rows = self.computed = 0  # row-steps decoded, and slot-steps computed
+
+    def step(self, tok: torch.Tensor, live: torch.Tensor, base: int, pad: int):
+        """After the rows drew ``tok`` (ids < ``base``; ``live``: rows not done): the token fed to
+        each slot, and the slots ``src`` whose keys slots ``dst`` get (None when none parted)."""
+        self.rows += len(tok)
+        if not self.share:
+            self.computed += self.n
+            return tok, None, None
+        at = live.nonzero().squeeze(-1)
+        seqs, of = torch.unique(self.row[at] * base + tok[at], return_inverse=True)  # sorted by slot
+        parent = torch.div(seqs, base, rounding_mode="floor")
+        heir = torch.ones(len(seqs), dtype=torch.bool)  # the first sequence of each slot keeps it
+        heir[1:] = parent[1:] != parent[:-1]
+        slot, src, dst = parent.clone(), None, None
+        parted = int(len(seqs) - heir.sum())
+        if parted:
+            src, dst = parent[~heir], torch.arange(self.n, self.n + parted)
+            slot[~heir] = dst
+            self.n += parted
+        self.row = self.row.clone()
+        self.row[at] = slot[of]
+        fed = torch.full((self.n,), pad, dtype=torch.long)  # slots with no live row: pad
+        fed[slot] = seqs - parent * base
+        self.computed += self.n
+        return fed, src, dst
+
+    def keep(self, keep: torch.Tensor) -> torch.Tensor:
+        """Only the rows ``keep`` stay: the slots they use, renumbered from 0 in order."""
+        slots, self.row = torch.unique(self.row[keep], return_inverse=True)
+        self.n = len(slots)
+        return slots
+
+
 class TensorCache:
-    def __init__(self, dec, prefix: torch.Tensor, attn: torch.Tensor, prompt_of: torch.Tensor, steps: int) -> None:
+    def __init__(self, dec, prefix: torch.Tensor, attn: torch.Tensor, slot_prompt: torch.Tensor, steps: int, capacity: int) -> None:
         pbias = torch.zeros(prefix.shape[2], 1, 1, prefix.shape[4]).masked_fill_(~attn.bool()[:, None, None], float("-inf"))
         self.dec = dec
-        self.prefix, self.pbias = prefix[:, :, prompt_of], pbias[prompt_of]  # one row per request
-        self.resp = _response_cache(dec, len(prompt_of), steps, prefix.dtype)
+        self.prefix, self.pbias = take(prefix, 2, slot_prompt, capacity), take(pbias, 0, slot_prompt, capacity)
+        self.resp = _response_cache(dec, capacity, steps, prefix.dtype)
 
-    def keep(self, keep: torch.Tensor, step: int) -> None:
-        self.resp, self.prefix, self.pbias = self.resp[:, :, keep], self.prefix[:, :, keep], self.pbias[keep]
+    def keep(self, slots: torch.Tensor, step: int, capacity: int) -> None:
+        self.resp, self.prefix = take(self.resp, 2, slots, capacity), take(self.prefix, 2, slots, capacity)
+        self.pbias = take(self.pbias, 0, slots, capacity)
+
+    def fork(self, src: torch.Tensor, dst: torch.Tensor, step: int) -> None:
+        for x, dim in ((self.resp, 2), (self.prefix, 2), (self.pbias, 0)):
+            x.index_copy_(dim, dst, x.index_select(dim, src))
 
     def attend(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: int) -> torch.Tensor:
-        resp = self.resp
-        resp[i, 0, :, :, step : step + 1], resp[i, 1, :, :, step : step + 1] = k, v
+        n, resp = q.shape[0], self.resp
+        resp[i, 0, :n, :, step : step + 1], resp[i, 1, :n, :, step : step + 1] = k, v
         return self.dec.decode_attend(
-            q, self.prefix[i, 0], self.prefix[i, 1], resp[i, 0, :, :, : step + 1], resp[i, 1, :, :, : step + 1],
-            self.pbias,
+            q, self.prefix[i, 0, :n], self.prefix[i, 1, :n], resp[i, 0, :n, :, : step + 1], resp[i, 1, :n, :, : step + 1],
+            self.pbias[:n],
         )
 
 
 class SharedCache:
-    def __init__(self, dec, prefix: torch.Tensor, attn: torch.Tensor, prompt_of: torch.Tensor, steps: int) -> None:
+    def __init__(self, dec, prefix: torch.Tensor, attn: torch.Tensor, slot_prompt: torch.Tensor, steps: int, capacity: int) -> None:
         compiled.match_threads()
-        self.dec, self.prefix, self.row_prompt = dec, prefix, prompt_of
+        self.dec, self.prefix = dec, prefix
+        self.slot_prompt = take(slot_prompt, 0, torch.arange(len(slot_prompt)), capacity)
         self.pstart = (prefix.shape[4] - attn.sum(-1)).to(torch.int64)  # each prompt's first real column
-        self.resp = _response_cache(dec, len(prompt_of), steps, prefix.dtype)
+        self.resp = _response_cache(dec, capacity, steps, prefix.dtype)
 
-    def keep(self, keep: torch.Tensor, step: int) -> None:
-        self.resp, self.row_prompt = self.resp[:, :, keep], self.row_prompt[keep]
+    def keep(self, slots: torch.Tensor, step: int, capacity: int) -> None:
+        self.resp, self.slot_prompt = take(self.resp, 2, slots, capacity), take(self.slot_prompt, 0, slots, capacity)
+
+    def fork(self, src: torch.Tensor, dst: torch.Tensor, step: int) -> None:
+        self.resp[:, :, :, :, :step].index_copy_(2, dst, self.resp[:, :, :, :, :step].index_select(2, src))
+        self.slot_prompt[dst] = self.slot_prompt[src]
 
     def attend(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: int) -> torch.Tensor:
-        resp, dec = self.resp, self.dec
-        resp[i, 0, :, :, step : step + 1], resp[i, 1, :, :, step : step + 1] = k, v
-        out = compiled.decode_attention_shared(
-            q, self.prefix[i, 0], self.prefix[i, 1], self.row_prompt, self.pstart, resp[i, 0], resp[i, 1], step + 1,
+        n, resp, dec = q.shape[0], self.resp, self.dec
+        resp[i, 0, :n, :, step : step + 1], resp[i, 1, :n, :, step : step + 1] = k, v
+        out = compiled.decode_attention_shared(  # the kernels run over the first q.shape[0] slots
+            q, self.prefix[i, 0], self.prefix[i, 1], self.slot_prompt, self.pstart, resp[i, 0], resp[i, 1], step + 1,
             dec.scale,
         )
-        return out.view(q.shape[0], dec.n_heads, 1, dec.head_dim)
+        return out.view(n, dec.n_heads, 1, dec.head_dim)
 
     def fused(self, i, qkv, cos_t, sin_t, pos, step: int) -> torch.Tensor:
         return compiled.rope_cache_attend_shared(
-            qkv, cos_t, sin_t, pos, self.dec.n_heads, self.prefix[i, 0], self.prefix[i, 1], self.row_prompt,
+            qkv, cos_t, sin_t, pos, self.dec.n_heads, self.prefix[i, 0], self.prefix[i, 1], self.slot_prompt,
             self.pstart, self.resp[i, 0], self.resp[i, 1], step + 1, self.dec.scale,
         )
 
 
 class RowsCache:
-    def __init__(self, dec, prefix: torch.Tensor, attn: torch.Tensor, prompt_of: torch.Tensor, steps: int) -> None:
+    def __init__(self, dec, prefix: torch.Tensor, attn: torch.Tensor, slot_prompt: torch.Tensor, steps: int, capacity: int) -> None:
         compiled.match_threads()
         layers, _, _, kv, width, d = prefix.shape
+        n = len(slot_prompt)
         self.dec, self.width = dec, width
-        self.cache = torch.empty(layers, 2, kv, width + steps, d, len(prompt_of), dtype=prefix.dtype)
-        self.cache[:, :, :, :width] = prefix[:, :, prompt_of].permute(0, 1, 3, 4, 5, 2)
-        self.first = (width - attn.sum(-1)).to(torch.int64)[prompt_of]  # each row's first real column
+        self.cache = torch.empty(layers, 2, kv, width + steps, d, _lanes(capacity), dtype=prefix.dtype)
+        self.cache[:, :, :, :width, :, :n] = prefix[:, :, slot_prompt].permute(0, 1, 3, 4, 5, 2)
+        self.first = torch.zeros(_lanes(capacity), dtype=torch.int64)  # each slot's first real column
+        self.first[:n] = (width - attn.sum(-1)).to(torch.int64)[slot_prompt]
+        self.forks: tuple[int, torch.Tensor | None, torch.Tensor | None] = (-1, None, None)
 
-    def keep(self, keep: torch.Tensor, step: int) -> None:
+    def keep(self, slots: torch.Tensor, step: int, capacity: int) -> None:
         # columns [0, width + step) are written: the prompt and the tokens fed back so far
-        self.cache, self.first = compiled.keep_rows(self.cache, keep, self.width + step), self.first[keep]
+        self.cache = compiled.keep_rows(self.cache, slots, self.width + step, _lanes(capacity))
+        first = torch.zeros(_lanes(capacity), dtype=torch.int64)
+        first[: len(slots)] = self.first[slots]
+        self.first = first
+
+    def fork(self, src: torch.Tensor, dst: torch.Tensor, step: int) -> None:
+        # copied inside each layer's attention kernel at this step, as it streams the cache
+        # (a separate strided pass took about 0.5 ms a step on the bench batch)
+        self.first[dst] = self.first[src]
+        self.forks = (step, src, dst)
 
     def attend(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: int) -> torch.Tensor:
         # q/k-normed models (Qwen3): rotary in tensor ops, the attention compiled
-        col, cache, dec = self.width + step, self.cache, self.dec
-        cache[i, 0, :, col], cache[i, 1, :, col] = k[:, :, 0].permute(1, 2, 0), v[:, :, 0].permute(1, 2, 0)
-        out = compiled.decode_attention(q, cache[i, 0], cache[i, 1], self.first, col + 1, dec.scale)
-        return out.view(q.shape[0], dec.n_heads, 1, dec.head_dim)
+        n, col, cache, dec = q.shape[0], self.width + step, self.cache, self.dec
+        cache[i, 0, :, col, :, :n], cache[i, 1, :, col, :, :n] = k[:, :, 0].permute(1, 2, 0), v[:, :, 0].permute(1, 2, 0)
+        out = compiled.decode_attention(q, cache[i, 0], cache[i, 1], self.first[:n], col + 1, dec.scale, *self._forks(step))
+        return out.view(n, dec.n_heads, 1, dec.head_dim)
 
     def fused(self, i, qkv, cos_t, sin_t, pos, step: int) -> torch.Tensor:
+        # the kernel runs over whole vectors of slots: a partial one would run scalar (a 77-slot
+        # call took 0.85x the time of a 128-slot one); the extra slots are unused ones, with
+        # zero queries and keys, and first column 0
+        n = qkv.shape[0]
+        lanes = min(_lanes(n), self.cache.shape[-1])
+        if lanes > n:
+            qkv, pos = F.pad(qkv, (0, 0, 0, lanes - n)), F.pad(pos, (0, lanes - n))
         return compiled.rope_cache_attend(
-            qkv, cos_t, sin_t, pos, self.dec.n_heads, self.cache[i, 0], self.cache[i, 1], self.first,
-            self.width + step + 1, self.dec.scale,
-        )
+            qkv, cos_t, sin_t, pos, self.dec.n_heads, self.cache[i, 0], self.cache[i, 1], self.first[:lanes],
+            self.width + step + 1, self.dec.scale, *self._forks(step),
+        )[:n]
+
+    def _forks(self, step: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        at, src, dst = self.forks
+        return (src, dst) if at == step else (None, None)
+
+
+def _lanes(rows: int) -> int:
+    """``rows`` rounded up to whole float32 vectors (16 lanes of AVX-512)."""
+    return -(-rows // _LANES) * _LANES
+
+
+_LANES = 16
+
+
+def take(x: torch.Tensor, dim: int, index: torch.Tensor, capacity: int) -> torch.Tensor:
+    """A new tensor with ``capacity`` entries along ``dim``, the first ``len(index)`` of them
+    ``x``'s entries ``index`` (the rest unwritten)."""
+    shape = list(x.shape)
+    shape[dim] = capacity
+    out = x.new_empty(shape)
+    out.narrow(dim, 0, len(index)).copy_(x.index_select(dim, index))
+    return out
 
 
 def _response_cache(dec, rows: int, steps: int, dtype: torch.dtype) -> torch.Tensor:

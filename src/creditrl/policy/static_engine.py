@@ -22,11 +22,13 @@ and keeps keys and values in tensors allocated once per call:
   so late steps run on the rows still decoding;
 * **identical rows decoded once** (``share_rows``): the samples of a prompt are one sequence
   until they draw different tokens, and a confident policy keeps many of them identical for
-  long stretches (the bench's SFT policy: 2,714 distinct of 6,016 row-steps, 16-19 distinct
-  sequences of 128 rows over the first 13 steps). The step's products, norms and MLP run once per
-  distinct sequence; every row still writes its own keys and attends over its own cache, and
-  draws its own token from a copy of its sequence's logits, so tokens and log-probs are those
-  of decoding every row (equal in the tests, to the last bit in the bench's A/B);
+  long stretches (the bench's SFT policy: 16-19 distinct sequences among 128 rows over the first
+  13 steps). The cache holds one slot per distinct sequence and the whole decode step --
+  products, attention, norms, MLP -- runs once per slot; each row draws its own token from its
+  slot's logits. A sequence that parts from its twins takes a new slot with a copy of their
+  keys (in the rows layout the attention kernel makes the copy as it streams the cache). Tokens
+  and log-probs are those of decoding every row (tested; bitwise equal on the bench batch,
+  ``benchmarks/logprob_agreement.py``); ``share_rows=False`` decodes every row;
 * the **log-probs** returned are those of the raw policy distribution (temperature 1, no top-p),
   taken from the same logits that were sampled from, so no second forward pass is needed;
 * **compiled decode step** (``kernels``, ``policy.kernels``; float32): each layer's rotary
@@ -52,7 +54,7 @@ from transformers.activations import ACT2FN
 
 from creditrl.policy import kernels as compiled
 from creditrl.policy.device import module_device
-from creditrl.policy.kv_cache import RowsCache, SharedCache, TensorCache
+from creditrl.policy.kv_cache import RowsCache, SharedCache, Slots, TensorCache, take
 from creditrl.policy.engine import (
     Generation,
     HFEngine,
@@ -269,46 +271,6 @@ class _Decoder:
         return F.linear(_rms(h[:, -1], self.norm, self.norm_eps), self.lm_head, self.lm_head_bias).float()
 
 
-_ALL = slice(None)
-
-
-def _rows(x: torch.Tensor, index: torch.Tensor | slice) -> torch.Tensor:
-    """x's rows ``index`` (``_ALL``: x itself); index_select copies rows about 4x faster than x[index]."""
-    return x if isinstance(index, slice) else x.index_select(0, index)
-
-
-class _Twins:
-    """The cache rows whose sequences so far are identical (the ``n`` samples of a prompt until
-    they first draw different tokens, and any that keep drawing the same): the decode step runs
-    once per distinct sequence and its logits are copied to every row holding it, while each row
-    keeps its own keys (written from its sequence's) and its own draw. ``seq`` gives each cache
-    row a sequence id (its prompt's to start; ``None``: off). Rows that differ never become
-    identical again, so once every row is distinct the bookkeeping stops."""
-
-    def __init__(self, seq: torch.Tensor | None) -> None:
-        self.seq = seq
-        self.rows = self.computed = 0  # row-steps decoded, and those actually computed
-
-    def keep(self, keep: torch.Tensor) -> None:
-        if self.seq is not None:
-            self.seq = self.seq[keep]
-
-    def step(self, tok: torch.Tensor, base: int) -> tuple[torch.Tensor | slice, torch.Tensor | slice]:
-        """After the rows drew ``tok`` (ids < ``base``): ``(one, every)``, one row index per
-        distinct sequence and each row's index into those (``_ALL`` when every row is distinct)."""
-        n = len(tok)
-        self.rows += n
-        if self.seq is not None:
-            uniq, every = torch.unique(self.seq * base + tok, return_inverse=True)
-            if len(uniq) < n:
-                self.seq = every
-                self.computed += len(uniq)
-                return torch.zeros(len(uniq), dtype=torch.long).scatter_(0, every, torch.arange(n)), every
-            self.seq = None
-        self.computed += n
-        return _ALL, _ALL
-
-
 class StaticEngine(InProcessEngine):
     """Fast batched sampling for Llama-family HF models on the CPU (see the module docstring)."""
 
@@ -344,8 +306,8 @@ class StaticEngine(InProcessEngine):
         self.precision = precision  # policy.precision: the tensor ops run under CPU autocast
         self.kernels = kernels
         self.cache_layout = cache_layout
-        self.share_rows = share_rows  # decode identical sequences once (_Twins)
-        self.last_rows: tuple[int, int] = (0, 0)  # last call: (row-steps computed, row-steps decoded)
+        self.share_rows = share_rows  # one cache slot and one decode per distinct sequence (kv_cache.Slots)
+        self.last_rows: tuple[int, int] = (0, 0)  # last call: (slot-steps computed, row-steps decoded)
 
     def rows_layout(self, rows: int, prompts: int, width: int, steps: int) -> bool:
         """Whether the compiled kernels keep the KV cache rows innermost, ``(kv, prompt + response
@@ -412,20 +374,21 @@ class StaticEngine(InProcessEngine):
         plogits = dec.forward(ids, cos_t[pos], sin_t[pos], prompt_attend)
         fused = self._use_kernels(dtype)
         whole = fused and dec.fusable  # the whole decode step through the kernels
+        slots = Slots(prompt_of, self.share_rows)
         if not fused:
-            kv: TensorCache | SharedCache | RowsCache = TensorCache(dec, prefix, attn, prompt_of, steps)
+            kv: TensorCache | SharedCache | RowsCache = TensorCache(dec, prefix, attn, slots.prompt, steps, n_req)
         elif self.rows_layout(n_req, len(uniq), width, steps):
-            kv = RowsCache(dec, prefix, attn, prompt_of, steps)
+            kv = RowsCache(dec, prefix, attn, slots.prompt, steps, n_req)
         else:
-            kv = SharedCache(dec, prefix, attn, prompt_of, steps)
-        next_pos = pos[prompt_of, -1] + 1
+            kv = SharedCache(dec, prefix, attn, slots.prompt, steps, n_req)
+        slot_pos = torch.zeros(n_req, dtype=torch.long)  # each slot's next position
+        slot_pos[: slots.n] = pos[slots.prompt, -1] + 1
         logits = plogits[prompt_of].float()  # float32 also under bf16/fp16 autocast (policy.precision)
 
         state = (torch.zeros(n_req, dtype=torch.bool),) * 2  # (finished, done)
         active = torch.arange(n_req)  # requests whose rows are in the cache, in cache order
         tokens = torch.full((n_req, steps), self.pad_id, dtype=torch.long)
         logps = torch.zeros(n_req, steps)
-        twins = _Twins(prompt_of if self.share_rows else None)
         for step in range(steps):
             tok, logps[:, step], state = sample_step(
                 logits, params, generator, state, limit, step, pad_id=self.pad_id, eos_id=self.eos_id,
@@ -439,25 +402,24 @@ class StaticEngine(InProcessEngine):
             n_live = int(live.sum())
             if n_live < len(active) and n_live <= self.compact_at * len(active):
                 keep = live.nonzero().squeeze(-1)
-                active, next_pos = active[keep], next_pos[keep]
-                kv.keep(keep, step)
-                twins.keep(keep)
-            # one row per distinct sequence through the step; every row's keys and attention
-            fed = tok[active]
-            one, every = twins.step(fed, max(logits.shape[1], self.pad_id + 1))
+                active, live = active[keep], live[keep]
+                kept = slots.keep(keep)
+                kv.keep(kept, step, len(keep))
+                slot_pos = take(slot_pos, 0, kept, len(keep))
+            fed, src, dst = slots.step(tok[active], live, max(logits.shape[1], self.pad_id + 1), self.pad_id)
+            if src is not None:  # sequences that parted from their twins: copies of the keys so far
+                kv.fork(src, dst, step)
+                slot_pos[dst] = slot_pos[src]
+            at = slot_pos[: slots.n]
             if whole:
-                out = dec.decode_fused(
-                    _rows(fed, one), lambda i, qkv: _rows(kv.fused(i, _rows(qkv, every), cos_t, sin_t, next_pos, step), one)
-                )
+                out = dec.decode_fused(fed, lambda i, qkv: kv.fused(i, qkv, cos_t, sin_t, at, step))
             else:  # the float32 logits take an autocast (policy.precision) result as float32
-                at = _rows(next_pos, one)
                 out = dec.forward(
-                    _rows(fed, one)[:, None], cos_t[at][:, None], sin_t[at][:, None],
-                    lambda i, q, k, v: _rows(kv.attend(i, _rows(q, every), _rows(k, every), _rows(v, every), step), one),
+                    fed[:, None], cos_t[at][:, None], sin_t[at][:, None], lambda i, q, k, v: kv.attend(i, q, k, v, step)
                 )
-            logits.index_copy_(0, active, _rows(out, every).float())
-            next_pos = next_pos + 1
-        self.last_rows = (twins.computed, twins.rows)
+            logits.index_copy_(0, active, out.float().index_select(0, slots.row))
+            slot_pos[: slots.n] += 1
+        self.last_rows = (slots.computed, slots.rows)
         return pack_generation(len(prompts), n, requests, tokens, logps, limit, self.eos_id, params.stop_ids)
 
 
