@@ -114,12 +114,13 @@ def test_rope_cache_attend_matches_reference_and_writes_the_cache(layout, seed):
     assert float((got.double() - want).abs().max()) < 1e-5
 
 
-@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("fused, lanes", [(True, None), (True, 11), (False, None)])
 @pytest.mark.parametrize("seed", range(3))
-def test_rows_kernels_fork_rows_while_streaming_the_cache(fused, seed):
+def test_rows_kernels_fork_rows_while_streaming_the_cache(fused, lanes, seed):
     """Rows 7 and 8 are new sequences parting from rows 1 and 4: the kernel copies those rows'
     columns into them as it reads the cache, so the call equals attention over a cache in
-    which they had always held that history. The cache holds 11 rows; the call attends 9."""
+    which they had always held that history. The cache holds 11 rows; the call attends 9 (with
+    ``lanes=11`` it runs over all 11, the last two with zero queries and keys)."""
     g, kp, vp, pstart, prompt_of, kr, vr = random_case(seed)
     heads, kv, d, t, width = 4, 2, 8, 4, kp.shape[2]
     src, dst = torch.tensor([1, 4]), torch.tensor([7, 8])
@@ -140,7 +141,9 @@ def test_rows_kernels_fork_rows_while_streaming_the_cache(fused, seed):
     first11 = torch.cat([first, torch.zeros(2, dtype=torch.long)])
     col = width + t - 1
     if fused:
-        got = kernels.rope_cache_attend(qkv, cos_t, sin_t, pos, heads, k, v, first11[:b], col + 1, 0.4, src, dst)
+        got = kernels.rope_cache_attend(
+            qkv, cos_t, sin_t, pos, heads, k, v, first11[: lanes or b], col + 1, 0.4, src, dst, lanes=lanes
+        )
     else:  # the caller writes the new column
         k[:, col, :, :b], v[:, col, :, :b] = kn.permute(1, 2, 0), vn.permute(1, 2, 0)
         got = kernels.decode_attention(q[:, :, None] * 1.0, k, v, first11[:b], col + 1, 0.4, src, dst)
@@ -149,7 +152,11 @@ def test_rows_kernels_fork_rows_while_streaming_the_cache(fused, seed):
     j0 = int(first.min())  # columns before every row's first are never read, nor copied
     assert float((k[:, j0 : col + 1, :, :b] - want_k[:, j0 : col + 1]).abs().max()) < 1e-6
     assert torch.equal(v[:, j0 : col + 1, :, :b], want_v[:, j0 : col + 1])
+    if lanes:  # the extra lanes: zero keys and values in the new column, nothing else written
+        assert not k[:, col, :, 9:].any() and not v[:, col, :, 9:].any()
+        k[:, col, :, 9:], v[:, col, :, 9:] = after_k[:, col], after_v[:, col]
     assert torch.equal(k[..., 9:], after_k) and torch.equal(v[..., 9:], after_v)  # rows past the call untouched
+    assert got.shape == (b, heads * d)
 
 
 def test_rms_norm_matches_torch():

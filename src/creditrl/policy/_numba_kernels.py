@@ -144,20 +144,28 @@ def _attend(q, k, v, first, t, scale, src, dst, out):
 @numba.njit(parallel=True, fastmath=FAST, error_model="numpy", cache=True)
 def _rope_cache_attend(qkv, cos_t, sin_t, pos, h, k, v, first, t, scale, src, dst, out):
     # qkv (b, (h + 2 kv) d) fresh from the fused projection; rotates k at each row's position
-    # and writes k and v into column t - 1 of k/v (kv, C, d, b), rotates q, then attends
-    b = qkv.shape[0]
+    # and writes k and v into column t - 1 of k/v (kv, C, d, rows), rotates q, then attends.
+    # It runs over lanes = out.shape[0] >= b rows (whole vectors): rows b.. get zero queries
+    # and keys, and their outputs are discarded
+    b, lanes = qkv.shape[0], out.shape[0]
     kv, d = k.shape[0], k.shape[2]
     group = h // kv
-    s, qt, acc, m, total = _scratch(h, d, b, t)
-    q4 = qt.reshape((h, 1, d, b))
+    s, qt, acc, m, total = _scratch(h, d, lanes, t)
+    q4 = qt.reshape((h, 1, d, lanes))
     j0 = first.min()
     for g in numba.prange(kv):  # one parallel region: a kv head's column, then the heads reading it
         _rope_rows(qkv, (h + g) * d, cos_t, sin_t, pos, np.float32(1.0), k, g, t - 1)
         for c in range(d):
             for i in range(b):
                 v[g, t - 1, c, i] = qkv[i, (h + kv + g) * d + c]
+            for i in range(b, lanes):
+                k[g, t - 1, c, i] = 0.0
+                v[g, t - 1, c, i] = 0.0
         for head in range(g * group, (g + 1) * group):
             _rope_rows(qkv, head * d, cos_t, sin_t, pos, scale, q4, head, 0)
+            for c in range(d):
+                for i in range(b, lanes):
+                    qt[head, c, i] = 0.0
             _head(qt, k, v, g, first, j0, t, s, m, total, acc, out, head, src, dst, head == g * group)
 
 

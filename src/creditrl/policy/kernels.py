@@ -118,6 +118,7 @@ def rope_cache_attend(
     scale: float,
     src: torch.Tensor | None = None,
     dst: torch.Tensor | None = None,
+    lanes: int | None = None,
 ) -> torch.Tensor:
     """A decode step's attention block in one pass: rotary embedding of q and k at ``pos``,
     k and v stored in column ``t - 1``, then :func:`decode_attention` over columns
@@ -128,15 +129,18 @@ def rope_cache_attend(
     ``dst`` first take rows ``src``'s keys and values of the columns before ``t - 1`` that any
     row reads (from ``first.min()``), copied as the kernel streams the cache, so a fork costs
     almost no extra reading (``dst`` rows need ``first[dst] = first[src]``). The cache may hold
-    more rows than ``b``: the first ``b`` are attended. Returns (b, heads * d)."""
+    more rows than ``b``: the first ``b`` are attended. ``lanes`` (>= b, at most the cache's
+    rows; ``first`` needs that many entries): run over that many rows, whole vectors, as a
+    partial vector of rows runs scalar; rows b.. get zero queries and keys in column ``t - 1``
+    and their outputs are dropped. Returns (b, heads * d)."""
     lib = _need()
     b = qkv.shape[0]
-    out = np.empty((b, heads * k.shape[2]), dtype=np.float32)
+    out = np.empty((lanes or b, heads * k.shape[2]), dtype=np.float32)
     lib._rope_cache_attend(
         qkv.numpy(), cos_t.numpy(), sin_t.numpy(), pos.numpy(), heads, k.numpy(), v.numpy(), first.numpy(), t,
         np.float32(scale), *_forks(src, dst), out,
     )
-    return torch.from_numpy(out)
+    return torch.from_numpy(out)[:b]
 
 
 def decode_attention_shared(

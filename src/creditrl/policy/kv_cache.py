@@ -24,7 +24,6 @@ and attention from the fused projection; not :class:`TensorCache`).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from creditrl.policy import kernels as compiled
 
@@ -169,14 +168,11 @@ class RowsCache:
         # the kernel runs over whole vectors of slots: a partial one would run scalar (a 77-slot
         # call took 0.85x the time of a 128-slot one); the extra slots are unused ones, with
         # zero queries and keys, and first column 0
-        n = qkv.shape[0]
-        lanes = min(_lanes(n), self.cache.shape[-1])
-        if lanes > n:
-            qkv, pos = F.pad(qkv, (0, 0, 0, lanes - n)), F.pad(pos, (0, lanes - n))
+        lanes = min(_lanes(qkv.shape[0]), self.cache.shape[-1])
         return compiled.rope_cache_attend(
             qkv, cos_t, sin_t, pos, self.dec.n_heads, self.cache[i, 0], self.cache[i, 1], self.first[:lanes],
-            self.width + step + 1, self.dec.scale, *self._forks(step),
-        )[:n]
+            self.width + step + 1, self.dec.scale, *self._forks(step), lanes=lanes,
+        )
 
     def _forks(self, step: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         at, src, dst = self.forks
