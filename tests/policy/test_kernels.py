@@ -12,7 +12,7 @@ from creditrl.policy import kernels
 from creditrl.policy import static_engine as se
 from creditrl.policy.engine import SamplingParams
 from creditrl.policy.model import build_tiny
-from creditrl.policy.static_engine import StaticEngine
+from creditrl.policy.static_engine import SHARED_LAYOUT_BELOW, StaticEngine
 
 
 
@@ -281,3 +281,22 @@ def test_cache_layout_rows_unless_copying_prompts_reads_twice_what_sharing_reads
     assert not StaticEngine(model, eos_id=-1, pad_id=0, cache_layout="shared").rows_layout(128, 16, 15, 48)
     with pytest.raises(ValueError, match=r"cache_layout: expected one of \('auto', 'rows', 'shared'\), got 'x'"):
         StaticEngine(model, eos_id=-1, pad_id=0, cache_layout="x")
+
+
+def test_cache_layout_follows_how_many_sequences_the_last_call_computed():
+    """After a call whose samples stayed identical (greedy: one sequence per prompt) ``auto``
+    takes the shared layout; after one whose samples all parted, the rows layout again."""
+    model, _ = build_tiny(0)
+    model.eval()
+    prompts = [[1, 5, 6, 7], [1, 9, 10, 11]]
+    engine = StaticEngine(model, eos_id=-1, pad_id=0)
+    engine.generate(prompts, 8, SamplingParams(max_new_tokens=6, temperature=0.0))
+    assert engine.last_rows == (2 * 5, 16 * 5)  # two sequences, five decode steps
+    assert not engine.rows_layout(128, 16, 15, 48)
+    assert StaticEngine(model, eos_id=-1, pad_id=0, cache_layout="rows").rows_layout(128, 16, 15, 48)
+    engine.generate(prompts, 8, SamplingParams(max_new_tokens=6, temperature=50.0), generator=torch.Generator().manual_seed(0))
+    computed, decoded = engine.last_rows
+    assert computed > SHARED_LAYOUT_BELOW * decoded and engine.rows_layout(128, 16, 15, 48)
+    every = StaticEngine(model, eos_id=-1, pad_id=0, share_rows=False)
+    every.generate(prompts, 8, SamplingParams(max_new_tokens=6, temperature=0.0))
+    assert every.last_rows == (16 * 5, 16 * 5) and every.rows_layout(128, 16, 15, 48)

@@ -54,6 +54,15 @@ def _exp_neg(x):
     return p * _bits_as_f32((np.int32(k) + np.int32(127)) << np.int32(23))
 
 
+@numba.njit(cache=True, inline="always")
+def _fork_column(x, g, j, src, dst, t):
+    """x[g, j, :, dst[n]] = x[g, j, :, src[n]] for a column j before t - 1 (the new one)."""
+    if j < t - 1:
+        for c in range(x.shape[2]):
+            for n in range(src.shape[0]):
+                x[g, j, c, dst[n]] = x[g, j, c, src[n]]
+
+
 @numba.njit(fastmath=FAST, error_model="numpy", cache=True)
 def _head(q, k, v, g, first, j0, t, s, m, total, acc, out, head, src, dst, fork):
     """Head ``head`` of every row against kv head ``g``'s columns [j0, t) (row i's from first[i]):
@@ -66,13 +75,14 @@ def _head(q, k, v, g, first, j0, t, s, m, total, acc, out, head, src, dst, fork)
     for i in range(b):
         m[head, i] = -np.inf
         total[head, i] = 0.0
+    if fork:  # one column ahead of the reads: a vector load right after a store into it stalls
+        _fork_column(k, g, j0, src, dst, t)
     for j in range(j0, t):
+        if fork:
+            _fork_column(k, g, j + 1, src, dst, t)
         for i in range(b):
             s[head, j, i] = 0.0
         for c in range(d):
-            if fork and j < t - 1:
-                for n in range(src.shape[0]):
-                    k[g, j, c, dst[n]] = k[g, j, c, src[n]]
             for i in range(b):
                 s[head, j, i] += q[head, c, i] * k[g, j, c, i]
         for i in range(b):
@@ -87,11 +97,12 @@ def _head(q, k, v, g, first, j0, t, s, m, total, acc, out, head, src, dst, fork)
     for c in range(d):
         for i in range(b):
             acc[head, c, i] = 0.0
+    if fork:
+        _fork_column(v, g, j0, src, dst, t)
     for j in range(j0, t):
+        if fork:
+            _fork_column(v, g, j + 1, src, dst, t)
         for c in range(d):
-            if fork and j < t - 1:
-                for n in range(src.shape[0]):
-                    v[g, j, c, dst[n]] = v[g, j, c, src[n]]
             for i in range(b):
                 acc[head, c, i] += s[head, j, i] * v[g, j, c, i]
     for i in range(b):

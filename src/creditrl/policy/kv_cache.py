@@ -133,27 +133,39 @@ class SharedCache:
 
 
 class RowsCache:
+    """Rows innermost: the cache's row axis holds as many slots as are in use, rounded up to
+    whole vectors, and grows (doubling, at most ``capacity``) when sequences part: reading a
+    slice of a wider row axis reads all of it (the hardware prefetches the neighbouring lines)."""
+
     def __init__(self, dec, prefix: torch.Tensor, attn: torch.Tensor, slot_prompt: torch.Tensor, steps: int, capacity: int) -> None:
         compiled.match_threads()
         layers, _, _, kv, width, d = prefix.shape
         n = len(slot_prompt)
-        self.dec, self.width = dec, width
-        self.cache = torch.empty(layers, 2, kv, width + steps, d, _lanes(capacity), dtype=prefix.dtype)
+        self.dec, self.width, self.limit = dec, width, _lanes(capacity)
+        cap = min(self.limit, _lanes(2 * n))
+        self.cache = torch.empty(layers, 2, kv, width + steps, d, cap, dtype=prefix.dtype)
         self.cache[:, :, :, :width, :, :n] = prefix[:, :, slot_prompt].permute(0, 1, 3, 4, 5, 2)
-        self.first = torch.zeros(_lanes(capacity), dtype=torch.int64)  # each slot's first real column
+        self.first = torch.zeros(cap, dtype=torch.int64)  # each slot's first real column
         self.first[:n] = (width - attn.sum(-1)).to(torch.int64)[slot_prompt]
         self.forks: tuple[int, torch.Tensor | None, torch.Tensor | None] = (-1, None, None)
 
     def keep(self, slots: torch.Tensor, step: int, capacity: int) -> None:
+        self.limit = _lanes(capacity)
+        self._resize(slots, step, min(self.limit, _lanes(2 * len(slots))))
+
+    def _resize(self, slots: torch.Tensor, step: int, cap: int) -> None:
         # columns [0, width + step) are written: the prompt and the tokens fed back so far
-        self.cache = compiled.keep_rows(self.cache, slots, self.width + step, _lanes(capacity))
-        first = torch.zeros(_lanes(capacity), dtype=torch.int64)
+        self.cache = compiled.keep_rows(self.cache, slots, self.width + step, cap)
+        first = torch.zeros(cap, dtype=torch.int64)
         first[: len(slots)] = self.first[slots]
         self.first = first
 
     def fork(self, src: torch.Tensor, dst: torch.Tensor, step: int) -> None:
-        # copied inside each layer's attention kernel at this step, as it streams the cache
-        # (a separate strided pass took about 0.5 ms a step on the bench batch)
+        need, cap = int(dst[-1]) + 1, self.cache.shape[-1]  # dst: the new slots, appended in order
+        if need > cap:
+            self._resize(torch.arange(int(dst[0])), step, min(self.limit, _lanes(max(need, 2 * cap))))
+        # the keys are copied inside each layer's attention kernel at this step, as it streams
+        # the cache (a separate strided pass took about 0.5 ms a step on the bench batch)
         self.first[dst] = self.first[src]
         self.forks = (step, src, dst)
 

@@ -72,6 +72,7 @@ ENGINES = ("auto", "static", "hf", "vllm")  # vllm: creditrl.policy.vllm_engine 
 KERNELS = ("auto", "numba", "torch")  # StaticEngine's decode step (policy.kernels): auto = numba in fp32 when importable
 CACHE_LAYOUTS = ("auto", "rows", "shared")  # the compiled kernels' KV cache; see StaticEngine.rows_layout
 ROWS_LAYOUT_MAX_READ = 2.0
+SHARED_LAYOUT_BELOW = 0.6  # share of row-steps computed in the last call (StaticEngine.rows_layout)
 
 
 def unsupported_reason(model: PreTrainedModel) -> str | None:
@@ -318,9 +319,18 @@ class StaticEngine(InProcessEngine):
         ``auto`` takes it while that is at most ``ROWS_LAYOUT_MAX_READ`` times the keys sharing
         reads over a call. Measured: 16 prompts x 8 samples of 15-token prompts, 48 tokens (a
         ratio of 1.5) decode faster rows innermost; 1,024 80-token prefixes x 8, 64 tokens (2.7:
-        MC continuations) decode 1.3x slower and hold twice the memory."""
+        MC continuations) decode 1.3x slower and hold twice the memory.
+
+        With ``share_rows``, ``auto`` also takes ``shared`` when the engine's last call computed
+        at most ``SHARED_LAYOUT_BELOW`` of its row-steps (:attr:`last_rows`; a policy that keeps
+        its samples identical keeps doing so from one call to the next): few slots attended per
+        (slot, head), and a parting sequence's keys copied as one contiguous block, then beat
+        the rows layout's vectors over a partly filled row axis."""
         if self.cache_layout != "auto":
             return self.cache_layout == "rows"
+        computed, decoded = self.last_rows
+        if self.share_rows and decoded and computed <= SHARED_LAYOUT_BELOW * decoded:
+            return False
         copied = rows * (width + steps / 2)
         shared = prompts * width + rows * steps / 2
         return copied <= ROWS_LAYOUT_MAX_READ * shared
