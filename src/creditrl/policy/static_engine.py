@@ -10,11 +10,12 @@ as a short sequence of tensor ops over fused weights (``q|k|v`` and ``gate|up`` 
 and keeps keys and values in tensors allocated once per call:
 
 * **pre-allocated KV cache**: the prompt keys/values ``(layers, 2, prompts, kv_heads, P,
-  head_dim)`` and the response keys/values ``(layers, 2, rows, kv_heads, max_new_tokens,
-  head_dim)`` are allocated once per call; decode step j writes column j of the response part
-  (with the compiled kernels, unless the prompts are long and shared by many rows: one
-  ``(layers, 2, kv_heads, P + max_new_tokens, head_dim, rows)`` cache, rows innermost, each row's
-  prompt columns copied in after the prefill; see :meth:`StaticEngine.rows_layout` and
+  head_dim)`` and the response keys/values ``(layers, 2, slots, kv_heads, max_new_tokens,
+  head_dim)`` are allocated once per call, a slot per distinct sequence (below); decode step j
+  writes column j of the response part (with the compiled kernels, unless the prompts are long
+  and shared by many rows or the last call's samples stayed mostly identical: one ``(layers, 2,
+  kv_heads, P + max_new_tokens, head_dim, slots)`` cache, slots innermost, each slot's prompt
+  columns copied in after the prefill; see :meth:`StaticEngine.rows_layout` and
   :mod:`creditrl.policy.kv_cache`);
 * **shared-prefix prefill**: identical prompts (the ``n`` samples of a prompt, MC continuations
   of one prefix) are run through the prompt forward once and their keys/values copied;
