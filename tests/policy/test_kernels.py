@@ -300,3 +300,35 @@ def test_cache_layout_follows_how_many_sequences_the_last_call_computed():
     every = StaticEngine(model, eos_id=-1, pad_id=0, share_rows=False)
     every.generate(prompts, 8, SamplingParams(max_new_tokens=6, temperature=0.0))
     assert every.last_rows == (16 * 5, 16 * 5) and every.rows_layout(128, 16, 15, 48)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_compiled_slot_regrouping_equals_the_tensor_op_one(seed):
+    """kv_cache.Slots.step with and without the compiled pass: the same slots for every row,
+    tokens fed, copies and slot count, over several steps with rows finishing on the way; and
+    rows share a slot exactly when their prompt and live tokens so far are equal."""
+    from creditrl.policy.kv_cache import Slots
+
+    g = torch.Generator().manual_seed(seed)
+    prompt_of = torch.randint(0, 3, (24,), generator=g)
+    prompt_of = torch.unique(prompt_of, return_inverse=True)[1]  # prompt ids 0..u-1
+    slow, fast = Slots(prompt_of.clone(), True), Slots(prompt_of.clone(), True, compiled_step=True)
+    history = [[int(p)] for p in prompt_of]
+    live = torch.ones(24, dtype=torch.bool)
+    for step in range(6):
+        tok = torch.randint(0, 3, (24,), generator=g)  # 3 tokens: many rows stay identical
+        live &= torch.rand(24, generator=g) > 0.1
+        want, got = slow.step(tok, live, 5, 4), fast.step(tok, live, 5, 4)
+        assert torch.equal(slow.row, fast.row) and slow.n == fast.n and torch.equal(want[0], got[0])
+        assert (want[1] is None) == (got[1] is None)
+        if want[1] is not None:
+            assert torch.equal(want[1], got[1]) and torch.equal(want[2], got[2])
+        for i in range(24):
+            if live[i]:
+                history[i].append(int(tok[i]))
+        for i in range(24):
+            for j in range(24):
+                if live[i] and live[j]:
+                    assert (fast.row[i] == fast.row[j]) == (history[i] == history[j])
+            if live[i]:
+                assert int(got[0][fast.row[i]]) == int(tok[i])  # the slot is fed the row's token

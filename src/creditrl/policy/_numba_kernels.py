@@ -293,6 +293,43 @@ def _keep_rows(src, keep, used, dst):
                     dst[a, j, c, r] = src[a, j, c, keep[r]]
 
 
+@numba.njit(cache=True)
+def _part_slots(row, tok, live, n, base, pad, fed, src, dst):
+    """Slots after a decode step's draws (kv_cache.Slots.step): live rows grouped by (slot,
+    token) in sorted order; a slot's first group keeps it, each other takes slot n, n + 1, ...
+    (src/dst record the copies). Rewrites row for live rows and fed[: new n]; returns (new n,
+    copies)."""
+    idx = np.empty(row.shape[0], dtype=np.int64)
+    m = 0
+    for i in range(row.shape[0]):
+        if live[i]:
+            idx[m] = i
+            m += 1
+    keys = np.empty(m, dtype=np.int64)
+    for a in range(m):
+        keys[a] = row[idx[a]] * base + tok[idx[a]]
+    order = np.argsort(keys, kind="mergesort")
+    for s in range(n):
+        fed[s] = pad  # a slot whose rows are all done
+    new_n, copies = n, 0
+    prev_key, prev_parent, slot = -1, -1, -1
+    for a in range(m):
+        key = keys[order[a]]
+        if key != prev_key:
+            parent = key // base
+            if parent == prev_parent:
+                slot = new_n
+                src[copies], dst[copies] = parent, new_n
+                copies += 1
+                new_n += 1
+            else:
+                slot = parent
+            fed[slot] = key - parent * base
+            prev_key, prev_parent = key, parent
+        row[idx[order[a]]] = slot
+    return new_n, copies
+
+
 @numba.njit(parallel=True, cache=True)
 def _start_pool(x):
     """A parallel loop that does nothing useful: its first call starts numba's thread pool."""

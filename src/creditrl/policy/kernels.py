@@ -23,6 +23,7 @@ keys, at about 0.3 us of ``bmm`` overhead each. These kernels do that work in co
 * :func:`rms_norm`: RMSNorm in one pass instead of five ops; :func:`silu_mul`: the gated SiLU in
   one pass (both on one thread: a step's rows are less work than starting a parallel region).
 * :func:`keep_rows`: the rows-innermost cache without its finished rows, written columns only.
+* :func:`part_slots`: a decode step's regrouping of rows into slots (one per distinct sequence).
 * :func:`sample_tokens`: a decode step's inverse-CDF draw at a temperature (no top-p) and the
   drawn token's raw log-prob in one pass, from uniforms the caller drew from its generator.
 
@@ -203,6 +204,22 @@ def keep_rows(cache: torch.Tensor, keep: torch.Tensor, used: int, capacity: int 
     out = torch.empty(*lead, cols, d, cap, dtype=cache.dtype)
     lib._keep_rows(cache.reshape(-1, cols, d, b).numpy(), keep.numpy(), used, out.view(-1, cols, d, cap).numpy())
     return out
+
+
+def part_slots(
+    row: torch.Tensor, tok: torch.Tensor, live: torch.Tensor, n: int, base: int, pad: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None, int]:
+    """:meth:`creditrl.policy.kv_cache.Slots.step`'s regrouping in one compiled pass: rows'
+    slots ``row`` (int64) after the live rows drew ``tok`` (ids < ``base``). Returns each row's
+    new slot, the token fed to each slot (``pad`` for slots with no live row), the slots
+    ``src`` copied to the new slots ``dst`` (None when none), and the new slot count."""
+    new_row = row.numpy().copy()
+    m = int(live.sum())
+    fed = np.empty(n + m, dtype=np.int64)
+    src, dst = np.empty(m, dtype=np.int64), np.empty(m, dtype=np.int64)
+    new_n, copies = _need()._part_slots(new_row, tok.numpy(), live.numpy(), n, base, pad, fed, src, dst)
+    forks = (torch.from_numpy(src[:copies]), torch.from_numpy(dst[:copies])) if copies else (None, None)
+    return torch.from_numpy(new_row), torch.from_numpy(fed[:new_n]), *forks, int(new_n)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

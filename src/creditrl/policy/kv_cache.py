@@ -37,9 +37,9 @@ class Slots:
     the keys so far. Rows that are done keep their slot (their draws are discarded) until the
     cache drops them. With ``share`` off every row is its own slot."""
 
-    def __init__(self, prompt_of: torch.Tensor, share: bool) -> None:
+    def __init__(self, prompt_of: torch.Tensor, share: bool, compiled_step: bool = False) -> None:
         rows = len(prompt_of)
-        self.share = share
+        self.share, self.compiled_step = share, compiled_step
         # each row's slot, and each slot's prompt: one slot per distinct prompt, or per row
         self.row, self.prompt = (prompt_of, torch.arange(int(prompt_of.max()) + 1)) if share else (torch.arange(rows), prompt_of)
         self.n = len(self.prompt)  # slots in use: [0, n)
@@ -52,6 +52,10 @@ class Slots:
         if not self.share:
             self.computed += self.n
             return tok, None, None
+        if self.compiled_step:  # the same regrouping in one compiled pass (about 10 vs 100 us)
+            self.row, fed, src, dst, self.n = compiled.part_slots(self.row, tok, live, self.n, base, pad)
+            self.computed += self.n
+            return fed, src, dst
         at = live.nonzero().squeeze(-1)
         seqs, of = torch.unique(self.row[at] * base + tok[at], return_inverse=True)  # sorted by slot
         parent = torch.div(seqs, base, rounding_mode="floor")
