@@ -83,8 +83,8 @@ def main() -> None:
          timed(lambda *a: "attention (rotary, cache write, softmax, values)", kernels.rope_cache_attend_shared)),
         (kernels, "rms_norm", timed(lambda *a: "RMSNorm", kernels.rms_norm)),
         (kernels, "silu_mul", timed(lambda *a: "gated SiLU", kernels.silu_mul)),
-        (se._Decoder, "decode_fused", region("decode step", se._Decoder.decode_fused, flag=True)),
-        (se._Decoder, "forward", region("prompt prefill", se._Decoder.forward)),
+        (se.Decoder, "decode_fused", region("decode step", se.Decoder.decode_fused, flag=True)),
+        (se.Decoder, "forward", region("prompt prefill", se.Decoder.forward)),
         (se, "sample_step", region("sampling (draw, log-prob, state)", se.sample_step)),
     ]
     originals = [(obj, name, getattr(obj, name)) for obj, name, _ in patches]

@@ -171,13 +171,13 @@ def test_engine_takes_the_fused_path_only_where_it_applies(monkeypatch):
     autocast go through the tensor-op forward; ``kernels='numba'`` refuses a bf16 policy."""
     model, tok = build_tiny(0)
     calls = []
-    fused = se._Decoder.decode_fused
+    fused = se.Decoder.decode_fused
 
     def spy(self, *args, **kwargs):
         calls.append(1)
         return fused(self, *args, **kwargs)
 
-    monkeypatch.setattr(se._Decoder, "decode_fused", spy)
+    monkeypatch.setattr(se.Decoder, "decode_fused", spy)
     params = SamplingParams(max_new_tokens=5, temperature=0.0)
     prompts = [[tok.bos_token_id, 5, 6]]
     out = StaticEngine(model, eos_id=-1, pad_id=0).generate(prompts, 2, params)

@@ -383,7 +383,7 @@ def simulate_cache_rows(tokens, compact_at):
 def test_compaction_does_not_change_outputs(monkeypatch, peaked, temperature):
     model, _ = peaked
     calls = []
-    forward, fused = se._Decoder.forward, se._Decoder.decode_fused
+    forward, fused = se.Decoder.forward, se.Decoder.decode_fused
 
     def spy(self, ids, *args, **kwargs):
         calls.append(ids.shape)
@@ -393,8 +393,8 @@ def test_compaction_does_not_change_outputs(monkeypatch, peaked, temperature):
         calls.append((tok.shape[0], 1))
         return fused(self, tok, *args, **kwargs)
 
-    monkeypatch.setattr(se._Decoder, "forward", spy)
-    monkeypatch.setattr(se._Decoder, "decode_fused", spy_fused)
+    monkeypatch.setattr(se.Decoder, "forward", spy)
+    monkeypatch.setattr(se.Decoder, "decode_fused", spy_fused)
     params = SamplingParams(max_new_tokens=14, temperature=temperature)
     results, sizes = {}, {}
     for c in (0.75, 1.0, 0.25):
@@ -449,9 +449,9 @@ def test_identical_rows_are_decoded_once_with_unchanged_outputs(monkeypatch, pea
     prompts = PROMPTS + [PROMPTS[3]]  # a duplicate prompt: its rows start as one sequence too
     params = SamplingParams(max_new_tokens=12, temperature=temperature)
     widths = []
-    fused, forward = se._Decoder.decode_fused, se._Decoder.forward
-    monkeypatch.setattr(se._Decoder, "decode_fused", lambda self, tok, *a: widths.append(len(tok)) or fused(self, tok, *a))
-    monkeypatch.setattr(se._Decoder, "forward", lambda self, ids, *a: widths.append(len(ids)) or forward(self, ids, *a))
+    fused, forward = se.Decoder.decode_fused, se.Decoder.forward
+    monkeypatch.setattr(se.Decoder, "decode_fused", lambda self, tok, *a: widths.append(len(tok)) or fused(self, tok, *a))
+    monkeypatch.setattr(se.Decoder, "forward", lambda self, ids, *a: widths.append(len(ids)) or forward(self, ids, *a))
     kw = dict(eos_id=STOP, pad_id=PAD)
     for compact_at in (0.75, 1e-9):  # with compaction, and without (every row decodes every step)
         off = StaticEngine(model, **kw, compact_at=compact_at, share_rows=False)

@@ -10,7 +10,7 @@ keys/values from the shared-prefix prefill and the response keys/values written 
 
 * :class:`TensorCache`: tensor ops (``policy.kernels=torch``, or a bf16/fp16 policy): prompt
   keys copied into every row, ``(layers, 2, rows, kv, P, d)``, response keys ``(layers, 2, rows,
-  kv, steps, d)``, attention as batched products (:meth:`_Decoder.decode_attend`).
+  kv, steps, d)``, attention as batched products (:meth:`~creditrl.policy.decoder.Decoder.decode_attend`).
 * :class:`SharedCache`: the compiled per-(row, head) kernels: prompt keys once per distinct
   prompt, ``(layers, 2, prompts, kv, P, d)``, response keys per row as above.
 * :class:`RowsCache`: the compiled rows-innermost kernels: one ``(layers, 2, kv, P + steps, d,

@@ -1,0 +1,223 @@
+"""The static engine's decoder: an HF Llama-family model's own weights, fused (``q|k|v`` and
+``gate|up`` concatenated), and its forward as plain tensor ops, inference only.
+
+:meth:`Decoder.forward` runs the prompt prefill (and the tensor-op decode step);
+:meth:`Decoder.decode_fused` runs one decode step through the compiled kernels
+(:mod:`creditrl.policy.kernels`). Each stores keys/values and attends through a callback, so the
+caller (:class:`~creditrl.policy.static_engine.StaticEngine`, with the caches of
+:mod:`creditrl.policy.kv_cache`) owns the cache. The mathematics is that of the HF modules --
+RMSNorm, rotary embeddings from the model's own rotary module, grouped-query attention, gated
+MLP -- and :func:`unsupported_reason` says when a model is outside it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+from transformers.activations import ACT2FN
+
+from creditrl.policy import kernels as compiled
+from creditrl.policy.device import module_device
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def unsupported_reason(model: PreTrainedModel) -> str | None:
+    """Why :class:`StaticEngine` cannot run ``model`` (None when it can)."""
+    if hasattr(model, "peft_config"):
+        return "the model carries peft (LoRA) adapters, which the fused plain weights would ignore"
+    if module_device(model).type != "cpu":
+        return f"it is written for the CPU and the model is on '{module_device(model)}' (use hf or vllm there)"
+    cfg = model.config
+    if cfg.model_type not in SUPPORTED_MODEL_TYPES:
+        return f"model_type '{cfg.model_type}' is not one of {SUPPORTED_MODEL_TYPES}"
+    layer_types = getattr(cfg, "layer_types", None) or []
+    if any(t != "full_attention" for t in layer_types):
+        return f"sliding-window layers are not supported (layer_types={sorted(set(layer_types))})"
+    if getattr(cfg, "hidden_act", "silu") not in ACT2FN:
+        return f"unknown activation '{cfg.hidden_act}'"
+    layer = model.model.layers[0]
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        if not isinstance(getattr(layer.self_attn, name, None), torch.nn.Linear):
+            return f"attention has no Linear '{name}'"
+    for name in ("gate_proj", "up_proj", "down_proj"):
+        if not isinstance(getattr(layer.mlp, name, None), torch.nn.Linear):
+            return f"MLP has no Linear '{name}'"
+    return None
+
+
+def _cat_bias(*linears: torch.nn.Linear) -> torch.Tensor | None:
+    if all(lin.bias is None for lin in linears):
+        return None
+    return torch.cat([lin.bias if lin.bias is not None else torch.zeros(lin.out_features) for lin in linears])
+
+
+def _eps(norm: torch.nn.Module) -> float:
+    return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # the HF LlamaRMSNorm op order, so results agree bit for bit in fp32
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+@dataclass
+class _Layer:
+    ln1: torch.Tensor
+    eps1: float
+    qkv: torch.Tensor  # (q + 2 kv, hidden) fused projection
+    qkv_bias: torch.Tensor | None
+    q_norm: tuple[torch.Tensor, float] | None  # Qwen3 per-head RMSNorm
+    k_norm: tuple[torch.Tensor, float] | None
+    o: torch.Tensor
+    o_bias: torch.Tensor | None
+    ln2: torch.Tensor
+    eps2: float
+    gate_up: torch.Tensor  # (2 * intermediate, hidden)
+    gate_up_bias: torch.Tensor | None
+    down: torch.Tensor
+    down_bias: torch.Tensor | None
+
+
+class Decoder:
+    """The model's weights, fused, and its forward as plain tensor ops (inference only)."""
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(f"StaticEngine cannot run this model: {reason}")
+        cfg = model.config
+        base = model.model
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
+        self.scale = self.head_dim**-0.5
+        self.act = ACT2FN[cfg.hidden_act]
+        self.hidden_act = cfg.hidden_act
+        self.window = getattr(cfg, "sliding_window", None) if cfg.model_type == "mistral" else None
+        self.embed = base.embed_tokens.weight
+        self.norm, self.norm_eps = base.norm.weight, _eps(base.norm)
+        self.lm_head = model.lm_head.weight
+        self.lm_head_bias = model.lm_head.bias
+        self.rotary = base.rotary_emb
+        self.layers = []
+        for layer in base.layers:
+            at, mlp = layer.self_attn, layer.mlp
+            qn, kn = getattr(at, "q_norm", None), getattr(at, "k_norm", None)
+            self.layers.append(
+                _Layer(
+                    ln1=layer.input_layernorm.weight,
+                    eps1=_eps(layer.input_layernorm),
+                    qkv=torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight]),
+                    qkv_bias=_cat_bias(at.q_proj, at.k_proj, at.v_proj),
+                    q_norm=None if qn is None else (qn.weight, _eps(qn)),
+                    k_norm=None if kn is None else (kn.weight, _eps(kn)),
+                    o=at.o_proj.weight,
+                    o_bias=at.o_proj.bias,
+                    ln2=layer.post_attention_layernorm.weight,
+                    eps2=_eps(layer.post_attention_layernorm),
+                    gate_up=torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
+                    gate_up_bias=_cat_bias(mlp.gate_proj, mlp.up_proj),
+                    down=mlp.down_proj.weight,
+                    down_bias=mlp.down_proj.bias,
+                )
+            )
+        self.q_size = self.n_heads * self.head_dim
+        self.kv_size = self.n_kv * self.head_dim
+
+    def rope_table(self, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin (width, head_dim) from the model's own rotary module."""
+        pos = torch.arange(width)[None]
+        cos, sin = self.rotary(self.embed[:1], pos)
+        return cos[0], sin[0]
+
+    def _heads(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        """Grouped-query attention: repeat each kv head for the query heads it serves."""
+        return x if self.n_kv == self.n_heads else x.repeat_interleave(self.n_heads // self.n_kv, dim=dim)
+
+    def prompt_attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """Causal attention within left-padded prompts; q, k, v (u, heads|kv, w, d), bias (u, 1, w, w)."""
+        scores = torch.matmul(q, self._heads(k, 1).transpose(-1, -2)).mul_(self.scale).add_(bias)
+        return torch.matmul(torch.softmax(scores, dim=-1), self._heads(v, 1))
+
+    def decode_attend(
+        self,
+        q: torch.Tensor,  # (b, heads, 1, d): one new token per row
+        kp: torch.Tensor,  # (b, kv, P, d): the row's prompt keys
+        vp: torch.Tensor,
+        kr: torch.Tensor,  # (b, kv, t, d): the response tokens so far, this one included
+        vr: torch.Tensor,
+        pbias: torch.Tensor,  # (b, 1, 1, P): 0 on real prompt columns, -inf on left padding
+    ) -> torch.Tensor:
+        """One softmax over [prompt columns, response columns] of one query token, then the values."""
+        s_p = torch.matmul(q, self._heads(kp, 1).transpose(-1, -2)).mul_(self.scale).add_(pbias)
+        s_r = torch.matmul(q, self._heads(kr, 1).transpose(-1, -2)).mul_(self.scale)
+        probs = torch.softmax(torch.cat([s_p, s_r], dim=-1), dim=-1)
+        width = s_p.shape[-1]
+        return torch.matmul(probs[..., :width], self._heads(vp, 1)) + torch.matmul(probs[..., width:], self._heads(vr, 1))
+
+    @property
+    def fusable(self) -> bool:
+        """Whether :meth:`decode_fused` can run this model (no q/k norms, SiLU MLP)."""
+        first = self.layers[0]
+        return first.q_norm is None and first.k_norm is None and self.hidden_act == "silu"
+
+    def decode_fused(
+        self,
+        tok: torch.Tensor,  # (b,) one new token per row
+        attend: Callable[[int, torch.Tensor], torch.Tensor],
+    ) -> torch.Tensor:
+        """Logits (b, V) of one decode step through the compiled kernels (float32): RMSNorm and
+        the gated SiLU in one pass each, residual adds folded into the products (``addmm``), and
+        ``attend(layer, qkv)`` the rotary embedding, cache write and attention of a layer
+        (:func:`~creditrl.policy.kernels.rope_cache_attend`), returning (b, heads * d)."""
+        h = F.embedding(tok, self.embed)
+        for i, ly in enumerate(self.layers):
+            qkv = F.linear(compiled.rms_norm(h, ly.ln1, ly.eps1), ly.qkv, ly.qkv_bias)
+            a = attend(i, qkv)
+            h = torch.addmm(h, a, ly.o.t()) if ly.o_bias is None else h + F.linear(a, ly.o, ly.o_bias)
+            gu = F.linear(compiled.rms_norm(h, ly.ln2, ly.eps2), ly.gate_up, ly.gate_up_bias)
+            m = compiled.silu_mul(gu)
+            h = torch.addmm(h, m, ly.down.t()) if ly.down_bias is None else h + F.linear(m, ly.down, ly.down_bias)
+        return F.linear(compiled.rms_norm(h, self.norm, self.norm_eps), self.lm_head, self.lm_head_bias)
+
+    def forward(
+        self,
+        ids: torch.Tensor,  # (b, s)
+        cos: torch.Tensor,  # (b, s, head_dim) at each token's position
+        sin: torch.Tensor,
+        attend: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+    ) -> torch.Tensor:
+        """Logits (b, V) of the last position. ``attend(layer, q, k, v)`` stores the layer's new
+        keys/values wherever the caller keeps its cache and returns the attention output."""
+        b, s = ids.shape
+        h = F.embedding(ids, self.embed)
+        cos, sin = cos[:, None], sin[:, None]  # broadcast over heads
+        for i, ly in enumerate(self.layers):
+            x = _rms(h, ly.ln1, ly.eps1)
+            qkv = F.linear(x, ly.qkv, ly.qkv_bias)
+            q = qkv[..., : self.q_size].view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
+            k = qkv[..., self.q_size : self.q_size + self.kv_size].view(b, s, self.n_kv, self.head_dim).transpose(1, 2)
+            v = qkv[..., self.q_size + self.kv_size :].view(b, s, self.n_kv, self.head_dim).transpose(1, 2)
+            if ly.q_norm is not None:
+                q = _rms(q, *ly.q_norm)
+            if ly.k_norm is not None:
+                k = _rms(k, *ly.k_norm)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            attn = attend(i, q, k, v)
+            h = h + F.linear(attn.transpose(1, 2).reshape(b, s, self.q_size), ly.o, ly.o_bias)
+            x = _rms(h, ly.ln2, ly.eps2)
+            gu = F.linear(x, ly.gate_up, ly.gate_up_bias)
+            inter = gu.shape[-1] // 2
+            h = h + F.linear(self.act(gu[..., :inter]) * gu[..., inter:], ly.down, ly.down_bias)
+        return F.linear(_rms(h[:, -1], self.norm, self.norm_eps), self.lm_head, self.lm_head_bias).float()
