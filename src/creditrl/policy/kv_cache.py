@@ -9,12 +9,13 @@ keys/values from the shared-prefix prefill and the response keys/values written 
 ``slots``, renumbered from 0, and each cache runs one layer's decode attention:
 
 * :class:`TensorCache`: tensor ops (``policy.kernels=torch``, or a bf16/fp16 policy): prompt
-  keys copied into every row, ``(layers, 2, rows, kv, P, d)``, response keys ``(layers, 2, rows,
-  kv, steps, d)``, attention as batched products (:meth:`~creditrl.policy.decoder.Decoder.decode_attend`).
-* :class:`SharedCache`: the compiled per-(row, head) kernels: prompt keys once per distinct
-  prompt, ``(layers, 2, prompts, kv, P, d)``, response keys per row as above.
+  keys copied into every slot, ``(layers, 2, slots, kv, P, d)``, response keys ``(layers, 2,
+  slots, kv, steps, d)``, attention as batched products
+  (:meth:`~creditrl.policy.decoder.Decoder.decode_attend`).
+* :class:`SharedCache`: the compiled per-(slot, head) kernels: prompt keys once per distinct
+  prompt, ``(layers, 2, prompts, kv, P, d)``, response keys per slot as above.
 * :class:`RowsCache`: the compiled rows-innermost kernels: one ``(layers, 2, kv, P + steps, d,
-  rows)`` cache with each row's prompt columns copied in, read in one vectorised stream per head.
+  slots)`` cache with each slot's prompt columns copied in, read in one vectorised stream per head.
 
 ``attend(i, q, k, v, step)`` serves the tensor-op forward (q, k, v rotated, ``(b, heads|kv, 1,
 d)``); ``fused(i, qkv, cos_t, sin_t, pos, step)`` the compiled decode step (rotary, cache write
@@ -52,7 +53,8 @@ class Slots:
         if not self.share:
             self.computed += self.n
             return tok, None, None
-        if self.compiled_step:  # the same regrouping in one compiled pass (about 10 vs 100 us)
+        if self.compiled_step:  # the same regrouping in one compiled pass (about 10 vs 100 us);
+            # bookkeeping only, so it serves the tensor-op decode too (the fallback: no numba)
             self.row, fed, src, dst, self.n = compiled.part_slots(self.row, tok, live, self.n, base, pad)
             self.computed += self.n
             return fed, src, dst

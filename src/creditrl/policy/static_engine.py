@@ -185,7 +185,7 @@ class StaticEngine(InProcessEngine):
         plogits = dec.forward(ids, cos_t[pos], sin_t[pos], prompt_attend)
         fused = self._use_kernels(dtype)
         whole = fused and dec.fusable  # the whole decode step through the kernels
-        slots = Slots(prompt_of, self.share_rows, compiled_step=fused)
+        slots = Slots(prompt_of, self.share_rows, compiled_step=compiled.available())
         if not fused:
             kv: TensorCache | SharedCache | RowsCache = TensorCache(dec, prefix, attn, slots.prompt, steps, n_req)
         elif self.rows_layout(n_req, len(uniq), width, steps):
