@@ -1,0 +1,55 @@
+"""Same behaviour as before the redesign: each case of ``tests/fixtures/behaviour/cases.py`` run
+now writes the metrics rows the code before it wrote (``generate.py`` made the fixtures).
+
+Every value but ``time/*`` must be equal, or within 1e-6 relative (the run-to-run float rounding
+of the rollout log-probs), in a fresh cache (the SFT warm start is trained again).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "behaviour"
+ROOT = FIXTURES.parents[2]
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"behaviour_{name}", FIXTURES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+CASES = _load("cases").CASES
+generate = _load("generate")
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory):
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CREDITRL_CACHE", str(tmp_path_factory.mktemp("cache")))
+        mp.chdir(ROOT)
+        yield
+
+
+def _rows(text: str) -> list[dict]:
+    return [json.loads(x) for x in text.splitlines() if x.strip()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CASES))
+def test_metrics_match_the_pre_redesign_fixtures(name: str, cache, tmp_path: Path) -> None:
+    got = generate.run_case(name, tmp_path)
+    want = {p.stem: p.read_text() for p in sorted((FIXTURES / name).glob("*.jsonl"))}
+    assert sorted(got) == sorted(want)
+    for arm, text in want.items():
+        new, old = _rows(got[arm]), _rows(text)
+        assert [r["iteration"] for r in new] == [r["iteration"] for r in old], arm
+        for a, b in zip(new, old):
+            assert sorted(a) == sorted(b), (arm, b["iteration"], set(a) ^ set(b))
+            for key, value in b.items():
+                assert a[key] == pytest.approx(value, rel=1e-6, abs=1e-12), (arm, b["iteration"], key)
