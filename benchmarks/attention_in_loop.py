@@ -18,9 +18,9 @@ import numpy as np
 import torch
 
 from creditrl.bench.run import bench_policy_and_prompts
-from creditrl.policy import kernels
-from creditrl.policy.engine import SamplingParams
-from creditrl.policy.static_engine import StaticEngine
+from creditrl.policy.engines import kernels
+from creditrl.policy.engines import SamplingParams
+from creditrl.policy.engines import StaticEngine
 
 COLUMNS = 24  # the response length at which one call's arguments are kept for the isolated runs
 

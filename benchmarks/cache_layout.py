@@ -6,7 +6,7 @@ The tiny policy (random weights; the layouts do not care), random prompts, eos d
 each workload and layout (``rows``: each row's own copy of its prompt's keys, rows innermost;
 ``shared``: prompt keys once per distinct prompt), the best of ``--repeats`` calls, the size of
 the cache it allocates, and which layout ``cache_layout="auto"`` picks
-(:meth:`~creditrl.policy.static_engine.StaticEngine.rows_layout`).
+(:meth:`~creditrl.policy.engines.static.StaticEngine.rows_layout`).
 """
 
 import argparse
@@ -14,9 +14,9 @@ import time
 
 import torch
 
-from creditrl.policy.engine import SamplingParams
+from creditrl.policy.engines import SamplingParams
 from creditrl.policy.model import build_tiny
-from creditrl.policy.static_engine import StaticEngine
+from creditrl.policy.engines import StaticEngine
 
 WORKLOADS = (  # name, distinct prompts, samples each, prompt tokens, new tokens
     ("GRPO batch: 16 prompts x 8, 15 tokens, 48 new", 16, 8, 15, 48),

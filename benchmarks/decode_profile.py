@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 
 from creditrl.bench.run import bench_policy_and_prompts
-from creditrl.policy import kernels
-from creditrl.policy import static_engine as se
-from creditrl.policy.engine import SamplingParams
+from creditrl.policy.engines import kernels
+from creditrl.policy.engines import static as se
+from creditrl.policy.engines import SamplingParams
 
 STEPS = 48
 

@@ -13,11 +13,11 @@ import time
 import torch
 
 from creditrl.bench.run import BenchOptions, resolve_policy
-from creditrl.policy.engine import SamplingParams
+from creditrl.policy.engines import SamplingParams
 from creditrl.policy.model import load_policy
-from creditrl.policy.static_engine import StaticEngine
+from creditrl.policy.engines import StaticEngine
 from creditrl.tasks import make_task
-from creditrl.train.evaluate import encode_prompt
+from creditrl.policy.tokenizer import encode_prompt
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""GPU check of ``policy.engine=vllm`` (:mod:`creditrl.policy.vllm_engine`) against the in-process engines.
+"""GPU check of ``policy.engine=vllm`` (:mod:`creditrl.policy.engines.vllm`) against the in-process engines.
 
 Run on a machine with a CUDA GPU and vLLM. Not yet run anywhere: written against vLLM's
 documented API on a machine without GPU/vLLM, its plumbing dry-run on CPU with the test double
@@ -73,7 +73,7 @@ def peaked_tiny(seed: int = 0):
 
 def prompts(tok, n: int, seed: int = 0) -> list[list[int]]:
     from creditrl.tasks import make_task
-    from creditrl.train.evaluate import encode_prompt
+    from creditrl.policy.tokenizer import encode_prompt
 
     task = make_task("arithmetic")
     return [encode_prompt(tok, p.prompt) for p in task.sample(n, split="train", seed=seed)]
@@ -135,9 +135,9 @@ def run_train(tmp: Path, timeout: int) -> dict:
 
 
 def check_dtype(dtype: str, model_cpu, tok) -> dict:
-    from creditrl.policy.engine import SamplingParams
-    from creditrl.policy.static_engine import make_engine
-    from creditrl.policy.vllm_engine import VLLMEngine
+    from creditrl.policy.engines import SamplingParams
+    from creditrl.policy.engines import make_engine
+    from creditrl.policy.engines.vllm import VLLMEngine
 
     out: dict = {}
     eos, pad = tok.eos_token_id, tok.pad_token_id
@@ -285,7 +285,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("gpu_check: needs a CUDA GPU; torch.cuda.is_available() is False on this machine", file=sys.stderr)
         return 2
-    from creditrl.policy.vllm_engine import unavailable_message, vllm_unavailable_reason
+    from creditrl.policy.engines.vllm import unavailable_message, vllm_unavailable_reason
 
     reason = vllm_unavailable_reason()
     if reason is not None:

@@ -37,11 +37,11 @@ from pathlib import Path
 import torch
 
 from creditrl.config import load_config
-from creditrl.policy.engine import HFEngine, SamplingParams
+from creditrl.policy.engines import HFEngine, SamplingParams
 from creditrl.policy.model import load_policy
-from creditrl.policy.static_engine import StaticEngine
+from creditrl.policy.engines import StaticEngine
 from creditrl.tasks import make_task
-from creditrl.train.evaluate import encode_prompt
+from creditrl.policy.tokenizer import encode_prompt
 from creditrl.train.rl import RLTrainer
 
 BASE = [
@@ -82,8 +82,8 @@ def train(device: str, precision: str, root: Path) -> dict:
     cfg = load_config(overrides=BASE + [f"policy.device={device}", f"policy.precision={precision}"])
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
-    trainer = RLTrainer(cfg, root / f"run-{precision}")
-    start = [p.detach().clone().cpu() for p in trainer.model.parameters()]
+    trainer = RLTrainer.from_config(cfg, root / f"run-{precision}")
+    start = [p.detach().clone().cpu() for p in trainer.parts.model.parameters()]
     began = time.perf_counter()
     history = trainer.run().history
     elapsed = time.perf_counter() - began
@@ -93,9 +93,9 @@ def train(device: str, precision: str, root: Path) -> dict:
         "iterations": len(rows),
         "s_per_iteration": elapsed / max(1, len(rows)),
         "finite": all(math.isfinite(v) for v in numbers),
-        "float32_weights": all(p.dtype == torch.float32 for p in trainer.model.parameters()),
-        "weights_moved": any(not torch.equal(a, p.detach().cpu()) for a, p in zip(start, trainer.model.parameters())),
-        "on_device": str(next(trainer.model.parameters()).device),
+        "float32_weights": all(p.dtype == torch.float32 for p in trainer.parts.model.parameters()),
+        "weights_moved": any(not torch.equal(a, p.detach().cpu()) for a, p in zip(start, trainer.parts.model.parameters())),
+        "on_device": str(next(trainer.parts.model.parameters()).device),
         "eval_accuracy": history[-1].get("eval/accuracy"),
         "sampler_logprob_gap": [r.get("policy/sampler_logprob_gap") for r in rows],
         "clipfrac": [r.get("policy/clipfrac") for r in rows],
@@ -117,7 +117,7 @@ def prm(device: str, root: Path) -> dict:
                    "value.source=none", "prm.problems=16", "prm.samples=2", "prm.steps=30",
                    # one-operation problems: a short SFT gets some right, so the PRM's labels hold both classes
                    "task.args={min_ops: 1, max_ops: 1}", "sft.task_args={min_ops: 1, max_ops: 1}", "sft.steps=150"]
-    trainer = RLTrainer(load_config(overrides=over), root / "run-prm")
+    trainer = RLTrainer.from_config(load_config(overrides=over), root / "run-prm")
     history = trainer.run().history
     rows = [r for r in history if r["iteration"] > 0]
     info = Path(trainer.cfg.reward.prm) / "prm_info.json"

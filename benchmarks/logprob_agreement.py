@@ -15,8 +15,8 @@ import argparse
 import torch
 
 from creditrl.bench.run import bench_policy_and_prompts
-from creditrl.policy.engine import SamplingParams
-from creditrl.policy.static_engine import StaticEngine
+from creditrl.policy.engines import SamplingParams
+from creditrl.policy.engines import StaticEngine
 
 
 def main() -> None:

@@ -44,7 +44,7 @@ def config(args: argparse.Namespace, backend: list[str]):
 
 def timed_run(args: argparse.Namespace, extra: list[str], root: Path) -> tuple[list[dict], float]:
     start = time.perf_counter()
-    trainer = RLTrainer(config(args, extra), root)
+    trainer = RLTrainer.from_config(config(args, extra), root)
     setup = time.perf_counter() - start
     rows = [r for r in trainer.run().history if r["iteration"] > 1]  # the first warms caches up
     return rows, setup

@@ -33,7 +33,7 @@ def peaked_tiny():
 def _scored_by(trainer, problems: list, completions: list[str], *, scorer=None, tokenizer=None, group_size: int = 0):
     """The score stage (the trainer's, or ``scorer`` with ``tokenizer``) on hand-written
     completions (each followed by eos); groups of ``group_size`` rows (0: one group)."""
-    tok = tokenizer or trainer.tokenizer
+    tok = tokenizer or trainer.parts.tokenizer
     rows = [tok(c, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for c in completions]
     b, width = len(rows), max(len(r) for r in rows)
     lengths = torch.tensor([len(r) for r in rows])
@@ -45,7 +45,7 @@ def _scored_by(trainer, problems: list, completions: list[str], *, scorer=None, 
         group_ids=torch.arange(b) // group_size if group_size else torch.zeros(b, dtype=torch.long),
         finished=torch.ones(b, dtype=torch.bool), extras={"problems": problems, "completions": completions},
     )
-    return (scorer or trainer.scorer)(batch, progress=0.0, generator=torch.Generator().manual_seed(0))
+    return (scorer or trainer.parts.scorer)(batch, progress=0.0, generator=torch.Generator().manual_seed(0))
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,7 @@ from unittest import mock
 import torch
 
 from creditrl.config import load_config
+from creditrl.train.resolve import checked
 from creditrl.credit import normalise
 from creditrl.distributed import ddp
 from creditrl.losses import AGGREGATIONS
@@ -107,10 +108,10 @@ def gradients(case: dict, agg: str, positions: int, critic_kind: str, *, strateg
     the flattened gradients and the update's metrics."""
     import copy
 
-    cfg = load_config(None, {
+    cfg = checked(load_config(None, {
         "loss": {"aggregation": agg, "kl_coef": 0.1, "entropy_coef": 0.01},
         "optim": {"micro_batch_positions": positions, "minibatches": 1, "grad_clip": 1e9},
-    })
+    }))
     model = copy.deepcopy(case["model"])
     target = None
     critic = None
@@ -136,7 +137,7 @@ def skip_gradients(case: dict, agg: str, positions: int, *, strategy: str = "ddp
     the forward/backward (``optim.skip_zero_advantage``); rank 0 then has no row to train."""
     import copy
 
-    cfg = load_config(None, {"loss": {"aggregation": agg}, "optim": {"micro_batch_positions": positions, "grad_clip": 1e9}})
+    cfg = checked(load_config(None, {"loss": {"aggregation": agg}, "optim": {"micro_batch_positions": positions, "grad_clip": 1e9}}))
     zero = torch.isin(case["batch"].group_ids, torch.tensor(SKIPPED_GROUPS))
     advantages = torch.where(zero[:, None], 0.0, case["advantages"])
     model = ddp.wrap(copy.deepcopy(case["model"]), strategy=strategy)
@@ -185,7 +186,7 @@ def metric_row(rank: int) -> dict:
 def _stage_whitening(adv: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """The credit stage with ``credit.normaliser=batch`` and the identity-like ``reinforce``
     estimator on a rank's rows: a reward on each valid token, so the returns are reward-to-go."""
-    cfg = load_config(None, {"credit": {"estimator": "reinforce", "normaliser": "batch"}})
+    cfg = checked(load_config(None, {"credit": {"estimator": "reinforce", "normaliser": "batch"}}))
     m = mask[rows]
     b, t = m.shape
     scored = Scored(

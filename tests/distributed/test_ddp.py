@@ -191,7 +191,7 @@ def test_prompts_per_iter_must_divide_by_world_size(tmp_path, monkeypatch, capsy
     monkeypatch.setenv("WORLD_SIZE", "3")
     cfg = load_config(overrides=TRAIN)
     with pytest.raises(ConfigError, match=r"rollout.prompts_per_iter=4 is not divisible by the 3 data-parallel ranks"):
-        RLTrainer(cfg, tmp_path / "run")
+        RLTrainer.from_config(cfg, tmp_path / "run")
     assert not dist.is_initialized()  # checked before joining the process group
     argv = ["train", "--run-dir", str(tmp_path / "cli")] + [x for item in TRAIN for x in ("--set", item)]
     assert cli.main(argv) == 2

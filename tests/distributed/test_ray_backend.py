@@ -13,15 +13,17 @@ import ray
 import torch
 
 from creditrl.config import ConfigError, load_config
-from creditrl.distributed.ray_backend import RayEngine, engine_kind, import_ray, policy_weights, split_rows
+from creditrl.train.resolve import checked
+from creditrl.distributed.ray_backend import RayEngine, engine_kind, policy_weights
+from creditrl.distributed.workers import import_ray, split_rows
 from creditrl.distributed.ray_score import ScorePool, pool_info
-from creditrl.policy.engine import SamplingParams
+from creditrl.policy.engines import SamplingParams
 from creditrl.policy.model import apply_lora, build_tiny, sharpen
-from creditrl.policy.static_engine import make_engine
+from creditrl.policy.engines import make_engine
 from creditrl.rewards.sources import make_source, score_batch
 from creditrl.tasks import make_task
 from creditrl.train.rl import RLTrainer
-from creditrl.train.score import Scorer
+from creditrl.rewards.stage import Scorer
 
 # A worker's chunk is bit-identical to the in-process engine run on the same rows
 # (test_the_difference_is_the_chunking_alone); against the whole batch its log-probs differ by
@@ -276,8 +278,8 @@ def test_missing_ray_gives_the_install_hint_and_the_default_backend_never_import
     small = ["train.init=policy", "train.progress=false", "train.eval_size=2", "train.iterations=1",
              "rollout.prompts_per_iter=2", "rollout.group_size=2", "rollout.max_new_tokens=8"]
     with pytest.raises(ConfigError, match=r"backend.name=ray needs the 'ray' package"):
-        RLTrainer(load_config(None, small + ["backend.name=ray"]), tmp_path / "ray")
-    history = RLTrainer(load_config(None, small), tmp_path / "local").run().history  # never imports ray
+        RLTrainer.from_config(load_config(None, small + ["backend.name=ray"]), tmp_path / "ray")
+    history = RLTrainer.from_config(load_config(None, small), tmp_path / "local").run().history  # never imports ray
     assert history[-1]["samples/total"] == 4 and "backend/restarts" not in history[-1]
 
 
@@ -286,7 +288,7 @@ def test_missing_ray_gives_the_install_hint_and_the_default_backend_never_import
 
 @pytest.fixture(scope="module")
 def score_pool():
-    cfg = load_config(None, ["backend.name=ray", "backend.score_workers=2", "reward.source=oracle_steps"])
+    cfg = checked(load_config(None, ["backend.name=ray", "backend.score_workers=2", "reward.source=oracle_steps"]))
     pool = ScorePool(ray, cfg)
     yield pool
     pool.pool.shutdown()
@@ -295,7 +297,7 @@ def score_pool():
 @pytest.mark.parametrize("source", ["outcome", "oracle_steps"])
 def test_scoring_workers_score_like_the_driver(source: str, score_pool, scored_by) -> None:
     _, tok = build_tiny(0)
-    cfg = load_config(None, [f"reward.source={source}"])
+    cfg = checked(load_config(None, [f"reward.source={source}"]))
     task = make_task(cfg.task.name, **cfg.task.args)
     problems = task.sample(5, split="train", seed=2)
     completions = []
@@ -372,15 +374,15 @@ RAY_ONLY = {"backend/restarts", "time/sync_s"}
 def runs(tmp_path_factory: pytest.TempPathFactory, engines) -> dict[str, list[dict]]:
     engines.close()  # free the CPUs the engine tests' workers reserve
     root = tmp_path_factory.mktemp("runs")
-    out = {"local": RLTrainer(load_config(None, RUN), root / "local").run().history,
-           "ray": RLTrainer(load_config(None, RUN + RAY), root / "ray").run().history}
+    out = {"local": RLTrainer.from_config(load_config(None, RUN), root / "local").run().history,
+           "ray": RLTrainer.from_config(load_config(None, RUN + RAY), root / "ray").run().history}
     # a disturbed run: rollout worker 0 dies in its 3rd generate call (iteration 2's rollout;
     # each iteration calls generate twice: rollout, MC continuations); scoring on a worker too
-    trainer = RLTrainer(load_config(None, RUN + RAY + ["backend.score_workers=1"]), root / "killed")
-    ray.get(trainer.engine.pool.actors[0].crash_on_call.remote(3))
-    assert trainer.scorer.primary.score_fn == trainer.engine.scoring.score  # rewards scored on the worker
+    trainer = RLTrainer.from_config(load_config(None, RUN + RAY + ["backend.score_workers=1"]), root / "killed")
+    ray.get(trainer.parts.engine.pool.actors[0].crash_on_call.remote(3))
+    assert trainer.parts.scorer.primary.score_fn == trainer.parts.engine.scoring.score  # rewards scored on the worker
     out["killed"] = trainer.run().history
-    assert not trainer.engine.pool.actors  # run() shut the workers down
+    assert not trainer.parts.engine.pool.actors  # run() shut the workers down
     for name in out:  # the rows are what metrics.jsonl holds
         assert [json.loads(x) for x in (root / name / "metrics.jsonl").read_text().splitlines()] == out[name]
     return out

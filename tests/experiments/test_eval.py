@@ -54,7 +54,7 @@ def test_resolve_checkpoint(checkpoints, tmp_path):
 def test_evaluate_checkpoints_pairs_against_the_first(checkpoints):
     from creditrl.tasks import make_task
     from creditrl.train.evaluate import evaluate
-    from creditrl.train.rl import EVAL_SEED
+    from creditrl.train.build import EVAL_SEED
 
     (m0, m1), run = checkpoints
     rows = evaluate_checkpoints(None, [str(m0), str(m1), str(run)], size=24, overrides=TASK, log=lambda _: None)
@@ -93,7 +93,7 @@ def test_eval_cli_writes_json_and_rejects_bad_input(checkpoints, tmp_path, capsy
 def test_errors_count_each_problem_once_by_its_first_error(checkpoints, capsys):
     from creditrl.tasks import make_task
     from creditrl.train.evaluate import evaluate
-    from creditrl.train.rl import EVAL_SEED
+    from creditrl.train.build import EVAL_SEED
 
     (m0, m1), _ = checkpoints
     rows = evaluate_checkpoints(None, [str(m0), str(m1)], size=24, overrides=TASK, errors=True, log=lambda _: None)

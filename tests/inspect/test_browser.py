@@ -49,7 +49,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict:
         mp.setenv("CREDITRL_CACHE", str(root / "cache"))
         cfg = load_config(overrides=RUN)
         sft, _ = cached_sft(cfg, progress=False)
-        RLTrainer(cfg, root / "run", init_path=str(sft)).run()
+        RLTrainer.from_config(cfg, root / "run", init_path=str(sft)).run()
     assert main(["inspect", str(root / "run"), "--out", str(root / "report")]) == 0
     page = (root / "report" / "index.html").read_text()
     blob = re.search(r'<script type="application/json" id="inspector-data">(.*?)</script>', page, re.S).group(1)

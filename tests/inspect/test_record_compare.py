@@ -9,12 +9,13 @@ import pytest
 import torch
 
 from creditrl.config import ConfigError, load_config
+from creditrl.train.resolve import checked
 from creditrl.inspect import record as record_mod
 from creditrl.inspect.compare import TRAINED, compare_iteration, parse_estimators, recompute
 from creditrl.inspect.data import InspectError, load_iteration, saved_iterations, spread
 from creditrl.inspect.html import iteration_view, render_page
 from creditrl.inspect.record import choose_groups, iteration_record, record_iteration, should_record, step_spans
-from creditrl.policy.engine import Generation
+from creditrl.policy.engines import Generation
 from creditrl.policy.tokenizer import build_char_tokenizer
 from creditrl.rollout.batch import batch_from_generation
 from creditrl.tasks import make_task
@@ -32,7 +33,7 @@ def variants(solution: str, answer: str) -> list[str]:
 
 
 def scored_batch(overrides: list[str], *, all_right_group: bool = True, values_seed: int | None = None):
-    cfg = load_config(overrides=TASK + overrides)
+    cfg = checked(load_config(overrides=TASK + overrides))
     task, tok = make_task(cfg.task.name, **cfg.task.args), build_char_tokenizer()
     problems = task.sample(3, split="train", seed=0)
     texts, index = [], []
@@ -69,7 +70,7 @@ CONFIGS = {
 def test_recompute_reproduces_the_runs_advantages(name: str) -> None:
     values_seed = 1 if "gae" in name else None
     cfg, task, tok, batch, scored, values, adv, ret = scored_batch(CONFIGS[name], values_seed=values_seed)
-    cfg.train.inspect_groups = 3
+    cfg = cfg.updated({"train": {"inspect_groups": 3}})
     rec = json.loads(json.dumps(iteration_record(4, batch, scored, adv, ret, cfg, tok, task, values=values)))
     assert rec["settings"]["resolution"] == ("step" if "mc" in name else "token")
     rows = [r["row"] for g in rec["groups"] for r in g["responses"]]
@@ -83,7 +84,7 @@ def test_recompute_reproduces_the_runs_advantages(name: str) -> None:
 
 def test_saved_response_contents() -> None:
     cfg, task, tok, batch, scored, values, adv, ret = scored_batch(["reward.source=oracle_steps"])
-    cfg.train.inspect_groups = 1
+    cfg = cfg.updated({"train": {"inspect_groups": 1}})
     rec = iteration_record(2, batch, scored, adv, ret, cfg, tok, task)
     (g,) = rec["groups"]
     assert g["group_id"] == 1  # group 0 is all right (no mixed outcomes), so group 1 comes first
@@ -111,7 +112,7 @@ def test_choose_groups_and_schedule() -> None:
 
 def test_files_are_bounded_and_written_on_schedule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg, task, tok, batch, scored, values, adv, ret = scored_batch([])
-    cfg.train.inspect_groups, cfg.train.inspect_every, cfg.train.iterations = 3, 2, 5
+    cfg = cfg.updated({"train": {"inspect_groups": 3, "inspect_every": 2, "iterations": 5}})
     first = int(batch.response_lengths[batch.group_ids == 1].sum())
     monkeypatch.setattr(record_mod, "MAX_TOKENS_PER_FILE", first + 1)  # room for one group only
     for it in range(1, 6):

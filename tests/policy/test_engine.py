@@ -5,13 +5,8 @@ import math
 import pytest
 import torch
 
-from creditrl.policy.engine import (
-    HFEngine,
-    SamplingParams,
-    left_pad,
-    positions_from_mask,
-    sample_next,
-)
+from creditrl.policy.engines import HFEngine, SamplingParams, left_pad, positions_from_mask
+from creditrl.policy.engines.base import sample_next
 
 PROMPTS = [[1, 5, 6], [1], [1, 20, 30, 40, 50, 60, 70], [1, 14, 15, 16]]  # lengths 3, 1, 7, 4
 STOP = 57  # a token the fixture policy emits often: used as the engine's eos to get mixed lengths
@@ -348,7 +343,7 @@ def test_stop_ids_cut_the_same_draws_at_the_first_stop_token(policy, kind):
     """One draw per request per step whatever has stopped, so a generation with stop ids is the
     generation without them, cut after the first stop (or eos) token; a stopped row is not
     ``finished``, and its log-probs are the uncut ones."""
-    from creditrl.policy.static_engine import make_engine
+    from creditrl.policy.engines import make_engine
 
     model, tok = policy
     engine = make_engine(model, eos_id=STOP, pad_id=tok.pad_token_id, kind=kind)
@@ -390,8 +385,8 @@ def test_generate_chunked_samples_what_one_call_samples(policy, kind, max_rows):
     """Calls of at most ``max_rows`` rows draw the single call's uniforms for their rows, so the
     tokens are the single call's, log-probs agree to rounding, and the generator ends in the
     same state (the next draw is the same)."""
-    from creditrl.policy.engine import generate_chunked
-    from creditrl.policy.static_engine import make_engine
+    from creditrl.policy.engines import generate_chunked
+    from creditrl.policy.engines import make_engine
 
     model, tok = policy
     engine = make_engine(model, eos_id=STOP, pad_id=tok.pad_token_id, kind=kind)
@@ -409,7 +404,7 @@ def test_generate_chunked_samples_what_one_call_samples(policy, kind, max_rows):
 
 
 def test_generate_chunked_rejects_a_bad_bound(policy):
-    from creditrl.policy.engine import generate_chunked
+    from creditrl.policy.engines import generate_chunked
 
     model, tok = policy
     engine = HFEngine(model, eos_id=STOP, pad_id=tok.pad_token_id)

@@ -1,4 +1,4 @@
-"""The compiled decode kernels (creditrl.policy.kernels) against slow reference loops written
+"""The compiled decode kernels (creditrl.policy.engines.kernels) against slow reference loops written
 with plain tensor ops, on random inputs: grouped-query heads, left-padded prompts of different
 lengths shared by several rows, response columns beyond ``t`` filled with garbage that must not
 be read."""
@@ -8,11 +8,12 @@ import math
 import pytest
 import torch
 
-from creditrl.policy import kernels
-from creditrl.policy import static_engine as se
-from creditrl.policy.engine import SamplingParams
+from creditrl.policy.engines import kernels
+from creditrl.policy.engines import static as se
+from creditrl.policy.engines import SamplingParams
 from creditrl.policy.model import build_tiny
-from creditrl.policy.static_engine import SHARED_LAYOUT_BELOW, StaticEngine
+from creditrl.policy.engines import StaticEngine
+from creditrl.policy.engines.static import SHARED_LAYOUT_BELOW
 
 
 
@@ -211,7 +212,7 @@ def test_kernels_keep_torch_thread_count():
 def test_sample_tokens_draws_what_sample_next_draws(temperature):
     """Same uniforms -> same tokens as the tensor-op sampler, log-probs of the raw policy,
     pad on done rows, and never a token of probability 0 (a -inf logit)."""
-    from creditrl.policy.engine import sample_next
+    from creditrl.policy.engines.base import sample_next
 
     g = torch.Generator().manual_seed(int(temperature * 10))
     logits = torch.randn(300, 57, generator=g) * torch.tensor([0.5, 3.0, 12.0]).repeat(100)[:, None]
@@ -307,7 +308,7 @@ def test_compiled_slot_regrouping_equals_the_tensor_op_one(seed):
     """kv_cache.Slots.step with and without the compiled pass: the same slots for every row,
     tokens fed, copies and slot count, over several steps with rows finishing on the way; and
     rows share a slot exactly when their prompt and live tokens so far are equal."""
-    from creditrl.policy.kv_cache import Slots
+    from creditrl.policy.engines.kv_cache import Slots
 
     g = torch.Generator().manual_seed(seed)
     prompt_of = torch.randint(0, 3, (24,), generator=g)

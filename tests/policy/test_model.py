@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from creditrl.policy.engine import HFEngine, SamplingParams
+from creditrl.policy.engines import HFEngine, SamplingParams
 from creditrl.policy.model import build_tiny, count_parameters, load_policy
 from creditrl.policy.tokenizer import build_char_tokenizer
 

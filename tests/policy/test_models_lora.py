@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from creditrl.config import ConfigError, load_config
+from creditrl.train.resolve import checked
 from creditrl.policy.model import LORA_BASE_FILE, apply_lora, build_tiny, load_policy
-from creditrl.policy.static_engine import StaticEngine, make_engine
-from creditrl.train.evaluate import encode_prompt
+from creditrl.policy.engines import StaticEngine, make_engine
+from creditrl.policy.tokenizer import encode_prompt
 from creditrl.train.rl import RLTrainer
 
 # The easy setting of tests/train/test_rl_loop.py: a 30-step warm start already gets some sums
@@ -49,14 +50,14 @@ def tiny_dir(tmp_path_factory) -> str:
 
 def test_lora_trains_only_the_adapters_and_resumes(tiny_dir: str, tmp_path: Path) -> None:
     cfg = load_config(overrides=SMALL + ["policy.lora_r=4", "policy.lora_alpha=8"])
-    trainer = RLTrainer(cfg, tmp_path / "run", init_path=tiny_dir)
-    assert not isinstance(trainer.engine, StaticEngine)  # plain-weight engine refused for adapters
-    before = {k: v.clone() for k, v in trainer.model.named_parameters()}
-    trainable = {k for k, v in trainer.model.named_parameters() if v.requires_grad}
+    trainer = RLTrainer.from_config(cfg, tmp_path / "run", init_path=tiny_dir)
+    assert not isinstance(trainer.parts.engine, StaticEngine)  # plain-weight engine refused for adapters
+    before = {k: v.clone() for k, v in trainer.parts.model.named_parameters()}
+    trainable = {k for k, v in trainer.parts.model.named_parameters() if v.requires_grad}
     assert trainable and all("lora_" in k for k in trainable)
-    assert sum(len(g["params"]) for g in trainer.optimizer.param_groups) == len(trainable)
+    assert sum(len(g["params"]) for g in trainer.parts.optimizer.param_groups) == len(trainable)
     trainer.run()
-    after = dict(trainer.model.named_parameters())
+    after = dict(trainer.parts.model.named_parameters())
     changed = {k for k in before if not torch.equal(before[k], after[k])}
     assert changed and changed <= trainable  # base weights unchanged, adapter weights changed
     assert any("lora_B" in k for k in changed)
@@ -66,10 +67,10 @@ def test_lora_trains_only_the_adapters_and_resumes(tiny_dir: str, tmp_path: Path
     reloaded, _ = load_policy(str(ckpt))  # base + adapter
     ids = torch.tensor([[1, 20, 21, 22]])
     with torch.no_grad():
-        assert torch.allclose(reloaded(input_ids=ids).logits, trainer.model(input_ids=ids).logits, atol=1e-6)
+        assert torch.allclose(reloaded(input_ids=ids).logits, trainer.parts.model(input_ids=ids).logits, atol=1e-6)
     # resume from iteration 1 replays iteration 2 exactly
     part = tmp_path / "part"
-    RLTrainer(load_config(overrides=SMALL + ["policy.lora_r=4", "policy.lora_alpha=8", "train.iterations=1"]),
+    RLTrainer.from_config(load_config(overrides=SMALL + ["policy.lora_r=4", "policy.lora_alpha=8", "train.iterations=1"]),
               part, init_path=tiny_dir).run()
     (part / "config.yaml").write_text((part / "config.yaml").read_text().replace("iterations: 1", "iterations: 2"))
     resumed = RLTrainer.resume(part)
@@ -85,20 +86,20 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_dir: str, tmp_path
     grads = []
     for gc in (False, True):
         cfg = load_config(overrides=SMALL + [f"policy.gradient_checkpointing={str(gc).lower()}", "train.iterations=1"])
-        trainer = RLTrainer(cfg, tmp_path / f"gc{gc}", init_path=tiny_dir)
-        assert trainer.model.is_gradient_checkpointing == gc
+        trainer = RLTrainer.from_config(cfg, tmp_path / f"gc{gc}", init_path=tiny_dir)
+        assert trainer.parts.model.is_gradient_checkpointing == gc
         seen: dict[str, torch.Tensor] = {}
-        names = {id(p): k for k, p in trainer.model.named_parameters()}
-        step = trainer.optimizer.step
+        names = {id(p): k for k, p in trainer.parts.model.named_parameters()}
+        step = trainer.parts.optimizer.step
 
         def record(*args, _step=step, _seen=seen, **kwargs):
-            for group in trainer.optimizer.param_groups:
+            for group in trainer.parts.optimizer.param_groups:
                 for p in group["params"]:
                     if p.grad is not None and names[id(p)] not in _seen:
                         _seen[names[id(p)]] = p.grad.clone()
             return _step(*args, **kwargs)
 
-        trainer.optimizer.step = record
+        trainer.parts.optimizer.step = record
         trainer.run()
         grads.append(seen)
     assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 10
@@ -131,11 +132,11 @@ def test_dtype_and_missing_models_and_config_checks(tiny_dir: str) -> None:
     with pytest.raises(FileNotFoundError, match="nor a hub model in the local HF cache"):
         load_policy("no-such-org/no-such-model")
     with pytest.raises(ConfigError, match="'static' reads plain weights and cannot run LoRA"):
-        load_config(overrides=["policy.lora_r=4", "policy.engine=static"])
+        checked(load_config(overrides=["policy.lora_r=4", "policy.engine=static"]))
     with pytest.raises(ConfigError, match="a shared critic trains the policy's trunk"):
-        load_config(overrides=["policy.lora_r=4", "credit.estimator=gae", "value.source=critic", "value.model=shared"])
+        checked(load_config(overrides=["policy.lora_r=4", "credit.estimator=gae", "value.source=critic", "value.model=shared"]))
     with pytest.raises(ConfigError, match="policy.lora_targets: name at least one module"):
-        load_config(overrides=["policy.lora_r=4", "policy.lora_targets=' , '"])
+        checked(load_config(overrides=["policy.lora_r=4", "policy.lora_targets=' , '"]))
     with pytest.raises(ValueError, match="StaticEngine cannot run this model"):
         make_engine(apply_lora(build_tiny(0)[0], r=2, alpha=4, dropout=0.0, targets="q_proj"),
                     eos_id=2, pad_id=0, kind="static")

@@ -22,10 +22,10 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from creditrl.policy import static_engine as se
-from creditrl.policy.engine import HFEngine, SamplingParams, left_pad
+from creditrl.policy.engines import static as se
+from creditrl.policy.engines import HFEngine, SamplingParams, left_pad
 from creditrl.policy.model import build_tiny
-from creditrl.policy.static_engine import StaticEngine, make_engine
+from creditrl.policy.engines import StaticEngine, make_engine
 
 
 PAD = 0

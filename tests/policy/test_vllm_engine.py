@@ -1,6 +1,6 @@
 """``policy.engine=vllm`` on a machine without vLLM or a GPU.
 
-These tests check the **adapter** (:mod:`creditrl.policy.vllm_engine`), not vLLM: a test double
+These tests check the **adapter** (:mod:`creditrl.policy.engines.vllm`), not vLLM: a test double
 of the small vLLM API surface the adapter uses (``vllm.LLM``, ``vllm.SamplingParams``, the
 ``RequestOutput``/``CompletionOutput``/``Logprob`` shapes) is put in ``sys.modules`` as
 ``vllm``. Its ``LLM`` loads the saved HF model and answers ``generate`` by running that real
@@ -25,10 +25,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from creditrl.config import ConfigError, load_config
-from creditrl.policy import vllm_engine
-from creditrl.policy.engine import HFEngine, SamplingParams
-from creditrl.policy.static_engine import ENGINES, make_engine
-from creditrl.policy.vllm_engine import VLLMEngine, VLLMUnavailableError
+from creditrl.train.resolve import checked
+from creditrl.policy.engines import vllm as vllm_engine
+from creditrl.policy.engines import HFEngine, SamplingParams
+from creditrl.policy.engines import ENGINES, make_engine
+from creditrl.policy.engines.vllm import VLLMEngine, VLLMUnavailableError
 
 HINT = "policy.engine=vllm needs vLLM and a CUDA GPU; vLLM is not a creditrl dependency (vllm 0.33.0 pins torch 2.14.0 and transformers<5.21, creditrl torch 2.13.0 and transformers 5.24.0): install a vLLM that matches your environment on the GPU machine"
 PROMPTS = [[1, 5, 6], [1], [1, 20, 30, 40, 50, 60, 70], [1, 14, 15, 16]]
@@ -231,12 +232,12 @@ def test_make_engine_without_cuda_raises_install_hint(fake_vllm, monkeypatch, po
 
 def test_config_refuses_vllm_without_vllm_lora_or_ray(no_vllm):
     with pytest.raises(ConfigError) as err:
-        load_config(overrides=["policy.engine=vllm"])
+        checked(load_config(overrides=["policy.engine=vllm"]))
     assert str(err.value) == f"{HINT} (vllm is not installed)"
     with pytest.raises(ConfigError, match="does not run LoRA adapters; use policy.lora_r=0"):
-        load_config(overrides=["policy.engine=vllm", "policy.lora_r=4"])
+        checked(load_config(overrides=["policy.engine=vllm", "policy.lora_r=4"]))
     with pytest.raises(ConfigError, match="use backend.name=local, got 'ray'"):
-        load_config(overrides=["policy.engine=vllm", "backend.name=ray"])
+        checked(load_config(overrides=["policy.engine=vllm", "backend.name=ray"]))
     assert load_config(overrides=["policy.engine=hf"]).policy.engine == "hf"
 
 
@@ -357,7 +358,7 @@ def test_one_vllm_instance_per_architecture_and_its_arguments(fake_vllm, policy,
     assert llm.kwargs == {
         "dtype": "float32", "gpu_memory_utilization": 0.5, "enable_prefix_caching": True, "enforce_eager": False,
         "seed": 0, "skip_tokenizer_init": True, "logprobs_mode": "raw_logprobs",
-        "worker_extension_cls": "creditrl.policy.vllm_engine.WeightSyncExtension",
+        "worker_extension_cls": "creditrl.policy.engines.vllm.WeightSyncExtension",
     }
     # the temporary save holds the model's weights: nothing to sync before the first generate
     assert not a.stale
@@ -434,10 +435,10 @@ def test_trainer_runs_on_the_vllm_engine(fake_vllm, tmp_path):
         "rollout.prompts_per_iter=2", "rollout.group_size=2", "rollout.max_new_tokens=8", "train.progress=false",
         "train.inspect_every=0", "train.checkpoint_every=100",
     ])
-    trainer = RLTrainer(cfg, tmp_path / "run")
+    trainer = RLTrainer.from_config(cfg, tmp_path / "run")
     result = trainer.run()
     assert [r["iteration"] for r in result.history] == [0, 1, 2]
     (llm,) = FakeLLM.instances
     assert len(llm.calls) >= 3 and len(llm.loads) == 2  # updates after iterations 1 and 2, synced lazily
     held = llm.hf.state_dict()
-    assert all(torch.equal(p, held[n]) for n, p in trainer.model.named_parameters())
+    assert all(torch.equal(p, held[n]) for n, p in trainer.parts.model.named_parameters())

@@ -122,7 +122,7 @@ def test_rl_with_the_prm_as_step_reward(workdir: Path, tmp_path: Path) -> None:
             "train.init=policy", "policy.model=tiny",
         ]
     )
-    rows = RLTrainer(cfg, tmp_path / "run").run().history
+    rows = RLTrainer.from_config(cfg, tmp_path / "run").run().history
     placed = [r["reward/placed_per_response"] for r in rows[1:]]
     assert all(p >= 0 for p in placed)
     assert all(0.0 <= r["reward/mean"] for r in rows[1:])
@@ -159,7 +159,7 @@ def test_prm_as_a_calibrated_dense_reward_logs_its_agreement(workdir: Path, tmp_
         ]
     )
     sft = next((workdir / "cache" / "sft").iterdir())
-    rows = RLTrainer(cfg, tmp_path / "run", init_path=str(sft)).run().history
+    rows = RLTrainer.from_config(cfg, tmp_path / "run", init_path=str(sft)).run().history
     agreement = [r["hybrid/agreement"] for r in rows[1:]]
     assert all(0.0 <= a <= 1.0 for a in agreement)
     # the dense weight is the calibrator's: dense_weight * clamp((agreement - 0.5) / 0.5, 0, 1)
@@ -170,25 +170,25 @@ def test_prm_as_a_calibrated_dense_reward_logs_its_agreement(workdir: Path, tmp_
 def test_reward_prm_auto_trains_once_and_is_read_back(workdir: Path, tmp_path: Path, monkeypatch) -> None:
     """``reward.prm=auto``: the first run labels its start policy's samples, trains and caches a
     PRM (with its held-out AUROC); the second run with the same settings trains nothing."""
-    import creditrl.prm.cli as prm_cli
+    import creditrl.prm.train as prm_train
 
     monkeypatch.setenv("CREDITRL_CACHE", str(workdir / "cache"))
     calls = []
-    real = prm_cli.train_from_examples
-    monkeypatch.setattr(prm_cli, "train_from_examples", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = prm_train.train_prm_from_examples
+    monkeypatch.setattr(prm_train, "train_prm_from_examples", lambda *a, **k: calls.append(1) or real(*a, **k))
     over = SMALL + ["reward.source=prm", "reward.prm=auto", "credit.estimator=grpo_process",
                     "rollout.prompts_per_iter=2", "rollout.group_size=3", "train.iterations=1", "train.eval_every=100"]
-    first = RLTrainer(load_config(overrides=over), tmp_path / "a")
+    first = RLTrainer.from_config(load_config(overrides=over), tmp_path / "a")
     prm_dir = Path(first.cfg.reward.prm)
     assert prm_dir.parent == workdir / "cache" / "prm" and len(calls) == 1
     info = json.loads((prm_dir / "prm_info.json").read_text())
     assert 0.0 <= info["prm/heldout_auroc"] <= 1.0 and info["examples"] > 0
     assert first.run().history[-1]["reward/placed_per_response"] > 0
     assert load_config(tmp_path / "a" / "config.yaml").reward.prm == str(prm_dir)  # the run records the PRM it used
-    second = RLTrainer(load_config(overrides=over), tmp_path / "b")
+    second = RLTrainer.from_config(load_config(overrides=over), tmp_path / "b")
     assert second.cfg.reward.prm == str(prm_dir) and len(calls) == 1
     # another prm setting is another PRM
-    third = RLTrainer(load_config(overrides=over + ["prm.steps=10"]), tmp_path / "c")
+    third = RLTrainer.from_config(load_config(overrides=over + ["prm.steps=10"]), tmp_path / "c")
     assert third.cfg.reward.prm != str(prm_dir) and len(calls) == 2
 
 
@@ -216,8 +216,6 @@ def test_mc_labels_come_from_prm_completer_when_set(workdir: Path, tmp_path: Pat
 
 
 def test_prm_completer_errors_and_cache_key(tmp_path: Path) -> None:
-    from dataclasses import asdict
-
     from creditrl.config import config_hash
     from creditrl.policy.model import load_policy
     from creditrl.prm.cache import CACHE_VERSION, load_completer, prm_key
@@ -227,10 +225,13 @@ def test_prm_completer_errors_and_cache_key(tmp_path: Path) -> None:
         load_completer(load_config(overrides=[f"prm.completer={tmp_path / 'nowhere'}"]), model, tok)
     assert load_completer(load_config(), model, tok) == (model, tok)  # empty: the policy itself
     cfg = load_config()
-    old = asdict(cfg.prm)
+    old = cfg.prm.model_dump()
     del old["completer"]  # caches from before the key existed keep their keys
     del old["mc_rows_per_call"]  # a memory bound, never in the key
-    assert prm_key(cfg, "x") == config_hash({"v": CACHE_VERSION, "init": "x", "task": asdict(cfg.task), "prm": old,
+    assert prm_key(cfg, "x") == config_hash({"v": CACHE_VERSION, "init": "x", "task": cfg.task.model_dump(), "prm": old,
                                              "max_new_tokens": cfg.rollout.max_new_tokens})
     assert prm_key(load_config(overrides=["prm.completer=/some/dir"]), "x") != prm_key(cfg, "x")
+    # a run resolves prm.completer="" to its start policy: the same PRM, the same key
+    assert prm_key(load_config(overrides=["prm.completer=x"]), "x") == prm_key(cfg, "x")
+    assert load_completer(load_config(overrides=["prm.completer=tiny", "train.init=tiny"]), model, tok) == (model, tok)
     assert prm_key(load_config(overrides=["prm.mc_rows_per_call=64"]), "x") == prm_key(cfg, "x")

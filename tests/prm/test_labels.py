@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from creditrl.policy.engine import Generation, HFEngine, SamplingParams
+from creditrl.policy.engines import Generation, HFEngine, SamplingParams
 from creditrl.policy.tokenizer import build_char_tokenizer
 from creditrl.prm.labels import (
     LABELERS,
@@ -21,7 +21,7 @@ from creditrl.prm.labels import (
 )
 from creditrl.rewards.sources import split_steps
 from creditrl.tasks.arithmetic import ArithmeticTask, split_completion
-from creditrl.train.evaluate import encode_prompt
+from creditrl.policy.tokenizer import encode_prompt
 
 TASK = ArithmeticTask()
 PROBLEM = TASK.make_problem("7+3*2-5=")  # 3*2=6;7+6=13;13-5=8;#8

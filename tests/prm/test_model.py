@@ -145,7 +145,7 @@ def test_likelihood_features_equal_a_slow_loop_and_survive_save_load(tmp_path) -
 
     from creditrl.policy.model import TinyPreset, build_tiny
     from creditrl.prm.model import ProcessRewardModel, encode, right_pad, step_positions
-    from creditrl.train.evaluate import encode_prompt
+    from creditrl.policy.tokenizer import encode_prompt
 
     policy, tok = build_tiny(3, TinyPreset(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64))
     prm = ProcessRewardModel.from_model(policy, members=2, likelihood=True, seed=1)

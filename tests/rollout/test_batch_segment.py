@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from creditrl.policy.engine import Generation, HFEngine, SamplingParams
+from creditrl.policy.engines import Generation, HFEngine, SamplingParams
 from creditrl.policy.tokenizer import build_char_tokenizer
 from creditrl.rollout.batch import (
     TrajectoryBatch,

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from creditrl.policy.engine import Generation, HFEngine, SamplingParams
+from creditrl.policy.engines import Generation, HFEngine, SamplingParams
 from creditrl.policy.model import TinyPreset, build_tiny
 from creditrl.rollout.batch import (
     TrajectoryBatch,

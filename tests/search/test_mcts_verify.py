@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from creditrl.policy.static_engine import make_engine
+from creditrl.policy.engines import make_engine
 from creditrl.search import SearchConfig, Verifier, make_context
 from creditrl.search.mcts import grow_trees
 from creditrl.search.tree import subtree

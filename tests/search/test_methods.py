@@ -7,9 +7,11 @@ from collections import defaultdict
 
 import pytest
 
-from creditrl.policy.static_engine import make_engine
-from creditrl.search import METHOD_NAMES, METHODS, SearchConfig, search, with_overrides
-from creditrl.train.evaluate import encode_prompt, evaluate
+from creditrl.policy.engines import make_engine
+from creditrl.config import ConfigError, load_config
+from creditrl.search import METHOD_NAMES, METHODS, SearchConfig, search
+from creditrl.policy.tokenizer import encode_prompt
+from creditrl.train.evaluate import evaluate
 
 MAX_NEW = 32
 
@@ -93,20 +95,35 @@ def test_registry_matches_config_names() -> None:
 
 
 @pytest.mark.parametrize(
-    "config, message",
+    "override, message",
     [
-        (dict(method="sampling"), "unknown search method 'sampling'; expected one of: greedy, best_of_n, beam, mcts"),
-        (dict(budget=0), "budget must be >= 1 generated token per problem, got 0"),
-        (dict(method="mcts", leaf_value="value_net"),
-         "leaf_value: unknown value 'value_net'; expected one of: prm, rollout_orm, rollout_oracle"),
-        (dict(method="best_of_n", selector="prm_max"), "selector: unknown best-of-N selector 'prm_max'"),
-        (dict(method="beam", width=0), "width must be >= 1, got 0"),
+        ("method=sampling", "search.method: unknown value 'sampling'; valid: beam, best_of_n, greedy, mcts"),
+        ("budget=0", "search.budget: must be >= 1, got 0"),
+        ("leaf_value=value_net", "search.leaf_value: unknown value 'value_net'; valid: prm, rollout_oracle, rollout_orm"),
+        ("width=0", "search.width: must be >= 1, got 0"),
+        ("width=wide", "search.width: expected an integer, got 'wide'"),
+        ("beam_width=3", "unknown key 'beam_width' in section 'search'; valid keys: method, budget, .*; did you mean 'width'?"),
     ],
 )
-def test_bad_config_is_a_value_error_naming_what_was_expected(config, message, step_policy, task, problems) -> None:
+def test_bad_search_settings_name_the_key(override, message) -> None:
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_config(overrides=[f"search.{override}"])
+    cfg = load_config(overrides=["search.method=beam", "search.width=3", "search.c_puct=2", "search.temperature=0.5"]).search
+    assert (cfg.method, cfg.width, cfg.c_puct, cfg.temperature) == ("beam", 3, 2.0, 0.5)
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        (dict(method="best_of_n", selector="prm_max"),
+         "search.selector: unknown value 'prm_max'; valid: majority, orm, prm_last, prm_mean, prm_min, prm_product; did you mean 'prm_mean'\?"),
+        (dict(method="beam", aggregation="max"), "search.aggregation: unknown value 'max'; valid: last, mean, min, product"),
+    ],
+)
+def test_registry_names_are_checked_by_search(config, message, step_policy, task, problems) -> None:
     model, tok = step_policy
     engine = make_engine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
-    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+    with pytest.raises(ConfigError, match=message):
         search(problems, engine=engine, tokenizer=tok, task=task, config=SearchConfig(**config))
 
 
@@ -129,14 +146,3 @@ def test_missing_model_is_a_value_error(config, message, step_policy, task, prob
     for ok in (dict(method="greedy"), dict(method="best_of_n", selector="majority"),
                dict(method="mcts", leaf_value="rollout_oracle", simulations=2)):
         search(problems, engine=engine, tokenizer=tok, task=task, config=SearchConfig(budget=40, **ok))
-
-
-def test_overrides_are_typed_and_checked() -> None:
-    cfg = with_overrides(SearchConfig(), ["method=beam", "width=3", "c_puct=2", "temperature=0.5"])
-    assert (cfg.method, cfg.width, cfg.c_puct, cfg.temperature) == ("beam", 3, 2.0, 0.5)
-    with pytest.raises(ValueError, match="unknown search setting 'beam_width'; valid: .*width"):
-        with_overrides(SearchConfig(), ["beam_width=3"])
-    with pytest.raises(ValueError, match="--set width: expected int, got 'wide'"):
-        with_overrides(SearchConfig(), ["width=wide"])
-    with pytest.raises(ValueError, match="--set expects key=value"):
-        with_overrides(SearchConfig(), ["width"])

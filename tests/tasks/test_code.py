@@ -158,7 +158,7 @@ def test_rl_trainer_runs_on_the_code_task(tmp_path: Path, monkeypatch: pytest.Mo
         "train.eval_size=4", "train.checkpoint_every=2", "train.progress=false", "rollout.prompts_per_iter=2",
         "rollout.group_size=3", "rollout.max_new_tokens=12", "train.threads=1",
     ])
-    history = RLTrainer(cfg, tmp_path / "run").run().history
+    history = RLTrainer.from_config(cfg, tmp_path / "run").run().history
     rows = [r for r in history if "reward/mean" in r]
     assert [r["iteration"] for r in rows] == [1, 2]
     for r in rows:

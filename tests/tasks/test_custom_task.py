@@ -10,6 +10,7 @@ import pytest
 
 from creditrl.cli import build_parser
 from creditrl.config import ConfigError, load_config
+from creditrl.train.resolve import checked
 from creditrl.tasks import Task, make_task
 from creditrl.tasks.base import TaskNameError
 from creditrl.train.rl import RLTrainer
@@ -79,7 +80,7 @@ def test_import_path_errors_say_what_is_wrong(broken_module, path, message):
 
 def test_config_names_the_bad_task(broken_module):
     with pytest.raises(ConfigError, match=f"task.name: task '{broken_module}:NoSteps': .*missing check_steps"):
-        load_config(overrides=[f"task.name={broken_module}:NoSteps"])
+        checked(load_config(overrides=[f"task.name={broken_module}:NoSteps"]))
 
 
 def test_two_rl_iterations_on_the_example_from_its_command_line(custom_task, tmp_path):
@@ -89,7 +90,7 @@ def test_two_rl_iterations_on_the_example_from_its_command_line(custom_task, tmp
              "train.progress=false"]
     cfg = load_config(args.config, args.set + small)
     assert (cfg.task.name, cfg.task.args, cfg.reward.source) == ("custom_task:CountTask", {}, "oracle_steps")
-    trainer = RLTrainer(cfg, tmp_path / "run")
+    trainer = RLTrainer.from_config(cfg, tmp_path / "run")
     history = trainer.run().history
     assert [r["iteration"] for r in history] == [0, 1, 2]
     for row in history[1:]:
@@ -98,4 +99,4 @@ def test_two_rl_iterations_on_the_example_from_its_command_line(custom_task, tmp
         assert 0.0 <= row["reward/mean"] <= 12 and all(math.isfinite(v) for v in row.values())
     for row in (history[0], history[2]):
         assert 0.0 <= row["eval/accuracy"] <= 1.0 and 0.0 <= row["eval/step_accuracy"] <= 1.0
-    assert all(int(p.prompt.split()[1].split("..")[0]) % 3 == 0 for p in trainer.heldout)
+    assert all(int(p.prompt.split()[1].split("..")[0]) % 3 == 0 for p in trainer.parts.heldout)

@@ -217,9 +217,9 @@ def check_run(trainer: RLTrainer, history: list[dict], high: float) -> None:
 
 def test_two_rl_iterations_on_the_bundled_sample(tmp_path, scored_by):
     cfg = load_config(overrides=TINY_RUN + ["task.name=math", "reward.source=outcome"])
-    trainer = RLTrainer(cfg, tmp_path / "run")
-    assert all(p.meta["split"] == "heldout" for p in trainer.heldout)
+    trainer = RLTrainer.from_config(cfg, tmp_path / "run")
+    assert all(p.meta["split"] == "heldout" for p in trainer.parts.heldout)
     check_run(trainer, trainer.run().history, high=1.0)
-    problem = trainer.heldout[0]
+    problem = trainer.parts.heldout[0]
     scored = scored_by(trainer, [problem] * 3, [problem.solution, " \\boxed{12345}", " 1/0 ))("])
     assert scored.rewards.sum(-1).tolist() == [1.0, 0.0, 0.0] and scored.reward_mask.sum(-1).tolist() == [1, 1, 1]

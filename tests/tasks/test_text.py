@@ -109,7 +109,7 @@ TINY_RUN = [
 def test_two_rl_iterations(tmp_path, task, source, granularity, scored_by):
     over = [f"task.name={task}", "task.args={min_sentences: 2}" if task == "toy_translate" else "task.args={}",
             f"reward.source={source}", f"reward.granularity={granularity}"]
-    trainer = RLTrainer(load_config(overrides=TINY_RUN + over), tmp_path / "run")
+    trainer = RLTrainer.from_config(load_config(overrides=TINY_RUN + over), tmp_path / "run")
     history = trainer.run().history
     assert [r["iteration"] for r in history] == [0, 1, 2]
     n_sentences = 2  # both tasks' answers
@@ -120,7 +120,7 @@ def test_two_rl_iterations(tmp_path, task, source, granularity, scored_by):
     for row in (history[0], history[2]):
         assert 0.0 <= row["eval/accuracy"] <= 1.0 and 0.0 <= row["eval/step_accuracy"] <= 1.0
     # the same score stage on a perfect answer, a partial one and nothing
-    p = trainer.heldout[0]
+    p = trainer.parts.heldout[0]
     first = split_sentences(p.answer)[0]
     scored = scored_by(trainer, [p] * 3, [p.answer, first, ""])
     per_response = scored.rewards.sum(-1).tolist()

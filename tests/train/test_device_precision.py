@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from creditrl.config import ConfigError, load_config
+from creditrl.train.resolve import checked
 from creditrl.policy.device import autocast, resolve_device
-from creditrl.policy.engine import HFEngine, SamplingParams
+from creditrl.policy.engines import HFEngine, SamplingParams
 from creditrl.policy.model import load_policy
-from creditrl.policy.static_engine import StaticEngine, make_engine
+from creditrl.policy.engines import StaticEngine, make_engine
 from creditrl.rollout.batch import batch_from_generation, response_logprobs
 from creditrl.train.rl import RLTrainer
 from creditrl.train.sft import sft_key, train_sft
@@ -63,26 +64,26 @@ def test_device_names(monkeypatch):
 
 def test_config_errors_name_the_key(monkeypatch):
     with pytest.raises(ConfigError, match="policy.precision: unknown value 'fp8'; valid: bf16, fp16, fp32"):
-        load_config(overrides=["policy.precision=fp8"])
+        checked(load_config(overrides=["policy.precision=fp8"]))
     with pytest.raises(ConfigError, match="loss.recompute_logprobs: not supported with backend.learner=fsdp"):
-        load_config(overrides=["policy.precision=bf16", "backend.learner=fsdp"])
+        checked(load_config(overrides=["policy.precision=bf16", "backend.learner=fsdp"]))
     with pytest.raises(ConfigError, match="loss.recompute_logprobs: not supported with backend.learner=fsdp"):
-        load_config(overrides=["loss.recompute_logprobs=always", "backend.learner=fsdp"])
+        checked(load_config(overrides=["loss.recompute_logprobs=always", "backend.learner=fsdp"]))
     assert load_config(overrides=["backend.learner=fsdp"]).backend.learner == "fsdp"  # fp32, auto: no recompute
     with pytest.raises(ConfigError, match="the Ray backend's rollout workers sample in fp32"):
-        load_config(overrides=["policy.precision=bf16", "backend.name=ray"])
+        checked(load_config(overrides=["policy.precision=bf16", "backend.name=ray"]))
     with pytest.raises(ConfigError, match="loss.recompute_logprobs: unknown value 'sometimes'; valid: always, auto, never"):
-        load_config(overrides=["loss.recompute_logprobs=sometimes"])
+        checked(load_config(overrides=["loss.recompute_logprobs=sometimes"]))
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="policy.device: 'cuda' but torch sees no CUDA device"):
-            load_config(overrides=["policy.device=cuda"])
+            checked(load_config(overrides=["policy.device=cuda"]))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
     with pytest.raises(ConfigError, match="policy.engine: the static engine is written for the CPU"):
-        load_config(overrides=["policy.device=cuda:0", "policy.engine=static"])
+        checked(load_config(overrides=["policy.device=cuda:0", "policy.engine=static"]))
     with pytest.raises(ConfigError, match="the Ray backend's rollout workers run on the CPU"):
-        load_config(overrides=["policy.device=cuda:0", "backend.name=ray"])
+        checked(load_config(overrides=["policy.device=cuda:0", "backend.name=ray"]))
     assert load_config(overrides=["policy.device=cuda:0", "policy.precision=bf16"]).policy.device == "cuda:0"
 
 
@@ -156,7 +157,7 @@ def test_engines_sample_under_autocast(precision, kind):
 
 def test_fp32_recompute_matches_the_sampler(tmp_path: Path):
     cfg = load_config(overrides=TINY + ["train.iterations=1", "loss.recompute_logprobs=always"])
-    RLTrainer(cfg, tmp_path / "run").run()
+    RLTrainer.from_config(cfg, tmp_path / "run").run()
     gap = rows(tmp_path / "run")[1]["policy/sampler_logprob_gap"]
     assert 0 <= gap < 1e-5, gap  # the engine returns the training forward's log-probs in fp32
 
@@ -164,12 +165,12 @@ def test_fp32_recompute_matches_the_sampler(tmp_path: Path):
 def test_bf16_run_keeps_float32_weights_and_logs_the_gap(tmp_path: Path):
     # the untrained policy earns no reward: the entropy bonus gives the update a gradient
     cfg = load_config(overrides=TINY + ["train.iterations=2", "policy.precision=bf16", "loss.entropy_coef=0.01"])
-    trainer = RLTrainer(cfg, tmp_path / "run")
-    before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer = RLTrainer.from_config(cfg, tmp_path / "run")
+    before = [p.detach().clone() for p in trainer.parts.model.parameters()]
     trainer.run()
     history = rows(tmp_path / "run")
-    assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
-    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+    assert all(p.dtype == torch.float32 for p in trainer.parts.model.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.parts.model.parameters()))
     for row in history[1:]:
         assert 1e-5 < row["policy/sampler_logprob_gap"] < 0.1, row["policy/sampler_logprob_gap"]
         # old log-probs recomputed by the update's own (autocast) forward: the first epoch's
@@ -183,14 +184,13 @@ def test_bf16_run_keeps_float32_weights_and_logs_the_gap(tmp_path: Path):
 def test_fp16_scaler_is_logged_and_resumed(tmp_path: Path):
     over = TINY + ["policy.precision=fp16", "train.iterations=4", "train.eval_every=2", "train.checkpoint_every=2",
                    "loss.entropy_coef=0.01"]
-    RLTrainer(load_config(overrides=over), tmp_path / "full").run()
-    part = RLTrainer(load_config(overrides=over), tmp_path / "part")
-    part.cfg.train.iterations = 2
+    RLTrainer.from_config(load_config(overrides=over), tmp_path / "full").run()
+    part = RLTrainer.from_config(load_config(overrides=over + ["train.iterations=2"]), tmp_path / "part")
     part.run()
-    cfg_text = (tmp_path / "part" / "config.yaml").read_text().replace("iterations: 2", "iterations: 4")
+    cfg_text = (tmp_path / "part" / "config.yaml").read_text().replace("\n  iterations: 2\n", "\n  iterations: 4\n")
     (tmp_path / "part" / "config.yaml").write_text(cfg_text)
     resumed = RLTrainer.resume(tmp_path / "part")
-    assert resumed.scaler is not None and resumed.scaler.get_scale() == rows(tmp_path / "part")[2]["optim/loss_scale"]
+    assert resumed.parts.scaler is not None and resumed.parts.scaler.get_scale() == rows(tmp_path / "part")[2]["optim/loss_scale"]
     resumed.run()
     a, b = rows(tmp_path / "full"), rows(tmp_path / "part")
     assert a[1]["optim/loss_scale"] == 65536.0  # torch's initial scale

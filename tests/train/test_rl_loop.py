@@ -47,7 +47,7 @@ def rows(run_dir: Path) -> list[dict]:
 def test_mean_reward_rises_on_easy_setting(sft_dir: str, tmp_path: Path) -> None:
     torch.manual_seed(0)
     cfg = load_config(overrides=EASY + ["train.iterations=30", "train.eval_every=30", "train.checkpoint_every=30"])
-    result = RLTrainer(cfg, tmp_path / "run", init_path=sft_dir).run()
+    result = RLTrainer.from_config(cfg, tmp_path / "run", init_path=sft_dir).run()
     rewards = [r["reward/mean"] for r in result.history if "reward/mean" in r]
     assert len(rewards) == 30
     first, last = sum(rewards[:6]) / 6, sum(rewards[-6:]) / 6
@@ -57,15 +57,13 @@ def test_mean_reward_rises_on_easy_setting(sft_dir: str, tmp_path: Path) -> None
 @pytest.mark.parametrize("optimizer", [[], ["optim.name=sgd", "optim.lr=0.05"]], ids=["adamw", "sgd"])
 def test_resume_gives_the_same_metrics(sft_dir: str, tmp_path: Path, optimizer: list[str]) -> None:
     over = EASY + optimizer + ["train.iterations=4", "train.eval_every=2", "train.checkpoint_every=2", "train.threads=1"]
-    full = RLTrainer(load_config(overrides=over), tmp_path / "full", init_path=sft_dir)
-    assert type(full.optimizer).__name__ == ("SGD" if optimizer else "AdamW")
+    full = RLTrainer.from_config(load_config(overrides=over), tmp_path / "full", init_path=sft_dir)
+    assert type(full.parts.optimizer).__name__ == ("SGD" if optimizer else "AdamW")
     full.run()
     # an interrupted run: stop after the checkpoint at iteration 2, then resume to 4
-    part_cfg = load_config(overrides=over)
-    part = RLTrainer(part_cfg, tmp_path / "part", init_path=sft_dir)
-    part.cfg.train.iterations = 2
+    part = RLTrainer.from_config(load_config(overrides=over + ["train.iterations=2"]), tmp_path / "part", init_path=sft_dir)
     part.run()
-    cfg_text = (tmp_path / "part" / "config.yaml").read_text().replace("iterations: 2", "iterations: 4")
+    cfg_text = (tmp_path / "part" / "config.yaml").read_text().replace("\n  iterations: 2\n", "\n  iterations: 4\n")
     (tmp_path / "part" / "config.yaml").write_text(cfg_text)
     RLTrainer.resume(tmp_path / "part").run()
     a, b = rows(tmp_path / "full"), rows(tmp_path / "part")
@@ -79,9 +77,10 @@ def test_resume_gives_the_same_metrics(sft_dir: str, tmp_path: Path, optimizer: 
 
 def test_run_directory_contents(sft_dir: str, tmp_path: Path) -> None:
     cfg = load_config(overrides=EASY + ["train.iterations=2", "train.eval_every=1", "train.checkpoint_every=1"])
-    RLTrainer(cfg, tmp_path / "run", init_path=sft_dir).run()
+    trainer = RLTrainer.from_config(cfg, tmp_path / "run", init_path=sft_dir)
+    trainer.run()
     run = tmp_path / "run"
-    assert load_config(run / "config.yaml") == cfg
+    assert load_config(run / "config.yaml") == trainer.cfg  # the resolved config the run used
     metrics = rows(run)
     assert [r["iteration"] for r in metrics] == [0, 1, 2]
     for key in ("reward/mean", "policy/clipfrac", "policy/approx_kl", "policy/entropy", "adv/std",
@@ -113,7 +112,7 @@ def test_sft_is_cached_by_config_hash(sft_dir: str, tmp_path: Path, monkeypatch:
 def test_token_budget_stops_the_run_with_a_final_evaluation(sft_dir: str, tmp_path: Path) -> None:
     cfg = load_config(overrides=EASY + ["train.iterations=50", "train.eval_every=50", "train.checkpoint_every=50",
                                         "train.max_tokens=600"])
-    history = RLTrainer(cfg, tmp_path / "run", init_path=sft_dir).run().history
+    history = RLTrainer.from_config(cfg, tmp_path / "run", init_path=sft_dir).run().history
     last = history[-1]
     assert last["tokens/total"] >= 600 > history[-2]["tokens/total"]  # stopped at the first iteration past it
     assert last["iteration"] < 50 and "eval/accuracy" in last

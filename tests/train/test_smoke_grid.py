@@ -53,7 +53,7 @@ def sft_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def run(sft_dir: str, tmp_path: Path, over: list[str]) -> list[dict]:
     cfg = load_config(overrides=SMALL + over)
-    return RLTrainer(cfg, tmp_path / "run", init_path=sft_dir).run().history
+    return RLTrainer.from_config(cfg, tmp_path / "run", init_path=sft_dir).run().history
 
 
 def all_finite(rows: list[dict]) -> bool:
@@ -107,13 +107,13 @@ def test_critic_warmup_trains_only_the_critic(sft_dir: str, tmp_path: Path) -> N
     cfg = load_config(
         overrides=SMALL + ["credit.estimator=gae", "value.source=critic", "value.warmup_iterations=2", "value.lr=1e-3"]
     )
-    trainer = RLTrainer(cfg, tmp_path / "run", init_path=sft_dir)
-    policy_before = [p.detach().clone() for p in trainer.model.parameters()]
-    critic_before = [p.detach().clone() for p in trainer.value_stage.critic.parameters()]
+    trainer = RLTrainer.from_config(cfg, tmp_path / "run", init_path=sft_dir)
+    policy_before = [p.detach().clone() for p in trainer.parts.model.parameters()]
+    critic_before = [p.detach().clone() for p in trainer.parts.value_stage.critic.parameters()]
     rows = trainer.run().history
     assert [r["policy/updated"] for r in rows[1:]] == [0.0, 0.0]
-    assert all(torch.equal(a, b) for a, b in zip(policy_before, trainer.model.parameters()))
-    assert any(not torch.equal(a, b) for a, b in zip(critic_before, trainer.value_stage.critic.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(policy_before, trainer.parts.model.parameters()))
+    assert any(not torch.equal(a, b) for a, b in zip(critic_before, trainer.parts.value_stage.critic.parameters()))
 
 
 @pytest.mark.parametrize("warmup", [0, 2])
@@ -122,14 +122,14 @@ def test_shared_critic_moves_the_trunk_only_when_the_policy_trains(sft_dir: str,
         overrides=SMALL
         + ["credit.estimator=gae", "value.source=dual_critic", "value.model=shared", f"value.warmup_iterations={warmup}"]
     )
-    trainer = RLTrainer(cfg, tmp_path / "run", init_path=sft_dir)
-    assert trainer.value_stage.critic.shared and trainer.value_stage.critic.members == 2
-    before = [p.detach().clone() for p in trainer.model.parameters()]
-    heads = [p.detach().clone() for p in trainer.value_stage.critic.parameters()]
+    trainer = RLTrainer.from_config(cfg, tmp_path / "run", init_path=sft_dir)
+    assert trainer.parts.value_stage.critic.shared and trainer.parts.value_stage.critic.members == 2
+    before = [p.detach().clone() for p in trainer.parts.model.parameters()]
+    heads = [p.detach().clone() for p in trainer.parts.value_stage.critic.parameters()]
     trainer.run()
-    moved = any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+    moved = any(not torch.equal(a, b) for a, b in zip(before, trainer.parts.model.parameters()))
     assert moved == (warmup == 0)
-    assert any(not torch.equal(a, b) for a, b in zip(heads, trainer.value_stage.critic.parameters()))
+    assert any(not torch.equal(a, b) for a, b in zip(heads, trainer.parts.value_stage.critic.parameters()))
 
 
 def test_hybrids_and_shaping_in_the_loop(sft_dir: str, tmp_path: Path) -> None:
@@ -171,11 +171,11 @@ def test_lambda_schedule_reaches_the_loop(sft_dir: str, tmp_path: Path) -> None:
 
 def test_separate_critic_on_its_own_backbone(sft_dir: str, tmp_path: Path) -> None:
     cfg = load_config(overrides=SMALL + ["credit.estimator=gae", "value.source=dual_critic", "value.backbone=tiny"])
-    trainer = RLTrainer(cfg, tmp_path / "run", init_path=sft_dir)
-    critic = trainer.value_stage.critic
+    trainer = RLTrainer.from_config(cfg, tmp_path / "run", init_path=sft_dir)
+    critic = trainer.parts.value_stage.critic
     assert not critic.shared and len(critic.backbones) == 2
     # fresh tiny backbones, not copies of the SFT policy
-    policy_embed = trainer.model.base_model.embed_tokens.weight
+    policy_embed = trainer.parts.model.base_model.embed_tokens.weight
     assert not torch.equal(critic.backbones[0].embed_tokens.weight, policy_embed)
     assert all_finite(trainer.run().history)
 
@@ -186,11 +186,10 @@ def test_resume_with_critic_and_calibrator_gives_the_same_metrics(sft_dir: str, 
         "credit.estimator=gae", "value.source=critic", "value.lr=1e-3",
         "hybrid.dense_source=oracle_steps", "hybrid.calibrate=true",
     ]
-    RLTrainer(load_config(overrides=over), tmp_path / "full", init_path=sft_dir).run()
-    part = RLTrainer(load_config(overrides=over), tmp_path / "part", init_path=sft_dir)
-    part.cfg.train.iterations = 2
+    RLTrainer.from_config(load_config(overrides=over), tmp_path / "full", init_path=sft_dir).run()
+    part = RLTrainer.from_config(load_config(overrides=over + ["train.iterations=2"]), tmp_path / "part", init_path=sft_dir)
     part.run()
-    cfg_text = (tmp_path / "part" / "config.yaml").read_text().replace("iterations: 2", "iterations: 4")
+    cfg_text = (tmp_path / "part" / "config.yaml").read_text().replace("\n  iterations: 2\n", "\n  iterations: 4\n")
     (tmp_path / "part" / "config.yaml").write_text(cfg_text)
     RLTrainer.resume(tmp_path / "part").run()
     import json

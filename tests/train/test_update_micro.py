@@ -7,7 +7,7 @@ import torch
 
 from creditrl.config import load_config
 from creditrl.losses import AGGREGATIONS, aggregate, chunk_weight
-from creditrl.policy.engine import HFEngine, SamplingParams
+from creditrl.policy.engines import HFEngine, SamplingParams
 from creditrl.policy.model import build_tiny
 from creditrl.rollout.batch import batch_from_generation, micro_batches
 from creditrl.train.update import CriticTarget, update
@@ -86,7 +86,7 @@ def test_micro_batched_update_equals_whole_minibatch(aggregation, critic_model):
 
 
 def test_make_optimizer_follows_the_config() -> None:
-    from creditrl.train.update import make_optimizer
+    from creditrl.train.optim import make_optimizer
 
     cfg = load_config(overrides=["optim.lr=0.1", "optim.beta1=0.8", "optim.beta2=0.95", "optim.eps=1e-3", "optim.weight_decay=0.01"])
     w = torch.nn.Parameter(torch.tensor([1.0, -2.0]))

@@ -4,9 +4,9 @@ the real HFEngine against slow references."""
 import pytest
 import torch
 
-from creditrl.policy.engine import Generation, HFEngine, SamplingParams
+from creditrl.policy.engines import Generation, HFEngine, SamplingParams
 from creditrl.rollout.batch import batch_from_generation
-from creditrl.train.evaluate import decode_response
+from creditrl.policy.tokenizer import decode_response
 from creditrl.values import MCValues, mc_values
 from creditrl.values.mc import step_spans
 

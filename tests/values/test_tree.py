@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from creditrl.config import ConfigError, load_config
+from creditrl.train.resolve import checked
 from creditrl.credit import estimate_at
-from creditrl.policy.engine import HFEngine, SamplingParams
+from creditrl.policy.engines import HFEngine, SamplingParams
 from creditrl.values.tree import TreeShape, generated_tokens, tree_rollout, tree_values
 
 
@@ -115,10 +116,10 @@ def test_tree_rollout_needs_stop_ids_to_branch(engine_and_stop):
 
 def test_config_checks_for_tree_values():
     with pytest.raises(ConfigError, match="must equal value.tree_branching \\*\\* value.tree_depth = 8, got 4"):
-        load_config(overrides=["value.source=tree", "credit.estimator=gae", "rollout.group_size=4"])
+        checked(load_config(overrides=["value.source=tree", "credit.estimator=gae", "rollout.group_size=4"]))
     with pytest.raises(ConfigError, match="gives values that estimator 'grpo' never reads"):
-        load_config(overrides=["value.source=tree", "rollout.group_size=8"])
+        checked(load_config(overrides=["value.source=tree", "rollout.group_size=8"]))
     with pytest.raises(ConfigError, match="train.max_tokens: must be >= 0"):
-        load_config(overrides=["train.max_tokens=-1"])
+        checked(load_config(overrides=["train.max_tokens=-1"]))
     cfg = load_config(overrides=["value.source=tree", "credit.estimator=gae", "rollout.group_size=8"])
     assert (cfg.value.tree_branching, cfg.value.tree_depth) == (2, 3)

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from creditrl.policy.engine import left_pad
+from creditrl.policy.engines import left_pad
 
 __all__ = ["hf_generate_throughput"]
 

@@ -5,7 +5,7 @@ Sections (each prints min / median / max over repeats, and ratios peer / creditr
 
 1. ``peak``      -- a square fp32 matmul: the FLOP/s ceiling the update step is measured against.
 2. ``decode``    -- tokens per second at batch ``prompts x group`` for HF ``generate``,
-   :class:`~creditrl.policy.engine.HFEngine` and :class:`~creditrl.policy.static_engine.StaticEngine`,
+   :class:`~creditrl.policy.engines.base.HFEngine` and :class:`~creditrl.policy.engines.static.StaticEngine`,
    on two workloads: ``fixed`` (eos disabled, every row decodes ``max_new_tokens``) and
    ``rollout`` (the policy's own eos: what an RL iteration generates). Repeats are interleaved.
 3. ``iteration`` -- one GRPO iteration (rollout, score, credit, update) through TRL's
@@ -34,11 +34,11 @@ import torch
 from creditrl.config import Config, load_config
 from creditrl.config.loader import arith_config_path
 from creditrl.experiments.report import peak_rss_mb
-from creditrl.policy.engine import HFEngine, SamplingParams
+from creditrl.policy.engines import HFEngine, SamplingParams
 from creditrl.policy.model import build_tiny, count_parameters, load_policy
-from creditrl.policy.static_engine import StaticEngine
+from creditrl.policy.engines import StaticEngine
 from creditrl.tasks import make_task
-from creditrl.train.evaluate import encode_prompt
+from creditrl.policy.tokenizer import encode_prompt
 
 
 @dataclass
@@ -194,7 +194,7 @@ def creditrl_iterations(policy: str, opts: BenchOptions, n: int, overrides: list
 
     cfg = _bench_config(opts, overrides)
     with tempfile.TemporaryDirectory(prefix="creditrl-bench-") as run_dir:
-        trainer = RLTrainer(cfg, Path(run_dir), init_path=policy)
+        trainer = RLTrainer.from_config(cfg, Path(run_dir), init_path=policy)
         return [trainer.iteration(i) for i in range(n)]
 
 

@@ -113,7 +113,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
 
 from creditrl.tasks.base import Problem, Task
-from creditrl.train.evaluate import decode_response, encode_prompt
+from creditrl.policy.tokenizer import decode_response, encode_prompt
 
 __all__ = [
     "PeerSettings",

@@ -1,10 +1,14 @@
-"""Typed configs (:mod:`.schema`), YAML + ``--set`` loading (:mod:`.loader`) and validation of
-names, ranges and combinations (:mod:`.validate`)."""
+"""The typed configuration (:mod:`.schema`) and its loading from YAML + ``--set`` (:mod:`.loader`).
 
+The bottom layer: it imports nothing else from creditrl. Registry names are checked, and
+``auto`` values resolved, when a run is built (:mod:`creditrl.train.build`)."""
+
+from creditrl.config.errors import ConfigError
 from creditrl.config.loader import config_hash, load_config, merge, parse_overrides
 from creditrl.config.schema import (
+    SECTIONS,
+    BackendConfig,
     Config,
-    ConfigError,
     CreditConfig,
     HybridConfig,
     LossConfig,
@@ -13,15 +17,17 @@ from creditrl.config.schema import (
     PRMConfig,
     RewardConfig,
     RolloutConfig,
+    SearchConfig,
     SFTConfig,
     ShapingConfig,
     TaskConfig,
     TrainConfig,
     ValueConfig,
 )
-from creditrl.config.validate import validate
 
 __all__ = [
+    "SECTIONS",
+    "BackendConfig",
     "Config",
     "ConfigError",
     "CreditConfig",
@@ -32,6 +38,7 @@ __all__ = [
     "PRMConfig",
     "RewardConfig",
     "RolloutConfig",
+    "SearchConfig",
     "SFTConfig",
     "ShapingConfig",
     "TaskConfig",
@@ -41,5 +48,4 @@ __all__ = [
     "load_config",
     "merge",
     "parse_overrides",
-    "validate",
 ]

@@ -1,25 +1,25 @@
-"""Loading: defaults <- YAML file <- ``--set key=value`` overrides, strictly typed.
+"""Loading: defaults <- YAML file <- ``--set key=value`` overrides, validated by the schema.
 
-An unknown section or key fails with the list of valid ones and a value of the wrong type names
-the key and the expected type; names and combinations are then checked by
-:func:`creditrl.config.validate.validate`.
+Every problem pydantic finds becomes one :class:`~creditrl.config.errors.ConfigError` line that
+names the key and what was expected (the first problem; a near-miss key or value gets a
+"did you mean"). Registry names and the combinations that need them are checked when the run
+is built (:mod:`creditrl.train.build`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import re
-import types
-import typing
-from dataclasses import asdict
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from creditrl.config.schema import Config, ConfigError
+from creditrl.config.errors import ConfigError
+from creditrl.config.schema import Config
+from creditrl.config.validation import validated
 
 
 class _Loader(yaml.SafeLoader):
@@ -37,62 +37,7 @@ def _yaml(text: str) -> Any:
     return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
 
 
-def _check_type(key: str, value: Any, hint: Any) -> Any:
-    """Coerce ``value`` to the annotated type or raise a ConfigError naming ``key``."""
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(hint)
-        if value is None and type(None) in args:
-            return None
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _check_type(key, value, arg)
-            except ConfigError:
-                continue
-        raise ConfigError(f"{key}: expected {hint}, got {value!r}")
-    if origin is dict or hint is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
-        return dict(value)
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key}: expected true/false, got {value!r}")
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
-        return value
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key}: expected a number, got {value!r}")
-        return float(value)
-    if hint is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{key}: expected a string, got {value!r}")
-        return value
-    return value
-
-
-def _build(cls: type, data: dict[str, Any], prefix: str) -> Any:
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(data) - set(names))
-    if unknown:
-        where = f"section '{prefix}'" if prefix else "the top level"
-        raise ConfigError(f"unknown key '{unknown[0]}' in {where}; valid keys: {', '.join(names)}")
-    kwargs = {}
-    for name, value in data.items():
-        key = f"{prefix}.{name}" if prefix else name
-        hint = hints[name]
-        if dataclasses.is_dataclass(hint):
-            if not isinstance(value, dict):
-                raise ConfigError(f"{key}: expected a mapping of {hint.__name__} keys, got {value!r}")
-            kwargs[name] = _build(hint, value, key)
-        else:
-            kwargs[name] = _check_type(key, value, hint)
-    return cls(**kwargs)
+# ----------------------------------------------------------------------------- layers
 
 
 def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -124,33 +69,37 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
         node = out
         for p in parts[:-1]:
             node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {key.strip()}: '{p}' is set to a value above, not a section")
         node[parts[-1]] = _yaml(raw)
     return out
 
 
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """The sections of a YAML config file; ConfigError when it is missing, invalid or not a mapping."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"config file not found: {p}")
+    try:
+        loaded = _yaml(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{p}: expected a mapping of sections at the top level")
+    return loaded
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | dict[str, Any] | None = None) -> Config:
     """Defaults <- YAML file <- overrides (mappings merge key by key; a layer naming another task
-    starts that task's arguments afresh), then type-checked and validated."""
-    data: dict[str, Any] = asdict(Config())
+    starts that task's arguments afresh), validated by the schema. The result is frozen; registry
+    names are checked, and defaults resolved, when a run is built from it."""
+    data: dict[str, Any] = Config().to_dict()
     if path is not None:
-        p = Path(path)
-        if not p.exists():
-            raise ConfigError(f"config file not found: {p}")
-        try:
-            loaded = _yaml(p.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{p}: expected a mapping of sections at the top level")
-        data = merge_layer(data, loaded)
+        data = merge_layer(data, read_yaml(path))
     if overrides:
         over = parse_overrides(overrides) if isinstance(overrides, list) else overrides
         data = merge_layer(data, over)
-    cfg = _build(Config, data, "")
-    from creditrl.config.validate import validate
-
-    validate(cfg)
-    return cfg
+    return validated(Config, data)
 
 
 def config_hash(obj: Any) -> str:
@@ -160,8 +109,6 @@ def config_hash(obj: Any) -> str:
 
 def packaged_config(name: str) -> Path:
     """A config shipped in ``creditrl/configs`` by name (``demo``, ``demo_quick``, ``arith``)."""
-    from importlib import resources
-
     return Path(str(resources.files("creditrl") / "configs" / f"{name}.yaml"))
 
 
@@ -171,6 +118,6 @@ def demo_config_path(quick: bool) -> Path:
 
 
 def arith_config_path(quick: bool) -> Path:
-    """The reference arithmetic config (operands 1-9; the demo's until 2026-11-30) that the findings
-    grids, the reports and ``creditrl bench`` start from; under ``quick`` the demo's smoke-test sizes."""
+    """The reference arithmetic config (operands 1-9) that the findings grids, the reports and
+    ``creditrl bench`` start from; under ``quick`` the demo's smoke-test sizes."""
     return packaged_config("demo_quick" if quick else "arith")

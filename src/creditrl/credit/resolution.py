@@ -13,14 +13,16 @@ ignored, and masked tokens belong to no step. K is the largest number of steps i
 columns k >= (steps of row b) are padding, masked out by ``step_mask``.
 """
 
+import typing
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from creditrl.config.schema import Resolution
 from creditrl.credit.registry import check_inputs, check_mask, estimate
 
-RESOLUTIONS = ("token", "step")
+RESOLUTIONS = tuple(r for r in typing.get_args(Resolution) if r != "auto")
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from creditrl.config import ConfigError
+from creditrl.policy.device import is_fsdp
 
 ENV_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK")
 STRATEGIES = ("ddp", "fsdp")
@@ -282,14 +283,6 @@ def full_state_dict(module: nn.Module) -> dict[str, torch.Tensor]:
 def unwrap(module: nn.Module) -> nn.Module:
     """The plain module inside a DDP wrapper (the module itself otherwise)."""
     return module.module if isinstance(module, DistributedDataParallel) else module
-
-
-def is_fsdp(module: nn.Module) -> bool:
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except ImportError:  # pragma: no cover - torch without FSDP2
-        return False
-    return isinstance(module, FSDPModule)
 
 
 @contextlib.contextmanager

@@ -1,7 +1,7 @@
 """The Ray backend (``backend.name=ray``): rollout and scoring workers as Ray actors, the
 learner on the driver.
 
-* :class:`RayEngine` implements :class:`~creditrl.policy.engine.GenerationEngine`, so rollouts,
+* :class:`RayEngine` implements :class:`~creditrl.policy.engines.base.GenerationEngine`, so rollouts,
   MC value continuations and tree rollouts all run on the workers. The ``N = len(prompts) * n``
   request rows are split into contiguous chunks, one per rollout worker; each worker holds its
   own copy of the policy and runs the in-process engine (``policy.engine``) on its chunk with
@@ -29,61 +29,15 @@ from __future__ import annotations
 import copy
 import os
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import torch
 from transformers import PreTrainedModel
 
-from creditrl.config import Config, ConfigError
-from creditrl.policy.engine import Generation, HFEngine, SamplingParams, advance_generator, expand_requests
+from creditrl.config import Config
+from creditrl.distributed.workers import WorkerPool, ensure_ray, split_rows
+from creditrl.policy.engines import Generation, SamplingParams, advance_generator, choose_engine, expand_requests
 from creditrl.policy.model import is_lora
-
-INSTALL_HINT = "pip install 'creditrl[ray]'"
-
-
-def import_ray():
-    """The ``ray`` module, or a ConfigError that says how to install it."""
-    try:
-        import ray
-    except ImportError as exc:
-        raise ConfigError(f"backend.name=ray needs the 'ray' package, which is not installed: {INSTALL_HINT}") from exc
-    return ray
-
-
-def ensure_ray(backend) -> tuple[Any, bool]:
-    """Connect to Ray (``backend.address``: "" starts a local instance, "auto" or host:port joins
-    a cluster) unless already connected; returns ``(ray, started_here)``. Raises RuntimeError
-    when the cluster has fewer CPUs than the rollout workers reserve (Ray would wait forever)."""
-    ray = import_ray()
-    need = backend.rollout_workers * backend.worker_threads
-    started = False
-    if not ray.is_initialized():
-        if backend.address:
-            ray.init(address=backend.address, include_dashboard=False)
-        else:  # a local instance: at least the CPUs the workers reserve, even on a smaller machine
-            ray.init(num_cpus=max(os.cpu_count() or 1, need), include_dashboard=False)
-        started = True
-    cpus = ray.cluster_resources().get("CPU", 0)
-    if cpus < need:
-        raise RuntimeError(
-            f"backend: {backend.rollout_workers} rollout workers x {backend.worker_threads} threads reserve "
-            f"{need} CPUs; the Ray cluster has {cpus:g}"
-        )
-    return ray, started
-
-
-def split_rows(total: int, parts: int) -> list[tuple[int, int]]:
-    """Contiguous ``[start, end)`` chunks of ``range(total)`` over at most ``parts`` workers,
-    sizes differing by at most one (empty chunks are left out)."""
-    base, extra = divmod(total, parts)
-    out, start = [], 0
-    for i in range(parts):
-        end = start + base + (i < extra)
-        if end > start:
-            out.append((start, end))
-        start = end
-    return out
-
 
 def policy_weights(model: PreTrainedModel) -> dict[str, torch.Tensor]:
     """The weights a worker loads: the plain state dict, or for a LoRA policy the base weights
@@ -96,79 +50,7 @@ def policy_weights(model: PreTrainedModel) -> dict[str, torch.Tensor]:
 def engine_kind(model: PreTrainedModel, kind: str) -> str:
     """The engine the in-process run would use for ``model`` (``auto`` resolved): workers run
     the same one on their plain copy."""
-    from creditrl.policy.static_engine import make_engine
-
-    return "hf" if isinstance(make_engine(model, eos_id=0, pad_id=0, kind=kind), HFEngine) else "static"
-
-
-class WorkerPool:
-    """Actors in numbered slots; :meth:`run` re-issues a call whose actor died on a replacement.
-
-    ``make(slot)`` starts an actor; ``prepare(actor)`` (optional) brings a replacement up to date
-    before its calls (actor methods run in submission order)."""
-
-    def __init__(self, ray, name: str, make: Callable[[int], Any], size: int, max_restarts: int,
-                 prepare: Callable[[Any], None] | None = None) -> None:
-        self.ray, self.name, self.make, self.max_restarts, self.prepare = ray, name, make, max_restarts, prepare
-        self.actors = [make(i) for i in range(size)]
-        self.slot_restarts = [0] * size
-        self.restarts = 0  # since the last :meth:`pop_restarts`
-
-    def run(self, calls: Sequence[tuple[int, Callable[[Any], Any]]]) -> list[Any]:
-        """``calls[j] = (slot, submit)``, ``submit(actor) -> ObjectRef``; the results in order."""
-        ray = self.ray
-        sent = [self.actors[slot] for slot, _ in calls]
-        refs = [submit(actor) for (_, submit), actor in zip(calls, sent)]
-        results: list[Any] = [None] * len(calls)
-        pending = list(range(len(calls)))
-        while pending:
-            again = []
-            for j in pending:
-                try:
-                    results[j] = ray.get(refs[j])
-                except ray.exceptions.RayActorError as exc:
-                    slot, submit = calls[j]
-                    if self.actors[slot] is sent[j]:  # not yet replaced (by an earlier call's failure)
-                        self._replace(slot, exc)
-                    sent[j] = self.actors[slot]
-                    refs[j] = submit(sent[j])
-                    again.append(j)
-                except ray.exceptions.RayTaskError as exc:  # the worker raised: raise it here as itself
-                    cause = getattr(exc, "cause", None)
-                    if isinstance(cause, BaseException):
-                        raise cause from None
-                    raise
-            pending = again
-        return results
-
-    def _replace(self, slot: int, exc: BaseException) -> None:
-        if self.slot_restarts[slot] >= self.max_restarts:
-            raise RuntimeError(
-                f"{self.name} worker {slot} died and backend.max_restarts={self.max_restarts} replacements "
-                f"are used up: {exc}"
-            ) from exc
-        try:
-            self.ray.kill(self.actors[slot], no_restart=True)
-        except Exception:  # noqa: BLE001 - already gone
-            pass
-        actor = self.make(slot)
-        if self.prepare is not None:
-            self.prepare(actor)
-        self.actors[slot] = actor
-        self.slot_restarts[slot] += 1
-        self.restarts += 1
-
-    def pop_restarts(self) -> int:
-        n, self.restarts = self.restarts, 0
-        return n
-
-    def shutdown(self) -> None:
-        for actor in self.actors:
-            try:
-                self.ray.kill(actor, no_restart=True)
-            except Exception:  # noqa: BLE001
-                pass
-        self.actors = []
+    return choose_engine(model, kind)[0]
 
 
 class RolloutWorker:
@@ -177,7 +59,7 @@ class RolloutWorker:
     def __init__(self, init_path: str, seed: int, options: dict, kind: str, threads: int, eos_id: int,
                  pad_id: int, kernels: str = "auto") -> None:
         from creditrl.policy.model import load_policy
-        from creditrl.policy.static_engine import make_engine
+        from creditrl.policy.engines import make_engine
 
         torch.set_num_threads(threads)
         model, _ = load_policy(init_path, seed=seed, **options)
@@ -215,13 +97,13 @@ class RolloutWorker:
 
 
 class RayEngine:
-    """A :class:`~creditrl.policy.engine.GenerationEngine` over ``backend.rollout_workers``
+    """A :class:`~creditrl.policy.engines.base.GenerationEngine` over ``backend.rollout_workers``
     Ray actors (module docstring). ``model`` is the driver's policy, whose weights
     :meth:`sync` sends; assigning ``engine.model`` (a resumed run) marks them to be sent before
     the next generate."""
 
     def __init__(self, cfg: Config, init_path: str, model: PreTrainedModel, *, eos_id: int, pad_id: int) -> None:
-        from creditrl.train.sft import policy_options
+        from creditrl.policy.model import policy_options
 
         b = cfg.backend
         self.ray, self.started_ray = ensure_ray(b)
@@ -326,7 +208,7 @@ class RayEngine:
 
 def ray_engine(cfg: Config, init_path: str, model: PreTrainedModel, tokenizer, scorer=None) -> RayEngine:
     """The trainer's entry: a RayEngine for ``model``, with scoring workers attached to
-    ``scorer`` (a :class:`~creditrl.train.score.Scorer`) when ``backend.score_workers > 0``."""
+    ``scorer`` (a :class:`~creditrl.rewards.stage.Scorer`) when ``backend.score_workers > 0``."""
     engine = RayEngine(cfg, init_path, model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
     if cfg.backend.score_workers and scorer is not None:
         from creditrl.distributed.ray_score import ScorePool

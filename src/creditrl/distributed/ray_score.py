@@ -11,7 +11,7 @@ own, so this equals driver-side scoring; a ``batch_fn`` (one PRM forward pass) r
 which changes only the padding of that forward pass. Sandboxed unit tests run inside the actor.
 The task's outcome check (``train/accuracy``, the hybrid filter) stays on the driver.
 
-A worker that dies is replaced and its chunk re-scored (:class:`~creditrl.distributed.ray_backend.WorkerPool`).
+A worker that dies is replaced and its chunk re-scored (:class:`~creditrl.distributed.workers.WorkerPool`).
 Scoring workers reserve no Ray CPUs: they mostly wait on the sandbox or run short forward passes,
 and must not block the rollout workers' reservation on a small machine.
 """
@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import torch
 
 from creditrl.config import Config
-from creditrl.distributed.ray_backend import WorkerPool, split_rows
+from creditrl.distributed.workers import WorkerPool, split_rows
 from creditrl.rewards.sources import RewardSource, ScoreResult, score_batch
 from creditrl.tasks.base import Problem, Task
 
@@ -78,7 +78,7 @@ class ScorePool:
                                b.max_restarts)
 
     def attach(self, scorer) -> None:
-        """Route a :class:`~creditrl.train.score.Scorer`'s sources through the workers."""
+        """Route a :class:`~creditrl.rewards.stage.Scorer`'s sources through the workers."""
         for placed in (scorer.primary, scorer.dense):
             if placed is not None:
                 placed.score_fn = self.score

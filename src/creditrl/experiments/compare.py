@@ -25,7 +25,6 @@ the output directory is read back, not rerun (an arm is keyed by its name, not i
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import itertools
@@ -42,6 +41,7 @@ from creditrl.config import ConfigError, load_config
 from creditrl.config.loader import arith_config_path, demo_config_path, packaged_config
 from creditrl.experiments.report import eval_rows
 from creditrl.experiments.seeds import launch_settings, mean_ci95, plot_seed_curves, run_arms
+from creditrl.train.resolve import checked
 
 KEYS = {"name", "base", "set", "seeds", "budget", "target", "init", "arms", "grid"}
 PACKAGED = ("demo", "demo_quick", "arith")  # configs shipped in creditrl/configs, named in a grid's base
@@ -154,7 +154,7 @@ def load_grid(path: str | Path, *, quick: bool = False, seeds: int | None = None
         arms = {", ".join(x for x in (a, p) if x): over + pover for a, over in arms.items() for p, pover in points.items()}
     for name, over in arms.items():
         try:
-            load_config(base, common + over)
+            checked(load_config(base, common + over))
         except ConfigError as exc:
             raise ConfigError(f"{path}: arm '{name}': {exc}") from exc
     return Grid(name=str(data.get("name", path.stem)), base=base, common=common, seeds=seed_list, unit=unit,
@@ -293,29 +293,3 @@ def run_compare(grid_path: str | Path, out: str | Path | None = None, *, quick: 
     print("\n" + table)
     log(f"results: {out / 'results.md'}")
     return summary
-
-
-def cmd_compare(args: argparse.Namespace) -> int:
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
-    run_compare(args.grid, args.out, quick=args.quick, seeds=args.seeds, jobs=args.jobs)
-    return 0
-
-
-def add_compare_parser(sub) -> None:
-    p = sub.add_parser("compare", help="a grid of arms x seeds at a fixed generation budget: table and plots")
-    p.add_argument("grid", help="grid YAML (see creditrl.experiments.compare; example grids/estimators.yaml)")
-    p.add_argument("--quick", action="store_true", help="demo_quick sizes, a tiny budget, 2 seeds (numbers meaningless)")
-    p.add_argument("--out", help="output directory (default runs/compare-<grid name>); finished runs in it are reused")
-    p.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 instead of the grid's")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
-    add_jobs_argument(p)
-    p.set_defaults(func=cmd_compare)
-
-
-def add_jobs_argument(p) -> None:
-    p.add_argument("--jobs", type=int, default=1, help="runs at a time, each in its own process with threads / jobs "
-                   "intra-op threads and no progress bar (2 on this 2-core machine: 1.28x the runs per hour, "
-                   "benchmarks/compare_jobs.py)")

@@ -69,7 +69,7 @@ def run_demo(run_dir: Path, *, quick: bool = False, overrides: list[str] | None 
         cfg: Config = load_config(base_path, _with(overrides or [], arm))
         print(f"[creditrl demo] arm '{name}': {cfg.train.iterations} iterations x "
               f"{cfg.rollout.prompts_per_iter} prompts x {cfg.rollout.group_size} samples", flush=True)
-        result = RLTrainer(cfg, run_dir / _slug(name), init_path=str(sft_path)).run()
+        result = RLTrainer.from_config(cfg, run_dir / _slug(name), init_path=str(sft_path)).run()
         histories[name] = result.history
     target = sft_metrics["eval/accuracy"] + TARGET_GAIN
     arms = [summarise(name, h, target) for name, h in histories.items()]

@@ -15,7 +15,6 @@ are shared, so this error is smaller than that of two independent accuracies.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from dataclasses import asdict, dataclass
@@ -75,8 +74,8 @@ def evaluate_checkpoints(config: str | None, checkpoints: list[str], *, size: in
     from creditrl.policy.model import load_policy
     from creditrl.tasks import make_task
     from creditrl.train.evaluate import evaluate
-    from creditrl.train.rl import EVAL_SEED
-    from creditrl.train.sft import policy_options
+    from creditrl.train.build import EVAL_SEED
+    from creditrl.policy.model import policy_options
 
     if size < 1:
         raise ConfigError(f"--size: must be > 0, got {size}")
@@ -144,27 +143,3 @@ def errors_table(rows: list[CheckpointEval]) -> str:
         counts = r.errors or {}
         lines.append(f"| {r.checkpoint} | " + " | ".join(f"{100 * counts.get(k, 0) / r.n:.1f}%" for k in kinds) + " |")
     return "\n".join(lines)
-
-
-def cmd_eval(args: argparse.Namespace) -> int:
-    rows = evaluate_checkpoints(args.config, args.checkpoints, size=args.size, baseline=args.baseline,
-                                overrides=args.set, errors=args.errors)
-    print(markdown_table(rows))
-    if args.errors:
-        print()
-        print(errors_table(rows))
-    if args.out:
-        Path(args.out).write_text(json.dumps([asdict(r) for r in rows], indent=2))
-    return 0
-
-
-def add_eval_parser(sub, add_config_args) -> None:
-    p = sub.add_parser("eval", help="held-out exact match of checkpoints on a larger problem set, paired against a baseline")
-    add_config_args(p)
-    p.add_argument("checkpoints", nargs="+", help="checkpoint directories, run directories (latest checkpoint) or SFT cache entries")
-    p.add_argument("--size", type=int, default=2048, help="held-out problems (default 2048; a run evaluates the first train.eval_size)")
-    p.add_argument("--baseline", help="the checkpoint the differences are against (default: the first one)")
-    p.add_argument("--out", help="also write the rows as JSON here")
-    p.add_argument("--errors", action="store_true",
-                   help="also count where each checkpoint's solutions first go wrong (arithmetic: slips, wrong operands, ...)")
-    p.set_defaults(func=cmd_eval)

@@ -18,7 +18,6 @@ results table, the plots (copied to ``docs/findings/``) and the filled reading.
 
 from __future__ import annotations
 
-import argparse
 import re
 import shutil
 import time
@@ -28,7 +27,7 @@ from typing import Any
 import yaml
 
 from creditrl.config import ConfigError
-from creditrl.experiments.compare import CompareRow, add_jobs_argument, launch_text, load_grid, results_markdown, run_compare
+from creditrl.experiments.compare import CompareRow, launch_text, load_grid, results_markdown, run_compare
 from creditrl.experiments.seeds import slug
 
 FINDING_KEYS = {"id", "title", "grid", "report", "question", "claim", "reading", "plots"}
@@ -190,18 +189,3 @@ def run_findings(root: Path, *, quick: bool = False, out: Path | None = None, ru
     )
     print(f"[creditrl findings] wrote {out} ({len(sections)} findings)")
     return out
-
-
-def cmd_findings(args: argparse.Namespace) -> int:
-    run_findings(Path(args.root), quick=args.quick, out=Path(args.out) if args.out else None, jobs=args.jobs)
-    return 0
-
-
-def add_findings_parser(sub) -> None:
-    p = sub.add_parser("findings", help="run the committed finding grids (resumably) and write FINDINGS.md")
-    p.add_argument("--root", default=".", help="the repository root (holds findings/ and grids/)")
-    p.add_argument("--quick", action="store_true", help="tiny grids (numbers meaningless); writes runs/findings-quick")
-    p.add_argument("--out", help="where to write (default ROOT/FINDINGS.md)")
-    add_jobs_argument(p)
-    p.set_defaults(func=cmd_findings)
-

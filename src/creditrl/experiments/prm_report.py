@@ -28,11 +28,11 @@ import torch
 from creditrl.config import Config, load_config
 from creditrl.config.loader import arith_config_path
 from creditrl.experiments.report import plt
-from creditrl.policy.engine import GenerationEngine, SamplingParams
-from creditrl.policy.static_engine import make_engine
+from creditrl.policy.engines import GenerationEngine, SamplingParams
+from creditrl.policy.engines import make_engine
 from creditrl.policy.model import load_policy
 from creditrl.prm.cache import load_completer
-from creditrl.prm.cli import train_from_examples
+from creditrl.prm.train import train_prm_from_examples
 from creditrl.prm.data import StepwiseExample
 from creditrl.prm.labels import mc_labels
 from creditrl.prm.metrics import Candidate, auroc, best_of_n_accuracy, false_positive_rate
@@ -40,7 +40,8 @@ from creditrl.prm.pipeline import Sample, label_quality, label_samples, sample_s
 from creditrl.prm.probe import shortcut_probe
 from creditrl.prm.source import load_prm
 from creditrl.tasks import make_task
-from creditrl.train.rl import RLTrainer, resolve_init
+from creditrl.train.build import start_policy
+from creditrl.train.rl import RLTrainer
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ def run_prm_report(run_dir: Path | None, *, quick: bool = False, overrides: list
         torch.set_num_threads(cfg.train.threads)
     start = time.time()
     log = lambda msg: print(f"[creditrl prm report] {time.time() - start:6.0f} s  {msg}", flush=True)  # noqa: E731
-    init = resolve_init(cfg, cfg.train.progress)
+    init = start_policy(cfg, progress=cfg.train.progress)
     policy, tok = load_policy(init)
     policy.eval()
     task = make_task(cfg.task.name, **cfg.task.args)
@@ -156,13 +157,13 @@ def run_prm_report(run_dir: Path | None, *, quick: bool = False, overrides: list
         quality[name] = {**label_quality(examples), **{k: float(v) for k, v in info.items() if k != "labeler"}}
     datasets["orm"] = orm_examples(train)
 
-    prm_cfg: Config = replace(cfg, prm=replace(cfg.prm, steps=sizes.prm_steps, augment_rate=sizes.augment_rate))
+    prm_cfg: Config = cfg.updated({"prm": {"steps": sizes.prm_steps, "augment_rate": sizes.augment_rate}})
     aurocs: dict[str, float] = {}
     train_metrics: dict[str, dict[str, Any]] = {}
     for name, examples in datasets.items():
         log(f"training the {name} {'ORM' if name == 'orm' else 'PRM'} ({sizes.prm_steps} steps)")
-        c = prm_cfg if name != "orm" else replace(prm_cfg, prm=replace(prm_cfg.prm, augment_rate=0.0))
-        m = train_from_examples(c, init, examples, run_dir / "prms" / name, progress=cfg.train.progress)
+        c = prm_cfg if name != "orm" else prm_cfg.updated({"prm": {"augment_rate": 0.0}})
+        m = train_prm_from_examples(c, init, examples, run_dir / "prms" / name, progress=cfg.train.progress)
         train_metrics[name] = {k: v for k, v in m.items() if k != "prm/loss_curve"}
         prm, ptok = load_prm(str(run_dir / "prms" / name))
         records = step_records(prm, ptok, held_examples)
@@ -198,7 +199,7 @@ def run_prm_report(run_dir: Path | None, *, quick: bool = False, overrides: list
         "credit.normaliser=batch", f"train.iterations={sizes.rl_iterations}",
     ]
     rl_cfg = load_config(arith_config_path(quick), rl_over)
-    history = RLTrainer(rl_cfg, run_dir / "rl_prm", init_path=init).run().history
+    history = RLTrainer.from_config(rl_cfg, run_dir / "rl_prm", init_path=init).run().history
     evals = [(r["iteration"], r["eval/accuracy"]) for r in history if "eval/accuracy" in r]
 
     probe_md, probe_numbers = "(not enough labelled steps of both kinds for the probe)", {}

@@ -28,17 +28,17 @@ from creditrl.config import load_config
 from creditrl.config.loader import arith_config_path
 from creditrl.experiments.prm_report import orm_examples
 from creditrl.experiments.report import plt
-from creditrl.policy.engine import SamplingParams
+from creditrl.policy.engines import SamplingParams
 from creditrl.policy.model import load_policy
-from creditrl.policy.static_engine import make_engine
-from creditrl.prm.cli import train_from_examples
+from creditrl.policy.engines import make_engine
+from creditrl.prm.train import train_prm_from_examples
 from creditrl.prm.metrics import select
 from creditrl.prm.pipeline import label_samples, sample_solutions
 from creditrl.prm.source import load_prm
-from creditrl.search.config import SearchConfig
+from creditrl.config import SearchConfig
 from creditrl.search.methods import make_context, sample_candidates, search
 from creditrl.tasks import make_task
-from creditrl.train.rl import resolve_init
+from creditrl.train.build import start_policy
 
 TASK_ARGS = {"min_ops": 5, "max_ops": 7}
 MAX_NEW = SearchConfig().max_new_tokens
@@ -72,10 +72,10 @@ def _train_models(cfg, init: str, policy, tok, task, sizes: Sizes, out: Path, ne
                                          params=params, seed=i)]
     log(f"sampled {len(samples)} training solutions ({sum(s.outcome for s in samples)} correct)")
     data = {"prm": label_samples(samples, "oracle", task=task)[0], "orm": orm_examples(samples)}
-    prm_cfg = replace(cfg, prm=replace(cfg.prm, steps=sizes.prm_steps, augment_rate=0.0))
+    prm_cfg = cfg.updated({"prm": {"steps": sizes.prm_steps, "augment_rate": 0.0}})
     for name in need:
         log(f"training the {name.upper()} ({sizes.prm_steps} steps on {len(data[name])} examples)")
-        train_from_examples(prm_cfg, init, data[name], out / name, progress=cfg.train.progress)
+        train_prm_from_examples(prm_cfg, init, data[name], out / name, progress=cfg.train.progress)
 
 
 def _best_of_n_rows(ctx, ns) -> list[dict[str, Any]]:
@@ -109,7 +109,7 @@ def run_search_report(
         torch.set_num_threads(cfg.train.threads)
     start = time.time()
     log = lambda msg: print(f"[creditrl search report] {time.time() - start:6.0f} s  {msg}", flush=True)  # noqa: E731
-    init = resolve_init(cfg, cfg.train.progress)
+    init = start_policy(cfg, progress=cfg.train.progress)
     policy, tok = load_policy(init)
     policy.eval()
     task = make_task("arithmetic", **TASK_ARGS)

@@ -141,7 +141,7 @@ def _run_one(base: Path, overrides: list[str], where: Path, init_path: str, thre
 
         transformers.utils.logging.disable_progress_bar()
     start = time.time()
-    RLTrainer(load_config(base, overrides), where, init_path=init_path).run()
+    RLTrainer.from_config(load_config(base, overrides), where, init_path=init_path).run()
     (where / "launch.json").write_text(json.dumps({"threads": torch.get_num_threads(), "jobs": jobs}))  # train.threads wins
     return time.time() - start
 

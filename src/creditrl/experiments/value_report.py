@@ -25,7 +25,6 @@ itself is noisy: its mean standard error is reported.
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from dataclasses import asdict, dataclass
@@ -38,11 +37,12 @@ import torch
 from creditrl.config import config_hash, load_config
 from creditrl.config.loader import arith_config_path
 from creditrl.experiments.seeds import mean_ci95
-from creditrl.policy.engine import SamplingParams
+from creditrl.policy.engines import SamplingParams
 from creditrl.rollout.segment import step_stop_ids
 from creditrl.train import stages
-from creditrl.train.evaluate import decode_response, encode_prompt
-from creditrl.train.rl import RLTrainer, resolve_init
+from creditrl.policy.tokenizer import decode_response, encode_prompt
+from creditrl.train.build import start_policy
+from creditrl.train.rl import RLTrainer
 from creditrl.values.tree import TreeShape
 
 CHUNK = 2048  # continuations per engine call
@@ -152,7 +152,7 @@ def score(arm: str, states: list[State], truth: list[float], est: list[float], t
 
 
 def critic_estimates(trainer: RLTrainer, batch, states: list[State]) -> list[float]:
-    out = trainer.value_stage(batch, torch.zeros_like(batch.response_mask), torch.Generator())
+    out = trainer.parts.value_stage(batch, torch.zeros_like(batch.response_mask), torch.Generator())
     return [float(out.values[s.row, len(s.prefix)]) for s in states]
 
 
@@ -202,7 +202,7 @@ def run_value_report(out: Path, *, quick: bool = False, config: str | Path | Non
     overrides = list(overrides or [])
     cfg = load_config(base, overrides)
     # the resolved config's hash, not the base's path: a report copied from another checkout is reused
-    settings = {"base": str(base), "config": config_hash(asdict(cfg)), "overrides": overrides, "seed": seed, **sizes}
+    settings = {"base": str(base), "config": config_hash(cfg.to_dict()), "overrides": overrides, "seed": seed, **sizes}
     done = out / "summary.json"
     if done.exists():
         old = json.loads(done.read_text())
@@ -212,7 +212,7 @@ def run_value_report(out: Path, *, quick: bool = False, config: str | Path | Non
     out.mkdir(parents=True, exist_ok=True)
     start = time.time()
     log = lambda msg: print(f"[creditrl value-report] {time.time() - start:6.0f} s  {msg}", flush=True)  # noqa: E731
-    init = resolve_init(cfg, cfg.train.progress)
+    init = start_policy(cfg, progress=cfg.train.progress)
     shape = TreeShape(sizes["branching"], sizes["depth"])
     rows: list[EstimatorRow] = []
     truth: list[float] = []
@@ -220,9 +220,9 @@ def run_value_report(out: Path, *, quick: bool = False, config: str | Path | Non
         its = sizes["critic_iterations"]
         tcfg = load_config(base, overrides + CRITIC_SET + [f"value.source={kind}", f"train.iterations={its[-1]}",
                                                            f"value.warmup_iterations={its[-1]}", f"train.seed={seed}"])
-        trainer = RLTrainer(tcfg, out / kind, init_path=init)
+        trainer = RLTrainer.from_config(tcfg, out / kind, init_path=init)
         if not truth:  # the states and their true values, once, with the (fixed) policy of the first trainer
-            task, tok, engine = trainer.task, trainer.tokenizer, trainer.engine
+            task, tok, engine = trainer.parts.task, trainer.parts.tokenizer, trainer.parts.engine
             problems = task.sample(sizes["problems"], split="heldout", seed=seed + 777)
             params = SamplingParams(max_new_tokens=tcfg.rollout.max_new_tokens, temperature=tcfg.rollout.temperature)
             sep = tcfg.reward.step_separator or task.step_separator
@@ -269,20 +269,3 @@ def run_value_report(out: Path, *, quick: bool = False, config: str | Path | Non
     print("\n" + table)
     log(f"results: {out / 'results.md'}")
     return summary
-
-
-def cmd_value_report(args: argparse.Namespace) -> int:
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    run_value_report(Path(args.out), quick=args.quick, config=args.config, overrides=args.set)
-    return 0
-
-
-def add_value_report_parser(sub) -> None:
-    p = sub.add_parser("value-report", help="value estimates (critic, dual critic, MC K, tree) vs true step values")
-    p.add_argument("config", nargs="?", help="config (default: the packaged arith config)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
-    p.add_argument("--out", default="runs/value-report", help="output directory (a finished report is read back)")
-    p.add_argument("--quick", action="store_true", help="tiny sizes (numbers meaningless)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
-    p.set_defaults(func=cmd_value_report)

@@ -39,11 +39,10 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from creditrl.config import Config
-from creditrl.config.validate import resolved_resolution
 from creditrl.rollout.batch import TrajectoryBatch
 from creditrl.rollout.segment import TokenTexts
 from creditrl.tasks.base import Task
-from creditrl.train.score import Scored
+from creditrl.rewards.stage import Scored
 
 FORMAT_VERSION = 1
 MAX_TOKENS_PER_FILE = 65_536  # response tokens per saved iteration, all groups together
@@ -165,7 +164,7 @@ def iteration_record(
         "settings": {
             "estimator": c.estimator,
             "normaliser": c.normaliser,
-            "resolution": resolved_resolution(cfg),
+            "resolution": cfg.credit.resolution,
             "gamma": c.gamma,
             "lam": c.lam if lam is None else lam,
             "value_source": cfg.value.source,

@@ -8,9 +8,13 @@ KL divergence", 2020). With ``log_ratio = logp - ref_logp`` on tokens sampled fr
 
 from __future__ import annotations
 
+import typing
+
 import torch
 
-KL_ESTIMATORS = ("k1", "k2", "k3")
+from creditrl.config.schema import KLEstimator
+
+KL_ESTIMATORS = typing.get_args(KLEstimator)
 
 
 def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, kind: str = "k3") -> torch.Tensor:

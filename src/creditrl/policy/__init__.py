@@ -1,7 +1,6 @@
 """Policy: HF model/tokenizer loading, the tiny preset, and the generation engine."""
 
-from creditrl.policy.engine import Generation, GenerationEngine, HFEngine, SamplingParams
-from creditrl.policy.static_engine import StaticEngine, make_engine
+from creditrl.policy.engines import Generation, GenerationEngine, HFEngine, SamplingParams, StaticEngine, make_engine
 from creditrl.policy.model import build_tiny, count_parameters, load_policy
 from creditrl.policy.tokenizer import build_char_tokenizer
 

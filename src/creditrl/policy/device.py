@@ -25,6 +25,7 @@ from typing import Iterator
 
 import torch
 
+# autocast dtype of each policy.precision (the names are the config's Precision; a test keeps them equal)
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -86,3 +87,12 @@ def inference(device: torch.device | str, precision: str) -> Iterator[None]:
     not differentiated (generation, reference log-probs, critic values, evaluation)."""
     with torch.no_grad(), autocast(device, precision):
         yield
+
+
+def is_fsdp(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is an FSDP2-sharded module (it all-gathers its weights in every call)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - torch without FSDP2
+        return False
+    return isinstance(module, FSDPModule)

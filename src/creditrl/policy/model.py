@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from creditrl.config.schema import ChatTemplate, Config, Dtype
 from creditrl.policy.tokenizer import build_char_tokenizer
 
 
@@ -61,7 +63,8 @@ def build_tiny(seed: int = 0, preset: TinyPreset | None = None) -> tuple[PreTrai
 
 
 LORA_BASE_FILE = "creditrl_lora_base.json"  # in a LoRA checkpoint: the base model it adapts
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = typing.get_args(Dtype)
+CHAT_TEMPLATES = typing.get_args(ChatTemplate)
 
 
 
@@ -93,13 +96,14 @@ def load_policy(
     Hub names are read from the local HF cache only, unless ``local_files_only=False``
     (``policy.local_files_only``): creditrl never downloads at run time unless asked to.
     ``dtype`` is the weights' dtype (``float32``, ``bfloat16``, ``float16``). ``chat_template``:
-    ``auto`` keeps the tokenizer's chat template (prompts are then rendered through it, see
-    :func:`creditrl.train.evaluate.encode_prompt`), ``none`` removes it (raw prompts).
+    ``auto`` keeps the tokenizer's chat template if it has one (prompts are then rendered through
+    it, see :func:`creditrl.policy.tokenizer.encode_prompt`), ``template`` requires one, ``none``
+    removes it (raw prompts).
     """
     if dtype not in DTYPES:
         raise ValueError(f"policy.dtype: expected one of {DTYPES}, got '{dtype}'")
-    if chat_template not in ("auto", "none"):
-        raise ValueError(f"policy.chat_template: expected 'auto' or 'none', got '{chat_template}'")
+    if chat_template not in CHAT_TEMPLATES:
+        raise ValueError(f"policy.chat_template: expected one of {CHAT_TEMPLATES}, got '{chat_template}'")
     torch_dtype = getattr(torch, dtype)
     path = Path(name_or_path)
     if name_or_path == "tiny":
@@ -125,6 +129,8 @@ def load_policy(
             tokenizer.pad_token = tokenizer.eos_token
     if chat_template == "none":
         tokenizer.chat_template = None
+    elif chat_template == "template" and not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"policy.chat_template: 'template', but the tokenizer of '{name_or_path}' has no chat template")
     return model, tokenizer
 
 
@@ -156,3 +162,9 @@ def is_lora(model: torch.nn.Module) -> bool:
 def count_parameters(model: torch.nn.Module) -> int:
     """Number of distinct parameters (tied embeddings counted once)."""
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def policy_options(cfg: Config) -> dict:
+    """The :func:`load_policy` keyword arguments a config's ``policy`` section sets."""
+    p = cfg.policy
+    return {"dtype": p.dtype, "local_files_only": p.local_files_only, "chat_template": p.chat_template}

@@ -1,6 +1,7 @@
-"""A character-level tokenizer that is a real Hugging Face ``PreTrainedTokenizerFast``.
+"""Tokenizer helpers: how every stage turns a prompt into token ids and a response back into text
+(:func:`encode_prompt`, :func:`decode_response`), and the embedded character-level tokenizer.
 
-Every printable ASCII character is one token, so token ``i`` of a response is character ``i``:
+The character tokenizer is a real Hugging Face ``PreTrainedTokenizerFast``. Every printable ASCII character is one token, so token ``i`` of a response is character ``i``:
 credit that lands on a token lands on a visible character. It saves and loads with
 ``save_pretrained`` / ``AutoTokenizer.from_pretrained`` like any hub tokenizer.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 import string
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
@@ -38,3 +39,20 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
         padding_side="left",
         clean_up_tokenization_spaces=False,
     )
+
+
+def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:
+    """The prompt's token ids: rendered through the tokenizer's chat template as one user turn
+    plus the generation prompt when the tokenizer has a template (``policy.chat_template=auto``;
+    the template writes its own special tokens), else bos + the prompt's tokens."""
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+        )
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    return ([tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []) + list(ids)
+
+
+def decode_response(tokenizer: PreTrainedTokenizerBase, tokens: list[int]) -> str:
+    return tokenizer.decode(tokens, skip_special_tokens=True)

@@ -24,6 +24,7 @@ from creditrl.prm.augment import augment_negatives, corrupt_step
 from creditrl.prm.model import ProcessRewardModel, encode
 from creditrl.prm.probe import ShortcutReport, StepRecord, shortcut_probe
 from creditrl.prm.train import train_prm
+from creditrl.prm.source import load_prm, prm_reward_source  # registers reward.source=prm
 from creditrl.prm.metrics import (
     AGGREGATIONS,
     SELECTORS,

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from creditrl.config import Config, config_hash
-from creditrl.policy.engine import SamplingParams
+from creditrl.policy.engines import SamplingParams
 from creditrl.tasks import make_task
 
 CACHE_VERSION = 1
@@ -48,9 +47,10 @@ def label_policy_samples(cfg: Config, model, tokenizer, *, problems: int | None 
 
 def load_completer(cfg: Config, model, tokenizer):
     """The MC labeler's completer: ``prm.completer`` (a checkpoint directory, which must share the
-    policy's tokenizer) or, when empty, the policy ``model`` itself."""
+    policy's tokenizer) or, when empty or the start policy itself (``train.init``, as a run
+    resolves it), the policy ``model``."""
     path = cfg.prm.completer
-    if not path:
+    if not path or path == cfg.train.init:
         return model, tokenizer
     from creditrl.policy.model import load_policy
 
@@ -63,11 +63,11 @@ def load_completer(cfg: Config, model, tokenizer):
 
 
 def prm_key(cfg: Config, init_path: str) -> str:
-    prm = asdict(cfg.prm)
-    if not prm["completer"]:  # added later: enters the key only when set, so existing caches keep their keys
+    prm = cfg.prm.model_dump()
+    if prm["completer"] in ("", str(init_path)):  # the policy being labelled: out of the key, as before the field
         del prm["completer"]
     del prm["mc_rows_per_call"]  # a memory bound: the same labels either way
-    return config_hash({"v": CACHE_VERSION, "init": str(init_path), "task": asdict(cfg.task), "prm": prm,
+    return config_hash({"v": CACHE_VERSION, "init": str(init_path), "task": cfg.task.model_dump(), "prm": prm,
                         "max_new_tokens": cfg.rollout.max_new_tokens})
 
 
@@ -76,7 +76,7 @@ def cached_prm(cfg: Config, init_path: str, *, progress: bool = False) -> Path:
 
     ``prm_info.json`` in it records the label statistics, the training metrics and the step AUROC
     against oracle labels on held-out samples (``prm/heldout_auroc``)."""
-    from creditrl.train.sft import cache_lock, cache_root
+    from creditrl.cache import cache_lock, cache_root
 
     path = cache_root() / "prm" / prm_key(cfg, init_path)
     with cache_lock(path):  # parallel runs needing the same PRM: the first trains it, the others wait
@@ -87,10 +87,10 @@ def cached_prm(cfg: Config, init_path: str, *, progress: bool = False) -> Path:
 
 def _train_prm(cfg: Config, init_path: str, path: Path, progress: bool) -> None:
     from creditrl.policy.model import load_policy
-    from creditrl.prm.cli import train_from_examples
+    from creditrl.prm.train import train_prm_from_examples
     from creditrl.prm.pipeline import evaluate_prm, label_quality
     from creditrl.prm.source import load_prm
-    from creditrl.train.sft import policy_options
+    from creditrl.policy.model import policy_options
 
     model, tokenizer = load_policy(str(init_path), seed=cfg.policy.init_seed, **policy_options(cfg))
     model.eval()
@@ -100,7 +100,7 @@ def _train_prm(cfg: Config, init_path: str, path: Path, progress: bool) -> None:
                                           seed=cfg.prm.seed + 1, labeler="oracle")
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    metrics = train_from_examples(cfg, str(init_path), examples, tmp, progress)
+    metrics = train_prm_from_examples(cfg, str(init_path), examples, tmp, progress)
     prm, prm_tok = load_prm.__wrapped__(str(tmp))  # not the lru cache: the directory is renamed next
     auroc, _ = evaluate_prm(prm, prm_tok, heldout)
     record = {"init": str(init_path), "examples": len(examples), **info, **label_quality(examples),

@@ -23,10 +23,11 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from creditrl.policy.engine import GenerationEngine, SamplingParams, generate_chunked
+from creditrl.policy.engines import GenerationEngine, SamplingParams
 from creditrl.rewards.sources import first_error_labels
+from creditrl.rollout.continuations import PrefixSet, continue_prefixes
 from creditrl.tasks.base import Problem, Task
-from creditrl.train.evaluate import decode_response, encode_prompt
+from creditrl.policy.tokenizer import decode_response, encode_prompt
 
 __all__ = [
     "Labeler",
@@ -127,13 +128,6 @@ class MCLabels:
     n_tokens: int  # tokens the engine generated for them
 
 
-@dataclass
-class _Prefix:
-    problem: Problem  # judges the continuations
-    ids: list[int]  # encode_prompt(prompt) + the tokens of the steps so far
-    n_prompt: int  # how many of ``ids`` are the prompt's
-
-
 @register_labeler("mc", "Monte-Carlo (Math-Shepherd): N continuations per step prefix; hard = any correct, soft = share")
 def mc_labels(
     engine: GenerationEngine,
@@ -173,7 +167,7 @@ def mc_labels(
     first steps shared by several samples of one problem -- are sampled once and share their
     labels. All distinct prefixes go to ``engine.generate`` in one call (or in calls of at most
     ``max_prefixes_per_call`` prefixes); ``max_rows`` bounds the continuations an engine holds at
-    once without changing what is sampled (:func:`creditrl.policy.engine.generate_chunked`).
+    once without changing what is sampled (:func:`creditrl.policy.engines.base.generate_chunked`).
     ``n_continuations`` and ``n_tokens`` report what was spent.
 
     Raises:
@@ -181,46 +175,22 @@ def mc_labels(
     """
     if mode not in MC_MODES:
         raise ValueError(f"unknown MC label mode '{mode}'; valid: {', '.join(MC_MODES)}")
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
-    if max_prefixes_per_call is not None and max_prefixes_per_call < 1:
-        raise ValueError(f"max_prefixes_per_call must be >= 1 or None, got {max_prefixes_per_call}")
-    if max_rows is not None and max_rows < 1:
-        raise ValueError(f"max_rows must be >= 1 or None, got {max_rows}")
-
-    index: dict[tuple[Problem, str], int] = {}
-    prefixes: list[_Prefix] = []
+    prefixes = PrefixSet()
     plans: list[tuple[list[int], list[float]]] = []  # per item: prefixes of steps 0..K-2, outcome of step K-1
     for problem, steps in items:
         prompt_ids = encode_prompt(tokenizer, problem.prompt)
-        sampled: list[int] = []
-        text = ""
+        sampled, text = [], ""
         for step in steps[:-1]:
             text += step
-            key = (problem, text)
-            if key not in index:
-                index[key] = len(prefixes)
-                step_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-                prefixes.append(_Prefix(problem, prompt_ids + list(step_ids), len(prompt_ids)))
-            sampled.append(index[key])
+            step_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            sampled.append(prefixes.add((problem, text), prompt_ids, step_ids, problem))
         outcome = [1.0 if task.check_outcome(problem, "".join(steps)) else 0.0] if steps else []
         plans.append((sampled, outcome))
-
-    results: list[list[int]] = [[] for _ in prefixes]
-    n_tokens = 0
-    chunk = max_prefixes_per_call or max(1, len(prefixes))
-    for start in range(0, len(prefixes), chunk):
-        batch = prefixes[start : start + chunk]
-        if max_rows is None:
-            gen = engine.generate([p.ids for p in batch], n, params, generator=generator)
-        else:
-            gen = generate_chunked(engine, [p.ids for p in batch], n, params, generator=generator, max_rows=max_rows)
-        for request, tokens in zip(gen.prompt_index, gen.tokens):
-            prefix = batch[request]
-            completion = decode_response(tokenizer, prefix.ids[prefix.n_prompt :] + list(tokens))
-            results[start + request].append(int(task.check_outcome(prefix.problem, completion)))
-            n_tokens += len(tokens)
-
+    out = continue_prefixes(
+        engine, prefixes.prefixes, lambda problem, tokens: int(task.check_outcome(problem, decode_response(tokenizer, tokens))),
+        n=n, params=params, generator=generator, max_prefixes_per_call=max_prefixes_per_call, max_rows=max_rows,
+    )
+    results = [[int(o) for o in row] for row in out.outcomes]
     to_label = MC_MODES[mode]
     outcomes = [[results[i] for i in sampled] + [[int(o)] * n for o in outcome] for sampled, outcome in plans]
     fractions = [[sum(r) / n for r in row] for row in outcomes]
@@ -230,7 +200,7 @@ def mc_labels(
         outcomes=outcomes,
         n_prefixes=len(prefixes),
         n_continuations=len(prefixes) * n,
-        n_tokens=n_tokens,
+        n_tokens=out.n_tokens,
     )
 
 

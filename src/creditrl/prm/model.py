@@ -44,7 +44,7 @@ from transformers import AutoModel, AutoModelForCausalLM, PreTrainedModel, PreTr
 
 from creditrl.policy.device import module_device
 from creditrl.policy.model import load_policy
-from creditrl.train.evaluate import encode_prompt
+from creditrl.policy.tokenizer import encode_prompt
 
 CONFIG_FILE = "prm_config.json"
 HEADS_FILE = "heads.pt"

@@ -19,8 +19,8 @@ from typing import Any, Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from creditrl.policy.engine import SamplingParams
-from creditrl.policy.static_engine import make_engine
+from creditrl.policy.engines import SamplingParams
+from creditrl.policy.engines import make_engine
 from creditrl.prm.data import StepwiseExample
 from creditrl.prm.labels import mc_labels, oracle_labels, outcome_heuristic_labels, vote_labels
 from creditrl.prm.metrics import auroc, false_positive_rate
@@ -28,7 +28,7 @@ from creditrl.prm.model import ProcessRewardModel
 from creditrl.prm.probe import ShortcutReport, StepRecord, shortcut_probe
 from creditrl.rewards.sources import split_steps
 from creditrl.tasks.base import Problem, Task
-from creditrl.train.evaluate import decode_response, encode_prompt
+from creditrl.policy.tokenizer import decode_response, encode_prompt
 
 LABELER_NAMES = ("oracle", "outcome_heuristic", "mc", "vote")
 

@@ -3,7 +3,8 @@
 Each step's reward is the PRM's probability that the step is right. The source scores a whole
 batch in one pass (``batch_fn``); spans that are empty (an eos alone) or do not fit the PRM's
 context get no reward (``None``). A PRM directory holds the model (:meth:`ProcessRewardModel.save`)
-and the tokenizer it reads, as ``creditrl prm train`` writes it.
+and the tokenizer it reads, as ``creditrl prm train`` writes it. Importing :mod:`creditrl.prm`
+registers the source (the rewards layer below does not know about PRMs).
 """
 
 from __future__ import annotations
@@ -11,13 +12,13 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from creditrl.policy.device import resolve_device
 from creditrl.prm.model import ProcessRewardModel
-from creditrl.rewards.sources import RewardSource
+from creditrl.rewards.sources import RewardSource, register_source_factory
 from creditrl.tasks.base import Problem, Task
 
 
@@ -59,3 +60,10 @@ def prm_reward_source(path: str, device: str = "cpu") -> RewardSource:
         return prm_step_scores(prm, tokenizer, [p.prompt for p in problems], spans)
 
     return RewardSource("prm", frozenset({"step"}), "step", fn, batch_fn)
+
+
+@register_source_factory("prm", granularities=("step",), default="step", requires=("prm",))
+def _prm_source(options: dict[str, Any]) -> RewardSource:
+    """A trained process reward model (``reward.prm``, written by ``creditrl prm train``): each
+    step's reward is the PRM's probability that the step is correct."""
+    return prm_reward_source(options["prm"], options.get("device", "cpu"))

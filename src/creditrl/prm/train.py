@@ -17,11 +17,13 @@ goes astray rambles) the PRM could learn "long step = wrong" instead of checking
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -29,15 +31,17 @@ import torch.nn.functional as F
 from tqdm import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from creditrl.policy.device import module_device
+from creditrl.config import Config
+from creditrl.credit.schedule import lr_at
+from creditrl.policy.device import module_device, resolve_device
+from creditrl.policy.model import load_policy
 from creditrl.prm.model import ProcessRewardModel, encode, right_pad, step_positions
-from creditrl.train.evaluate import encode_prompt
-from creditrl.train.sft import lr_at
+from creditrl.policy.tokenizer import encode_prompt
 
 if TYPE_CHECKING:
     from creditrl.prm.data import StepwiseExample
 
-__all__ = ["train_prm"]
+__all__ = ["train_prm", "train_prm_from_examples"]
 
 _CURVE_POINTS = 10
 
@@ -200,3 +204,27 @@ def train_prm(
         "prm/positive_fraction": sum(targets) / len(targets),
         "prm/time_s": time.time() - start,
     }
+
+
+def train_prm_from_examples(cfg: Config, init_path: str, examples: Sequence["StepwiseExample"], out: Path,
+                            progress: bool) -> dict[str, Any]:
+    """Train a PRM (the ``prm.*`` settings) on ``examples`` from the policy at ``init_path`` and
+    save it with its tokenizer and training metrics to ``out``; returns the metrics."""
+    from creditrl.prm.augment import augment_negatives
+
+    p = cfg.prm
+    policy, tok = load_policy(init_path)
+    if p.augment_rate > 0:
+        examples = augment_negatives(examples, rate=p.augment_rate, rng=random.Random(p.seed))
+    prm = ProcessRewardModel.from_model(policy, members=p.members, combine=p.combine, seed=p.seed, likelihood=p.likelihood)
+    prm.to(resolve_device(cfg.policy.device))  # trained where the policy trains
+    metrics = train_prm(
+        prm, tok, examples, steps=p.steps, batch_size=p.batch_size, lr=p.lr, soft=p.soft,
+        max_step_tokens=p.max_step_tokens, seed=p.seed, progress=progress, train_backbone=p.train_backbone,
+    )
+    prm.to("cpu")  # saved from the CPU; a reader places it (reward.prm: on policy.device)
+    out.mkdir(parents=True, exist_ok=True)
+    prm.save(out)
+    tok.save_pretrained(out)
+    (out / "train_metrics.json").write_text(json.dumps(metrics, indent=2))
+    return metrics

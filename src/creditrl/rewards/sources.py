@@ -23,9 +23,11 @@ counted in ``reward/errors``.
 from __future__ import annotations
 
 import math
+import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
+from creditrl.config.schema import OnError
 from creditrl.rewards.placement import GRANULARITIES
 from creditrl.tasks.base import Problem, Task
 
@@ -33,7 +35,7 @@ SourceFn = Callable[[Task, Problem, str, Sequence[str]], list[float | None]]
 BatchFn = Callable[
     [Task, Sequence[Problem], Sequence[str], Sequence[Sequence[str]]], list[list[float | None]]
 ]
-ERROR_POLICIES = ("raise", "zero", "skip")
+ERROR_POLICIES = typing.get_args(OnError)
 
 
 @dataclass(frozen=True)
@@ -142,15 +144,6 @@ def check_granularity(source: RewardSource | SourceFactory, granularity: str) ->
 def outcome_reward(task: Task, problem: Problem, completion: str, spans: Sequence[str]) -> list[float]:
     """1.0 when the task's outcome checker accepts the completion, else 0.0."""
     return [1.0 if task.check_outcome(problem, completion) else 0.0]
-
-
-@register_source_factory("prm", granularities=("step",), default="step", requires=("prm",))
-def _prm_source(options: dict[str, Any]) -> RewardSource:
-    """A trained process reward model (``reward.prm``, written by ``creditrl prm train``): each
-    step's reward is the PRM's probability that the step is correct."""
-    from creditrl.prm.source import prm_reward_source
-
-    return prm_reward_source(options["prm"], options.get("device", "cpu"))
 
 
 def first_error_labels(labels: Iterable[bool]) -> list[float | None]:

@@ -16,9 +16,8 @@ import torch.nn.functional as F
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
-from creditrl.distributed.ddp import is_fsdp
-from creditrl.policy.device import module_device
-from creditrl.policy.engine import Generation, left_pad, positions_from_mask
+from creditrl.policy.device import is_fsdp, module_device
+from creditrl.policy.engines import Generation, left_pad, positions_from_mask
 
 
 @dataclass

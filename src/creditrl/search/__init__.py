@@ -1,7 +1,9 @@
 """Test-time search over reasoning steps: greedy, best-of-N, PRM-guided beam search and MCTS,
 all under one per-problem budget of generated tokens (``creditrl search``)."""
 
-from creditrl.search.config import LEAF_VALUES, METHOD_NAMES, SearchConfig, with_overrides
+import typing
+
+from creditrl.config.schema import LeafValue, SearchConfig, SearchMethod
 from creditrl.search.expand import BudgetedGenerator, Continuation, Request, water_fill
 from creditrl.search.methods import (
     METHODS,
@@ -24,9 +26,12 @@ from creditrl.search.tree import (
 )
 from creditrl.search.verify import Verifier, prefix_score
 
+METHOD_NAMES = typing.get_args(SearchMethod)  # the keys of METHODS
+LEAF_VALUES = typing.get_args(LeafValue)
+
 __all__ = [
     "LEAF_VALUES", "METHOD_NAMES", "METHODS", "BudgetedGenerator", "Continuation", "Node", "ProblemResult",
     "Request", "Sampled", "SearchConfig", "SearchResult", "Verifier", "add_children", "backup", "best_solution",
     "make_context", "most_visited_path", "prefix_score", "puct_scores", "sample_candidates", "search",
-    "select_child", "select_leaf", "water_fill", "with_overrides",
+    "select_child", "select_leaf", "water_fill",
 ]

@@ -7,11 +7,11 @@ from typing import Sequence
 
 from transformers import PreTrainedTokenizerBase
 
-from creditrl.search.config import SearchConfig
+from creditrl.config import SearchConfig
 from creditrl.search.expand import BudgetedGenerator, Request
 from creditrl.search.verify import Verifier
 from creditrl.tasks.base import Problem
-from creditrl.train.evaluate import decode_response
+from creditrl.policy.tokenizer import decode_response
 
 
 @dataclass

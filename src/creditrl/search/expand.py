@@ -23,7 +23,7 @@ from typing import Sequence
 
 import torch
 
-from creditrl.policy.engine import GenerationEngine, SamplingParams
+from creditrl.policy.engines import GenerationEngine, SamplingParams
 
 
 def water_fill(wants: Sequence[int], available: int, floor: int = 1) -> list[int]:
@@ -85,7 +85,7 @@ class BudgetedGenerator:
     """The engine behind per-problem token accounting (module docstring).
 
     Args:
-        engine: any :class:`~creditrl.policy.engine.GenerationEngine`.
+        engine: any :class:`~creditrl.policy.engines.base.GenerationEngine`.
         prompts: per problem, its prompt token ids (bos + prompt).
         budget: generated tokens allowed per problem (>= 1).
         stop_ids: token ids that end a step (``step_stop_ids``), used by ``step=True`` calls.

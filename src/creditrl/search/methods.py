@@ -10,7 +10,7 @@ for it, and never more than ``budget``.
   budget (each gets ``min(max_new_tokens, ~budget / N)``; with N > budget only the first
   ``budget`` samples are drawn, one token each); the pick is ``creditrl.prm.metrics.select(selector, ...)``
   (``prm_min|prm_product|prm_last|prm_mean|orm|majority``). A completion without any step has
-  PRM step scores ``(0.0,)`` and ORM score 0.0; majority votes on ``final_answer``.
+  PRM step scores ``(0.0,)`` and ORM score 0.0; majority votes on the task's answers (:func:`creditrl.tasks.base.answer_of`).
 * ``beam``: :mod:`.beam`. ``mcts``: :mod:`.mcts`.
 """
 
@@ -22,19 +22,18 @@ from typing import Any, Callable, Sequence
 
 from transformers import PreTrainedTokenizerBase
 
-from creditrl.config import ConfigError
-from creditrl.experiments.prm_report import final_answer
-from creditrl.policy.engine import GenerationEngine
-from creditrl.prm.metrics import Candidate, select
+from creditrl.config import SearchConfig
+from creditrl.errors import ConfigError, unknown_choice
+from creditrl.policy.engines import GenerationEngine
+from creditrl.prm.metrics import AGGREGATIONS, SELECTORS, Candidate, select
 from creditrl.rollout.segment import step_stop_ids
 from creditrl.search.beam import run_beam
-from creditrl.search.config import SearchConfig
 from creditrl.search.context import SearchContext
 from creditrl.search.expand import BudgetedGenerator, Request
 from creditrl.search.mcts import run_mcts
 from creditrl.search.verify import ScoredModel, Verifier
-from creditrl.tasks.base import Problem, Task
-from creditrl.train.evaluate import encode_prompt
+from creditrl.tasks.base import Problem, Task, answer_of, votes_on_answers
+from creditrl.policy.tokenizer import encode_prompt
 
 
 @dataclass(frozen=True)
@@ -61,7 +60,7 @@ def sample_candidates(ctx: SearchContext, n: int, *, prm: bool, orm: bool) -> li
     for (p, c, text), s, o in zip(kept, steps, orms):
         candidate = Candidate(
             correct=ctx.verify.outcome(p, text), step_scores=(s or (0.0,)) if prm else (), orm_score=o,
-            answer=final_answer(text),
+            answer=answer_of(ctx.verify.task, text),
         )
         groups[p].append(Sampled(candidate, text, c.tokens))
     return groups
@@ -101,6 +100,7 @@ class SearchResult:
     problems: list[ProblemResult]
     engine_calls: int
     wall_s: float
+    note: str = ""  # e.g. that majority voted on whole completions (a task without extract_answer)
 
     @property
     def accuracy(self) -> float:
@@ -124,19 +124,23 @@ class SearchResult:
 
 
 def require_models(config: SearchConfig, *, has_prm: bool, has_orm: bool) -> None:
-    """Validate ``config`` and check that the PRM / ORM it needs are given.
+    """Check the registry names of ``config`` (``search.selector``, ``search.aggregation``) and
+    that the PRM / ORM it needs are given.
 
     Raises:
-        ConfigError (a ValueError): On a bad config field, or a missing model (the message names
-            the method, its settings and the missing model).
+        ConfigError (a ValueError): On an unknown name (listing the valid ones), or a missing model
+            (the message names the method, its settings and the missing model).
     """
-    config.validate()
+    if config.selector not in SELECTORS:
+        raise unknown_choice("search.selector", config.selector, SELECTORS)
+    if config.aggregation not in AGGREGATIONS:
+        raise unknown_choice("search.aggregation", config.aggregation, AGGREGATIONS)
     if config.needs_prm and not has_prm:
         raise ConfigError(f"method '{config.method}' ({config.describe()}) needs a PRM to score steps: "
-                          "pass prm=(model, tokenizer) (CLI: --prm DIR)")
+                          "pass prm=(model, tokenizer) (CLI: search.prm=DIR or reward.prm=DIR)")
     if config.needs_orm and not has_orm:
         raise ConfigError(f"method '{config.method}' ({config.describe()}) needs an ORM to judge solutions: "
-                          "pass orm=(model, tokenizer) (CLI: --orm DIR)")
+                          "pass orm=(model, tokenizer) (CLI: search.orm=DIR)")
 
 
 def make_context(
@@ -189,4 +193,8 @@ def search(
     for p, (problem, tokens) in enumerate(zip(ctx.problems, answers)):
         text = ctx.text(tokens)
         rows.append(ProblemResult(problem.prompt, text, ctx.verify.outcome(p, text), ctx.gen.used[p]))
-    return SearchResult(config, rows, ctx.gen.calls, time.time() - start)
+    note = ""
+    if config.method == "best_of_n" and config.selector == "majority" and not votes_on_answers(task):
+        note = (f"majority voted on whole normalised completions: task '{task.name}' has no extract_answer, "
+                "so only identical completions agree")
+    return SearchResult(config, rows, ctx.gen.calls, time.time() - start, note)

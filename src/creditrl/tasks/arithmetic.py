@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from creditrl.tasks.base import Problem, register_task
+from creditrl.tasks.base import SPLITS, Problem, register_task
 
 __all__ = [
     "SPLITS",
@@ -36,7 +36,6 @@ __all__ = [
     "split_completion",
 ]
 
-SPLITS: tuple[str, ...] = ("train", "heldout")
 """Valid values of the ``split`` argument of :meth:`ArithmeticTask.sample`."""
 
 Step = tuple[int, str, int, int]
@@ -269,6 +268,15 @@ class ArithmeticTask:
         """
         hash_at = completion.find("#")
         return hash_at >= 0 and completion[hash_at + 1 :].strip() == problem.answer
+
+    def extract_answer(self, completion: str) -> str | None:
+        """The text after the first ``"#"``, stripped (what :meth:`check_outcome` compares), or None."""
+        hash_at = completion.find("#")
+        return completion[hash_at + 1 :].strip() if hash_at >= 0 else None
+
+    def same_answer(self, a: str, b: str) -> bool:
+        """Answers are canonical integers: equal as text."""
+        return a == b
 
     def check_steps(self, problem: Problem, segments: list[str]) -> list[bool]:
         """Return one label per segment: whether that step is correct.

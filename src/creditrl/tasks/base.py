@@ -11,11 +11,14 @@ from __future__ import annotations
 import hashlib
 import importlib
 import random
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-__all__ = ["Problem", "Task", "TASKS", "TaskNameError", "register_task", "make_task"]
+from creditrl.config.schema import Split
+
+__all__ = ["Problem", "Task", "TASKS", "TaskNameError", "register_task", "make_task", "answer_of", "same_answer"]
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,36 @@ class Task(Protocol):
         ...
 
 
-SPLITS: tuple[str, ...] = ("train", "heldout")
+# Optional task hooks (not in the protocol): ``extract_answer(completion) -> str | None`` (the final
+# answer a completion states, None when it states none) and ``same_answer(a, b) -> bool`` (whether
+# two extracted answers are the same answer, e.g. math-verify equivalence). Majority votes and the
+# reports go through :func:`answer_of` and :func:`same_answer`, which fall back as documented.
+
+
+def answer_of(task: Task, completion: str) -> str | None:
+    """The answer ``completion`` states: ``task.extract_answer(completion)`` when the task has the
+    hook, else the whole completion with its whitespace normalised (None when empty), so a task
+    without the hook is voted on whole completions."""
+    extract = getattr(task, "extract_answer", None)
+    if extract is not None:
+        return extract(completion)
+    text = " ".join(completion.split())
+    return text or None
+
+
+def same_answer(task: Task, a: str, b: str) -> bool:
+    """Whether two answers of :func:`answer_of` agree: ``task.same_answer`` when the task has the
+    hook, else string equality."""
+    same = getattr(task, "same_answer", None)
+    return bool(same(a, b)) if same is not None else a == b
+
+
+def votes_on_answers(task: Task) -> bool:
+    """Whether majority votes on ``task`` compare extracted answers (False: whole completions)."""
+    return getattr(task, "extract_answer", None) is not None
+
+
+SPLITS: tuple[str, ...] = typing.get_args(Split)  # the config's closed set (prm.split, search.split)
 
 
 def draw_from_pool(pool: list[Problem], n: int, *, split: str, seed: int, namespace: str, empty: str) -> list[Problem]:

@@ -30,11 +30,10 @@ import random
 from abc import ABC, abstractmethod
 from typing import Any
 
-from creditrl.tasks.base import Problem, register_task
+from creditrl.tasks.base import SPLITS, Problem, register_task
 
 __all__ = ["SPLITS", "LEXICON", "ToyTranslateTask", "ToySummariseTask", "split_sentences"]
 
-SPLITS: tuple[str, ...] = ("train", "heldout")
 # A draw that finds no problem of the split in this many tries means the split is empty.
 _MAX_CONSECUTIVE_MISSES = 10_000
 

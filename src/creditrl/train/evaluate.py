@@ -7,26 +7,10 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from creditrl.policy.engine import SamplingParams
-from creditrl.policy.static_engine import make_engine
+from creditrl.policy.engines import SamplingParams
+from creditrl.policy.engines import make_engine
+from creditrl.policy.tokenizer import decode_response, encode_prompt
 from creditrl.tasks.base import Problem, Task
-
-
-def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:
-    """The prompt's token ids: rendered through the tokenizer's chat template as one user turn
-    plus the generation prompt when the tokenizer has a template (``policy.chat_template=auto``;
-    the template writes its own special tokens), else bos + the prompt's tokens."""
-    if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
-        )
-        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    return ([tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []) + list(ids)
-
-
-def decode_response(tokenizer: PreTrainedTokenizerBase, tokens: list[int]) -> str:
-    return tokenizer.decode(tokens, skip_special_tokens=True)
 
 
 @dataclass

@@ -1,14 +1,136 @@
-"""The RL iteration's metric row helpers: pass@k of the sampled groups, masked statistics, and
-the reduction of every data-parallel rank's row to the row of the whole batch."""
+"""The RL iteration's metrics: the per-stage timer, the record of one iteration's tensors, the row
+``metrics.jsonl`` holds, and the reduction of every data-parallel rank's row to the whole batch's.
+
+Metric names are grouped with prefixes: ``reward/``, ``train/`` (the sampled batch's accuracy
+and pass@k), ``response/``, ``tokens/``, ``adv/``, ``return/``, ``value/``, ``credit/``,
+``optim/``, ``policy/``, ``loss/``, ``kl/``, ``grad/``, ``update/``, ``time/`` (seconds per
+stage and in total), ``samples/`` and ``eval/``.
+"""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from creditrl.distributed import ddp
+from creditrl.losses import explained_variance
+from creditrl.rewards.stage import Scored
+from creditrl.rollout.batch import TrajectoryBatch
 from creditrl.sandbox.passk import mean_pass_at_k
+from creditrl.values.stage import ValueOut
+
+
+class StageTimer:
+    """Wall time per stage: ``with timer("rollout"): ...``; ``times`` maps stage -> seconds."""
+
+    def __init__(self) -> None:
+        self.times: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, stage: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.times[stage] = self.times.get(stage, 0.0) + time.perf_counter() - start
+
+    @property
+    def total(self) -> float:
+        return sum(self.times.values())
+
+
+@dataclass
+class IterationRecord:
+    """What the stages of one iteration produced (the tensors are (B, T) over the responses)."""
+
+    iteration: int  # 1-based: the metrics.jsonl row
+    batch: TrajectoryBatch
+    scored: Scored
+    values: ValueOut
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    update: dict[str, float]  # the update stage's metrics (already global over the ranks)
+    lr: float
+    lam: float
+    policy_updated: bool  # False during the critic warm-up
+    generated_tokens: int  # this rank's sampled tokens (a tree's shared segments counted once)
+    stats: dict[str, float] = field(default_factory=dict)  # backend statistics (Ray restarts, sync time)
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """bool (B, T): the tokens trained on (responses the error policy or the filter dropped are out)."""
+        return self.batch.response_mask & self.scored.keep[:, None]
+
+
+def masked_stats(prefix: str, x: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """Mean, std and largest magnitude of ``x`` (B, T) over the valid tokens of ``mask``."""
+    v = x[mask]
+    return {
+        f"{prefix}/mean": float(v.mean()) if v.numel() else 0.0,
+        f"{prefix}/std": float(v.std()) if v.numel() > 1 else 0.0,
+        f"{prefix}/abs_max": float(v.abs().max()) if v.numel() else 0.0,
+    }
+
+
+def pass_at_k_metrics(group_ids: torch.Tensor, outcome: torch.Tensor) -> dict[str, float]:
+    """Unbiased pass@k (Chen et al. 2021) of the sampled groups, for k = 1 and k = the smallest
+    group's size: ``train/pass@1``, ``train/pass@k`` and ``train/pass_k`` (= that k)."""
+    counts = [(int((group_ids == g).sum()), int(outcome[group_ids == g].sum())) for g in group_ids.unique()]
+    k = min(n for n, _ in counts)
+    return {"train/pass@1": mean_pass_at_k(counts, 1), "train/pass@k": mean_pass_at_k(counts, k), "train/pass_k": k}
+
+
+def _batch_metrics(rec: IterationRecord) -> dict[str, Any]:
+    batch, scored = rec.batch, rec.scored
+    seq_reward = (scored.rewards * batch.response_mask).sum(-1)
+    return {
+        "reward/mean": float(seq_reward.mean()),
+        "reward/std": float(seq_reward.std()) if batch.size > 1 else 0.0,
+        "reward/placed_per_response": float(scored.reward_mask.sum(-1).float().mean()),
+        "reward/errors": scored.errors,
+        "reward/filtered": scored.filtered,
+        **scored.stats,
+        "train/accuracy": float(scored.outcome.mean()),
+        **pass_at_k_metrics(batch.group_ids, scored.outcome),
+        "train/step_accuracy": float(scored.step_correct.mean()),
+        "response/length": float(batch.response_lengths.float().mean()),
+        "response/truncated": float((~batch.finished).float().mean()),
+        "tokens/generated": rec.generated_tokens,
+        "tokens/padded": batch.size * (batch.prompt_ids.shape[1] + batch.response_ids.shape[1]),
+    }
+
+
+def iteration_row(rec: IterationRecord, times: dict[str, float], totals: dict[str, float]) -> dict[str, Any]:
+    """The metrics row of one iteration on this rank (see :func:`reduce_row` for the batch's)."""
+    mask = rec.mask
+    row: dict[str, Any] = {
+        "iteration": rec.iteration,
+        **_batch_metrics(rec),
+        **masked_stats("adv", rec.advantages, mask),
+        **masked_stats("return", rec.returns, mask),
+        "credit/lam": rec.lam,
+        "optim/lr": rec.lr,
+        "policy/updated": float(rec.policy_updated),
+        **rec.update,
+        **rec.values.stats,
+    }
+    if rec.values.values is not None:
+        row.update(masked_stats("value", rec.values.values, mask))
+        row["value/explained_variance"] = explained_variance(rec.values.values, rec.returns, mask)
+    row.update({f"time/{stage}_s": seconds for stage, seconds in times.items()})
+    row.update({
+        "time/iter_s": sum(times.values()),
+        "samples/total": totals["samples"],
+        "tokens/total": totals["tokens"],
+        "time/total_s": totals["time_s"],
+        **rec.stats,
+    })
+    return reduce_row(row, rec.update, rec.batch.size, int(mask.sum()))
 
 
 def reduce_row(row: dict[str, Any], upd: dict[str, float], rows: int, tokens: int) -> dict[str, Any]:
@@ -25,21 +147,3 @@ def reduce_row(row: dict[str, Any], upd: dict[str, float], rows: int, tokens: in
         mins={"train/pass_k"},
         same={*upd, "iteration", "credit/lam", "optim/lr", "policy/updated", "samples/total", "tokens/total"},
     )
-
-
-def pass_at_k_metrics(group_ids: torch.Tensor, outcome: torch.Tensor) -> dict[str, float]:
-    """Unbiased pass@k (Chen et al. 2021) of the sampled groups, for k = 1 and k = the smallest
-    group's size: ``train/pass@1``, ``train/pass@k`` and ``train/pass_k`` (= that k)."""
-    counts = [(int((group_ids == g).sum()), int(outcome[group_ids == g].sum())) for g in group_ids.unique()]
-    k = min(n for n, _ in counts)
-    return {"train/pass@1": mean_pass_at_k(counts, 1), "train/pass@k": mean_pass_at_k(counts, k), "train/pass_k": k}
-
-
-def masked_stats(prefix: str, x: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
-    """Mean, std and largest magnitude of ``x`` (B, T) over the valid tokens of ``mask``."""
-    v = x[mask]
-    return {
-        f"{prefix}/mean": float(v.mean()) if v.numel() else 0.0,
-        f"{prefix}/std": float(v.std()) if v.numel() > 1 else 0.0,
-        f"{prefix}/abs_max": float(v.abs().max()) if v.numel() else 0.0,
-    }

@@ -7,47 +7,28 @@ them (policy, SFT settings, task), so a second ``creditrl demo`` skips straight 
 
 from __future__ import annotations
 
-import fcntl
 import json
 import math
-import os
 import time
-from contextlib import contextmanager
-from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from creditrl.cache import cache_lock, cache_root
 from creditrl.config import Config, config_hash
+from creditrl.credit.schedule import lr_at
 from creditrl.policy.device import autocast, grad_scaler, resolve_device
-from creditrl.policy.model import load_policy
+from creditrl.policy.model import load_policy, policy_options
 from creditrl.tasks import make_task
-from creditrl.tasks.base import Problem
+from creditrl.tasks.base import Problem, Task
 from creditrl.train.checkpoint import save_checkpoint
-from creditrl.train.evaluate import encode_prompt, evaluate
+from creditrl.policy.tokenizer import encode_prompt
+from creditrl.train.evaluate import evaluate
 
 CACHE_VERSION = 1
-
-
-def cache_root() -> Path:
-    """``$CREDITRL_CACHE`` or ``~/.cache/creditrl``."""
-    return Path(os.environ.get("CREDITRL_CACHE", Path.home() / ".cache" / "creditrl"))
-
-
-@contextmanager
-def cache_lock(path: Path) -> Iterator[None]:
-    """An exclusive lock (``<path>.lock``, ``flock``) held while a cache entry is looked up and,
-    if missing, built: processes that need the same entry build it once."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 # Fields the SFT checkpoint does not depend on (generation engine, RL-only switches), and fields
@@ -58,15 +39,9 @@ _KEY_WHEN_SET = {"dtype": "float32", "local_files_only": True, "chat_template": 
 
 def sft_policy_fields(cfg: Config) -> dict:
     return {
-        k: v for k, v in asdict(cfg.policy).items()
+        k: v for k, v in cfg.policy.model_dump().items()
         if k not in _NOT_IN_SFT_KEY and not (k in _KEY_WHEN_SET and v == _KEY_WHEN_SET[k])
     }
-
-
-def policy_options(cfg: Config) -> dict:
-    """The ``load_policy`` keyword arguments a config sets."""
-    p = cfg.policy
-    return {"dtype": p.dtype, "local_files_only": p.local_files_only, "chat_template": p.chat_template}
 
 
 def sft_key(cfg: Config) -> str:
@@ -75,8 +50,8 @@ def sft_key(cfg: Config) -> str:
             "v": CACHE_VERSION,
             # the generation engine does not change the checkpoint (greedy evaluation agrees)
             "policy": sft_policy_fields(cfg),
-            "sft": asdict(cfg.sft),
-            "task": asdict(cfg.task),  # the held-out report is on the RL task
+            "sft": cfg.sft.model_dump(),
+            "task": cfg.task.model_dump(),  # the held-out report is on the RL task
             "eval": [cfg.train.eval_size, cfg.rollout.max_new_tokens],
         }
     )
@@ -103,32 +78,27 @@ def sft_batch(
     return ids, mask, labels
 
 
-def lr_at(step: int, total: int, warmup: int, peak: float) -> float:
-    """Linear warm-up to ``peak`` then cosine decay to 10% of it."""
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    progress = (step - warmup) / max(1, total - warmup)
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
-
-
 def train_sft(
-    cfg: Config, out_dir: Path, *, progress: bool = True
+    cfg: Config, out_dir: Path, *, progress: bool = True, task: Task | None = None, sft_task: Task | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict[str, Any]]:
-    """Run SFT and save the model to ``out_dir``; returns (model, tokenizer, metrics)."""
+    """Run SFT and save the model to ``out_dir``; returns (model, tokenizer, metrics). ``sft_task``
+    draws the SFT problems (default: built from ``sft.task_args``), ``task`` the held-out report
+    (default: built from ``task.args``)."""
     s = cfg.sft
     torch.manual_seed(s.seed)
     model, tokenizer = load_policy(cfg.policy.model, seed=cfg.policy.init_seed, **policy_options(cfg))
     device, precision = resolve_device(cfg.policy.device), cfg.policy.precision
     model.to(device)
     scaler = grad_scaler(device, precision)
-    task = make_task(cfg.task.name, **(s.task_args or cfg.task.args))  # empty: the RL task's own args
+    task = task or make_task(cfg.task.name, **cfg.task.args)
+    sft_task = sft_task or (make_task(cfg.task.name, **s.task_args) if s.task_args else task)
     opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=s.weight_decay, betas=(0.9, 0.98))
     model.train()
     start = time.time()
     bar = tqdm(range(s.steps), desc="sft", disable=not progress, dynamic_ncols=True)
     loss_ema = None
     for step in bar:
-        problems = task.sample(s.batch_size, split="train", seed=s.seed * 1_000_003 + step)
+        problems = sft_task.sample(s.batch_size, split="train", seed=s.seed * 1_000_003 + step)
         ids, mask, labels = (x.to(device) for x in sft_batch(tokenizer, problems))
         for g in opt.param_groups:
             g["lr"] = lr_at(step, s.steps, s.warmup_steps, s.lr)
@@ -149,9 +119,8 @@ def train_sft(
         loss_ema = loss_value if loss_ema is None else 0.95 * loss_ema + 0.05 * loss_value
         bar.set_postfix(loss=f"{loss_ema:.3f}")
     elapsed = time.time() - start
-    eval_task = make_task(cfg.task.name, **cfg.task.args)
-    heldout = eval_task.sample(cfg.train.eval_size, split="heldout", seed=12345)
-    res = evaluate(model, tokenizer, eval_task, heldout, max_new_tokens=cfg.rollout.max_new_tokens,
+    heldout = task.sample(cfg.train.eval_size, split="heldout", seed=12345)
+    res = evaluate(model, tokenizer, task, heldout, max_new_tokens=cfg.rollout.max_new_tokens,
                    engine=cfg.policy.engine, precision=precision, kernels=cfg.policy.kernels)
     metrics = {
         "sft/steps": s.steps,
@@ -160,16 +129,19 @@ def train_sft(
         "eval/accuracy": res.accuracy,
         "eval/step_accuracy": res.step_accuracy,
     }
-    save_checkpoint(out_dir, model, tokenizer, None, {"sft": asdict(s), "metrics": metrics})
+    save_checkpoint(out_dir, model, tokenizer, None, {"sft": s.model_dump(), "metrics": metrics})
     return model, tokenizer, metrics
 
 
-def cached_sft(cfg: Config, *, progress: bool = True) -> tuple[Path, dict[str, Any]]:
-    """Path of the SFT checkpoint for ``cfg`` (trained now if not cached) and its metrics."""
+def cached_sft(
+    cfg: Config, *, progress: bool = True, task: Task | None = None, sft_task: Task | None = None
+) -> tuple[Path, dict[str, Any]]:
+    """Path of the SFT checkpoint for ``cfg`` (trained now if not cached) and its metrics; ``task``
+    and ``sft_task`` as in :func:`train_sft` (built there only when SFT runs)."""
     path = cache_root() / "sft" / sft_key(cfg)
     state_file = path / "trainer_state.json"
     with cache_lock(path):  # parallel runs needing the same checkpoint: the first trains it, the others wait
         if state_file.exists():
             return path, json.loads(state_file.read_text())["metrics"]
-        _, _, metrics = train_sft(cfg, path, progress=progress)
+        _, _, metrics = train_sft(cfg, path, progress=progress, task=task, sft_task=sft_task)
     return path, metrics

@@ -1,7 +1,7 @@
 """The stages of one RL iteration: rollout -> score -> value -> credit -> update.
 
 The trainer (:mod:`creditrl.train.rl`) only wires these together; each can be called on its own.
-``rollout`` and ``credit`` live here; the score stage is :class:`creditrl.train.score.Scorer`,
+``rollout`` and ``credit`` live here; the score stage is :class:`creditrl.rewards.stage.Scorer`,
 the value stage :class:`creditrl.values.stage.ValueStage`, the update :func:`creditrl.train.update.update`.
 """
 
@@ -11,20 +11,23 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from creditrl.config import Config
-from creditrl.config.validate import resolved_resolution
 from creditrl.credit import estimate_at, normalise
 from creditrl.credit.estimators import EPS
 from creditrl.distributed import ddp
-from creditrl.policy.engine import GenerationEngine, SamplingParams
-from creditrl.rollout.batch import TrajectoryBatch, batch_from_generation
+from creditrl.policy.engines import GenerationEngine, SamplingParams
+from creditrl.policy.device import inference, module_device
+from creditrl.rollout.batch import TrajectoryBatch, batch_from_generation, response_logprobs
 from creditrl.tasks.base import Problem
-from creditrl.train.evaluate import decode_response, encode_prompt
-from creditrl.train.score import Scored, Scorer
+from creditrl.policy.tokenizer import decode_response, encode_prompt
+from creditrl.rewards.stage import Scored, Scorer
+from creditrl.train.build import RunParts
 from creditrl.train.update import CriticTarget, update
+from creditrl.values.stage import ValueOut
 from creditrl.values.tree import TreeShape, tree_rollout
 from creditrl.values.tree import generated_tokens as tree_generated_tokens
 
-__all__ = ["rollout", "generated_tokens", "credit", "Scored", "Scorer", "CriticTarget", "update"]
+__all__ = ["rollout", "reference_logprobs", "generated_tokens", "credit", "learn", "Scored", "Scorer", "CriticTarget",
+           "update"]
 
 
 def rollout(
@@ -57,6 +60,15 @@ def rollout(
     batch.extras["completions"] = [decode_response(tokenizer, t) for t in gen.tokens]
     batch.extras.update(extras)
     return batch
+
+
+def reference_logprobs(reference: torch.nn.Module | None, batch: TrajectoryBatch, precision: str) -> torch.Tensor | None:
+    """The frozen reference policy's log-probs of the response tokens, float (B, T) on the CPU like
+    the batch (None without a reference: no KL term)."""
+    if reference is None:
+        return None
+    with inference(module_device(reference), precision):
+        return response_logprobs(reference, batch)
 
 
 def generated_tokens(batch: TrajectoryBatch) -> int:
@@ -97,7 +109,7 @@ def credit(
         return adv, ret
     mask = batch.response_mask[rows]
     a, r = estimate_at(
-        resolved_resolution(cfg),
+        cfg.credit.resolution,
         cfg.credit.estimator,
         scored.rewards[rows],
         scored.reward_mask[rows],
@@ -114,3 +126,33 @@ def credit(
         adv[rows] = normalise(cfg.credit.normaliser, a, mask, group_ids=batch.group_ids[rows])
     ret[rows] = r
     return adv, ret
+
+
+def learn(
+    parts: RunParts,
+    batch: TrajectoryBatch,
+    scored: Scored,
+    advantages: torch.Tensor,
+    returns: torch.Tensor,
+    values: ValueOut,
+    ref_logprobs: torch.Tensor | None,
+    generator: torch.Generator,
+    *,
+    train_policy: bool,
+) -> dict[str, float]:
+    """The update stage: the policy (and a learned critic, toward ``returns``) take their steps on
+    the kept responses; then the copies that generate follow (an FSDP learner's gathered weights,
+    the Ray workers' broadcast). Returns the update's metrics."""
+    cfg = parts.config
+    mask = batch.response_mask & scored.keep[:, None]
+    policy, critic_module = parts.learners.get(parts.model, parts.value_stage.critic)
+    critic = None
+    if critic_module is not None:
+        critic = CriticTarget(critic_module, parts.value_stage.optimizer, returns, values.member_values)
+    out = update(policy, parts.optimizer, batch, advantages, mask, cfg, generator, ref_logprobs=ref_logprobs,
+                 critic=critic, train_policy=train_policy, scaler=parts.scaler)
+    if parts.learners.sharded:  # every rank gathers the updated shards into its generation copy
+        parts.model.load_state_dict(ddp.full_state_dict(policy))
+    if cfg.backend.name == "ray":  # broadcast the new weights to the rollout workers
+        parts.engine.sync(parts.model)
+    return out

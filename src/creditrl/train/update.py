@@ -44,26 +44,6 @@ from creditrl.rollout.batch import (
 )
 from creditrl.values.critic import Critic
 
-OPTIMIZERS = ("adamw", "sgd")
-
-
-def make_optimizer(params, optim) -> torch.optim.Optimizer:
-    """The policy optimizer named by ``optim.name`` (an :class:`~creditrl.config.schema.OptimConfig`).
-
-    ``adamw``: AdamW(lr, (beta1, beta2), eps, weight_decay). Its per-coordinate normalisation
-    moves every weight by about lr per step, even where the gradient is only sampling noise; a
-    larger ``eps`` (near the gradients' per-coordinate scale) makes such coordinates move less.
-    ``sgd``: heavy-ball SGD(lr, momentum, weight_decay), whose step is proportional to the gradient.
-    """
-    if optim.name == "adamw":
-        return torch.optim.AdamW(
-            params, lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps, weight_decay=optim.weight_decay
-        )
-    if optim.name == "sgd":
-        return torch.optim.SGD(params, lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
-    raise ValueError(f"optim.name: unknown value '{optim.name}'; valid: {', '.join(OPTIMIZERS)}")
-
-
 @dataclass
 class CriticTarget:
     """What the critic learns this iteration."""
@@ -102,15 +82,12 @@ def update(
     losses and steps the optimizers. With ``loss.recompute_logprobs`` (``auto``: when precision
     is not fp32) the old log-probs come from this model's own forward, not from the sampler.
     """
-    lc, oc = cfg.loss, cfg.optim
     device = module_device(ddp.unwrap(model))
     batch, advantages, mask = batch.to(device), advantages.to(device), mask.to(device)
     ref_logprobs = None if ref_logprobs is None else ref_logprobs.to(device)
     if critic is not None:
         critic = replace(critic, returns=critic.returns.to(device), old_values=critic.old_values.to(device))
     batch, gap = _old_logprobs(ddp.unwrap(model), batch, cfg)
-    shared = critic is not None and critic.critic.shared
-    world = ddp.world_size()
     # the largest padded length and row count over the ranks (the smallest, negated)
     width, most, fewest = ddp.all_reduce_max([float(mask.shape[1]), float(batch.size), -float(batch.size)])
     if most != -fewest:
@@ -118,64 +95,98 @@ def update(
             f"data-parallel update: ranks hold {int(-fewest)} to {int(most)} rows; every rank must hold "
             "the same number (whole prompt groups of equal size)"
         )
-    learners = ([model] if train_policy else []) + ([critic.critic] if critic is not None else [])
-    skippable = _zero_advantage_rows(advantages, mask, cfg, ref_logprobs, critic, train_policy)
+    step = _Update(
+        model, optimizer, batch, advantages, mask, cfg, ref_logprobs, critic, train_policy, scaler, width,
+        skippable=_zero_advantage_rows(advantages, mask, cfg, ref_logprobs, critic, train_policy),
+    )
     sums: dict[str, float] = {}
     steps = 0
     model.train()
     if critic is not None:
         critic.critic.train()
-    for _ in range(oc.ppo_epochs):
+    for _ in range(cfg.optim.ppo_epochs):
         order = torch.randperm(batch.size, generator=generator)
-        for rows in order.chunk(oc.minibatches):
-            optimizer.zero_grad(set_to_none=True)
-            if critic is not None:
-                critic.optimizer.zero_grad(set_to_none=True)
-            logs: dict[str, float] = {}
-            total = ddp.all_reduce_sum(aggregation_count(lc.aggregation, mask[rows]))  # over every rank's rows
-            trained = rows if skippable is None else rows[~skippable[rows]]
-            if skippable is not None:
-                logs["update/skipped_rows"] = 1.0 - len(trained) / max(1, len(rows))
-            if len(trained) == 0:  # a zero-weight pass over one row keeps the step a zero-gradient step
-                trained, empty = rows[:1], True
-            else:
-                empty = False
-            micros = micro_batches(batch, trained, oc.micro_batch_positions)
-            n = len(micros)
-            if any(ddp.is_fsdp(m) for m in learners):  # FSDP all-gathers in every forward: equal pass counts
-                n = int(ddp.all_reduce_max(float(n)))
-            for i in range(n):
-                micro = micros[min(i, len(micros) - 1)]  # past its own micro-batches: a zero-weight pass
-                count = aggregation_count(lc.aggregation, mask[micro]) if i < len(micros) and not empty else 0.0
-                weight = world * count / max(1.0, total)
-                with ddp.no_sync(learners, enabled=i < n - 1):  # only the last one all-reduces
-                    part = _micro_step(
-                        model, batch, micro, advantages, mask, cfg, ref_logprobs, critic, train_policy, shared,
-                        norm=width, weight=weight, scaler=scaler,
-                    )
-                for k, v in part.items():
-                    logs[k] = logs.get(k, 0.0) + weight * v
-            if skippable is not None:  # the diagnostics describe the trained rows (the loss sums are exact)
-                share = ddp.all_reduce_sum(aggregation_count(lc.aggregation, mask[trained]) if not empty else 0.0)
-                for k in ("policy/entropy", "policy/clipfrac", "policy/approx_kl"):
-                    logs[k] = logs[k] * total / share if share > 0 else 0.0
-            if train_policy:
-                logs["grad/norm"] = _clip_and_step(model, optimizer, oc.grad_clip, scaler)
-            if critic is not None:
-                logs["grad/value_norm"] = _clip_and_step(critic.critic, critic.optimizer, oc.grad_clip, scaler)
-            if scaler is not None:
-                logs["optim/loss_scale"] = float(scaler.get_scale())
-                scaler.update()
-            for k, v in logs.items():
+        for rows in order.chunk(cfg.optim.minibatches):
+            for k, v in step.minibatch(rows).items():
                 sums[k] = sums.get(k, 0.0) + v
             steps += 1
     out = {k: v / steps for k, v in sums.items()}
     if gap is not None:
         out["policy/sampler_logprob_gap"] = gap
-    if world > 1:  # each rank's weighted sums add up to W times the global metric
+    if ddp.world_size() > 1:  # each rank's weighted sums add up to W times the global metric
         keys = sorted(out)
         out = dict(zip(keys, ddp.all_reduce_mean([out[k] for k in keys])))
     return out
+
+
+@dataclass
+class _Update:
+    """One update's fixed inputs; :meth:`minibatch` takes one optimizer step on a set of rows."""
+
+    model: PreTrainedModel
+    optimizer: torch.optim.Optimizer
+    batch: TrajectoryBatch
+    advantages: torch.Tensor
+    mask: torch.Tensor
+    cfg: Config
+    ref_logprobs: torch.Tensor | None
+    critic: CriticTarget | None
+    train_policy: bool
+    scaler: torch.amp.GradScaler | None
+    width: float  # the largest padded length over the ranks (seq-mean-token-sum-norm)
+    skippable: torch.Tensor | None  # bool (B,): rows left out exactly (see _zero_advantage_rows)
+
+    @property
+    def learners(self) -> list[torch.nn.Module]:
+        return ([self.model] if self.train_policy else []) + ([self.critic.critic] if self.critic is not None else [])
+
+    def minibatch(self, rows: torch.Tensor) -> dict[str, float]:
+        """Accumulate the gradient of ``rows`` over micro-batches, clip and step; the step's metrics."""
+        agg, oc, critic, scaler = self.cfg.loss.aggregation, self.cfg.optim, self.critic, self.scaler
+        self.optimizer.zero_grad(set_to_none=True)
+        if critic is not None:
+            critic.optimizer.zero_grad(set_to_none=True)
+        logs: dict[str, float] = {}
+        total = ddp.all_reduce_sum(aggregation_count(agg, self.mask[rows]))  # over every rank's rows
+        trained = rows if self.skippable is None else rows[~self.skippable[rows]]
+        if self.skippable is not None:
+            logs["update/skipped_rows"] = 1.0 - len(trained) / max(1, len(rows))
+        empty = len(trained) == 0
+        if empty:  # a zero-weight pass over one row keeps the step a zero-gradient step
+            trained = rows[:1]
+        self._accumulate(trained, total, empty, logs)
+        if self.skippable is not None:  # the diagnostics describe the trained rows (the loss sums are exact)
+            share = ddp.all_reduce_sum(aggregation_count(agg, self.mask[trained]) if not empty else 0.0)
+            for k in ("policy/entropy", "policy/clipfrac", "policy/approx_kl"):
+                logs[k] = logs[k] * total / share if share > 0 else 0.0
+        if self.train_policy:
+            logs["grad/norm"] = _clip_and_step(self.model, self.optimizer, oc.grad_clip, scaler)
+        if critic is not None:
+            logs["grad/value_norm"] = _clip_and_step(critic.critic, critic.optimizer, oc.grad_clip, scaler)
+        if scaler is not None:
+            logs["optim/loss_scale"] = float(scaler.get_scale())
+            scaler.update()
+        return logs
+
+    def _accumulate(self, trained: torch.Tensor, total: float, empty: bool, logs: dict[str, float]) -> None:
+        """Backward of every micro-batch of ``trained``, each weighted by its share of ``total``."""
+        agg, learners = self.cfg.loss.aggregation, self.learners
+        micros = micro_batches(self.batch, trained, self.cfg.optim.micro_batch_positions)
+        n = len(micros)
+        if any(ddp.is_fsdp(m) for m in learners):  # FSDP all-gathers in every forward: equal pass counts
+            n = int(ddp.all_reduce_max(float(n)))
+        shared = self.critic is not None and self.critic.critic.shared
+        for i in range(n):
+            micro = micros[min(i, len(micros) - 1)]  # past its own micro-batches: a zero-weight pass
+            count = aggregation_count(agg, self.mask[micro]) if i < len(micros) and not empty else 0.0
+            weight = ddp.world_size() * count / max(1.0, total)
+            with ddp.no_sync(learners, enabled=i < n - 1):  # only the last one all-reduces
+                part = _micro_step(
+                    self.model, self.batch, micro, self.advantages, self.mask, self.cfg, self.ref_logprobs,
+                    self.critic, self.train_policy, shared, norm=self.width, weight=weight, scaler=self.scaler,
+                )
+            for k, v in part.items():
+                logs[k] = logs.get(k, 0.0) + weight * v
 
 
 def _zero_advantage_rows(

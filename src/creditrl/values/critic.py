@@ -21,14 +21,16 @@ from __future__ import annotations
 
 import copy
 import math
+import typing
 
 import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
+from creditrl.config.schema import CriticModel
 from creditrl.rollout.batch import TrajectoryBatch, response_states
 
-CRITIC_MODELS = ("separate", "shared")
+CRITIC_MODELS = typing.get_args(CriticModel)
 
 
 class Critic(nn.Module):
@@ -92,10 +94,10 @@ class Critic(nn.Module):
 
 
 def build_critic(
-    policy: PreTrainedModel, *, members: int, placement: str, seed: int = 0, backbone: str = ""
+    policy: PreTrainedModel, *, members: int, placement: str, seed: int = 0, backbone: str = "policy"
 ) -> Critic:
     """A critic for ``policy``: ``shared`` puts the heads on the policy itself; ``separate``
-    gives every member its own backbone: a copy of the policy's (``backbone=""``, the critic
+    gives every member its own backbone: a copy of the policy's (``backbone="policy"``, the critic
     starts from the policy's weights) or the base model of ``backbone`` (``"tiny"`` or a local
     causal-LM path), which must read the policy's token ids (same vocabulary size)."""
     if placement not in CRITIC_MODELS:
@@ -103,7 +105,7 @@ def build_critic(
     if placement == "shared":
         return Critic(int(policy.config.hidden_size), members=members, seed=seed)
     source = policy
-    if backbone:
+    if backbone not in ("", "policy"):
         from creditrl.policy.model import load_policy
 
         source, _ = load_policy(backbone, seed=seed)

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from creditrl.policy.engine import GenerationEngine, SamplingParams
+from creditrl.policy.engines import GenerationEngine, SamplingParams
 from creditrl.rollout.batch import TrajectoryBatch
+from creditrl.rollout.continuations import PrefixSet, continue_prefixes
 
 OutcomeFn = Callable[[int, str], float]
 """``outcome_fn(b, completion) -> float``: the outcome of a full completion of row b's prompt
@@ -28,13 +29,6 @@ class MCValues:
     n_states: int  # distinct prefixes estimated (each once, however many rows share it)
     n_continuations: int  # continuations sampled: samples x states that had a budget left
     n_tokens: int  # tokens the engine returned for them (an engine that ignores budgets returns more)
-
-
-@dataclass
-class _State:
-    row: int  # the first row that reached this state: its outcome_fn judges the completions
-    prompt: list[int]
-    prefix: list[int]  # response tokens before the step
 
 
 def step_spans(step_ends: list[bool], length: int) -> list[tuple[int, int]]:
@@ -77,19 +71,13 @@ def mc_values(
     final step is terminal and is not estimated (the estimator takes V = 0 there; VinePPO's
     advantage of step k is ``A_k = r_k + V(s_{k+1}) - V(s_k)``, shared by the step's tokens).
 
-    Deduplication: states are keyed by (prompt ids without padding, response prefix). Identical
-    states -- s_0 of the G responses of one prompt, or two responses that agree on their first
-    steps -- are estimated once and shared. The completions of a shared state are judged by
-    ``outcome_fn`` of the first row that reached it: rows with the same prompt ids are assumed
-    to pose the same problem.
-
-    Length budget: the original response could hold ``params.max_new_tokens`` tokens, so a
-    continuation of a prefix of p response tokens may add at most ``max_new_tokens - p``. All
-    states are sampled in one ``engine.generate`` call that passes each its budget (the engine
-    stops a row at its budget), and each continuation is also cut to it here, for engines that
-    ignore budgets (the first n tokens of a longer sample have the distribution of an n-token
-    sample). A prefix with no budget left (p >= max_new_tokens) is not sampled: its
-    value is ``outcome_fn`` of the prefix itself.
+    Sampling is :func:`creditrl.rollout.continuations.continue_prefixes` (shared with the
+    Monte-Carlo PRM labels). States are keyed by (prompt ids without padding, response prefix):
+    s_0 of the G responses of one prompt, or two responses that agree on their first steps, are
+    estimated once, judged by ``outcome_fn`` of the first row that reached them (rows with the
+    same prompt ids are assumed to pose the same problem). A continuation of a prefix of p tokens
+    may add at most ``params.max_new_tokens - p`` (the original response's room); a prefix with no
+    room left is not sampled and its value is ``outcome_fn`` of the prefix itself.
 
     Cost: ``samples`` continuations per distinct state with a budget left, i.e. at most
     ``samples * sum_b n_b`` sequences (fewer after deduplication; ``n_continuations`` and
@@ -108,44 +96,20 @@ def mc_values(
         )
     if samples < 1:
         raise ValueError(f"samples must be >= 1, got {samples}")
-
-    budget_total = params.max_new_tokens
     prompt_ids, prompt_mask = batch.prompt_ids.tolist(), batch.prompt_mask.bool().tolist()
-    response_ids, lengths = batch.response_ids.tolist(), batch.response_lengths.tolist()
-    ends = step_ends.tolist()
-
-    index: dict[tuple[tuple[int, ...], tuple[int, ...]], int] = {}
-    states: list[_State] = []
+    response_ids, lengths, ends = batch.response_ids.tolist(), batch.response_lengths.tolist(), step_ends.tolist()
+    states = PrefixSet()
     spans: list[tuple[int, int, int, int]] = []  # (row, start, end, state)
     for b in range(shape[0]):
         prompt = [t for t, m in zip(prompt_ids[b], prompt_mask[b]) if m]
         response = response_ids[b][: lengths[b]]
         for start, end in step_spans(ends[b], lengths[b]):
-            key = (tuple(prompt), tuple(response[:start]))
-            if key not in index:
-                index[key] = len(states)
-                states.append(_State(row=b, prompt=prompt, prefix=response[:start]))
-            spans.append((b, start, end, index[key]))
-
-    state_values = [0.0] * len(states)
-    sampled = [i for i, s in enumerate(states) if len(s.prefix) < budget_total]
-    for i, s in enumerate(states):
-        if len(s.prefix) >= budget_total:
-            state_values[i] = float(outcome_fn(s.row, decode(s.prefix)))
-    n_tokens = 0
-    if sampled:
-        requests = [states[i].prompt + states[i].prefix for i in sampled]
-        budgets = [budget_total - len(states[i].prefix) for i in sampled]
-        gen = engine.generate(requests, samples, params, generator=generator, budgets=budgets)
-        totals = [0.0] * len(sampled)
-        for request, tokens in zip(gen.prompt_index, gen.tokens):
-            s = states[sampled[request]]
-            continuation = tokens[: budget_total - len(s.prefix)]
-            totals[request] += float(outcome_fn(s.row, decode(s.prefix + continuation)))
-            n_tokens += len(tokens)
-        for request, total in enumerate(totals):
-            state_values[sampled[request]] = total / samples
-
+            spans.append((b, start, end, states.add((tuple(prompt), tuple(response[:start])), prompt, response[:start], b)))
+    out = continue_prefixes(
+        engine, states.prefixes, lambda row, tokens: outcome_fn(row, decode(tokens)), n=samples, params=params,
+        generator=generator, budget_total=params.max_new_tokens,
+    )
+    state_values = out.means()
     values = torch.zeros(shape, dtype=torch.float32)
     for b, start, end, i in spans:
         values[b, start:end] = state_values[i]
@@ -153,6 +117,6 @@ def mc_values(
     return MCValues(
         values=values.to(batch.response_ids.device),
         n_states=len(states),
-        n_continuations=len(sampled) * samples,
-        n_tokens=n_tokens,
+        n_continuations=out.sampled * samples,
+        n_tokens=out.n_tokens,
     )

@@ -20,7 +20,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from creditrl.config import Config
 from creditrl.policy.device import autocast, module_device
-from creditrl.policy.engine import GenerationEngine, SamplingParams
+from creditrl.policy.engines import GenerationEngine, SamplingParams
 from creditrl.rollout.batch import TrajectoryBatch, response_forward
 from creditrl.tasks.base import Task
 from creditrl.values.critic import Critic, build_critic

@@ -32,7 +32,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from creditrl.policy.engine import Generation, GenerationEngine, SamplingParams
+from creditrl.policy.engines import Generation, GenerationEngine, SamplingParams
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The generation engine interface and its reference implementation for HF causal LMs.
+"""The generation engine interface: sampling parameters, the generation record, the protocol every
+engine implements, and the sampling helpers the in-process engines share.
 
 Prompts (or any prefixes: a prompt plus part of a response) go in as token-id lists; ``n``
 samples of each come out with their token ids and the log-probability of every sampled token
@@ -6,7 +7,8 @@ under the *policy* distribution (raw logits, temperature 1, no truncation) -- th
 the PPO loss differentiates, so the old-policy log-probs need no second forward pass.
 Temperature and top-p shape only what is sampled.
 
-Faster engines (static KV cache, vLLM) implement the same :class:`GenerationEngine` protocol.
+The reference engine for any HF causal LM is :class:`~creditrl.policy.engines.hf.HFEngine`;
+faster engines (static KV cache, vLLM) implement the same :class:`GenerationEngine` protocol.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Protocol, Sequence
 import torch
 from transformers import PreTrainedModel
 
-from creditrl.policy import kernels
+from creditrl.policy.engines import kernels
 from creditrl.policy.device import inference, module_device
 
 
@@ -162,7 +164,7 @@ def sample_step(
     on when rows leave the batch. ``state`` is ``(finished, done)``: ended with eos, and ended (eos
     or a ``params.stop_ids`` token) or out of budget. Returns the tokens, their log-probs under the raw policy and the new state.
     ``draw_rows``: see :func:`sample_next`. ``compiled``: draw and log-prob in one compiled pass
-    (:func:`creditrl.policy.kernels.sample_tokens`, float32 CPU logits, temperature > 0, no top-p;
+    (:func:`creditrl.policy.engines.kernels.sample_tokens`, float32 CPU logits, temperature > 0, no top-p;
     the same arithmetic to float rounding), else tensor ops."""
     finished, done = state
     if compiled and params.temperature > 0 and params.top_p >= 1.0:
@@ -301,71 +303,3 @@ class InProcessEngine(ABC):
         draw_rows: tuple[int, int] | None,
     ) -> Generation:
         """The engine's sampling loop (the arguments of :meth:`generate`), called in its context."""
-
-
-class HFEngine(InProcessEngine):
-    """Batched sampling with the HF KV cache; a row that has produced eos leaves the batch (its
-    cache rows are dropped), and decoding stops when every row has. The model may sit on any
-    device."""
-
-    def __init__(self, model: PreTrainedModel, *, eos_id: int, pad_id: int, precision: str = "fp32") -> None:
-        self.model = model
-        self.eos_id = eos_id
-        self.pad_id = pad_id
-        self.precision = precision  # policy.precision: the forward passes run under autocast
-
-    def _generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        n: int,
-        params: SamplingParams,
-        generator: torch.Generator | None,
-        budgets: Sequence[int] | None,
-        draw_rows: tuple[int, int] | None,
-    ) -> Generation:
-        requests, limit = expand_requests(prompts, n, params, budgets)
-        device = module_device(self.model)
-        was_training = self.model.training
-        self.model.eval()
-        ids, attn = (x.to(device) for x in left_pad(requests, self.pad_id))
-        out = self.model(input_ids=ids, attention_mask=attn, position_ids=positions_from_mask(attn), use_cache=True)
-        cache, logits = out.cache, out.logits[:, -1].float()
-        next_pos = positions_from_mask(attn)[:, -1] + 1
-        n_req = len(requests)
-        state = (torch.zeros(n_req, dtype=torch.bool, device=device),) * 2  # (finished, done)
-        active = torch.arange(n_req, device=device)  # rows still decoding; the cache holds only these
-        on_device = limit.to(device)
-        tokens, logps = [], []
-        for step in range(int(limit.max())):
-            tok, logp, state = sample_step(
-                logits, params, generator, state, on_device, step, pad_id=self.pad_id, eos_id=self.eos_id,
-                draw_rows=draw_rows,
-            )
-            tokens.append(tok)
-            logps.append(logp)
-            done = state[1]
-            if bool(done.all()):
-                break
-            still = ~done[active]
-            if not bool(still.all()):
-                # Early exit: drop finished rows from the cache and from every later forward pass.
-                keep = still.nonzero().squeeze(-1)
-                cache.batch_select_indices(keep)
-                active, attn, next_pos = active[keep], attn[keep], next_pos[keep]
-            attn = torch.cat([attn, attn.new_ones((len(active), 1))], dim=1)
-            out = self.model(
-                input_ids=tok[active][:, None],
-                attention_mask=attn,
-                position_ids=next_pos[:, None],
-                cache=cache,
-                use_cache=True,
-            )
-            cache = out.cache
-            logits = logits.clone()
-            logits[active] = out.logits[:, -1].float()
-            next_pos = next_pos + 1
-        self.model.train(was_training)
-        return pack_generation(
-            len(prompts), n, requests, torch.stack(tokens, dim=1).cpu(), torch.stack(logps, dim=1).cpu(), limit,
-            self.eos_id, params.stop_ids,
-        )

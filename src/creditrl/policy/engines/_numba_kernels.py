@@ -1,4 +1,4 @@
-"""The numba-compiled loops behind :mod:`creditrl.policy.kernels` (imported on first use:
+"""The numba-compiled loops behind :mod:`creditrl.policy.engines.kernels` (imported on first use:
 importing numba costs about 0.35 s). See that module for what each computes."""
 
 import math

@@ -1,5 +1,8 @@
 """The score stage: outcome, [hybrid filter], reward sources placed by granularity, [mix], shaping.
 
+It reads a resolved config (:mod:`creditrl.train.resolve`): the granularities and the step
+separator are the ones the run resolved.
+
     outcome checker ─► filter (hybrid) ─► source at its granularity ─┐
                                        └► dense source (hybrid) ─────┴► mix (schedule x calibration)
                                                                         ─► shaping ─► Scored
@@ -16,7 +19,6 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from creditrl.config import Config
-from creditrl.config.validate import has_steps, resolved_granularity
 from creditrl.rewards.hybrid import Calibrator, apply_filter, dense_verdict, mix_rewards, mix_weights
 from creditrl.rewards.placement import get_granularity, make_segmenter, place
 from creditrl.rewards.shaping import add_shaping, kl_penalty, length_penalty, overlong_penalty
@@ -79,7 +81,7 @@ class Scorer:
         self.cfg, self.task = cfg, task
         self.texts_of = TokenTexts(tokenizer)
         rc = cfg.reward
-        separator = rc.step_separator or getattr(task, "step_separator", None)
+        separator = rc.step_separator
 
         def segmenter(granularity: str) -> SegmentFn:
             return make_segmenter(
@@ -92,13 +94,13 @@ class Scorer:
             )
 
         def placed(source: str, granularity: str) -> _Placed:
-            gran = resolved_granularity(source, granularity)
-            return _Placed(make_source(source, {"prm": rc.prm, "device": cfg.policy.device}), gran, segmenter(gran))
+            return _Placed(make_source(source, {"prm": rc.prm, "device": cfg.policy.device}), granularity,
+                           segmenter(granularity))
 
         self.primary = placed(rc.source, rc.granularity)
         h = cfg.hybrid
         self.dense = placed(h.dense_source, h.dense_granularity) if h.dense_source else None
-        self.steps = segmenter("step") if has_steps(cfg) else None
+        self.steps = segmenter("step") if separator or rc.cut_fn else None
         self.calibrator = Calibrator(momentum=h.calibration_momentum) if h.calibrate else None
 
     def __call__(

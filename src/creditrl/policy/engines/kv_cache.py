@@ -1,4 +1,4 @@
-"""The decode KV caches of :class:`~creditrl.policy.static_engine.StaticEngine`, one per call.
+"""The decode KV caches of :class:`~creditrl.policy.engines.static.StaticEngine`, one per call.
 
 A cache holds ``capacity`` slots, one per distinct sequence being decoded (the rows that are
 still identical share one; see :class:`Slots`), of which the first ``n`` are in use:
@@ -11,7 +11,7 @@ keys/values from the shared-prefix prefill and the response keys/values written 
 * :class:`TensorCache`: tensor ops (``policy.kernels=torch``, or a bf16/fp16 policy): prompt
   keys copied into every slot, ``(layers, 2, slots, kv, P, d)``, response keys ``(layers, 2,
   slots, kv, steps, d)``, attention as batched products
-  (:meth:`~creditrl.policy.decoder.Decoder.decode_attend`).
+  (:meth:`~creditrl.policy.engines.decoder.Decoder.decode_attend`).
 * :class:`SharedCache`: the compiled per-(slot, head) kernels: prompt keys once per distinct
   prompt, ``(layers, 2, prompts, kv, P, d)``, response keys per slot as above.
 * :class:`RowsCache`: the compiled rows-innermost kernels: one ``(layers, 2, kv, P + steps, d,
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from creditrl.policy import kernels as compiled
+from creditrl.policy.engines import kernels as compiled
 
 
 class Slots:

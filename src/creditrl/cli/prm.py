@@ -4,22 +4,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 from pathlib import Path
-from typing import Callable
 
-from creditrl.config import Config, ConfigError, load_config
+from creditrl.cli.common import add_config_args, set_threads
+from creditrl.config import Config, load_config
+from creditrl.errors import ConfigError
 
 
 def _policy(cfg: Config):
-    import torch
-
+    """The start policy of ``cfg`` (``train.init``), loaded for sampling: (path, model, tokenizer)."""
     from creditrl.policy.model import load_policy
-    from creditrl.train.rl import resolve_init
+    from creditrl.train.build import start_policy
 
-    if cfg.train.threads:
-        torch.set_num_threads(cfg.train.threads)
-    path = resolve_init(cfg, cfg.train.progress)
+    set_threads(cfg.train.threads)
+    path = start_policy(cfg, progress=cfg.train.progress)
     model, tok = load_policy(path, seed=cfg.policy.init_seed)
     return path, model.eval(), tok
 
@@ -29,7 +27,9 @@ def cmd_label(args: argparse.Namespace) -> int:
     from creditrl.prm.data import save_stepwise
     from creditrl.prm.pipeline import label_quality
 
-    cfg = load_config(args.config, args.set)
+    from creditrl.train.resolve import checked
+
+    cfg = checked(load_config(args.config, args.set))
     _, model, tok = _policy(cfg)
     examples, info = label_policy_samples(cfg, model, tok)
     save_stepwise(examples, args.out)
@@ -37,40 +37,15 @@ def cmd_label(args: argparse.Namespace) -> int:
     return 0
 
 
-def train_from_examples(cfg: Config, init_path: str, examples, out: Path, progress: bool) -> dict:
-    """Train a PRM on ``examples`` from the policy at ``init_path``; save model + tokenizer."""
-    from creditrl.policy.device import resolve_device
-    from creditrl.policy.model import load_policy
-    from creditrl.prm.augment import augment_negatives
-    from creditrl.prm.model import ProcessRewardModel
-    from creditrl.prm.train import train_prm
-
-    p = cfg.prm
-    policy, tok = load_policy(init_path)
-    if p.augment_rate > 0:
-        examples = augment_negatives(examples, rate=p.augment_rate, rng=random.Random(p.seed))
-    prm = ProcessRewardModel.from_model(
-        policy, members=p.members, combine=p.combine, seed=p.seed, likelihood=p.likelihood
-    )
-    prm.to(resolve_device(cfg.policy.device))  # trained where the policy trains
-    metrics = train_prm(
-        prm, tok, examples, steps=p.steps, batch_size=p.batch_size, lr=p.lr, soft=p.soft,
-        max_step_tokens=p.max_step_tokens, seed=p.seed, progress=progress, train_backbone=p.train_backbone,
-    )
-    prm.to("cpu")  # saved from the CPU; a reader places it (reward.prm: on policy.device)
-    out.mkdir(parents=True, exist_ok=True)
-    prm.save(out)
-    tok.save_pretrained(out)
-    (out / "train_metrics.json").write_text(json.dumps(metrics, indent=2))
-    return metrics
-
-
 def cmd_train(args: argparse.Namespace) -> int:
     from creditrl.prm.data import load_stepwise
+    from creditrl.prm.train import train_prm_from_examples
 
-    cfg = load_config(args.config, args.set)
+    from creditrl.train.resolve import checked
+
+    cfg = checked(load_config(args.config, args.set))
     init_path, _, _ = _policy(cfg)
-    metrics = train_from_examples(cfg, init_path, load_stepwise(args.data), Path(args.out), cfg.train.progress)
+    metrics = train_prm_from_examples(cfg, init_path, load_stepwise(args.data), Path(args.out), cfg.train.progress)
     print(json.dumps({"out": args.out, **{k: v for k, v in metrics.items() if k != "prm/loss_curve"}}, indent=2))
     return 0
 
@@ -112,7 +87,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_prm_parser(sub: argparse._SubParsersAction, add_config_args: Callable) -> None:
+def add_parsers(sub: argparse._SubParsersAction) -> None:
     prm = sub.add_parser("prm", help="process reward models: label, train, eval, score, report")
     psub = prm.add_subparsers(dest="prm_command", required=True)
 

@@ -3,9 +3,9 @@
 
 :meth:`Decoder.forward` runs the prompt prefill (and the tensor-op decode step);
 :meth:`Decoder.decode_fused` runs one decode step through the compiled kernels
-(:mod:`creditrl.policy.kernels`). Each stores keys/values and attends through a callback, so the
-caller (:class:`~creditrl.policy.static_engine.StaticEngine`, with the caches of
-:mod:`creditrl.policy.kv_cache`) owns the cache. The mathematics is that of the HF modules --
+(:mod:`creditrl.policy.engines.kernels`). Each stores keys/values and attends through a callback, so the
+caller (:class:`~creditrl.policy.engines.static.StaticEngine`, with the caches of
+:mod:`creditrl.policy.engines.kv_cache`) owns the cache. The mathematics is that of the HF modules --
 RMSNorm, rotary embeddings from the model's own rotary module, grouped-query attention, gated
 MLP -- and :func:`unsupported_reason` says when a model is outside it.
 """
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 from transformers.activations import ACT2FN
 
-from creditrl.policy import kernels as compiled
+from creditrl.policy.engines import kernels as compiled
 from creditrl.policy.device import module_device
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -179,7 +179,7 @@ class Decoder:
         """Logits (b, V) of one decode step through the compiled kernels (float32): RMSNorm and
         the gated SiLU in one pass each, residual adds folded into the products (``addmm``), and
         ``attend(layer, qkv)`` the rotary embedding, cache write and attention of a layer
-        (:func:`~creditrl.policy.kernels.rope_cache_attend`), returning (b, heads * d)."""
+        (:func:`~creditrl.policy.engines.kernels.rope_cache_attend`), returning (b, heads * d)."""
         h = F.embedding(tok, self.embed)
         for i, ly in enumerate(self.layers):
             qkv = F.linear(compiled.rms_norm(h, ly.ln1, ly.eps1), ly.qkv, ly.qkv_bias)

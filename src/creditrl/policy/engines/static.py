@@ -7,8 +7,8 @@ overhead (mask building, growing cache objects, module calls) and attention read
 that is copied as it grows. :class:`StaticEngine` runs the same mathematics as the HF modules -- RMSNorm,
 rotary embeddings from the model's own rotary module, grouped-query attention, gated MLP --
 as a short sequence of tensor ops over fused weights (``q|k|v`` and ``gate|up`` concatenated;
-:class:`~creditrl.policy.decoder.Decoder`) and keeps keys and values in tensors allocated once
-per call (:mod:`creditrl.policy.kv_cache`). This module is the sampling loop around them:
+:class:`~creditrl.policy.engines.decoder.Decoder`) and keeps keys and values in tensors allocated once
+per call (:mod:`creditrl.policy.engines.kv_cache`). This module is the sampling loop around them:
 
 * **pre-allocated KV cache**: the prompt keys/values ``(layers, 2, prompts, kv_heads, P,
   head_dim)`` and the response keys/values ``(layers, 2, slots, kv_heads, max_new_tokens,
@@ -17,7 +17,7 @@ per call (:mod:`creditrl.policy.kv_cache`). This module is the sampling loop aro
   and shared by many rows or the last call's samples stayed mostly identical: one ``(layers, 2,
   kv_heads, P + max_new_tokens, head_dim, slots)`` cache, slots innermost, each slot's prompt
   columns copied in after the prefill; see :meth:`StaticEngine.rows_layout` and
-  :mod:`creditrl.policy.kv_cache`);
+  :mod:`creditrl.policy.engines.kv_cache`);
 * **shared-prefix prefill**: identical prompts (the ``n`` samples of a prompt, MC continuations
   of one prefix) are run through the prompt forward once and their keys/values copied;
 * **early exit**: finished rows are compacted out of the cache once they are a quarter of it,
@@ -36,27 +36,29 @@ per call (:mod:`creditrl.policy.kv_cache`). This module is the sampling loop aro
 * **compiled decode step** (``kernels``, ``policy.kernels``; float32): each layer's rotary
   embedding, cache write and attention in one numba pass, RMSNorm in one pass, residual adds
   folded into ``addmm``, and the sampling draw with its log-prob in one pass
-  (:mod:`creditrl.policy.kernels`); ``kernels="torch"`` keeps every step in tensor ops.
+  (:mod:`creditrl.policy.engines.kernels`); ``kernels="torch"`` keeps every step in tensor ops.
 
-Sampling consumes the generator exactly like :class:`~creditrl.policy.engine.HFEngine` (one
+Sampling consumes the generator exactly like :class:`~creditrl.policy.engines.hf.HFEngine` (one
 draw per request per step), so both engines give the same tokens for the same seed up to float
 rounding. Supported architectures: Llama, Mistral (within its sliding window), Qwen2 and Qwen3;
-:func:`make_engine` falls back to :class:`HFEngine` for anything else.
+:func:`~creditrl.policy.engines.select.make_engine` falls back to
+:class:`~creditrl.policy.engines.hf.HFEngine` for anything else.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+import typing
+from typing import Sequence
 
 import torch
 from transformers import PreTrainedModel
 
-from creditrl.policy import kernels as compiled
-from creditrl.policy.decoder import Decoder, unsupported_reason
-from creditrl.policy.kv_cache import RowsCache, SharedCache, Slots, TensorCache, take
-from creditrl.policy.engine import (
+from creditrl.config.schema import Kernels
+from creditrl.policy.engines import kernels as compiled
+from creditrl.policy.engines.decoder import Decoder, unsupported_reason
+from creditrl.policy.engines.kv_cache import RowsCache, SharedCache, Slots, TensorCache, take
+from creditrl.policy.engines.base import (
     Generation,
-    HFEngine,
     InProcessEngine,
     SamplingParams,
     expand_requests,
@@ -66,8 +68,7 @@ from creditrl.policy.engine import (
     sample_step,
 )
 
-ENGINES = ("auto", "static", "hf", "vllm")  # vllm: creditrl.policy.vllm_engine (CUDA; vLLM installed separately)
-KERNELS = ("auto", "numba", "torch")  # StaticEngine's decode step (policy.kernels): auto = numba in fp32 when importable
+KERNELS = typing.get_args(Kernels)  # the decode step (policy.kernels): auto = numba in fp32 when importable
 CACHE_LAYOUTS = ("auto", "rows", "shared")  # the compiled kernels' KV cache; see StaticEngine.rows_layout
 ROWS_LAYOUT_MAX_READ = 2.0
 SHARED_LAYOUT_BELOW = 0.6  # share of row-steps computed in the last call (StaticEngine.rows_layout)
@@ -232,31 +233,3 @@ class StaticEngine(InProcessEngine):
             slot_pos[: slots.n] += 1
         self.last_rows = (slots.computed, slots.rows)
         return pack_generation(len(prompts), n, requests, tokens, logps, limit, self.eos_id, params.stop_ids)
-
-
-def make_engine(
-    model: PreTrainedModel,
-    *,
-    eos_id: int,
-    pad_id: int,
-    kind: str = "auto",
-    model_path: str | None = None,
-    vllm_options: Mapping[str, Any] | None = None,
-    precision: str = "fp32",
-    kernels: str = "auto",
-):
-    """``static`` (error if unsupported), ``hf``, ``auto``: static when the model allows, or
-    ``vllm``: a :class:`~creditrl.policy.vllm_engine.VLLMEngine` (one vLLM instance per process
-    and architecture, shared by every call; it follows ``model``'s weights). ``model_path`` (a
-    directory vLLM may load instead of a temporary save of ``model``) and ``vllm_options``
-    (``VLLMEngine`` keyword arguments) apply to ``vllm`` only; ``precision`` (``policy.precision``)
-    to the others (vLLM runs in its own dtype); ``kernels`` (``policy.kernels``) to ``StaticEngine``."""
-    if kind not in ENGINES:
-        raise ValueError(f"policy.engine: expected one of {ENGINES}, got '{kind}'")
-    if kind == "vllm":
-        from creditrl.policy.vllm_engine import VLLMEngine
-
-        return VLLMEngine(model_path, eos_id=eos_id, pad_id=pad_id, model=model, share=True, **(vllm_options or {}))
-    if kind == "hf" or (kind == "auto" and unsupported_reason(model) is not None):
-        return HFEngine(model, eos_id=eos_id, pad_id=pad_id, precision=precision)
-    return StaticEngine(model, eos_id=eos_id, pad_id=pad_id, precision=precision, kernels=kernels)

@@ -1,4 +1,4 @@
-"""A :class:`~creditrl.policy.engine.GenerationEngine` backed by vLLM (``policy.engine=vllm``).
+"""A :class:`~creditrl.policy.engines.base.GenerationEngine` backed by vLLM (``policy.engine=vllm``).
 
 vLLM runs the policy on a CUDA GPU with paged attention, continuous batching and prefix
 caching; the trainer keeps its own HF copy of the policy, updates it, and this engine pushes
@@ -7,7 +7,7 @@ called automatically when the HF parameters changed in place, e.g. by ``optimize
 vLLM is imported only inside this module's functions: without vLLM or without CUDA,
 building the engine raises :class:`VLLMUnavailableError` with an install hint.
 
-The contract is the one of :class:`~creditrl.policy.engine.HFEngine`: prompt-major samples,
+The contract is the one of :class:`~creditrl.policy.engines.base.HFEngine`: prompt-major samples,
 tokens ending with eos when ``finished``, a ``params.stop_ids`` token kept as the last token
 with ``finished`` False, ``budgets[i]`` capping prompt i's new tokens, greedy decoding at
 ``temperature == 0``, and ``logprobs`` = log pi(token) under the *raw* policy distribution
@@ -30,7 +30,7 @@ with ``finished`` False, ``budgets[i]`` capping prompt i's new tokens, greedy de
   ``seed = base + i``, so a run is reproducible from its seed (up to the floating-point effects
   of batch composition in vLLM's kernels). vLLM's random stream is *not* the in-process
   engines': the same torch seed gives other samples than :class:`HFEngine` /
-  :class:`~creditrl.policy.static_engine.StaticEngine` (greedy decoding agrees up to float ties).
+  :class:`~creditrl.policy.engines.static.StaticEngine` (greedy decoding agrees up to float ties).
   A greedy call draws nothing from the generator, like the in-process engines.
 
 Weight sync (:meth:`VLLMEngine.sync`): the HF state dict (tied tensors once) is written to a
@@ -76,13 +76,13 @@ from typing import Any, Mapping, Sequence
 import torch
 from transformers import PreTrainedModel
 
-from creditrl.policy.engine import Generation, SamplingParams, expand_requests
+from creditrl.policy.engines.base import Generation, SamplingParams, expand_requests
 
 INSTALL_HINT = "policy.engine=vllm needs vLLM and a CUDA GPU; vLLM is not a creditrl dependency (vllm 0.33.0 pins torch 2.14.0 and transformers<5.21, creditrl torch 2.13.0 and transformers 5.24.0): install a vLLM that matches your environment on the GPU machine"
 VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
 VLLM_MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams refuses temperatures above this
 SEED_RANGE = 2**31 - 1
-EXTENSION = "creditrl.policy.vllm_engine.WeightSyncExtension"
+EXTENSION = "creditrl.policy.engines.vllm.WeightSyncExtension"
 RPC_METHOD = "creditrl_load_weights"
 
 

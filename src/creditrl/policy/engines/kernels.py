@@ -1,4 +1,4 @@
-"""Compiled CPU kernels for the decode step of :class:`~creditrl.policy.static_engine.StaticEngine`.
+"""Compiled CPU kernels for the decode step of :class:`~creditrl.policy.engines.static.StaticEngine`.
 
 Decoding a ~1M-parameter model at 128 rows, the matrix products are about half of a step; the
 rest was many small tensor ops, each paying a fixed cost larger than its arithmetic. Decode
@@ -17,7 +17,7 @@ keys, at about 0.3 us of ``bmm`` overhead each. These kernels do that work in co
   own copy of its prompt's keys, as the tensor-op path does.
 * :func:`rope_cache_attend_shared`, :func:`decode_attention_shared`: that earlier layout, kept for
   calls where copying prompts would read far more than sharing them (long prefixes continued many
-  times); :meth:`StaticEngine.rows_layout <creditrl.policy.static_engine.StaticEngine.rows_layout>`
+  times); :meth:`StaticEngine.rows_layout <creditrl.policy.engines.static.StaticEngine.rows_layout>`
   picks per call.
 * :func:`decode_attention`: the attention alone (models with per-head q/k norms, Qwen3).
 * :func:`rms_norm`: RMSNorm in one pass instead of five ops; :func:`silu_mul`: the gated SiLU in
@@ -46,7 +46,7 @@ import torch
 def _lib() -> ModuleType | None:
     """The compiled kernels' module, or None where numba cannot be imported."""
     try:
-        from creditrl.policy import _numba_kernels as lib
+        from creditrl.policy.engines import _numba_kernels as lib
     except ImportError:  # pragma: no cover - numba is a pinned dependency
         return None
     # numba's first parallel call starts its OpenMP pool, which resets the process's OpenMP
@@ -65,7 +65,7 @@ def available() -> bool:
 def _need() -> ModuleType:
     lib = _lib()
     if lib is None:
-        raise RuntimeError("creditrl.policy.kernels needs numba (pip install numba)")
+        raise RuntimeError("creditrl.policy.engines.kernels needs numba (pip install numba)")
     return lib
 
 
@@ -209,7 +209,7 @@ def keep_rows(cache: torch.Tensor, keep: torch.Tensor, used: int, capacity: int 
 def part_slots(
     row: torch.Tensor, tok: torch.Tensor, live: torch.Tensor, n: int, base: int, pad: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None, int]:
-    """:meth:`creditrl.policy.kv_cache.Slots.step`'s regrouping in one compiled pass: rows'
+    """:meth:`creditrl.policy.engines.kv_cache.Slots.step`'s regrouping in one compiled pass: rows'
     slots ``row`` (int64) after the live rows drew ``tok`` (ids < ``base``). Returns each row's
     new slot, the token fed to each slot (``pad`` for slots with no live row), the slots
     ``src`` copied to the new slots ``dst`` (None when none), and the new slot count."""
@@ -241,7 +241,7 @@ def silu_mul(gu: torch.Tensor) -> torch.Tensor:
 def sample_tokens(
     logits: torch.Tensor, temperature: float, u: torch.Tensor, done: torch.Tensor, pad_id: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`~creditrl.policy.engine.sample_next` without top-p, and the drawn tokens'
+    """:func:`~creditrl.policy.engines.base.sample_next` without top-p, and the drawn tokens'
     log-probs under the raw policy, in one pass: (N, V) float32 logits, (N,) float64 uniforms,
     (N,) bool rows already done (they get ``pad_id``). Returns tokens (N,) int64 and log-probs (N,)."""
     lib = _need()

@@ -1,0 +1,47 @@
+"""The ``creditrl`` command line. Every subcommand lives in this package, one module per family:
+
+- :mod:`.train`: ``demo``, ``sft``, ``train``, ``config``;
+- :mod:`.prm`: ``prm label | train | eval | score | report``;
+- :mod:`.search`: ``search`` and ``search report``;
+- :mod:`.inspect`: ``inspect``;
+- :mod:`.experiments`: ``compare``, ``findings``, ``value-report``, ``tree-report``, ``eval``;
+- :mod:`.bench`: ``bench``.
+
+An expected problem (a bad key, name or value, a missing file) ends the command with one line
+on stderr and exit status 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from creditrl.cli.common import quiet_libraries
+from creditrl.errors import ConfigError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from creditrl.cli import bench, experiments, inspect, prm, search, train
+
+    parser = argparse.ArgumentParser(prog="creditrl", description="RL fine-tuning where credit assignment comes first")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for module in (train, bench, prm, search, inspect, experiments):
+        module.add_parsers(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:2] == ["search", "report"]:  # `search` takes an optional CONFIG, so its report is its own command
+        argv = ["search-report", *argv[2:]]
+    args = build_parser().parse_args(argv)
+    quiet_libraries()
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    try:
+        return args.func(args)
+    except (ConfigError, FileNotFoundError) as exc:
+        print(f"creditrl: error: {exc}", file=sys.stderr)
+        return 2
+
+

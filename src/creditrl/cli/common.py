@@ -1,0 +1,40 @@
+"""What the subcommands share: the config arguments, thread and run-directory options."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+
+def quiet_libraries() -> None:
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+def run_dir(given: str | None, kind: str) -> Path:
+    """``--run-dir``, or ``runs/KIND-TIMESTAMP``."""
+    return Path(given) if given else Path("runs") / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def add_config_args(p: argparse.ArgumentParser, positional: bool = True) -> None:
+    """``[CONFIG] --set KEY=VALUE ...``: the config every run-building command takes."""
+    if positional:
+        p.add_argument("config", nargs="?", help="YAML config file (defaults apply to missing keys)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. credit.estimator=rloo")
+
+
+def add_threads_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+
+
+def set_threads(n: int) -> None:
+    if n:
+        import torch
+
+        torch.set_num_threads(n)

@@ -1,0 +1,105 @@
+"""``creditrl compare``, ``findings``, ``value-report``, ``tree-report`` and ``eval``: the
+experiments that compare credit-assignment choices over seeds."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+from creditrl.cli.common import add_config_args, add_threads_arg, set_threads
+
+
+def add_jobs_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--jobs", type=int, default=1, help="runs at a time, each in its own process with threads / jobs "
+                   "intra-op threads and no progress bar (benchmarks/compare_jobs.py measures the gain)")
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from creditrl.experiments.compare import run_compare
+
+    set_threads(args.threads)
+    run_compare(args.grid, args.out, quick=args.quick, seeds=args.seeds, jobs=args.jobs)
+    return 0
+
+
+def cmd_findings(args: argparse.Namespace) -> int:
+    from creditrl.experiments.findings import run_findings
+
+    run_findings(Path(args.root), quick=args.quick, out=Path(args.out) if args.out else None, jobs=args.jobs)
+    return 0
+
+
+def cmd_value_report(args: argparse.Namespace) -> int:
+    from creditrl.experiments.value_report import run_value_report
+
+    set_threads(args.threads)
+    run_value_report(Path(args.out), quick=args.quick, config=args.config, overrides=args.set)
+    return 0
+
+
+def cmd_tree_report(args: argparse.Namespace) -> int:
+    from creditrl.experiments.tree_report import run_tree_report
+
+    set_threads(args.threads)
+    run_tree_report(Path(args.out) if args.out else None, quick=args.quick, seeds=args.seeds, budget=args.budget)
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from creditrl.experiments.evaluate import errors_table, evaluate_checkpoints, markdown_table
+
+    rows = evaluate_checkpoints(args.config, args.checkpoints, size=args.size, baseline=args.baseline,
+                                overrides=args.set, errors=args.errors)
+    print(markdown_table(rows))
+    if args.errors:
+        print()
+        print(errors_table(rows))
+    if args.out:
+        Path(args.out).write_text(json.dumps([asdict(r) for r in rows], indent=2))
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("compare", help="a grid of arms x seeds at a fixed generation budget: table and plots")
+    p.add_argument("grid", help="grid YAML (see creditrl.experiments.compare; example grids/estimators.yaml)")
+    p.add_argument("--quick", action="store_true", help="demo_quick sizes, a tiny budget, 2 seeds (numbers meaningless)")
+    p.add_argument("--out", help="output directory (default runs/compare-<grid name>); finished runs in it are reused")
+    p.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 instead of the grid's")
+    add_threads_arg(p)
+    add_jobs_arg(p)
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("findings", help="run the committed finding grids (resumably) and write FINDINGS.md")
+    p.add_argument("--root", default=".", help="the repository root (holds findings/ and grids/)")
+    p.add_argument("--quick", action="store_true", help="tiny grids (numbers meaningless); writes runs/findings-quick")
+    p.add_argument("--out", help="where to write (default ROOT/FINDINGS.md)")
+    add_jobs_arg(p)
+    p.set_defaults(func=cmd_findings)
+
+    p = sub.add_parser("value-report", help="value estimates (critic, dual critic, MC K, tree) vs true step values")
+    p.add_argument("config", nargs="?", help="config (default: the packaged arith config)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    p.add_argument("--out", default="runs/value-report", help="output directory (a finished report is read back)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes (numbers meaningless)")
+    add_threads_arg(p)
+    p.set_defaults(func=cmd_value_report)
+
+    p = sub.add_parser("tree-report", help="tree rollouts vs outcome GRPO over seeds at equal generated tokens")
+    p.add_argument("--quick", action="store_true", help="tiny sizes (numbers meaningless)")
+    p.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default 3)")
+    p.add_argument("--budget", type=int, default=None, help="generated tokens per run (default 400,000)")
+    add_threads_arg(p)
+    p.add_argument("--out", help="run directory (default runs/tree-TIMESTAMP); finished runs in it are reused")
+    p.set_defaults(func=cmd_tree_report)
+
+    p = sub.add_parser("eval", help="held-out exact match of checkpoints on a larger problem set, paired against a baseline")
+    add_config_args(p)
+    p.add_argument("checkpoints", nargs="+", help="checkpoint directories, run directories (latest checkpoint) or SFT cache entries")
+    p.add_argument("--size", type=int, default=2048, help="held-out problems (default 2048; a run evaluates the first train.eval_size)")
+    p.add_argument("--baseline", help="the checkpoint the differences are against (default: the first one)")
+    p.add_argument("--out", help="also write the rows as JSON here")
+    p.add_argument("--errors", action="store_true",
+                   help="also count where each checkpoint's solutions first go wrong (arithmetic: slips, wrong operands, ...)")
+    p.set_defaults(func=cmd_eval)

@@ -1,0 +1,93 @@
+"""``creditrl demo``, ``creditrl sft``, ``creditrl train`` and ``creditrl config``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from creditrl.cli.common import add_config_args, run_dir
+from creditrl.config import load_config
+from creditrl.errors import ConfigError
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    from creditrl.train.resolve import checked
+    from creditrl.train.sft import cached_sft
+
+    cfg = checked(load_config(args.config, args.set))
+    path, metrics = cached_sft(cfg, progress=cfg.train.progress)
+    print(json.dumps({"checkpoint": str(path), **metrics}, indent=2))
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from creditrl.distributed import ddp
+    from creditrl.train.rl import RLTrainer
+
+    if args.resume:
+        if args.config or args.set:
+            raise ConfigError("--resume continues a run with its saved config.yaml; do not pass CONFIG or --set")
+        trainer = RLTrainer.resume(Path(args.resume))
+    else:
+        trainer = RLTrainer.from_config(load_config(args.config, args.set), run_dir(args.run_dir, "train"))
+    main = ddp.is_main()  # rank 0 of a torchrun launch (or the only process) reports
+    try:
+        result = trainer.run()
+    finally:
+        ddp.shutdown()  # leave the data-parallel process group of a torchrun launch (no-op otherwise)
+    if not main:
+        return 0
+    last_eval = next((r for r in reversed(result.history) if "eval/accuracy" in r), {})
+    print(f"run dir: {result.run_dir}")
+    print(f"held-out accuracy {last_eval.get('eval/accuracy', float('nan')):.3f}, "
+          f"step accuracy {last_eval.get('eval/step_accuracy', float('nan')):.3f}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from creditrl.experiments.demo import run_demo
+
+    run_demo(run_dir(args.run_dir, "demo"), quick=args.quick, overrides=args.set, config=args.config)
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    """Print the config after loading and checking (``auto`` values that need the policy or a
+    trained PRM are resolved when a run is built, and then written to its config.yaml)."""
+    from creditrl.config.reference import reference_markdown
+    from creditrl.train.resolve import checked
+
+    if args.reference:
+        sys.stdout.write(reference_markdown())
+        return 0
+    import yaml
+
+    sys.stdout.write(yaml.safe_dump(checked(load_config(args.config, args.set)).to_dict(), sort_keys=False))
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="SFT warm start, then outcome-GRPO vs step-level process-GRPO")
+    p.add_argument("--quick", action="store_true", help="every output in under a minute (numbers meaningless)")
+    p.add_argument("--run-dir", help="where to write (default runs/demo-TIMESTAMP)")
+    p.add_argument("config", nargs="?", help="run both arms on this config instead of the packaged demo.yaml "
+                   "(e.g. src/creditrl/configs/arith.yaml: operands 1-9)")
+    add_config_args(p, positional=False)
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("sft", help="supervised warm start (cached by config hash)")
+    add_config_args(p)
+    p.set_defaults(func=cmd_sft)
+
+    p = sub.add_parser("train", help="RL training")
+    add_config_args(p)
+    p.add_argument("--run-dir", help="where to write (default runs/train-TIMESTAMP)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("config", help="print the checked config (or, with --reference, every key documented)")
+    add_config_args(p)
+    p.add_argument("--reference", action="store_true", help="the config reference (Markdown) generated from the schema")
+    p.set_defaults(func=cmd_config)

@@ -1,0 +1,42 @@
+"""Generation engines: the protocol (:mod:`.base`), the HF reference engine (:mod:`.hf`), the
+static-cache CPU engine with its fused decoder, KV caches and compiled kernels (:mod:`.static`,
+:mod:`.decoder`, :mod:`.kv_cache`, :mod:`.kernels`) and the vLLM engine (:mod:`.vllm`, CUDA).
+
+:func:`make_engine` builds the one ``policy.engine`` names (:func:`choose_engine` resolves ``auto``)."""
+
+from creditrl.policy.engines.base import (
+    Generation,
+    GenerationEngine,
+    InProcessEngine,
+    SamplingParams,
+    advance_generator,
+    expand_requests,
+    generate_chunked,
+    left_pad,
+    pack_generation,
+    positions_from_mask,
+    sample_step,
+)
+from creditrl.policy.engines.hf import HFEngine
+from creditrl.policy.engines.select import ENGINES, choose_engine, make_engine
+from creditrl.policy.engines.static import KERNELS, StaticEngine
+
+__all__ = [
+    "ENGINES",
+    "KERNELS",
+    "Generation",
+    "GenerationEngine",
+    "HFEngine",
+    "InProcessEngine",
+    "SamplingParams",
+    "StaticEngine",
+    "advance_generator",
+    "choose_engine",
+    "expand_requests",
+    "generate_chunked",
+    "left_pad",
+    "make_engine",
+    "pack_generation",
+    "positions_from_mask",
+    "sample_step",
+]

@@ -1,0 +1,60 @@
+"""Which engine generates: ``policy.engine`` resolved against the model, and the engine built."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from transformers import PreTrainedModel
+
+from creditrl.policy.engines.decoder import unsupported_reason
+from creditrl.policy.engines.hf import HFEngine
+from creditrl.policy.engines.static import StaticEngine
+
+ENGINES: dict[str, str] = {
+    "static": "pre-allocated KV cache and a fused decoder over the HF weights (CPU; Llama, Mistral, Qwen2, Qwen3)",
+    "hf": "any HF causal LM through its own forward and KV cache",
+    "vllm": "vLLM on a CUDA GPU (installed separately), weights synced after each update",
+}
+"""The engines ``policy.engine`` may name (``auto`` resolves to one of them)."""
+
+
+def choose_engine(model: PreTrainedModel, kind: str) -> tuple[str, str]:
+    """The engine ``kind`` means for ``model`` and why: ``auto`` is ``static`` when the static engine
+    can run the model, else ``hf``."""
+    if kind != "auto" and kind not in ENGINES:
+        raise ValueError(f"policy.engine: expected auto or one of {', '.join(ENGINES)}, got '{kind}'")
+    if kind != "auto":
+        return kind, "as configured"
+    reason = unsupported_reason(model)
+    if reason is None:
+        return "static", f"auto: the static engine runs {model.config.model_type} on the CPU"
+    return "hf", f"auto: the static engine cannot run this model: {reason}"
+
+
+def make_engine(
+    model: PreTrainedModel,
+    *,
+    eos_id: int,
+    pad_id: int,
+    kind: str = "auto",
+    model_path: str | None = None,
+    vllm_options: Mapping[str, Any] | None = None,
+    precision: str = "fp32",
+    kernels: str = "auto",
+):
+    """The engine ``kind`` (resolved by :func:`choose_engine`): a
+    :class:`~creditrl.policy.engines.static.StaticEngine` (error if unsupported), an
+    :class:`~creditrl.policy.engines.hf.HFEngine`, or a :class:`~creditrl.policy.engines.vllm.VLLMEngine`
+    (one vLLM instance per process and architecture, shared by every call; it follows ``model``'s
+    weights). ``model_path`` (a directory vLLM may load instead of a temporary save of ``model``)
+    and ``vllm_options`` (``VLLMEngine`` keyword arguments) apply to ``vllm`` only; ``precision``
+    (``policy.precision``) to the others (vLLM runs in its own dtype); ``kernels``
+    (``policy.kernels``) to the static engine."""
+    kind, _ = choose_engine(model, kind)
+    if kind == "vllm":
+        from creditrl.policy.engines.vllm import VLLMEngine
+
+        return VLLMEngine(model_path, eos_id=eos_id, pad_id=pad_id, model=model, share=True, **(vllm_options or {}))
+    if kind == "hf":
+        return HFEngine(model, eos_id=eos_id, pad_id=pad_id, precision=precision)
+    return StaticEngine(model, eos_id=eos_id, pad_id=pad_id, precision=precision, kernels=kernels)

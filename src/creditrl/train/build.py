@@ -1,0 +1,192 @@
+"""The build layer: a config in, the parts of an RL run out.
+
+:func:`build_run` builds the task once, checks and resolves the config
+(:mod:`creditrl.train.resolve`), finds the start policy (the cached SFT warm start for
+``train.init=sft``), trains or finds the PRM for ``reward.prm=auto``, loads the policy and
+reference, picks the engine (and logs which one and why), and builds the reward, value and
+update parts. The resolved config is frozen; it is exactly what the run directory's
+``config.yaml`` holds, and :class:`~creditrl.train.rl.RLTrainer` only wires the parts.
+``RLTrainer.resume`` goes through the same function, with the checkpoint's weights.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from creditrl.config import Config
+from creditrl.distributed import ddp
+from creditrl.errors import ConfigError
+from creditrl.policy.device import grad_scaler, resolve_device
+from creditrl.policy.engines import GenerationEngine, SamplingParams, choose_engine, make_engine
+from creditrl.policy.model import apply_lora, load_policy, policy_options
+from creditrl.rewards.stage import Scorer
+from creditrl.rollout.segment import step_stop_ids
+from creditrl.tasks import Problem, Task
+from creditrl.train.optim import make_optimizer
+from creditrl.train.resolve import build_task, check
+from creditrl.train.sft import cached_sft
+from creditrl.values.registry import VALUE_SOURCES
+from creditrl.values.stage import ValueStage
+
+log = logging.getLogger("creditrl")
+EVAL_SEED = 12345  # the held-out problems are the same for every run of a config
+
+
+@dataclass
+class Learners:
+    """The policy and critic as the update trains them: DDP wrappers under a data-parallel launch
+    (built on first use, again for a policy swapped in), an FSDP2-sharded copy of the policy with
+    ``backend.learner=fsdp`` (the plain policy, which generates and is saved, is refreshed from
+    it after every update), the plain modules in one process."""
+
+    sharded: bool
+    policy: torch.nn.Module | None = None
+    critic: torch.nn.Module | None = None
+
+    def get(self, model: torch.nn.Module, critic: torch.nn.Module | None) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+        if not self.sharded and (self.policy is None or ddp.unwrap(self.policy) is not model):
+            self.policy = ddp.wrap(model)
+        if self.critic is None and critic is not None:
+            self.critic = ddp.wrap(critic)
+        return self.policy, self.critic
+
+    def close(self) -> None:
+        self.policy = self.critic = None
+
+
+@dataclass
+class RunParts:
+    """Everything an RL run holds; built by :func:`build_run`."""
+
+    config: Config  # resolved and frozen: the run directory's config.yaml
+    task: Task
+    init_path: str  # the start policy, and the reference for KL
+    device: torch.device
+    model: PreTrainedModel  # the policy that generates, is evaluated and saved (LoRA-wrapped with lora_r)
+    tokenizer: PreTrainedTokenizerBase
+    reference: PreTrainedModel | None  # frozen start policy, for KL terms
+    engine: GenerationEngine
+    scorer: Scorer
+    value_stage: ValueStage
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler | None
+    learners: Learners
+    params: SamplingParams
+    stop_ids: tuple[int, ...]  # tree rollouts stop a segment at these tokens
+    heldout: list[Problem]
+    choices: dict[str, str] = field(default_factory=dict)  # what was resolved, and why
+
+
+def start_policy(cfg: Config, task: Task | None = None, *, progress: bool) -> str:
+    """The path RL starts from for ``train.init``: the cached SFT warm start, ``policy.model``, or a
+    checkpoint directory (``task``: the run's task, built here when needed and not given)."""
+    if cfg.train.init == "sft":
+        task = task or build_task(cfg.task.name, cfg.task.args)
+        sft_task = task if not cfg.sft.task_args else build_task(cfg.task.name, cfg.sft.task_args, "sft.task_args")
+        with ddp.main_first():  # data-parallel ranks: rank 0 trains (or finds) the cache, the rest reuse it
+            path, _ = cached_sft(cfg, progress=progress, task=task, sft_task=sft_task)
+        return str(path)
+    return cfg.policy.model if cfg.train.init == "policy" else cfg.train.init
+
+
+def resolve_policy_choices(cfg: Config, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> tuple[Config, dict[str, str]]:
+    """Resolve ``policy.chat_template`` and ``policy.engine`` against the loaded policy; returns the
+    new config and a line per choice saying why."""
+    engine, why = choose_engine(model, cfg.policy.engine)
+    if cfg.backend.name == "ray":
+        why += f"; on {cfg.backend.rollout_workers} Ray rollout workers"
+    template = cfg.policy.chat_template
+    if template == "auto":
+        template = "template" if getattr(tokenizer, "chat_template", None) else "none"
+    cfg = cfg.updated({"policy": {"engine": engine, "chat_template": template}})
+    return cfg, {"engine": f"{engine} ({why})", "kernels": cfg.policy.kernels}
+
+
+def _prm(cfg: Config, init_path: str, progress: bool) -> Config:
+    """``reward.prm=auto`` resolved to the cached PRM trained on the start policy's samples, and
+    ``prm.completer=""`` to the start policy."""
+    if cfg.reward.prm == "auto":
+        from creditrl.prm.cache import cached_prm
+
+        with ddp.main_first():
+            cfg = cfg.updated({"reward": {"prm": str(cached_prm(cfg, init_path, progress=progress))}})
+    return cfg.updated({"prm": {"completer": cfg.prm.completer or init_path}})
+
+
+def _policy(cfg: Config, init_path: str, checkpoint: Path | None, device: torch.device):
+    """The policy (from ``checkpoint`` when resuming), its tokenizer, the reference, and the module
+    a separate critic copies (the plain policy: LoRA injects its adapters in place)."""
+    options = policy_options(cfg)
+    model, tokenizer = load_policy(str(checkpoint or init_path), seed=cfg.policy.init_seed, **options)
+    model.to(device)
+    reference = None
+    if cfg.loss.kl_coef > 0 or cfg.shaping.kl_coef > 0:
+        reference, _ = load_policy(init_path, seed=cfg.policy.init_seed, **options)
+        reference.to(device).eval().requires_grad_(False)
+    critic_source = model
+    p = cfg.policy
+    separate_critic = VALUE_SOURCES[cfg.value.source].kind == "critic"
+    if p.lora_r and checkpoint is None:
+        if separate_critic:
+            critic_source = copy.deepcopy(model)
+        model = apply_lora(model, r=p.lora_r, alpha=p.lora_alpha, dropout=p.lora_dropout, targets=p.lora_targets)
+    elif p.lora_r and separate_critic:  # a LoRA checkpoint loads as base + adapter; the critic's weights are restored
+        critic_source, _ = load_policy(init_path, seed=p.init_seed, **options)
+        critic_source.to(device)
+    if p.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model, tokenizer, reference, critic_source
+
+
+def _engine(cfg: Config, init_path: str, model: PreTrainedModel, tokenizer, scorer: Scorer) -> GenerationEngine:
+    if cfg.backend.name == "ray":  # rollout (and scoring) workers as Ray actors; ray is imported only here
+        from creditrl.distributed.ray_backend import ray_engine
+
+        return ray_engine(cfg, init_path, model, tokenizer, scorer)
+    return make_engine(model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, kind=cfg.policy.engine,
+                       precision=cfg.policy.precision, kernels=cfg.policy.kernels)
+
+
+def build_run(cfg: Config, *, init_path: str | None = None, checkpoint: Path | None = None,
+              task: Task | None = None) -> RunParts:
+    """The parts of a run of ``cfg``: the task is built once (or ``task`` is used), the config is
+    checked and resolved, the policy starts from ``init_path`` (default: ``train.init``) or, when
+    resuming, from ``checkpoint``'s weights."""
+    ddp.join_learner_group(cfg)  # a torchrun / accelerate launch: data-parallel ranks (no-op otherwise)
+    task = task or build_task(cfg.task.name, cfg.task.args)
+    cfg = check(cfg, task)
+    torch.set_num_threads(cfg.train.threads)
+    init_path = init_path or start_policy(cfg, task, progress=cfg.train.progress)
+    cfg = _prm(cfg.updated({"train": {"init": init_path}}), init_path, cfg.train.progress)
+    device = resolve_device(cfg.policy.device)
+    if device.type == "cuda":  # NCCL (data-parallel ranks) uses the current device
+        torch.cuda.set_device(device)
+    model, tokenizer, reference, critic_source = _policy(cfg, init_path, checkpoint, device)
+    cfg, choices = resolve_policy_choices(cfg, model, tokenizer)
+    log.info("creditrl: engine %s", choices["engine"])
+    sharded = cfg.backend.learner == "fsdp" and ddp.is_distributed()
+    learners = Learners(sharded)
+    if sharded:
+        if cfg.policy.lora_r:
+            raise ConfigError("backend.learner=fsdp does not shard LoRA adapters; use backend.learner=ddp")
+        learners.policy = ddp.wrap(copy.deepcopy(model), strategy="fsdp")
+    trained = learners.policy if sharded else model
+    optimizer = make_optimizer([p for p in trained.parameters() if p.requires_grad], cfg.optim)
+    scorer = Scorer(cfg, task, tokenizer)
+    engine = _engine(cfg, init_path, model, tokenizer, scorer)
+    params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
+                            top_p=cfg.rollout.top_p)
+    value_stage = ValueStage(cfg, critic_source, engine, tokenizer, task, params)
+    stop_ids = step_stop_ids(tokenizer, cfg.reward.step_separator) if value_stage.tree else ()
+    return RunParts(
+        config=cfg, task=task, init_path=init_path, device=device, model=model, tokenizer=tokenizer,
+        reference=reference, engine=engine, scorer=scorer, value_stage=value_stage, optimizer=optimizer,
+        scaler=grad_scaler(device, cfg.policy.precision), learners=learners, params=params, stop_ids=stop_ids,
+        heldout=task.sample(cfg.train.eval_size, split="heldout", seed=EVAL_SEED), choices=choices,
+    )

@@ -1,0 +1,35 @@
+"""The policy optimizers a config can name (``optim.name``), registered by name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+
+from creditrl.config import OptimConfig
+
+
+def _adamw(params: Iterable[torch.nn.Parameter], optim: OptimConfig) -> torch.optim.Optimizer:
+    """AdamW(lr, (beta1, beta2), eps, weight_decay). Its per-coordinate normalisation moves every
+    weight by about lr per step, even where the gradient is only sampling noise; a larger ``eps``
+    (near the gradients' per-coordinate scale) makes such coordinates move less."""
+    return torch.optim.AdamW(params, lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps,
+                             weight_decay=optim.weight_decay)
+
+
+def _sgd(params: Iterable[torch.nn.Parameter], optim: OptimConfig) -> torch.optim.Optimizer:
+    """Heavy-ball SGD(lr, momentum, weight_decay), whose step is proportional to the gradient."""
+    return torch.optim.SGD(params, lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
+
+
+OPTIMIZERS: dict[str, Callable[[Iterable[torch.nn.Parameter], OptimConfig], torch.optim.Optimizer]] = {
+    "adamw": _adamw,
+    "sgd": _sgd,
+}
+
+
+def make_optimizer(params: Iterable[torch.nn.Parameter], optim: OptimConfig) -> torch.optim.Optimizer:
+    """The optimizer ``optim.name`` names, over ``params``."""
+    if optim.name not in OPTIMIZERS:
+        raise ValueError(f"optim.name: unknown value '{optim.name}'; valid: {', '.join(sorted(OPTIMIZERS))}")
+    return OPTIMIZERS[optim.name](params, optim)
