@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-quick test bench findings install clean
+.PHONY: demo demo-quick test lint bench findings results install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,7 @@ demo-quick: $(STAMP)
 	$(BIN)/creditrl demo --quick
 
 bench: $(STAMP)
-	$(BIN)/creditrl bench --curve 50 --scaling --out runs/bench
+	$(BIN)/creditrl bench --curve 50 --scaling --out runs/bench --results docs/results/bench.md
 
 # FINDINGS.md from findings/*.yaml and their grids (resumable: finished runs are read back);
 # JOBS runs at a time, each with torch threads / JOBS threads (benchmarks/compare_jobs.py)
@@ -33,8 +33,24 @@ JOBS ?= 2
 findings: $(STAMP)
 	$(BIN)/creditrl findings --jobs $(JOBS)
 
-test: $(STAMP)
+# ruff (style and likely bugs) and import-linter (the layers of docs/design.md), then every test
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/lint-imports
+
+test: lint
 	$(BIN)/python -m pytest
+
+# every page under docs/results/, each written by the command that measures it (a few hours on 2 cores)
+results: $(STAMP)
+	$(BIN)/creditrl demo --run-dir runs/demo --results docs/results/demo.md
+	$(BIN)/creditrl demo src/creditrl/configs/arith.yaml --run-dir runs/demo-arith --results docs/results/demo_arith.md
+	$(BIN)/creditrl prm report --run-dir runs/prm-report --results docs/results/prm.md
+	$(BIN)/creditrl search report --out runs/search-report --results docs/results/search.md
+	$(BIN)/python benchmarks/credit_speed.py --results docs/results/credit_speed.md
+	$(BIN)/python benchmarks/ray_overhead.py --results docs/results/scale_out.md
+	$(MAKE) bench
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from creditrl.experiments.report import printed_results  # noqa: E402
 from creditrl.config import load_config
 from creditrl.experiments.compare import run_compare
 from creditrl.experiments.demo import demo_config_path
@@ -32,7 +33,13 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--samples", type=int, default=1024)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--results", metavar="PAGE", help="also write what is printed as a results page (docs/results/...)")
     args = ap.parse_args()
+    with printed_results(args.results, "creditrl compare --jobs: runs at a time"):
+        _run(args)
+
+
+def _run(args: argparse.Namespace) -> None:
     cached_sft(load_config(demo_config_path(False)), progress=True)
     arms = "".join(f"  {e}: [credit.estimator={e}]\n" for e in ESTIMATORS[: args.arms])
     with tempfile.TemporaryDirectory() as tmp:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import torch
 
+from creditrl.experiments.report import printed_results  # noqa: E402
 from creditrl.credit import (
     ESTIMATORS,
     NORMALISERS,
@@ -79,7 +80,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--runs", type=int, default=9)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--results", metavar="PAGE", help="also write what is printed as a results page (docs/results/...)")
     args = parser.parse_args()
+    with printed_results(args.results, "Credit estimator speed"):
+        _run(args)
+
+
+def _run(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     x = make_inputs(args.batch, args.length)
     tokens = (x["rewards"], x["reward_mask"], x["response_mask"])

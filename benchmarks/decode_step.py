@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from creditrl.experiments.report import printed_results  # noqa: E402
 from creditrl.bench.run import BenchOptions, resolve_policy
 from creditrl.policy.engines import SamplingParams
 from creditrl.policy.model import load_policy
@@ -25,7 +26,13 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--repeats", type=int, default=4)
+    ap.add_argument("--results", metavar="PAGE", help="also write what is printed as a results page (docs/results/...)")
     args = ap.parse_args()
+    with printed_results(args.results, "Static engine decode step: tensor ops against the compiled kernels"):
+        _run(args)
+
+
+def _run(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     model, tok = load_policy(resolve_policy(BenchOptions()))  # the demo's SFT policy, as creditrl bench uses
     model.eval()

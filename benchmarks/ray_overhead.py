@@ -26,6 +26,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # the intra-op threads are set ex
 
 import torch  # noqa: E402
 
+from creditrl.experiments.report import printed_results  # noqa: E402
 from creditrl.config import load_config  # noqa: E402
 from creditrl.train.rl import RLTrainer  # noqa: E402
 
@@ -56,7 +57,13 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=24)
+    ap.add_argument("--results", metavar="PAGE", help="also write what is printed as a results page (docs/results/...)")
     args = ap.parse_args()
+    with printed_results(args.results, "Scale-out: the Ray backend against the in-process loop"):
+        _run(args)
+
+
+def _run(args: argparse.Namespace) -> None:
 
     import ray
 

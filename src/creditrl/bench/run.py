@@ -33,7 +33,7 @@ import torch
 
 from creditrl.config import Config, load_config
 from creditrl.config.loader import arith_config_path
-from creditrl.experiments.report import peak_rss_mb
+from creditrl.experiments.report import peak_rss_mb, write_results
 from creditrl.policy.engines import HFEngine, SamplingParams
 from creditrl.policy.model import build_tiny, count_parameters, load_policy
 from creditrl.policy.engines import StaticEngine
@@ -61,6 +61,7 @@ class BenchOptions:
     trl: bool = True  # include TRL (an optional dependency: pip install 'creditrl[bench]')
     out: Path = field(default_factory=lambda: Path("runs/bench"))
     seed: int = 0
+    results: Path | None = None  # also write the tables as a results page here (e.g. docs/results/bench.md)
 
 
 def spread(xs: list[float]) -> dict[str, float]:
@@ -345,7 +346,14 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
     result["peak_rss_mb"] = peak_rss_mb()
     log(f"peak RSS of the bench process: {result['peak_rss_mb']:.0f} MB")
     (opts.out / "bench.json").write_text(json.dumps(result, indent=2))
-    print(markdown_report(result))
+    report = markdown_report(result)
+    print(report)
+    if opts.results is not None:
+        figures = {}
+        if opts.curve:
+            figures[f"{opts.results.stem}_reward_curve.png"] = opts.out / "reward_curve.png"
+            report += f"\n\n![reward curves]({opts.results.stem}_reward_curve.png)\n"
+        write_results(opts.results, "Speed: creditrl against TRL and HF generate", report, figures=figures)
     return result
 
 
@@ -406,14 +414,15 @@ def markdown_report(res: dict[str, Any]) -> str:
 
 
 def options_from_args(args: Any) -> BenchOptions:
+    results = Path(args.results) if args.results else None
     opts = BenchOptions(policy=args.policy, out=Path(args.out), curve=args.curve, scaling=args.scaling,
-                        trl=not args.no_trl)
+                        trl=not args.no_trl, results=results)
     if args.quick:  # every section in seconds; the numbers mean nothing
         opts = BenchOptions(
             policy=args.policy if args.policy != "sft" else "tiny", prompts=2, group=2, max_new_tokens=8,
             repeats=2, iterations=2, rounds=1, curve=min(args.curve, 3), scaling=args.scaling,
             scaling_iterations=1, groups=(2, 4),
-            lengths=(4, 8), matmul_n=256, trl=not args.no_trl, out=Path(args.out),
+            lengths=(4, 8), matmul_n=256, trl=not args.no_trl, out=Path(args.out), results=results,
         )
     return opts
 

@@ -24,4 +24,5 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     add_threads_arg(p)
     p.add_argument("--quick", action="store_true", help="tiny sizes: every section in seconds (numbers meaningless)")
     p.add_argument("--out", default="runs/bench", help="where bench.json and plots go")
+    p.add_argument("--results", metavar="PAGE", help="also write the tables as a results page (e.g. docs/results/bench.md)")
     p.set_defaults(func=cmd_bench)

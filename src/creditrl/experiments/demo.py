@@ -18,7 +18,14 @@ from creditrl.config import Config, ConfigError, load_config, merge, parse_overr
 from creditrl.config.loader import demo_config_path
 from creditrl.experiments.evaluate import errors_table, evaluate_checkpoints
 from creditrl.experiments.evaluate import markdown_table as eval_table
-from creditrl.experiments.report import ArmSummary, markdown_table, peak_rss_mb, plot_accuracy, summarise
+from creditrl.experiments.report import (
+    ArmSummary,
+    markdown_table,
+    peak_rss_mb,
+    plot_accuracy,
+    summarise,
+    write_results,
+)
 from creditrl.tasks import make_task
 from creditrl.train.rl import RLTrainer
 from creditrl.train.sft import cached_sft
@@ -45,9 +52,10 @@ def _slug(name: str) -> str:
 
 
 def run_demo(run_dir: Path, *, quick: bool = False, overrides: list[str] | None = None,
-             config: str | Path | None = None) -> list[ArmSummary]:
+             config: str | Path | None = None, results: str | Path | None = None) -> list[ArmSummary]:
     """Run the demo into ``run_dir`` (on ``config`` instead of the packaged demo.yaml when given,
-    e.g. configs/arith.yaml for the operand-1-9 setting); print and return the per-arm summaries."""
+    e.g. configs/arith.yaml for the operand-1-9 setting); print and return the per-arm summaries.
+    ``results``: also write the report as a results page there (its plot beside it)."""
     if config is not None and quick:
         raise ConfigError("creditrl demo: give a config or --quick, not both (--quick has its own sizes)")
     base_path = Path(config) if config is not None else demo_config_path(quick)
@@ -86,8 +94,13 @@ def run_demo(run_dir: Path, *, quick: bool = False, overrides: list[str] | None 
     plot_accuracy(histories, run_dir / "plots" / "accuracy_vs_samples.png",
                   f"arithmetic {base.task.args}: RL from the same SFT start")
     elapsed = time.time() - start
-    (run_dir / "report.md").write_text(_report(base, sft_metrics, table, elapsed, quick))
     rss = peak_rss_mb()
+    report = _report(base, sft_metrics, table, elapsed, quick, rss)
+    (run_dir / "report.md").write_text(report)
+    if results is not None:
+        plot = f"{Path(results).stem}_accuracy_vs_samples.png"
+        write_results(results, f"Demo: {base_path.name}", report.split("\n", 1)[1].replace(
+            "plots/accuracy_vs_samples.png", plot), figures={plot: run_dir / "plots" / "accuracy_vs_samples.png"})
     summary = {"sft": sft_metrics, "arms": [asdict(a) for a in arms], "final_eval": [asdict(r) for r in final],
                "wall_s": elapsed, "peak_rss_mb": rss}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -102,7 +115,7 @@ def _with(overrides: list[str], arm: dict[str, Any]) -> dict[str, Any]:
     return merge(parse_overrides(overrides), arm)
 
 
-def _report(cfg: Config, sft: dict[str, Any], table: str, elapsed: float, quick: bool) -> str:
+def _report(cfg: Config, sft: dict[str, Any], table: str, elapsed: float, quick: bool, rss: float) -> str:
     note = "\n**Quick mode: smoke test only, the numbers mean nothing.**\n" if quick else ""
     return f"""# creditrl demo report
 {note}
@@ -115,7 +128,8 @@ per arm, lr {cfg.optim.lr}, temperature {cfg.rollout.temperature}; held-out gree
 
 {table}
 Exact match: greedy final answer after `#` equals the true value. Step accuracy: per problem, the
-share of generated steps the step checker accepts, averaged. Total wall time {elapsed:.0f} s.
+share of generated steps the step checker accepts, averaged. Total wall time {elapsed:.0f} s, peak RSS
+{rss:.0f} MB.
 
 ![accuracy vs samples](plots/accuracy_vs_samples.png)
 """

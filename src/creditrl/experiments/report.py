@@ -1,9 +1,19 @@
-"""Summaries of finished runs: the comparison table, ``report.md`` and accuracy plots."""
+"""Summaries of finished runs: the comparison table, ``report.md``, accuracy plots, and the
+results pages under ``docs/results/`` that the measuring commands write (``--results PATH``)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import os
+import platform
 import resource
+import shlex
+import shutil
+import sys
+import time
 from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +21,86 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; no display on servers or in CI
 import matplotlib.pyplot as plt  # noqa: E402
+
+
+def command_line(argv: list[str] | None = None) -> str:
+    """The command as typed: ``creditrl bench --curve 50`` or ``python benchmarks/credit_speed.py``."""
+    argv = list(sys.argv if argv is None else argv)
+    prog = Path(argv[0]).name
+    head = ["creditrl"] if prog in ("creditrl", "__main__.py") else ["python", os.path.relpath(argv[0])]
+    return " ".join(shlex.quote(a) for a in head + argv[1:])
+
+
+def machine() -> str:
+    """This machine in one phrase: CPU model, cores, memory, torch version and threads, GPU if any."""
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    gpu = f", GPU {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ", no GPU"
+    return (f"{os.cpu_count()} cores ({cpu}), {memory:.0f} GiB, torch {torch.__version__} with "
+            f"{torch.get_num_threads()} threads{gpu}")
+
+
+def results_page(title: str, body: str, command: str | None = None) -> str:
+    """A results page: its title, then once the command that wrote it, the machine and the date."""
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    return (f"# {title}\n\nWritten by `{command or command_line()}` on {stamp}; machine: {machine()}.\n\n"
+            f"{body.strip()}\n")
+
+
+def write_results(path: str | Path | None, title: str, body: str, command: str | None = None,
+                  figures: dict[str, Path] | None = None) -> Path | None:
+    """Write :func:`results_page` to ``path`` (nothing when ``path`` is None), and copy each of
+    ``figures`` (``{file name: source}``, which ``body`` links by name) next to it; returns the path."""
+    if path is None:
+        return None
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for name, source in (figures or {}).items():
+        shutil.copyfile(source, path.parent / name)
+    path.write_text(results_page(title, body, command))
+    print(f"results page: {path}", flush=True)
+    return path
+
+
+class _Tee(io.TextIOBase):
+    def __init__(self, *streams: Any) -> None:
+        self.streams = streams
+
+    def write(self, text: str) -> int:
+        for s in self.streams:
+            s.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        for s in self.streams:
+            s.flush()
+
+
+@contextlib.contextmanager
+def printed_results(path: str | Path | None, title: str) -> Iterator[None]:
+    """Everything printed inside the block also becomes the body of a results page at ``path``
+    (a benchmark script's ``--results PAGE``); nothing is written when ``path`` is None."""
+    if path is None:
+        yield
+        return
+    captured = io.StringIO()
+    stdout = sys.stdout
+    sys.stdout = _Tee(stdout, captured)
+    try:
+        yield
+    finally:
+        sys.stdout = stdout
+    text = captured.getvalue()
+    if not any(line.startswith("|") for line in text.splitlines()):  # aligned plain text: keep it as printed
+        text = f"```\n{text.rstrip()}\n```"
+    write_results(path, title, text)
 
 
 def peak_rss_mb() -> float:

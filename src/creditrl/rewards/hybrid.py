@@ -1,7 +1,7 @@
 """Hybrid reward strategies as separate stages: filters, scheduled reward mixes, calibration.
 
 Each is a pure function (or, for calibration, a small object with a checkpointable state) so a
-hybrid is a composition of stages rather than a special case in the trainer (DESIGN.md, "Hybrid
+hybrid is a composition of stages rather than a special case in the trainer (docs/design.md, "Hybrid
 strategies"):
 
 - *filter then refine*: a filter (``FILTERS``, reached through :func:`apply_filter`) keeps some

@@ -3,7 +3,7 @@
 Layout: prompts left-padded to width P, responses right-padded to width T, so
 ``cat(prompt_ids, response_ids)`` is one (B, P + T) sequence whose logits at
 ``[:, P-1 : P+T-1]`` predict the response tokens. All credit tensors are (B, T) over the
-response part (see DESIGN.md, "The currency").
+response part (see docs/design.md, "The currency").
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ def response_forward(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logits (B, T, V) predicting each response token and, with ``hidden``, the last hidden
     state (B, T, H) at the same positions: the state *before* each token is emitted, which is
-    what a value head reads (V(s_t) in DESIGN.md). Both are on the model's device (the batch is
+    what a value head reads (V(s_t) in docs/design.md). Both are on the model's device (the batch is
     moved there).
 
     Rows that share a prompt (a group's samples) share its computation: see

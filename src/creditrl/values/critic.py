@@ -1,6 +1,6 @@
 """Learned value functions: a critic (one value head) and a dual critic (two, ``V = min(V1, V2)``).
 
-A critic maps the hidden state *before* response token t to V(s_t) (DESIGN.md, "The
+A critic maps the hidden state *before* response token t to V(s_t) (docs/design.md, "The
 currency"). Two placements of the heads:
 
 - ``separate``: a copy of the initial policy's backbone (no LM head) plus scalar heads, with
