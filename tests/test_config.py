@@ -377,3 +377,46 @@ def test_policy_kernels_numba_runs_float32_only():
     for override in ("policy.precision=bf16", "policy.dtype=bfloat16"):
         with pytest.raises(ConfigError, match="policy.kernels: 'numba' runs float32 only"):
             built(["policy.kernels=numba", override])
+
+
+# ----------------------------------------------------------------------------- the `config` command, did you mean
+
+
+def test_config_command_prints_the_checked_config(capsys):
+    import yaml
+
+    from creditrl.cli import main
+
+    assert main(["config", "--set", "credit.estimator=gae", "--set", "value.source=mc"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["credit"]["resolution"] == "step" and printed["reward"]["granularity"] == "sequence"
+    assert main(["config", "--set", "credit.estimater=gae"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "did you mean 'estimator'?" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("override, suggestion", [
+    ("credit.estimator=grpo_proces", "grpo_process"),
+    ("credit.normaliser=batches", "batch"),
+    ("value.source=critc", "critic"),
+    ("reward.granularity=tokens", "token"),
+    ("optim.weight_decy=0.1", "weight_decay"),
+    ("task.name=arithmetc", "arithmetic"),
+])
+def test_near_misses_get_a_did_you_mean(override, suggestion):
+    with pytest.raises(ConfigError, match=f"did you mean '{suggestion}'"):
+        built([override])
+
+
+def test_closed_choice_sets_have_one_definition():
+    """The owners of closed choice sets read them from the schema (no copies to drift)."""
+    from creditrl.config import schema
+    from creditrl.policy.device import PRECISIONS
+    from creditrl.policy.engines import KERNELS
+    from creditrl.policy.model import DTYPES
+    from creditrl.rewards.sources import ERROR_POLICIES
+    from creditrl.tasks.base import SPLITS
+
+    assert set(PRECISIONS) == set(typing.get_args(schema.Precision))
+    assert KERNELS == typing.get_args(schema.Kernels) and DTYPES == typing.get_args(schema.Dtype)
+    assert ERROR_POLICIES == typing.get_args(schema.OnError) and SPLITS == typing.get_args(schema.Split)
