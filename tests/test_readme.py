@@ -29,3 +29,37 @@ def test_readme_custom_task_example_is_the_example_file() -> None:
     example = (README.parent / "examples" / "custom_task.py").read_text().rstrip()
     block = re.search(r"### Bring your own task.*?```python\n(.*?)```", README.read_text(), re.S)
     assert block and block.group(1).rstrip() == example
+
+
+def test_readme_config_reference_is_generated_from_the_schema() -> None:
+    from creditrl.config.reference import END, START, reference_markdown
+
+    text = README.read_text()
+    assert START in text and END in text, "README has no generated config reference"
+    block = text[text.index(START) : text.index(END) + len(END)] + "\n"
+    assert block == reference_markdown(), "README's config reference is stale: run `creditrl config --reference`"
+
+
+def test_every_schema_field_is_described() -> None:
+    from creditrl.config.reference import reference_rows
+
+    missing = [key for key, _, text in reference_rows() if not text.strip()]
+    assert missing == []
+
+
+def test_readme_is_a_user_document() -> None:
+    """At most ~600 lines, no run logs (dates, clock times), and every measured number it shows
+    sits in the results table, whose rows link to pages the measuring commands wrote."""
+    text = README.read_text()
+    assert len(text.splitlines()) <= 600
+    assert re.findall(r"20\d\d-[01]\d-[0-3]\d|\d\d:\d\d UTC", text) == []
+    table = re.search(r"## Results at a glance\n\n(.*?)\n\n", text, re.S).group(1).splitlines()
+    assert table[0].startswith("|") and 3 <= len(table) <= 17
+    for row in table[2:]:
+        links = re.findall(r"\]\(([^)#]+)", row)
+        assert links, row
+        for link in links:
+            page = README.parent / link
+            assert page.exists(), link
+            if link.startswith("docs/results/"):
+                assert page.read_text().splitlines()[2].startswith("Written by `"), link  # command, machine, date

@@ -143,6 +143,9 @@ def test_quick_report_writes_every_table(tmp_path: Path, monkeypatch: pytest.Mon
         assert heading in text
     summary = json.loads((run / "summary.json").read_text())
     assert set(summary["best_of_n"]) == {"prm_min", "prm_product", "prm_last", "prm_mean", "orm", "majority"}
+    # the default config's task, whose answers majority compares (no note)
+    assert summary["task"] == {"name": "arithmetic", "args": {"min_ops": 4, "max_ops": 6, "operand_max": 3}}
+    assert summary["majority_note"] == "" and "Majority vote:" not in text
     assert [r["N"] for r in summary["mc_label_table"]] == [1, 2]
     assert (run / "plots" / "best_of_n.png").stat().st_size > 1000
     for name in ("oracle", "mc", "outcome_heuristic", "orm"):

@@ -179,6 +179,18 @@ def test_best_of_n_accuracy_by_hand(method, picks, expected):
     assert best_of_n_accuracy(GROUPS, method, ns=(1, 2, 4)) == expected
 
 
+def test_majority_groups_answers_by_the_equivalence_given():
+    """With ``same``, answers that agree vote together; only majority reads it."""
+    same = lambda a, b: float(a) == float(b)  # noqa: E731
+    assert majority_vote(["1", "0.5", "0.50", "1", ".5"], same) == 1  # 0.5 three times beats 1 twice
+    assert majority_vote(["1", "0.5", "0.50", "1", ".5"]) == 0  # as strings only "1" repeats
+    groups = [[cand(False, (0.9,), 0.9, "1"), cand(True, (0.1,), 0.1, "2.0"), cand(True, (0.2,), 0.2, "2")]]
+    assert best_of_n_accuracy(groups, "majority", ns=(3,)) == {3: 0.0}  # "1", "2.0", "2": the first
+    assert best_of_n_accuracy(groups, "majority", ns=(3,), same=same) == {3: 1.0}
+    for method in ("orm", "prm_min"):  # the equivalence changes nothing for the score selectors
+        assert select(method, groups[0], same=same) == select(method, groups[0]) == 0
+
+
 def test_best_of_n_accuracy_defaults_and_order():
     groups = [[Candidate(correct=(i % 3 == 0), orm_score=float(i % 5)) for i in range(64)]]
     # first N: N=1 -> c0 (right); N=4 -> c3 (score 3, right); N=16 -> c4 (first score 4, wrong)

@@ -364,3 +364,13 @@ def test_problem_is_hashable_without_meta() -> None:
     same = Problem(prompt=P.prompt, answer=P.answer, solution=P.solution, meta={"other": 1})
     assert hash(same) == hash(P) and same != P
     assert len({P, TASK.make_problem("7+3*2-5=")}) == 1
+
+
+def test_answer_hooks_read_what_check_outcome_reads() -> None:
+    task = ArithmeticTask()
+    problem = task.make_problem("7+3*2-5=")
+    for completion, answer in [("3*2=6;7+6=13;13-5=8;#8", "8"), ("#8 ", "8"), ("#8;3+3=6", "8;3+3=6"), ("1+1=2;", None),
+                               ("#-4#8", "-4#8"), ("", None)]:
+        assert task.extract_answer(completion) == answer
+        stated = answer is not None and task.same_answer(problem.answer, answer)
+        assert task.check_outcome(problem, completion) == stated

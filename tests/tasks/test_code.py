@@ -166,3 +166,18 @@ def test_rl_trainer_runs_on_the_code_task(tmp_path: Path, monkeypatch: pytest.Mo
         assert r["reward/errors"] == 0 and 0.0 <= r["train/accuracy"] <= 1.0
     assert 0.0 <= history[-1]["eval/accuracy"] <= 1.0
     assert len(judged) >= 2 * 2 * 3 and all(0.0 <= f <= 1.0 for f in judged)  # every sample went through the harness
+
+
+def test_the_answer_is_the_program_up_to_formatting(task: CodeTask) -> None:
+    """Completions with the same answer pass the same tests; a body that does not parse has none."""
+    add = by_name(task, "add")
+    spellings = ["a + b", "a+b", " (a + b)  # the sum", "((a)+(b))"]
+    answers = {task.extract_answer(c) for c in spellings}
+    assert answers == {"def f():\n    return a + b"} and all(task.check_outcome(add, c) for c in spellings)
+    assert task.extract_answer("b + a") != task.extract_answer("a + b")  # equal values, different programs
+    assert task.extract_answer("a - b") != task.extract_answer("a + b") and not task.check_outcome(add, "a - b")
+    assert task.extract_answer("a; x = 1") != task.extract_answer("a\nx = 1")  # function body vs module level
+    for broken in ("a +", "(" * 300 + "a" + ")" * 300, "a\x00"):
+        assert task.extract_answer(broken) is None and not task.check_outcome(add, broken)
+    assert task.same_answer("def f():\n    return a", "def f():\n    return a")
+    assert not task.same_answer("def f():\n    return a", "def f():\n    return b")

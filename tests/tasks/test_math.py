@@ -223,3 +223,32 @@ def test_two_rl_iterations_on_the_bundled_sample(tmp_path, scored_by):
     problem = trainer.parts.heldout[0]
     scored = scored_by(trainer, [problem] * 3, [problem.solution, " \\boxed{12345}", " 1/0 ))("])
     assert scored.rewards.sum(-1).tolist() == [1.0, 0.0, 0.0] and scored.reward_mask.sum(-1).tolist() == [1, 1, 1]
+
+
+@pytest.mark.parametrize(
+    "completion, answer",
+    [(" \\boxed{1/2}", "\\frac{1}{2}"), (" 0.5", "0.5"), ("so it is $\\frac{3}{4}$", "\\frac{3}{4}"),
+     (" x = 3", "3"), (" no number here", None)],
+)
+def test_extract_answer_writes_what_math_verify_reads(completion: str, answer: str | None) -> None:
+    assert make_task("math").extract_answer(completion) == answer
+
+
+def test_same_answer_is_math_verify_equivalence() -> None:
+    task = make_task("math")
+    half = [task.extract_answer(c) for c in (" \\boxed{1/2}", " 0.5", " 2/4", " $\\frac{1}{2}$")]
+    assert all(task.same_answer(a, b) for a in half for b in half)
+    assert not task.same_answer(half[0], task.extract_answer(" 0.49"))
+    assert not task.same_answer("\\frac{1}{2}", "\\frac{1}{3}") and task.same_answer("7", "7")
+
+
+def test_answer_hooks_agree_with_check_outcome_on_the_bundled_problems() -> None:
+    """``check_outcome(p, c)`` is ``same_answer(p.answer, extract_answer(c))``: right answers in
+    other spellings, wrong ones, and a completion without an answer."""
+    task = make_task("math")
+    problems = task.pools["train"] + task.pools["heldout"]
+    assert len(problems) == 22
+    for p in problems:
+        for c in (p.solution, f" the answer is {p.answer}", f" \\boxed{{{p.answer}}} .", " \\boxed{12345}", " none"):
+            a = task.extract_answer(c)
+            assert task.check_outcome(p, c) == (a is not None and task.same_answer(p.answer, a)), (p.answer, c)

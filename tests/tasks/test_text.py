@@ -132,3 +132,15 @@ def test_two_rl_iterations(tmp_path, task, source, granularity, scored_by):
         assert scored.reward_mask[0].sum() == n_sentences and scored.reward_mask[2].sum() == 1
         dots = [i for i, ch in enumerate(p.answer) if ch == "."]
         assert scored.reward_mask[0].nonzero().flatten().tolist() == dots
+
+
+@pytest.mark.parametrize("cls", [ToyTranslateTask, ToySummariseTask])
+def test_the_answer_is_the_normalised_completion_and_agrees_with_the_outcome(cls):
+    task = cls()
+    for p in task.sample(8, split="train", seed=3):
+        variants = ["  " + p.answer.replace(" ", "  \t") + " ", p.answer.removesuffix("."), "", "lo kato."]
+        for c in variants:
+            a = task.extract_answer(c)
+            assert a == (" ".join(c.split()) or None)
+            assert task.check_outcome(p, c) == (a is not None and task.same_answer(task.extract_answer(p.answer), a))
+    assert task.same_answer("lo kato.", "lo kato.") and not task.same_answer("lo kato.", "lo kato")

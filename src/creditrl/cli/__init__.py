@@ -21,6 +21,33 @@ from creditrl.cli.common import quiet_libraries
 from creditrl.errors import ConfigError
 
 
+class _Stderr(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is when a record is emitted (not the stream of the first
+    call: a caller may swap sys.stderr, as pytest's capture does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    @property
+    def stream(self):  # noqa: D102
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+def log_to_stderr() -> None:
+    """The ``creditrl`` logger's INFO lines (e.g. which engine a run chose) on stderr, once."""
+    logger = logging.getLogger("creditrl")
+    if not any(isinstance(h, _Stderr) for h in logger.handlers):
+        handler = _Stderr()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+
+
 def build_parser() -> argparse.ArgumentParser:
     from creditrl.cli import bench, experiments, inspect, prm, search, train
 
@@ -37,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["search-report", *argv[2:]]
     args = build_parser().parse_args(argv)
     quiet_libraries()
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    log_to_stderr()
     try:
         return args.func(args)
     except (ConfigError, FileNotFoundError) as exc:

@@ -43,7 +43,8 @@ def cmd_tree_report(args: argparse.Namespace) -> int:
     from creditrl.experiments.tree_report import run_tree_report
 
     set_threads(args.threads)
-    run_tree_report(Path(args.out) if args.out else None, quick=args.quick, seeds=args.seeds, budget=args.budget)
+    run_tree_report(Path(args.out) if args.out else None, quick=args.quick, seeds=args.seeds, budget=args.budget,
+                    config=args.config, overrides=args.set)
     return 0
 
 
@@ -78,15 +79,20 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     add_jobs_arg(p)
     p.set_defaults(func=cmd_findings)
 
-    p = sub.add_parser("value-report", help="value estimates (critic, dual critic, MC K, tree) vs true step values")
-    p.add_argument("config", nargs="?", help="config (default: the packaged arith config)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override")
+    p = sub.add_parser("value-report", help="value estimates (critic, dual critic, MC K, tree) vs true step values",
+                       description="On the config's task (any task with a step separator and a step checker; "
+                                   "default: the packaged arith config), from its start policy (train.init).")
+    add_config_args(p)
     p.add_argument("--out", default="runs/value-report", help="output directory (a finished report is read back)")
     p.add_argument("--quick", action="store_true", help="tiny sizes (numbers meaningless)")
     add_threads_arg(p)
     p.set_defaults(func=cmd_value_report)
 
-    p = sub.add_parser("tree-report", help="tree rollouts vs outcome GRPO over seeds at equal generated tokens")
+    p = sub.add_parser("tree-report", help="tree rollouts vs outcome GRPO over seeds at equal generated tokens",
+                       description="On the config's task (any task with a step separator and a step checker; "
+                                   "default: the packaged arith config, RL on 5-7 operations), from its start "
+                                   "policy (train.init).")
+    add_config_args(p)
     p.add_argument("--quick", action="store_true", help="tiny sizes (numbers meaningless)")
     p.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default 3)")
     p.add_argument("--budget", type=int, default=None, help="generated tokens per run (default 400,000)")

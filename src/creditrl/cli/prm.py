@@ -83,7 +83,8 @@ def cmd_score(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from creditrl.experiments.prm_report import run_prm_report
 
-    run_prm_report(Path(args.run_dir) if args.run_dir else None, quick=args.quick, overrides=args.set)
+    run_prm_report(Path(args.run_dir) if args.run_dir else None, quick=args.quick, config=args.config,
+                   overrides=args.set)
     return 0
 
 
@@ -114,8 +115,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--separator", default=";")
     p.set_defaults(func=cmd_score)
 
-    p = psub.add_parser("report", help="the PRM acceptance experiments: AUROC, MC labels, best-of-N, probe")
+    p = psub.add_parser(
+        "report", help="the PRM acceptance experiments: AUROC, MC labels, best-of-N, probe",
+        description="The PRM life cycle on the config's task (any task with a step separator and a step checker; "
+                    "default: the packaged arith config), from its start policy (train.init).",
+    )
     p.add_argument("--quick", action="store_true", help="tiny sizes (numbers meaningless)")
     p.add_argument("--run-dir", help="where to write (default runs/prm-TIMESTAMP)")
-    add_config_args(p, positional=False)
+    add_config_args(p)
     p.set_defaults(func=cmd_report)

@@ -58,7 +58,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="write the summary and per-problem results to this JSON file")
     p.set_defaults(func=cmd_search)
 
-    r = sub.add_parser("search-report", help="`creditrl search report`: accuracy vs generated tokens of every method")
+    r = sub.add_parser(
+        "search-report", help="`creditrl search report`: accuracy vs generated tokens of every method",
+        description="Every search method on held-out problems of the config's task (any task with a step separator "
+                    "and a step checker; default: the packaged arith config, searched on 5-7 operations), from its "
+                    "start policy (train.init), each method's settings over the config's search section.",
+    )
     add_config_args(r)
     r.add_argument("--quick", action="store_true", help="tiny sizes, well under a minute (numbers meaningless)")
     r.add_argument("--out", help="output directory (default runs/search-TIMESTAMP)")

@@ -295,7 +295,7 @@ class SearchConfig(Section):
     seed: int = Field(0, description="seeds the generator every engine call draws from")
     n: int = Field(8, ge=1, description="best_of_n: samples per problem")
     selector: str = Field("prm_min", description="best_of_n selector: `majority`, `orm`, `prm_min`, "
-                          "`prm_product`, `prm_last`, `prm_mean`, `first`")
+                          "`prm_product`, `prm_last`, `prm_mean`")
     width: int = Field(4, ge=1, description="beam: live partial solutions per problem (W)")
     expansions: int = Field(4, ge=1, description="beam, mcts: one-step samples per expanded partial solution (E)")
     min_request_tokens: int = Field(16, ge=1, description="beam, mcts: send an expansion/rollout only if it can "

@@ -1,12 +1,19 @@
 """``creditrl search report``: test-time search methods compared at equal generated-token cost.
 
-On held-out 5-7-operation arithmetic problems (the arith config's SFT policy, operands 1-9, was trained on 1-6):
+On held-out problems of the config's task, any task with reasoning steps, searched from the
+config's start policy (``train.init``), with the config's ``search`` settings as the base of every
+method's (:mod:`.report_setup`). The default config is the packaged arith config with harder
+problems than its RL task, ``task.args={min_ops: 5, max_ops: 7}`` (operands 1-9; its SFT policy
+was trained on 1-6 operations); those task settings apply only while neither a CONFIG nor a
+``task.*`` override is given.
 
-1. unless given, train a PRM on oracle step labels and an ORM on outcomes, from the SFT
-   weights, on the policy's own samples of training-split problems (as ``creditrl prm report``);
+1. unless given, train a PRM on oracle step labels and an ORM on outcomes, from the start
+   policy's weights, on its own samples of training-split problems (as ``creditrl prm report``);
 2. run greedy; best-of-N for N in ``bon_ns`` with ``prm_min``, ``orm`` and ``majority`` (sampled
    once at the largest N, the first N samples of each problem used for each N, so the curves are
-   nested); PRM beam search at a few (W, E); MCTS with PRM leaf values and with ORM-judged
+   nested; majority votes on the task's answers, grouped by its ``same_answer``, or on whole
+   completions for a task without ``extract_answer``, which the report says); PRM beam search at
+   a few (W, E); MCTS with PRM leaf values and with ORM-judged
    rollouts at a few token budgets, and once with oracle-judged rollouts (an upper bound: it
    reads the answer key);
 3. record accuracy against mean generated tokens per problem (every token the engine returned,
@@ -16,6 +23,7 @@ On held-out 5-7-operation arithmetic problems (the arith config's SFT policy, op
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import asdict, dataclass, replace
@@ -24,24 +32,22 @@ from typing import Any
 
 import torch
 
-from creditrl.config import load_config
-from creditrl.config.loader import arith_config_path
+from creditrl.config import Config, SearchConfig, load_config
 from creditrl.experiments.prm_report import orm_examples
 from creditrl.experiments.report import plt
-from creditrl.policy.engines import SamplingParams
+from creditrl.experiments.report_setup import base_config, default_task_sets, step_task, task_phrase
+from creditrl.policy.engines import SamplingParams, make_engine
 from creditrl.policy.model import load_policy
-from creditrl.policy.engines import make_engine
-from creditrl.prm.train import train_prm_from_examples
 from creditrl.prm.metrics import select
 from creditrl.prm.pipeline import label_samples, sample_solutions
 from creditrl.prm.source import load_prm
-from creditrl.config import SearchConfig
+from creditrl.prm.train import train_prm_from_examples
 from creditrl.search.methods import make_context, sample_candidates, search
-from creditrl.tasks import make_task
+from creditrl.tasks import Task
+from creditrl.tasks.base import majority_note, same_answer
 from creditrl.train.build import start_policy
 
-TASK_ARGS = {"min_ops": 5, "max_ops": 7}
-MAX_NEW = SearchConfig().max_new_tokens
+DEFAULT_TASK = ["task.args={min_ops: 5, max_ops: 7}"]  # the default config's search problems (module docstring)
 
 
 @dataclass(frozen=True)
@@ -62,10 +68,11 @@ QUICK = Sizes(problems=4, prm_problems=6, prm_samples=2, prm_steps=3, bon_ns=(1,
               beam_budget=512, mcts_prm_budgets=(128, 256), mcts_rollout_budgets=(256,), oracle_budget=256)
 
 
-def _train_models(cfg, init: str, policy, tok, task, sizes: Sizes, out: Path, need: list[str], log) -> None:
+def _train_models(cfg: Config, init: str, policy, tok, task: Task, sizes: Sizes, out: Path, need: list[str],
+                  log) -> None:
     """Train the PRM (oracle step labels) and/or ORM (outcomes) named in ``need`` into ``out/<name>``."""
     problems = task.sample(sizes.prm_problems, split="train", seed=0)
-    params = SamplingParams(max_new_tokens=MAX_NEW, temperature=1.0)
+    params = SamplingParams(max_new_tokens=cfg.search.max_new_tokens, temperature=1.0)
     chunk = max(1, 1024 // sizes.prm_samples)  # bounds the KV cache of one generate call
     samples = [s for i in range(0, len(problems), chunk)
                for s in sample_solutions(policy, tok, task, problems[i : i + chunk], samples=sizes.prm_samples,
@@ -79,13 +86,15 @@ def _train_models(cfg, init: str, policy, tok, task, sizes: Sizes, out: Path, ne
 
 
 def _best_of_n_rows(ctx, ns) -> list[dict[str, Any]]:
-    """Accuracy and mean tokens of best-of-N for every N and selector, from one sampling at max N."""
+    """Accuracy and mean tokens of best-of-N for every N and selector, from one sampling at max N;
+    majority groups answers by the task's ``same_answer``."""
     groups = sample_candidates(ctx, max(ns), prm=True, orm=True)
+    same = functools.partial(same_answer, ctx.verify.task)
     rows = []
     for selector in ("prm_min", "orm", "majority"):
         for n in ns:
             firsts = [g[:n] for g in groups]
-            picks = [g[select(selector, [s.candidate for s in g])] for g in firsts]
+            picks = [g[select(selector, [s.candidate for s in g], same=same)] for g in firsts]
             rows.append({
                 "series": f"best-of-N {selector}", "method": "best_of_n", "setting": f"N={n} selector={selector}",
                 "accuracy": sum(s.candidate.correct for s in picks) / len(picks),
@@ -94,36 +103,70 @@ def _best_of_n_rows(ctx, ns) -> list[dict[str, Any]]:
     return rows
 
 
+def report_configs(config: str | Path | None, overrides: list[str], quick: bool) -> tuple[Config, Config]:
+    """``(policy config, search config)``: the start policy comes from the config as given, the
+    problems from it with the report's default task settings (:data:`DEFAULT_TASK`, the default
+    config only), so the default searches the arith config's SFT policy on harder problems."""
+    base = base_config(config, quick)
+    searched = default_task_sets(config, overrides, DEFAULT_TASK) + overrides
+    return load_config(base, overrides), load_config(base, searched)
+
+
 def run_search_report(
-    out_dir: Path | None, *, quick: bool = False, prm_dir: str | None = None, orm_dir: str | None = None,
-    problems: int | None = None, overrides: list[str] | None = None, temperature: float = 1.0,
+    out_dir: Path | None, *, quick: bool = False, config: str | Path | None = None, prm_dir: str | None = None,
+    orm_dir: str | None = None, problems: int | None = None, overrides: list[str] | None = None,
+    temperature: float = 1.0,
 ) -> dict[str, Any]:
-    """Every method samples at ``temperature`` (greedy aside); PRM/ORM data at temperature 1."""
+    """Every method on the config's task (module docstring); every method samples at ``temperature``
+    (greedy aside), PRM/ORM data at temperature 1.
+
+    Raises:
+        ConfigError: Before anything is loaded, for a bad config or a task without reasoning steps.
+    """
     sizes = QUICK if quick else Sizes()
     if problems is not None:
         sizes = replace(sizes, problems=problems)
+    policy_cfg, cfg = report_configs(config, list(overrides or []), quick)
+    task = step_task(cfg, "creditrl search report")
     out_dir = Path(out_dir or Path("runs") / f"search-{time.strftime('%Y%m%d-%H%M%S')}")
     (out_dir / "plots").mkdir(parents=True, exist_ok=True)
-    cfg = load_config(arith_config_path(quick), overrides or [])
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     start = time.time()
     log = lambda msg: print(f"[creditrl search report] {time.time() - start:6.0f} s  {msg}", flush=True)  # noqa: E731
-    init = start_policy(cfg, progress=cfg.train.progress)
+    init = start_policy(policy_cfg, progress=cfg.train.progress)
     policy, tok = load_policy(init)
     policy.eval()
-    task = make_task("arithmetic", **TASK_ARGS)
     need = [name for name, given in (("prm", prm_dir), ("orm", orm_dir)) if given is None]
     if need:
         _train_models(cfg, init, policy, tok, task, sizes, out_dir / "prms", need, log)
-    prm = load_prm(str(prm_dir or out_dir / "prms" / "prm"))
-    orm = load_prm(str(orm_dir or out_dir / "prms" / "orm"))
+    prm_dir, orm_dir = str(prm_dir or out_dir / "prms" / "prm"), str(orm_dir or out_dir / "prms" / "orm")
     held = task.sample(sizes.problems, split="heldout", seed=0)
     engine = make_engine(policy, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, kind=cfg.policy.engine,
                          kernels=cfg.policy.kernels)
-    kw = dict(engine=engine, tokenizer=tok, task=task, prm=prm, orm=orm)
+    log(f"{sizes.problems} held-out problems of {task_phrase(cfg)}, policy {init}")
+    rows = _method_rows(held, cfg, sizes, temperature, log, engine=engine, tokenizer=tok, task=task,
+                        prm=load_prm(prm_dir), orm=load_prm(orm_dir))
+    summary = {"sizes": asdict(sizes), "task": {"name": cfg.task.name, "args": dict(cfg.task.args)}, "policy": init,
+               "prm": prm_dir, "orm": orm_dir, "temperature": temperature, "majority_note": majority_note(task),
+               "rows": rows, "wall_s": time.time() - start}
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    _plot(rows, out_dir / "plots" / "search_budget.png", task_phrase(cfg))
+    report = _report(summary, quick)
+    (out_dir / "report.md").write_text(report)
+    print(report)
+    log(f"report: {out_dir / 'report.md'}")
+    return summary
 
+
+def _method_rows(held, cfg: Config, sizes: Sizes, temperature: float, log, **kw) -> list[dict[str, Any]]:
+    """One row per method and setting (best-of-N: one per selector and N); every method's
+    :class:`SearchConfig` is ``cfg.search`` with the method's settings replaced."""
     rows: list[dict[str, Any]] = []
+    max_new = cfg.search.max_new_tokens
+
+    def settings(**changes: Any) -> SearchConfig:
+        return cfg.updated({"search": changes}).search
 
     def run(series: str, config: SearchConfig) -> None:
         result = search(held, config=config, **kw)
@@ -131,34 +174,23 @@ def run_search_report(
         log(f"{series:28s} {config.describe():60s} acc {100 * result.accuracy:5.1f}%  "
             f"tokens/problem {result.tokens_mean:7.1f}  ({result.wall_s:.0f} s)")
 
-    log(f"{sizes.problems} held-out problems ({TASK_ARGS['min_ops']}-{TASK_ARGS['max_ops']} ops), policy {init}")
-    run("greedy", SearchConfig(method="greedy", budget=MAX_NEW))
+    run("greedy", settings(method="greedy", budget=max_new))
     t = time.time()
-    bon_cfg = SearchConfig(method="best_of_n", n=max(sizes.bon_ns), budget=max(sizes.bon_ns) * MAX_NEW,
-                           temperature=temperature)
+    bon_cfg = settings(method="best_of_n", n=max(sizes.bon_ns), budget=max(sizes.bon_ns) * max_new,
+                       temperature=temperature)
     rows += _best_of_n_rows(make_context(held, config=bon_cfg, **kw), sizes.bon_ns)
     log(f"best-of-N, N up to {max(sizes.bon_ns)} ({time.time() - t:.0f} s)")
     for width, expansions in sizes.beams:
-        run("beam (PRM)", SearchConfig(method="beam", width=width, expansions=expansions, budget=sizes.beam_budget,
-                                       temperature=temperature))
+        run("beam (PRM)", settings(method="beam", width=width, expansions=expansions, budget=sizes.beam_budget,
+                                   temperature=temperature))
     for budget in sizes.mcts_prm_budgets:
-        run("mcts prm", SearchConfig(method="mcts", leaf_value="prm", budget=budget, temperature=temperature))
+        run("mcts prm", settings(method="mcts", leaf_value="prm", budget=budget, temperature=temperature))
     for budget in sizes.mcts_rollout_budgets:
-        run("mcts rollout_orm", SearchConfig(method="mcts", leaf_value="rollout_orm", budget=budget,
-                                             temperature=temperature))
-    run("mcts rollout_oracle (upper bound)", SearchConfig(method="mcts", leaf_value="rollout_oracle",
-                                                          budget=sizes.oracle_budget, temperature=temperature))
-
-    summary = {"sizes": asdict(sizes), "task": TASK_ARGS, "policy": init, "prm": str(prm_dir or out_dir / "prms" / "prm"),
-               "orm": str(orm_dir or out_dir / "prms" / "orm"), "temperature": temperature, "rows": rows,
-               "wall_s": time.time() - start}
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    _plot(rows, out_dir / "plots" / "search_budget.png")
-    report = _report(summary, quick)
-    (out_dir / "report.md").write_text(report)
-    print(report)
-    log(f"report: {out_dir / 'report.md'}")
-    return summary
+        run("mcts rollout_orm", settings(method="mcts", leaf_value="rollout_orm", budget=budget,
+                                         temperature=temperature))
+    run("mcts rollout_oracle (upper bound)", settings(method="mcts", leaf_value="rollout_oracle",
+                                                      budget=sizes.oracle_budget, temperature=temperature))
+    return rows
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
@@ -168,7 +200,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _plot(rows: list[dict[str, Any]], path: Path) -> None:
+def _plot(rows: list[dict[str, Any]], path: Path, task: str) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     series = list(dict.fromkeys(r["series"] for r in rows))
     markers = "osD^v<>ph*"
@@ -179,7 +211,7 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("generated tokens per problem (log)")
     ax.set_ylabel("held-out accuracy (%)")
-    ax.set_title(f"test-time search on arithmetic ({TASK_ARGS['min_ops']}-{TASK_ARGS['max_ops']} operations)")
+    ax.set_title(f"test-time search on {task}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -189,16 +221,18 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 def _report(s: dict[str, Any], quick: bool) -> str:
     note = "\n**Quick mode: smoke test only, the numbers mean nothing.**\n" if quick else ""
+    args = ", ".join(f"{k}={v}" for k, v in s["task"]["args"].items())
+    task = f"`{s['task']['name']}`" + (f" ({args})" if args else "")
+    majority = f"\nMajority vote: {s['majority_note']}.\n" if s.get("majority_note") else ""
     return f"""# creditrl search report
 {note}
-Policy `{s['policy']}` (the arith config's SFT policy, trained on 1-6 operations); {s['sizes']['problems']} held-out
-arithmetic problems with {s['task']['min_ops']}-{s['task']['max_ops']} operations. PRM `{s['prm']}` (oracle step
+Policy `{s['policy']}`; {s['sizes']['problems']} held-out problems of task {task}. PRM `{s['prm']}` (oracle step
 labels), ORM `{s['orm']}` (outcome labels). Tokens/problem: every token the engine generated for a problem
 (discarded expansions and rollouts included), averaged over problems. Best-of-N: one sampling at the largest
 N, the first N samples per problem for each N. MCTS `rollout_oracle` judges rollouts with the answer key: an
 upper bound, not a test-time method. Sampling temperature {s.get('temperature', 1.0)} (greedy aside).
 Wall time {s['wall_s']:.0f} s.
-
+{majority}
 {markdown_table(s['rows'])}
 
 ![accuracy vs tokens](plots/search_budget.png)

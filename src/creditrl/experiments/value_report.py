@@ -1,9 +1,10 @@
 """``creditrl value-report``: how well each value source estimates the true step values (F3).
 
-On this task the true value of a state -- a prompt plus the first steps of a response -- is
-computable: V(s) = P(a continuation from s by the policy is correct), estimated by ``truth``
-fresh continuations per state. The policy is the config's start policy (the arith config's SFT) and stays
-fixed, so every estimator targets the same V.
+On any task with reasoning steps (the config's; default: the packaged arith config,
+:mod:`.report_setup`) the true value of a state -- a prompt plus the first steps of a response --
+is computable: V(s) = P(a continuation from s by the policy is correct), estimated by ``truth``
+fresh continuations per state. The policy is the config's start policy (the arith config's SFT)
+and stays fixed, so every estimator targets the same V.
 
 The states: one tree per held-out problem (:func:`creditrl.values.tree.tree_rollout`, branching b,
 depth D, the rollout temperature), and every *inner* node of it -- the prompt and each shared
@@ -35,7 +36,7 @@ import numpy as np
 import torch
 
 from creditrl.config import config_hash, load_config
-from creditrl.config.loader import arith_config_path
+from creditrl.experiments.report_setup import base_config, step_task, task_phrase
 from creditrl.experiments.seeds import mean_ci95
 from creditrl.policy.engines import SamplingParams
 from creditrl.rollout.segment import step_stop_ids
@@ -198,9 +199,10 @@ def run_value_report(out: Path, *, quick: bool = False, config: str | Path | Non
     (summary.json with the same settings) is read back, not rerun."""
     sizes = QUICK if quick else FULL
     out = Path(out)
-    base = Path(config) if config else arith_config_path(quick)
+    base = base_config(config, quick)
     overrides = list(overrides or [])
     cfg = load_config(base, overrides)
+    step_task(cfg, "creditrl value-report")  # before anything is loaded: the report cuts responses into steps
     # the resolved config's hash, not the base's path: a report copied from another checkout is reused
     settings = {"base": str(base), "config": config_hash(cfg.to_dict()), "overrides": overrides, "seed": seed, **sizes}
     done = out / "summary.json"
@@ -260,7 +262,7 @@ def run_value_report(out: Path, *, quick: bool = False, config: str | Path | Non
                 log(f"{name}: MAE {rows[-1].mae[0]:.3f}")
     table = results_markdown(rows, truth_se)
     title = (f"value estimates vs truth ({sizes['truth']} continuations) on {len(states)} states of "
-             f"{len(problems)} held-out trees, {cfg.task.args}")
+             f"{len(problems)} held-out trees of {task_phrase(cfg)}")
     plot_rows(rows, out / "plots" / "value_error.png", title)
     summary = {"settings": settings, "init": init, "truth_se": truth_se, "rows": [asdict(r) for r in rows],
                "wall_s": time.time() - start}

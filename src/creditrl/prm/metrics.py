@@ -22,7 +22,9 @@ __all__ = [
     "AGGREGATIONS",
     "SELECTORS",
     "Candidate",
+    "SameAnswer",
     "aggregate_steps",
+    "answer_groups",
     "auroc",
     "best_of_n",
     "best_of_n_accuracy",
@@ -152,28 +154,51 @@ def best_of_n(candidate_scores: Sequence[float]) -> int:
     return best
 
 
-def majority_vote(answers: Sequence[str | None]) -> int:
-    """Index of the first candidate holding the most frequent non-None answer.
+SameAnswer = Callable[[str, str], bool]
+"""``same(a, b)``: whether two extracted answers are the same answer (e.g. math-verify equivalence;
+:func:`creditrl.tasks.base.same_answer` bound to a task)."""
 
-    Ties between answers go to the answer seen first. When no candidate has an answer there is
-    nothing to vote on and the first candidate (0) is returned, as :func:`best_of_n` does when
-    all scores tie.
+
+def answer_groups(answers: Sequence[str | None], same: SameAnswer | None = None) -> list[list[int]]:
+    """The candidates grouped by answer: lists of indices, in order of each group's first member.
+
+    Answers are taken in order; each non-None answer joins the first group whose first answer
+    ``rep`` it equals (``rep == answer``, always tried first) or agrees with (``same(rep,
+    answer)``), else it opens a new group. With ``same=None`` only equal strings agree. For an
+    equivalence relation the groups are its classes; for a ``same`` that is not transitive, a
+    group is what agrees with its first member. None answers belong to no group.
+    """
+    groups: list[list[int]] = []
+    for i, answer in enumerate(answers):
+        if answer is None:
+            continue
+        for members in groups:
+            rep = answers[members[0]]
+            if rep == answer or (same is not None and same(rep, answer)):
+                members.append(i)
+                break
+        else:
+            groups.append([i])
+    return groups
+
+
+def majority_vote(answers: Sequence[str | None], same: SameAnswer | None = None) -> int:
+    """Index of the first candidate of the largest group of agreeing non-None answers
+    (:func:`answer_groups`; ``same=None``: equal strings only).
+
+    Ties between groups go to the group whose first member came first. When no candidate has an
+    answer there is nothing to vote on and the first candidate (0) is returned, as
+    :func:`best_of_n` does when all scores tie.
 
     Raises:
         ValueError: With no candidates.
     """
     if len(answers) == 0:
         raise ValueError("majority_vote needs at least one candidate")
-    counts: dict[str, int] = {}
-    first: dict[str, int] = {}
-    for i, answer in enumerate(answers):
-        if answer is not None:
-            counts[answer] = counts.get(answer, 0) + 1
-            first.setdefault(answer, i)
-    if not counts:
+    groups = answer_groups(answers, same)
+    if not groups:
         return 0
-    winner = max(counts, key=lambda a: (counts[a], -first[a]))
-    return first[winner]
+    return max(groups, key=lambda members: (len(members), -members[0]))[0]
 
 
 @dataclass(frozen=True)
@@ -193,15 +218,22 @@ class Candidate:
     answer: str | None = None
 
 
-def _orm(candidates: Sequence[Candidate]) -> int:
+Selector = Callable[[Sequence[Candidate], SameAnswer | None], int]
+
+
+def _orm(candidates: Sequence[Candidate], same: SameAnswer | None) -> int:
     missing = [i for i, c in enumerate(candidates) if c.orm_score is None]
     if missing:
         raise ValueError(f"method 'orm' needs orm_score on every candidate; candidate {missing[0]} has none")
     return best_of_n([c.orm_score for c in candidates])  # type: ignore[misc]
 
 
-def _prm(aggregation: str) -> Callable[[Sequence[Candidate]], int]:
-    def pick(candidates: Sequence[Candidate]) -> int:
+def _majority(candidates: Sequence[Candidate], same: SameAnswer | None) -> int:
+    return majority_vote([c.answer for c in candidates], same)
+
+
+def _prm(aggregation: str) -> Selector:
+    def pick(candidates: Sequence[Candidate], same: SameAnswer | None) -> int:
         scores = []
         for i, c in enumerate(candidates):
             if not c.step_scores:
@@ -212,18 +244,20 @@ def _prm(aggregation: str) -> Callable[[Sequence[Candidate]], int]:
     return pick
 
 
-SELECTORS: dict[str, Callable[[Sequence[Candidate]], int]] = {
+SELECTORS: dict[str, Selector] = {
     "orm": _orm,
-    "majority": lambda candidates: majority_vote([c.answer for c in candidates]),
+    "majority": _majority,
     **{f"prm_{name}": _prm(name) for name in AGGREGATIONS},
 }
-"""Best-of-N selection methods by name: ``f(candidates) -> index of the chosen one``.
-``orm``: highest ``orm_score``; ``majority``: majority vote over ``answer``; ``prm_<agg>``:
-highest PRM solution score under aggregation ``<agg>`` (min, product, last, mean)."""
+"""Best-of-N selection methods by name: ``f(candidates, same) -> index of the chosen one``.
+``orm``: highest ``orm_score``; ``majority``: majority vote over ``answer``, answers grouped by
+``same`` (:func:`majority_vote`); ``prm_<agg>``: highest PRM solution score under aggregation
+``<agg>`` (min, product, last, mean). Only ``majority`` reads ``same``."""
 
 
-def select(method: str, candidates: Sequence[Candidate]) -> int:
-    """Index of the candidate that ``SELECTORS[method]`` picks (ties: the first).
+def select(method: str, candidates: Sequence[Candidate], *, same: SameAnswer | None = None) -> int:
+    """Index of the candidate that ``SELECTORS[method]`` picks (ties: the first); ``same`` is the
+    answer equivalence of a majority vote (None: equal strings only).
 
     Raises:
         ValueError: On an unknown method, no candidates, or a candidate missing what the
@@ -233,13 +267,14 @@ def select(method: str, candidates: Sequence[Candidate]) -> int:
         raise ValueError(f"unknown best-of-N method '{method}'; valid: {', '.join(sorted(SELECTORS))}")
     if not candidates:
         raise ValueError("select needs at least one candidate")
-    return SELECTORS[method](candidates)
+    return SELECTORS[method](candidates, same)
 
 
 def best_of_n_accuracy(
-    groups: Sequence[Sequence[Candidate]], method: str, ns: Iterable[int] = (1, 4, 16, 64)
+    groups: Sequence[Sequence[Candidate]], method: str, ns: Iterable[int] = (1, 4, 16, 64), *,
+    same: SameAnswer | None = None,
 ) -> dict[int, float]:
-    """Best-of-N accuracy of ``method`` at each N in ``ns``.
+    """Best-of-N accuracy of ``method`` at each N in ``ns`` (``same``: as in :func:`select`).
 
     ``groups[g]`` are the candidates sampled for problem g, in sampling order. At each N the
     method sees the FIRST N candidates of every group (so the curves over N are nested, as if
@@ -267,7 +302,7 @@ def best_of_n_accuracy(
         for g, group in enumerate(groups):
             if len(group) < n:
                 raise ValueError(f"group {g} has {len(group)} candidates; best-of-{n} needs at least {n}")
-            hits += int(group[select(method, group[:n])].correct)
+            hits += int(group[select(method, group[:n], same=same)].correct)
         result[n] = hits / len(groups)
     return result
 

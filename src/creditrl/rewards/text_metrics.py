@@ -33,7 +33,6 @@ from __future__ import annotations
 import functools
 from typing import Callable, Sequence
 
-from rouge_score import rouge_scorer
 from sacrebleu.metrics import BLEU, CHRF
 
 from creditrl.rewards.sources import register_source
@@ -59,7 +58,10 @@ def _chrf() -> CHRF:
 
 
 @functools.cache
-def _rouge() -> rouge_scorer.RougeScorer:
+def _rouge():
+    # imported here: rouge_score imports absl, whose logging handler binds the stderr of the moment
+    from rouge_score import rouge_scorer
+
     return rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=True)
 
 

@@ -10,12 +10,18 @@ for it, and never more than ``budget``.
   budget (each gets ``min(max_new_tokens, ~budget / N)``; with N > budget only the first
   ``budget`` samples are drawn, one token each); the pick is ``creditrl.prm.metrics.select(selector, ...)``
   (``prm_min|prm_product|prm_last|prm_mean|orm|majority``). A completion without any step has
-  PRM step scores ``(0.0,)`` and ORM score 0.0; majority votes on the task's answers (:func:`creditrl.tasks.base.answer_of`).
+  PRM step scores ``(0.0,)`` and ORM score 0.0; majority votes on the task's answers
+  (:func:`creditrl.tasks.base.answer_of`), grouped by the task's ``same_answer``
+  (:func:`creditrl.tasks.base.same_answer`).
 * ``beam``: :mod:`.beam`. ``mcts``: :mod:`.mcts`.
+
+Beam search, MCTS and the PRM / ORM selectors need a task with a step separator; greedy and
+majority vote run on any task (:func:`require_steps`).
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -32,7 +38,7 @@ from creditrl.search.context import SearchContext
 from creditrl.search.expand import BudgetedGenerator, Request
 from creditrl.search.mcts import run_mcts
 from creditrl.search.verify import ScoredModel, Verifier
-from creditrl.tasks.base import Problem, Task, answer_of, votes_on_answers
+from creditrl.tasks.base import Problem, Task, answer_of, majority_note, same_answer
 from creditrl.policy.tokenizer import encode_prompt
 
 
@@ -73,7 +79,8 @@ def run_greedy(ctx: SearchContext) -> list[tuple[int, ...]]:
 def run_best_of_n(ctx: SearchContext) -> list[tuple[int, ...]]:
     cfg = ctx.cfg
     groups = sample_candidates(ctx, cfg.n, prm=cfg.selector.startswith("prm_"), orm=cfg.selector == "orm")
-    picks = [group[select(cfg.selector, [s.candidate for s in group])] for group in groups]
+    same = functools.partial(same_answer, ctx.verify.task)
+    picks = [group[select(cfg.selector, [s.candidate for s in group], same=same)] for group in groups]
     return [s.tokens for s in picks]
 
 
@@ -143,6 +150,23 @@ def require_models(config: SearchConfig, *, has_prm: bool, has_orm: bool) -> Non
                           "pass orm=(model, tokenizer) (CLI: search.orm=DIR)")
 
 
+def require_steps(config: SearchConfig, task: Task) -> None:
+    """Check that ``task`` has the steps ``config`` needs: beam search and MCTS expand steps and
+    the PRM / ORM selectors score them; greedy and majority vote run on any task.
+
+    Raises:
+        ConfigError (a ValueError): Naming the method or selector, when the task has no step separator.
+    """
+    if task.step_separator is not None:
+        return
+    if config.method in ("beam", "mcts"):
+        raise ConfigError(f"search.method: '{config.method}' expands reasoning steps, but task '{task.name}' "
+                          "has no step separator")
+    if config.needs_prm or config.needs_orm:
+        raise ConfigError(f"search.selector: '{config.selector}' scores steps with a model, but task '{task.name}' "
+                          "has no step separator; use majority")
+
+
 def make_context(
     problems: Sequence[Problem],
     *,
@@ -156,17 +180,19 @@ def make_context(
     """Validate ``config`` against what was given and build the shared search state.
 
     Raises:
-        ConfigError (a ValueError): On a bad config field, or a method that needs a PRM / ORM
-            that was not given (the message names the method and the missing model).
+        ConfigError (a ValueError): On a bad config field, a method that needs a PRM / ORM that
+            was not given (the message names the method and the missing model), or steps the
+            task does not have (:func:`require_steps`).
     """
     require_models(config, has_prm=prm is not None, has_orm=orm is not None)
+    require_steps(config, task)
     if not problems:
         raise ValueError("search needs at least one problem")
     verify = Verifier(task, problems, prm=prm, orm=orm)
     gen = BudgetedGenerator(
         engine, [encode_prompt(tokenizer, p.prompt) for p in problems], config.budget,
-        stop_ids=step_stop_ids(tokenizer, task.step_separator), temperature=config.temperature,
-        top_p=config.top_p, seed=config.seed,
+        stop_ids=step_stop_ids(tokenizer, task.step_separator) if task.step_separator else (),
+        temperature=config.temperature, top_p=config.top_p, seed=config.seed,
     )
     return SearchContext(list(problems), config, tokenizer, gen, verify)
 
@@ -193,8 +219,5 @@ def search(
     for p, (problem, tokens) in enumerate(zip(ctx.problems, answers)):
         text = ctx.text(tokens)
         rows.append(ProblemResult(problem.prompt, text, ctx.verify.outcome(p, text), ctx.gen.used[p]))
-    note = ""
-    if config.method == "best_of_n" and config.selector == "majority" and not votes_on_answers(task):
-        note = (f"majority voted on whole normalised completions: task '{task.name}' has no extract_answer, "
-                "so only identical completions agree")
+    note = majority_note(task) if config.method == "best_of_n" and config.selector == "majority" else ""
     return SearchResult(config, rows, ctx.gen.calls, time.time() - start, note)

@@ -1,15 +1,15 @@
 """``creditrl search``: one search method run from a whole config (the same one ``creditrl train``
-takes): the task (any task with a step separator), the start policy (``train.init``), the PRM
-(``search.prm``, else ``reward.prm``; ``auto`` trains or finds the cached one) and the ORM."""
+takes): the task, the start policy (``train.init``), the PRM (``search.prm``, else ``reward.prm``;
+``auto`` trains or finds the cached one) and the ORM. Beam search, MCTS and the PRM / ORM
+selectors need a task with a step separator; greedy and majority vote run on any task."""
 
 from __future__ import annotations
 
 from creditrl.config import Config
-from creditrl.errors import ConfigError
 from creditrl.policy.engines import make_engine
 from creditrl.policy.model import load_policy, policy_options
 from creditrl.prm.source import load_prm
-from creditrl.search.methods import SearchResult, require_models, search
+from creditrl.search.methods import SearchResult, require_models, require_steps, search
 from creditrl.train.build import start_policy
 from creditrl.train.resolve import build_task, check
 
@@ -18,10 +18,8 @@ def run_search(cfg: Config) -> tuple[SearchResult, str]:
     """Run ``cfg.search`` on its problems; returns the result and a phrase naming what was searched."""
     task = build_task(cfg.task.name, cfg.task.args)
     cfg = check(cfg, task)
-    if task.step_separator is None and cfg.search.method in ("beam", "mcts"):
-        raise ConfigError(f"search.method: '{cfg.search.method}' expands reasoning steps, but task "
-                          f"'{cfg.task.name}' has no step separator")
     s = cfg.search
+    require_steps(s, task)
     prm_dir, orm_dir = s.prm or cfg.reward.prm, s.orm
     require_models(s, has_prm=prm_dir is not None, has_orm=orm_dir is not None)
     init_path = start_policy(cfg, task, progress=cfg.train.progress)

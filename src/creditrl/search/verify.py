@@ -6,7 +6,8 @@ probability per step; a step that did not fit the PRM's context scores NaN, read
 evidence the step is right). An ORM is a PRM trained on outcome labels: its solution score is the
 score of the last step. A response without any step (empty text) scores ``()`` / 0.0 without a
 model call. Scores are cached by ``(problem, text)``: the PRM is causal, so a prefix's scores
-never change, and each round's new texts go to the model in one batched ``score`` call.
+never change, and each round's new texts go to the model in one batched ``score`` call. A task
+without a step separator can be judged only by its outcome checker (greedy, majority vote).
 """
 
 from __future__ import annotations
@@ -41,8 +42,6 @@ class Verifier:
         orm: ScoredModel | None = None,
         batch_size: int = 64,
     ) -> None:
-        if task.step_separator is None:
-            raise ValueError(f"task '{task.name}' has no step separator; step search needs steps")
         self.task = task
         self.problems = list(problems)
         self.prm = prm
@@ -56,6 +55,8 @@ class Verifier:
             raise ValueError(f"no {which.upper()} was given, but a score from one was asked for")
         model, tokenizer = pair
         sep = self.task.step_separator
+        if sep is None:
+            raise ValueError(f"task '{self.task.name}' has no step separator; a {which.upper()} scores steps")
         todo: dict[tuple[str, int, str], list[str]] = {}
         for p, text in items:
             key = (which, p, text)

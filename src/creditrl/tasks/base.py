@@ -17,8 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from creditrl.config.schema import Split
+from creditrl.errors import did_you_mean
 
-__all__ = ["Problem", "Task", "TASKS", "TaskNameError", "register_task", "make_task", "answer_of", "same_answer"]
+__all__ = [
+    "Problem", "Task", "TASKS", "TaskNameError", "register_task", "make_task", "answer_of", "same_answer",
+    "votes_on_answers", "majority_note",
+]
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,15 @@ def same_answer(task: Task, a: str, b: str) -> bool:
 def votes_on_answers(task: Task) -> bool:
     """Whether majority votes on ``task`` compare extracted answers (False: whole completions)."""
     return getattr(task, "extract_answer", None) is not None
+
+
+def majority_note(task: Task) -> str:
+    """The sentence a result or report carries when a majority vote on ``task`` compares whole
+    normalised completions (the task has no ``extract_answer``); ``""`` when it compares answers."""
+    if votes_on_answers(task):
+        return ""
+    return (f"majority voted on whole normalised completions: task '{task.name}' has no extract_answer, "
+            "so only identical completions agree")
 
 
 SPLITS: tuple[str, ...] = typing.get_args(Split)  # the config's closed set (prm.split, search.split)
@@ -224,7 +237,7 @@ def make_task(name: str, **kwargs: Any) -> Task:
     if ":" not in name:
         if name not in TASKS:
             valid = ", ".join(sorted(TASKS))
-            raise TaskNameError(f"unknown task {name!r}; valid tasks: {valid}")
+            raise TaskNameError(f"unknown task {name!r}; valid tasks: {valid}{did_you_mean(name, TASKS)}")
         return TASKS[name](**kwargs)
     task = _import_factory(name)(**kwargs)
     missing = _missing_members(task)

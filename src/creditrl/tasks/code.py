@@ -14,11 +14,14 @@ A completion's tests run in one sandboxed process (:func:`creditrl.sandbox.run_t
 verdicts are cached per (problem, completion), so the outcome check and the ``unit_tests``
 reward of the same sample run it once. The expected outputs never enter the sandbox, and the
 problem file's directory is hidden from it. Without root the sandbox falls back to weaker
-isolation (:mod:`creditrl.sandbox.process`); the task then warns once.
+isolation (:mod:`creditrl.sandbox.process`); the task then warns once. A completion's answer
+(majority votes) is the program it completes, normalised by Python's ``ast``
+(:meth:`CodeTask.extract_answer`).
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import threading
 import warnings
@@ -160,6 +163,29 @@ class CodeTask:
     def check_outcome(self, problem: Problem, completion: str) -> bool:
         """Whether the program ``problem.prompt + completion`` passes every unit test."""
         return all(self.test_results(problem, completion))
+
+    def extract_answer(self, completion: str) -> str | None:
+        """The program's answer: ``def f(): return `` + ``completion`` (the completion where the
+        prompt puts it, after a one-line function header) parsed and written back by Python's
+        ``ast``, so formatting, comments and redundant parentheses do not count: ``"a+b"`` and
+        ``" (a + b)  # sum"`` -> ``"def f():\\n    return a + b"``. The header keeps what follows a
+        newline (module level) apart from what follows a ``;`` (the function body). None when it
+        does not parse (such a program fails every test).
+
+        Completions with the same answer are the same program up to formatting, so
+        :meth:`check_outcome` gives them the same verdict. Programs that are equal only in what
+        they compute (``a + b``, ``b + a``) are different answers: deciding that would mean
+        running them."""
+        try:
+            return ast.unparse(ast.parse("def f(): return " + completion))
+        # ValueError: a null byte (older Pythons); RecursionError, MemoryError: CPython's parser and
+        # ast.unparse on very deeply nested expressions
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return None
+
+    def same_answer(self, a: str, b: str) -> bool:
+        """Answers are canonical program text (:meth:`extract_answer`): equal as text."""
+        return a == b
 
     def check_steps(self, problem: Problem, segments: list[str]) -> list[bool]:
         """Not available: a code completion has no reasoning steps.

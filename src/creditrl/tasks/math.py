@@ -16,6 +16,11 @@ the completion is parsed with math-verify's default extraction (LaTeX in ``$...$
 ``\\boxed{}``, else the last plain number or expression), then ``verify(gold, parsed)``.
 Unparsable or garbage completions are False, never an exception.
 
+Answers (:meth:`MathTask.extract_answer`, :meth:`MathTask.same_answer`, which majority votes
+use): a completion's answer is the value math-verify extracts from it, written as LaTeX; two
+answers are the same when math-verify verifies one against the other, so ``\\boxed{1/2}``,
+``1/2`` and ``0.5`` vote together.
+
 Timeouts: sympy can hang on a hostile completion (``\\boxed{9^{9^{9^{9}}}}``), and math-verify's
 own timeouts use ``signal.alarm``, which works only in a process's main thread (elsewhere
 ``parse`` raises ValueError) and only between Python operations: one long C-level power
@@ -48,7 +53,10 @@ from typing import Any, Callable
 
 from creditrl.tasks.base import SPLITS, Problem, draw_from_pool, register_task
 
-__all__ = ["SPLITS", "DEFAULT_TRAIN_FILE", "DEFAULT_TEMPLATE", "MathTask", "answers_match", "gold_text", "load_math_rows"]
+__all__ = [
+    "SPLITS", "DEFAULT_TRAIN_FILE", "DEFAULT_TEMPLATE", "MathTask", "answers_match", "extract_math_answer", "gold_text",
+    "load_math_rows", "same_math_answer",
+]
 
 DEFAULT_TRAIN_FILE = Path(__file__).with_name("data") / "math_sample.jsonl"
 DEFAULT_TEMPLATE = "Q: {question} A: "
@@ -94,7 +102,24 @@ def _match(answer: str, completion: str) -> bool:
     return bool(pred) and verify(list(_parse_gold(answer)), pred, timeout_seconds=None)
 
 
-_FUNCTIONS: dict[str, Callable[..., Any]] = {"match": _match, "gold_problem": _gold_problem}
+def _extract(completion: str) -> str | None:
+    from math_verify import parse
+    from sympy import latex
+
+    values = [x for x in parse(completion, parsing_timeout=None) if not isinstance(x, str)]
+    return latex(values[0]) if values else None
+
+
+def _same(a: str, b: str) -> bool:
+    from math_verify import verify
+
+    gold, pred = list(_parse_gold(a)), list(_parse_gold(b))
+    return bool(gold) and bool(pred) and verify(gold, pred, timeout_seconds=None)
+
+
+_FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "match": _match, "gold_problem": _gold_problem, "extract": _extract, "same": _same,
+}
 
 
 def _preload() -> None:
@@ -211,6 +236,24 @@ def answers_match(answer: str, completion: str, *, timeout_s: float = 5.0) -> bo
     False). Safe to call from any thread.
     """
     return _guarded("match", answer, completion, timeout_s=timeout_s) is True
+
+
+def extract_math_answer(completion: str, *, timeout_s: float = 5.0) -> str | None:
+    """The final answer math-verify reads in ``completion`` (the extraction :func:`answers_match`
+    applies to a completion), written out as LaTeX by sympy so that it parses back to the same
+    value: ``" \\boxed{1/2}"`` -> ``"\\frac{1}{2}"``, ``"so 0.5"`` -> ``"0.5"``, ``"50%"`` ->
+    ``"50 \\cdot \\frac{1}{100}"``. None when math-verify finds no value (or takes over ``timeout_s``)."""
+    result = _guarded("extract", completion, timeout_s=timeout_s)
+    return result if isinstance(result, str) else None
+
+
+@functools.lru_cache(maxsize=65536)
+def same_math_answer(a: str, b: str, *, timeout_s: float = 5.0) -> bool:
+    """Whether math-verify finds two answers equal, each parsed by the gold rule (:func:`gold_text`)
+    and ``a`` taken as the gold side: ``"\\frac{1}{2}"`` and ``"0.5"`` agree. Equal strings always
+    agree; a check over ``timeout_s`` is False. Cached: a majority vote asks for the same pairs
+    at every N."""
+    return a == b or _guarded("same", a, b, timeout_s=timeout_s) is True
 
 
 class _QuietTimeoutNotice(logging.Filter):
@@ -389,6 +432,17 @@ class MathTask:
     def check_outcome(self, problem: Problem, completion: str) -> bool:
         """Whether math-verify finds the completion's final answer equal to ``problem.answer``."""
         return answers_match(problem.answer, completion, timeout_s=self.timeout_s)
+
+    def extract_answer(self, completion: str) -> str | None:
+        """The final answer math-verify reads in ``completion``, as LaTeX (:func:`extract_math_answer`);
+        None when it reads none. ``check_outcome(p, c)`` is ``same_answer(p.answer, extract_answer(c))``
+        up to the round trip through LaTeX."""
+        return extract_math_answer(completion, timeout_s=self.timeout_s)
+
+    def same_answer(self, a: str, b: str) -> bool:
+        """math-verify equivalence of two answers (:func:`same_math_answer`): ``\\boxed{1/2}`` and
+        ``0.5`` read as the same answer."""
+        return same_math_answer(a, b, timeout_s=self.timeout_s)
 
     def check_steps(self, problem: Problem, segments: list[str]) -> list[bool]:
         """Every step labelled with the outcome of the whole completion (no step ground truth).

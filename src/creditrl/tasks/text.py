@@ -19,7 +19,8 @@ rewards of :mod:`creditrl.rewards.text_metrics` (``bleu``, ``chrf``, ``rouge``):
 
 Every answer is a sequence of sentences ending in ``"."``, which is the step separator: step
 ``k`` of a completion is its ``k``-th sentence. The outcome is an exact match of the answer up
-to whitespace; a step is correct when its words equal those of the aligned answer sentence.
+to whitespace (so is a completion's answer, for majority votes: the whole completion, whitespace
+normalised); a step is correct when its words equal those of the aligned answer sentence.
 Held-out problems are those whose prompt hashes to 0 modulo ``heldout_mod``.
 """
 
@@ -124,6 +125,17 @@ class _SentenceTask(ABC):
     def check_outcome(self, problem: Problem, completion: str) -> bool:
         """Whether ``completion`` equals ``problem.answer`` up to whitespace (``str.split``)."""
         return completion.split() == problem.answer.split()
+
+    def extract_answer(self, completion: str) -> str | None:
+        """The whole completion is the answer, its whitespace normalised (what :meth:`check_outcome`
+        compares); None when it is empty."""
+        return " ".join(completion.split()) or None
+
+    def same_answer(self, a: str, b: str) -> bool:
+        """Answers are whitespace-normalised texts, the same answer when equal (as the exact-match
+        outcome reads them): ``check_outcome(p, c)`` is ``same_answer(extract_answer(p.answer),
+        extract_answer(c))``."""
+        return a == b
 
     def check_steps(self, problem: Problem, segments: list[str]) -> list[bool]:
         """One label per segment (a sentence, with or without its ``"."``), aligned by index.
