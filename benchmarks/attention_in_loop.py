@@ -18,9 +18,7 @@ import numpy as np
 import torch
 
 from creditrl.bench.run import bench_policy_and_prompts
-from creditrl.policy.engines import kernels
-from creditrl.policy.engines import SamplingParams
-from creditrl.policy.engines import StaticEngine
+from creditrl.policy.engines import SamplingParams, StaticEngine, kernels
 
 COLUMNS = 24  # the response length at which one call's arguments are kept for the isolated runs
 
@@ -70,10 +68,12 @@ def main() -> None:
     def sweep_memory() -> None:
         sweep.__iadd__(1.0)
 
-    rows = [("in the decode loop (all layers and steps)", statistics.median(in_loop)),
-            ("alone, back to back (inputs hot in cache)", alone(lambda: None)),
-            ("alone, after a 32 MB memory sweep", alone(sweep_memory)),
-            ("alone, after a 2 ms sleep", alone(lambda: time.sleep(0.002)))]
+    rows = [
+        ("in the decode loop (all layers and steps)", statistics.median(in_loop)),
+        ("alone, back to back (inputs hot in cache)", alone(lambda: None)),
+        ("alone, after a 32 MB memory sweep", alone(sweep_memory)),
+        ("alone, after a 2 ms sleep", alone(lambda: time.sleep(0.002))),
+    ]
     print(f"rotary + cache + attention kernel, 128 rows, {args.threads} threads: median us per call")
     print("| where | us |\n|---|---|")
     for label, seconds in rows:

@@ -14,9 +14,8 @@ import time
 
 import torch
 
-from creditrl.policy.engines import SamplingParams
+from creditrl.policy.engines import SamplingParams, StaticEngine
 from creditrl.policy.model import build_tiny
-from creditrl.policy.engines import StaticEngine
 
 WORKLOADS = (  # name, distinct prompts, samples each, prompt tokens, new tokens
     ("GRPO batch: 16 prompts x 8, 15 tokens, 48 new", 16, 8, 15, 48),
@@ -41,7 +40,11 @@ def main() -> None:
         prompts = [torch.randint(5, cfg.vocab_size, (length,), generator=g).tolist() for _ in range(n_prompts)]
         params = SamplingParams(max_new_tokens=steps, temperature=1.0)
         rows = n_prompts * n
-        auto = "rows" if StaticEngine(model, eos_id=-1, pad_id=tok.pad_token_id).rows_layout(rows, n_prompts, length, steps) else "shared"
+        auto = (
+            "rows"
+            if StaticEngine(model, eos_id=-1, pad_id=tok.pad_token_id).rows_layout(rows, n_prompts, length, steps)
+            else "shared"
+        )
         for layout in ("rows", "shared"):
             engine = StaticEngine(model, eos_id=-1, pad_id=tok.pad_token_id, kernels="numba", cache_layout=layout)
             best = float("inf")
@@ -50,7 +53,10 @@ def main() -> None:
                 engine.generate(prompts, n, params, generator=torch.Generator().manual_seed(r))
                 best = min(best, time.perf_counter() - start)
             columns = rows * (length + steps) if layout == "rows" else n_prompts * length + rows * steps
-            print(f"| {name} | {layout} | {best:.2f} | {columns * kv_bytes / 2**20:,.0f} | {auto if layout == auto else ''} |")
+            print(
+                f"| {name} | {layout} | {best:.2f} | {columns * kv_bytes / 2**20:,.0f} | "
+                f"{auto if layout == auto else ''} |"
+            )
 
 
 if __name__ == "__main__":

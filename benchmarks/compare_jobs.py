@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
-from creditrl.experiments.report import printed_results  # noqa: E402
 from creditrl.config import load_config
 from creditrl.experiments.compare import run_compare
 from creditrl.experiments.demo import demo_config_path
+from creditrl.experiments.report import printed_results  # noqa: E402
 from creditrl.train.sft import cached_sft
 
 ESTIMATORS = ["grpo", "rloo", "dr_grpo", "reinforce"]
@@ -44,8 +44,10 @@ def _run(args: argparse.Namespace) -> None:
     arms = "".join(f"  {e}: [credit.estimator={e}]\n" for e in ESTIMATORS[: args.arms])
     with tempfile.TemporaryDirectory() as tmp:
         grid = Path(tmp) / "grid.yaml"
-        grid.write_text(f"name: jobs\nbase: demo\nset: [train.eval_every=1000, train.checkpoint_every=100000, "
-                        f"train.progress=false]\nbudget: {{samples: {args.samples}}}\narms:\n{arms}")
+        grid.write_text(
+            f"name: jobs\nbase: demo\nset: [train.eval_every=1000, train.checkpoint_every=100000, "
+            f"train.progress=false]\nbudget: {{samples: {args.samples}}}\narms:\n{arms}"
+        )
         seconds = {}
         for jobs in (1, args.jobs):
             start = time.time()
@@ -54,8 +56,10 @@ def _run(args: argparse.Namespace) -> None:
     runs = args.arms * args.seeds
     print(f"\n{runs} runs x {args.samples:,} samples, {torch.get_num_threads()} torch threads on this machine")
     print(f"one at a time ({torch.get_num_threads()} threads): {seconds[1]:7.1f} s")
-    print(f"--jobs {args.jobs} ({max(1, torch.get_num_threads() // args.jobs)} thread(s) each):   "
-          f"{seconds[args.jobs]:7.1f} s")
+    print(
+        f"--jobs {args.jobs} ({max(1, torch.get_num_threads() // args.jobs)} thread(s) each):   "
+        f"{seconds[args.jobs]:7.1f} s"
+    )
     print(f"throughput ratio: {seconds[1] / seconds[args.jobs]:.2f}x")
 
 

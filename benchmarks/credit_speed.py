@@ -15,7 +15,6 @@ from collections.abc import Callable
 
 import torch
 
-from creditrl.experiments.report import printed_results  # noqa: E402
 from creditrl.credit import (
     ESTIMATORS,
     NORMALISERS,
@@ -24,6 +23,7 @@ from creditrl.credit import (
     normalise,
     requires,
 )
+from creditrl.experiments.report import printed_results  # noqa: E402
 
 # How each implementation walks time and the batch: "blocked" is discounted_cumsum, a (64, 64)
 # matmul per block of columns whose block starts are themselves a (shorter) discounted cumsum.
@@ -80,7 +80,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--runs", type=int, default=9)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--results", metavar="PAGE", help="also write what is printed as a results page (docs/results/...)")
+    parser.add_argument(
+        "--results", metavar="PAGE", help="also write what is printed as a results page (docs/results/...)"
+    )
     args = parser.parse_args()
     with printed_results(args.results, "Credit estimator speed"):
         _run(args)
@@ -125,15 +127,10 @@ def _run(args: argparse.Namespace) -> None:
     header = ("what", "median ms", "min ms", "Python loop over time", "over batch")
     width = max(len(r[0]) for r in rows)
     loop_width = max(len(header[3]), *(len(r[2]) for r in rows))
-    print(
-        f"{header[0]:<{width}}  {header[1]:>9}  {header[2]:>6}  "
-        f"{header[3]:<{loop_width}}  {header[4]}"
-    )
+    print(f"{header[0]:<{width}}  {header[1]:>9}  {header[2]:>6}  {header[3]:<{loop_width}}  {header[4]}")
     for what, (median, fastest), loop in rows:
         batch_loop = "none" if loop != NOT_AUDITED else NOT_AUDITED
-        print(
-            f"{what:<{width}}  {median:9.1f}  {fastest:6.1f}  {loop:<{loop_width}}  {batch_loop}"
-        )
+        print(f"{what:<{width}}  {median:9.1f}  {fastest:6.1f}  {loop:<{loop_width}}  {batch_loop}")
 
 
 if __name__ == "__main__":

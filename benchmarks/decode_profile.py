@@ -20,9 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from creditrl.bench.run import bench_policy_and_prompts
-from creditrl.policy.engines import kernels
+from creditrl.policy.engines import SamplingParams, kernels
 from creditrl.policy.engines import static as se
-from creditrl.policy.engines import SamplingParams
 
 STEPS = 48
 
@@ -78,9 +77,16 @@ def main() -> None:
     patches = [
         (F, "linear", timed(linear_label, F.linear)),
         (torch, "addmm", timed(addmm_label, torch.addmm)),
-        (kernels, "rope_cache_attend", timed(lambda *a: "attention (rotary, cache write, softmax, values)", kernels.rope_cache_attend)),
-        (kernels, "rope_cache_attend_shared",
-         timed(lambda *a: "attention (rotary, cache write, softmax, values)", kernels.rope_cache_attend_shared)),
+        (
+            kernels,
+            "rope_cache_attend",
+            timed(lambda *a: "attention (rotary, cache write, softmax, values)", kernels.rope_cache_attend),
+        ),
+        (
+            kernels,
+            "rope_cache_attend_shared",
+            timed(lambda *a: "attention (rotary, cache write, softmax, values)", kernels.rope_cache_attend_shared),
+        ),
         (kernels, "rms_norm", timed(lambda *a: "RMSNorm", kernels.rms_norm)),
         (kernels, "silu_mul", timed(lambda *a: "gated SiLU", kernels.silu_mul)),
         (se.Decoder, "decode_fused", region("decode step", se.Decoder.decode_fused, flag=True)),
@@ -105,12 +111,20 @@ def main() -> None:
     rows = sorted(spent.items(), key=lambda kv: -kv[1])
     inner = sum(v for k, v in rows if k not in ("prompt prefill", "sampling (draw, log-prob, state)"))
     rows.append(("rest of the decode step (embedding, Python)", step - inner))
-    rows.append(("rest of the call (cache set-up, bookkeeping)", total - step - spent["prompt prefill"] - spent["sampling (draw, log-prob, state)"]))
+    rows.append(
+        (
+            "rest of the call (cache set-up, bookkeeping)",
+            total - step - spent["prompt prefill"] - spent["sampling (draw, log-prob, state)"],
+        )
+    )
     computed, decoded = engine.last_rows
-    print(f"{len(prompts) * args.rows_per_prompt} rows x {STEPS} tokens, {args.threads} threads: "
-          f"{total * per_step:.2f} ms per step ({args.repeats} calls); "
-          f"{'rows innermost' if engine.rows_layout(len(prompts) * args.rows_per_prompt, len(prompts), max(map(len, prompts)), STEPS) else 'shared-prompt'} "
-          f"cache, last call computed {computed:,} of {decoded:,} row-steps")
+    rows_layout = engine.rows_layout(len(prompts) * args.rows_per_prompt, len(prompts), max(map(len, prompts)), STEPS)
+    print(
+        f"{len(prompts) * args.rows_per_prompt} rows x {STEPS} tokens, {args.threads} threads: "
+        f"{total * per_step:.2f} ms per step ({args.repeats} calls); "
+        f"{'rows innermost' if rows_layout else 'shared-prompt'} "
+        f"cache, last call computed {computed:,} of {decoded:,} row-steps"
+    )
     print("| part | ms per step | share |\n|---|---|---|")
     for label, seconds in rows:
         print(f"| {label} | {seconds * per_step:.3f} | {seconds / total:.0%} |")

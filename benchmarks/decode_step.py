@@ -12,13 +12,12 @@ import time
 
 import torch
 
-from creditrl.experiments.report import printed_results  # noqa: E402
 from creditrl.bench.run import BenchOptions, resolve_policy
-from creditrl.policy.engines import SamplingParams
+from creditrl.experiments.report import printed_results  # noqa: E402
+from creditrl.policy.engines import SamplingParams, StaticEngine
 from creditrl.policy.model import load_policy
-from creditrl.policy.engines import StaticEngine
-from creditrl.tasks import make_task
 from creditrl.policy.tokenizer import encode_prompt
+from creditrl.tasks import make_task
 
 
 def main() -> None:

@@ -72,8 +72,8 @@ def peaked_tiny(seed: int = 0):
 
 
 def prompts(tok, n: int, seed: int = 0) -> list[list[int]]:
-    from creditrl.tasks import make_task
     from creditrl.policy.tokenizer import encode_prompt
+    from creditrl.tasks import make_task
 
     task = make_task("arithmetic")
     return [encode_prompt(tok, p.prompt) for p in task.sample(n, split="train", seed=seed)]
@@ -95,7 +95,7 @@ def greedy_agreement(gen_tokens, ref_tokens, gen_prompts, model_gpu, tie: float)
             continue
         t = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         logits = full_logits(model_gpu, prompt, b[: t + 1])[t] if t < len(b) else None
-        gaps.append(float((logits.topk(2).values[0] - logits.topk(2).values[1])) if logits is not None else float("inf"))
+        gaps.append(float(logits.topk(2).values[0] - logits.topk(2).values[1]) if logits is not None else float("inf"))
     return {
         "sequences": len(gen_tokens),
         "equal": equal,
@@ -107,11 +107,21 @@ def greedy_agreement(gen_tokens, ref_tokens, gen_prompts, model_gpu, tie: float)
 def run_train(tmp: Path, timeout: int) -> dict:
     run_dir = tmp / "train"
     sets = [
-        "policy.engine=vllm", "train.init=policy", "train.iterations=3", "train.eval_every=3", "train.eval_size=32",
-        "rollout.prompts_per_iter=8", "rollout.group_size=4", "rollout.max_new_tokens=32", "train.progress=false",
-        "train.inspect_every=0", "train.checkpoint_every=100",
+        "policy.engine=vllm",
+        "train.init=policy",
+        "train.iterations=3",
+        "train.eval_every=3",
+        "train.eval_size=32",
+        "rollout.prompts_per_iter=8",
+        "rollout.group_size=4",
+        "rollout.max_new_tokens=32",
+        "train.progress=false",
+        "train.inspect_every=0",
+        "train.checkpoint_every=100",
     ]
-    cmd = [sys.executable, "-m", "creditrl.cli", "train", "--run-dir", str(run_dir)] + [a for s in sets for a in ("--set", s)]
+    cmd = [sys.executable, "-m", "creditrl.cli", "train", "--run-dir", str(run_dir)] + [
+        a for s in sets for a in ("--set", s)
+    ]
     start = time.perf_counter()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -135,8 +145,7 @@ def run_train(tmp: Path, timeout: int) -> dict:
 
 
 def check_dtype(dtype: str, model_cpu, tok) -> dict:
-    from creditrl.policy.engines import SamplingParams
-    from creditrl.policy.engines import make_engine
+    from creditrl.policy.engines import SamplingParams, make_engine
     from creditrl.policy.engines.vllm import VLLMEngine
 
     out: dict = {}
@@ -144,8 +153,15 @@ def check_dtype(dtype: str, model_cpu, tok) -> dict:
     model = copy.deepcopy(model_cpu).to(getattr(torch, dtype))  # the "trainer's" HF policy, CPU
     ref_gpu = copy.deepcopy(model_cpu).float().to(DEVICE).eval()  # float32 reference on the GPU
     t0 = time.perf_counter()
-    engine = VLLMEngine(model=model, eos_id=eos, pad_id=pad, dtype=dtype, gpu_memory_utilization=GPU_MEM,
-                        enforce_eager=dtype == "float32", max_model_len=160)
+    engine = VLLMEngine(
+        model=model,
+        eos_id=eos,
+        pad_id=pad,
+        dtype=dtype,
+        gpu_memory_utilization=GPU_MEM,
+        enforce_eager=dtype == "float32",
+        max_model_len=160,
+    )
     out["startup_s"] = round(time.perf_counter() - t0, 1)
     cpu_ref = make_engine(copy.deepcopy(model_cpu).float(), eos_id=eos, pad_id=pad, kind="auto")
     out["reference_engine"] = type(cpu_ref).__name__
@@ -190,8 +206,12 @@ def check_dtype(dtype: str, model_cpu, tok) -> dict:
     freq = {}
     for name, (temp, top_p) in {"T1.5": (1.5, 1.0), "T1_p0.8": (1.0, 0.8)}.items():
         n = 8000
-        g = engine.generate([prompt], n, SamplingParams(max_new_tokens=1, temperature=temp, top_p=top_p),
-                            generator=torch.Generator().manual_seed(1))
+        g = engine.generate(
+            [prompt],
+            n,
+            SamplingParams(max_new_tokens=1, temperature=temp, top_p=top_p),
+            generator=torch.Generator().manual_seed(1),
+        )
         counts = torch.bincount(torch.tensor([t[0] for t in g.tokens]), minlength=logits.numel()).double() / n
         probs = torch.softmax(logits.double() / temp, -1).cpu()
         if top_p < 1:
@@ -204,8 +224,14 @@ def check_dtype(dtype: str, model_cpu, tok) -> dict:
         null = torch.distributions.Multinomial(n, probs=probs.float()).sample((200,)).double() / n
         null_tv = 0.5 * (null - probs).abs().sum(-1)
         bound = max(TV_TOL, 1.25 * float(null_tv.max()))
-        freq[name] = {"samples": n, "tv_distance": tv, "exact_sampling_tv_mean_max": [float(null_tv.mean()),
-                      float(null_tv.max())], "bound": bound, "support": int((probs > 1e-3).sum()), "pass": tv < bound}
+        freq[name] = {
+            "samples": n,
+            "tv_distance": tv,
+            "exact_sampling_tv_mean_max": [float(null_tv.mean()), float(null_tv.max())],
+            "bound": bound,
+            "support": int((probs > 1e-3).sum()),
+            "pass": tv < bound,
+        }
     out["sampling"] = freq
 
     # 4. weight sync
@@ -242,20 +268,31 @@ def check_dtype(dtype: str, model_cpu, tok) -> dict:
     t0 = time.perf_counter()
     g = engine.generate(batch, 1, params, generator=torch.Generator().manual_seed(2))
     sec = time.perf_counter() - t0
-    tp["vllm"] = {"tokens": sum(map(len, g.tokens)), "seconds": round(sec, 3),
-                  "tokens_per_s": round(sum(map(len, g.tokens)) / sec, 1), "enforce_eager": dtype == "float32"}
+    tp["vllm"] = {
+        "tokens": sum(map(len, g.tokens)),
+        "seconds": round(sec, 3),
+        "tokens_per_s": round(sum(map(len, g.tokens)) / sec, 1),
+        "enforce_eager": dtype == "float32",
+    }
     engine.seeded = False  # vLLM's engine-wide RNG: no per-request generators
     t0 = time.perf_counter()
     g = engine.generate(batch, 1, params)
     sec = time.perf_counter() - t0
     engine.seeded = True
-    tp["vllm_unseeded"] = {"tokens": sum(map(len, g.tokens)), "seconds": round(sec, 3),
-                           "tokens_per_s": round(sum(map(len, g.tokens)) / sec, 1)}
+    tp["vllm_unseeded"] = {
+        "tokens": sum(map(len, g.tokens)),
+        "seconds": round(sec, 3),
+        "tokens_per_s": round(sum(map(len, g.tokens)) / sec, 1),
+    }
     t0 = time.perf_counter()
     g = cpu_ref.generate(batch, 1, params, generator=torch.Generator().manual_seed(2))
     sec = time.perf_counter() - t0
-    tp["static_cpu"] = {"tokens": sum(map(len, g.tokens)), "seconds": round(sec, 3),
-                        "tokens_per_s": round(sum(map(len, g.tokens)) / sec, 1), "threads": torch.get_num_threads()}
+    tp["static_cpu"] = {
+        "tokens": sum(map(len, g.tokens)),
+        "seconds": round(sec, 3),
+        "tokens_per_s": round(sum(map(len, g.tokens)) / sec, 1),
+        "threads": torch.get_num_threads(),
+    }
     try:  # the in-process engines allocate on the default device
         cuda_model = copy.deepcopy(model).to(DEVICE)
         with torch.device(DEVICE):
@@ -266,8 +303,11 @@ def check_dtype(dtype: str, model_cpu, tok) -> dict:
             g = cuda_engine.generate(batch, 1, params)
             synchronize()
             sec = time.perf_counter() - t0
-        tp["static_cuda"] = {"tokens": sum(map(len, g.tokens)), "seconds": round(sec, 3),
-                             "tokens_per_s": round(sum(map(len, g.tokens)) / sec, 1)}
+        tp["static_cuda"] = {
+            "tokens": sum(map(len, g.tokens)),
+            "seconds": round(sec, 3),
+            "tokens_per_s": round(sum(map(len, g.tokens)) / sec, 1),
+        }
     except Exception as exc:  # noqa: BLE001 - reported, not a vLLM failure
         tp["static_cuda"] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
     out["throughput"] = tp
@@ -296,10 +336,16 @@ def main() -> int:
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    out_path = Path(args.out or (Path(os.environ["OUT"]) / "gpu_check.json" if os.environ.get("OUT") else "runs/gpu_check.json"))
+    out_path = Path(
+        args.out or (Path(os.environ["OUT"]) / "gpu_check.json" if os.environ.get("OUT") else "runs/gpu_check.json")
+    )
     summary: dict = {
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "vllm": vllm.__version__,
-                     "gpu": torch.cuda.get_device_name(0)},
+        "versions": {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "vllm": vllm.__version__,
+            "gpu": torch.cuda.get_device_name(0),
+        },
         "tolerances": {"greedy_tie_gap": TIE, "logprob_max_mean": LOGP_TOL, "tv": TV_TOL},
     }
     start = time.perf_counter()
@@ -314,7 +360,9 @@ def main() -> int:
                 summary[dtype] = {"error": f"{type(exc).__name__}: {str(exc)[:500]}", "pass": False}
             print(json.dumps({dtype: summary[dtype].get("pass")}), flush=True)
     summary["seconds"] = round(time.perf_counter() - start, 1)
-    parts = [summary[d]["pass"] for d in args.dtypes.split(",")] + ([summary["train"]["pass"]] if "train" in summary else [])
+    parts = [summary[d]["pass"] for d in args.dtypes.split(",")] + (
+        [summary["train"]["pass"]] if "train" in summary else []
+    )
     summary["pass"] = all(parts)
     text = json.dumps(summary, indent=2, default=str)
     print(text)

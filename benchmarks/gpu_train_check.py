@@ -19,7 +19,8 @@ one failed, 2 when ``--device cuda`` and torch sees no GPU. Checks, on the tiny 
    clipped token (the update recomputes the old log-probs). Reports seconds per iteration and
    the peak device memory.
 3. ``prm``: ``reward.prm=auto`` (one-operation problems after 150 SFT steps; a PRM labelled on
-   16 x 2 samples, trained 30 steps on the device) as ``hybrid.dense_source=prm``, 2 RL iterations in fp32; pass: finite metrics,
+   16 x 2 samples, trained 30 steps on the device) as ``hybrid.dense_source=prm``, 2 RL iterations in fp32; pass:
+   finite metrics,
    ``prm_info.json`` written, PRM rewards placed.
 """
 
@@ -37,11 +38,10 @@ from pathlib import Path
 import torch
 
 from creditrl.config import load_config
-from creditrl.policy.engines import HFEngine, SamplingParams
+from creditrl.policy.engines import HFEngine, SamplingParams, StaticEngine
 from creditrl.policy.model import load_policy
-from creditrl.policy.engines import StaticEngine
-from creditrl.tasks import make_task
 from creditrl.policy.tokenizer import encode_prompt
+from creditrl.tasks import make_task
 from creditrl.train.rl import RLTrainer
 
 BASE = [
@@ -73,8 +73,12 @@ def greedy(device: str) -> dict:
     got = HFEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id).generate(prompts, 1, params)
     equal = sum(a == b for a, b in zip(ref.tokens, got.tokens))
     gap = max((abs(x - y) for a, b in zip(ref.logprobs, got.logprobs) for x, y in zip(a, b)), default=0.0)
-    return {"equal_sequences": equal, "of": len(prompts), "max_logprob_diff": gap,
-            "passed": equal == len(prompts) and gap < 1e-3}
+    return {
+        "equal_sequences": equal,
+        "of": len(prompts),
+        "max_logprob_diff": gap,
+        "passed": equal == len(prompts) and gap < 1e-3,
+    }
 
 
 def train(device: str, precision: str, root: Path) -> dict:
@@ -94,7 +98,9 @@ def train(device: str, precision: str, root: Path) -> dict:
         "s_per_iteration": elapsed / max(1, len(rows)),
         "finite": all(math.isfinite(v) for v in numbers),
         "float32_weights": all(p.dtype == torch.float32 for p in trainer.parts.model.parameters()),
-        "weights_moved": any(not torch.equal(a, p.detach().cpu()) for a, p in zip(start, trainer.parts.model.parameters())),
+        "weights_moved": any(
+            not torch.equal(a, p.detach().cpu()) for a, p in zip(start, trainer.parts.model.parameters())
+        ),
         "on_device": str(next(trainer.parts.model.parameters()).device),
         "eval_accuracy": history[-1].get("eval/accuracy"),
         "sampler_logprob_gap": [r.get("policy/sampler_logprob_gap") for r in rows],
@@ -105,18 +111,34 @@ def train(device: str, precision: str, root: Path) -> dict:
         out["peak_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
     ok = out["iterations"] == 3 and out["finite"] and out["float32_weights"] and out["weights_moved"]
     if precision != "fp32":
-        ok = ok and all(g is not None and g < 0.1 for g in out["sampler_logprob_gap"]) and all(c == 0 for c in out["clipfrac"])
+        ok = (
+            ok
+            and all(g is not None and g < 0.1 for g in out["sampler_logprob_gap"])
+            and all(c == 0 for c in out["clipfrac"])
+        )
     out["passed"] = ok
     return out
 
 
 def prm(device: str, root: Path) -> dict:
     os.environ["CREDITRL_CACHE"] = str(root / "cache")
-    over = BASE + [f"policy.device={device}", "train.iterations=2", "train.eval_every=2", "reward.prm=auto",
-                   "hybrid.dense_source=prm", "hybrid.dense_weight=0.5", "credit.estimator=grpo_process",
-                   "value.source=none", "prm.problems=16", "prm.samples=2", "prm.steps=30",
-                   # one-operation problems: a short SFT gets some right, so the PRM's labels hold both classes
-                   "task.args={min_ops: 1, max_ops: 1}", "sft.task_args={min_ops: 1, max_ops: 1}", "sft.steps=150"]
+    over = BASE + [
+        f"policy.device={device}",
+        "train.iterations=2",
+        "train.eval_every=2",
+        "reward.prm=auto",
+        "hybrid.dense_source=prm",
+        "hybrid.dense_weight=0.5",
+        "credit.estimator=grpo_process",
+        "value.source=none",
+        "prm.problems=16",
+        "prm.samples=2",
+        "prm.steps=30",
+        # one-operation problems: a short SFT gets some right, so the PRM's labels hold both classes
+        "task.args={min_ops: 1, max_ops: 1}",
+        "sft.task_args={min_ops: 1, max_ops: 1}",
+        "sft.steps=150",
+    ]
     trainer = RLTrainer.from_config(load_config(overrides=over), root / "run-prm")
     history = trainer.run().history
     rows = [r for r in history if r["iteration"] > 0]
@@ -127,7 +149,9 @@ def prm(device: str, root: Path) -> dict:
         "placed_per_response": [r["reward/placed_per_response"] for r in rows],
         "prm_heldout_auroc": json.loads(info.read_text()).get("prm/heldout_auroc") if info.exists() else None,
     }
-    out["passed"] = len(rows) == 2 and out["finite"] and info.exists() and all(p > 1 for p in out["placed_per_response"])
+    out["passed"] = (
+        len(rows) == 2 and out["finite"] and info.exists() and all(p > 1 for p in out["placed_per_response"])
+    )
     return out
 
 
@@ -139,8 +163,10 @@ def main() -> int:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print(json.dumps({"error": "torch sees no CUDA device", "torch": torch.__version__}))
         return 2
-    out_path = Path(args.out or (Path(os.environ["OUT"]) / "gpu_train_check.json" if os.environ.get("OUT")
-                                 else "runs/gpu_train_check.json"))
+    out_path = Path(
+        args.out
+        or (Path(os.environ["OUT"]) / "gpu_train_check.json" if os.environ.get("OUT") else "runs/gpu_train_check.json")
+    )
     summary: dict = {"device": args.device, "torch": torch.__version__}
     if args.device.startswith("cuda"):
         summary["gpu"] = torch.cuda.get_device_name(0)

@@ -15,8 +15,7 @@ import argparse
 import torch
 
 from creditrl.bench.run import bench_policy_and_prompts
-from creditrl.policy.engines import SamplingParams
-from creditrl.policy.engines import StaticEngine
+from creditrl.policy.engines import SamplingParams, StaticEngine
 
 
 def main() -> None:
@@ -41,14 +40,18 @@ def main() -> None:
                 count += len(toks)
                 if float(diff.max()) > worst:
                     worst, at = float(diff.max()), float(ref[diff.argmax()])
-        print(f"policy.kernels={kernels}: max |engine - full forward| = {worst:.2e} over {count} tokens "
-              f"(at a log-prob of {at:.2f}); {engine.last_rows[0]:,} of {engine.last_rows[1]:,} row-steps computed")
+        print(
+            f"policy.kernels={kernels}: max |engine - full forward| = {worst:.2e} over {count} tokens "
+            f"(at a log-prob of {at:.2f}); {engine.last_rows[0]:,} of {engine.last_rows[1]:,} row-steps computed"
+        )
         every = StaticEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, kernels=kernels, share_rows=False)
         alone = every.generate(prompts, args.group, params, generator=torch.Generator().manual_seed(0))
         differ = sum(a != b for a, b in zip(gen.tokens, alone.tokens))
         gap = max(max((abs(x - y) for x, y in zip(a, b)), default=0.0) for a, b in zip(gen.logprobs, alone.logprobs))
-        print(f"policy.kernels={kernels}: share_rows=False: {differ} of {len(gen.tokens)} rows with other tokens, "
-              f"max |log-prob difference| {gap:.2e}")
+        print(
+            f"policy.kernels={kernels}: share_rows=False: {differ} of {len(gen.tokens)} rows with other tokens, "
+            f"max |log-prob difference| {gap:.2e}"
+        )
 
 
 if __name__ == "__main__":

@@ -38,12 +38,15 @@ def _scored_by(trainer, problems: list, completions: list[str], *, scorer=None, 
     b, width = len(rows), max(len(r) for r in rows)
     lengths = torch.tensor([len(r) for r in rows])
     batch = TrajectoryBatch(
-        prompt_ids=torch.full((b, 1), tok.bos_token_id), prompt_mask=torch.ones(b, 1, dtype=torch.long),
+        prompt_ids=torch.full((b, 1), tok.bos_token_id),
+        prompt_mask=torch.ones(b, 1, dtype=torch.long),
         response_ids=torch.tensor([r + [tok.pad_token_id] * (width - len(r)) for r in rows]),
-        response_lengths=lengths, response_mask=torch.arange(width)[None, :] < lengths[:, None],
+        response_lengths=lengths,
+        response_mask=torch.arange(width)[None, :] < lengths[:, None],
         old_logprobs=torch.zeros(b, width),
         group_ids=torch.arange(b) // group_size if group_size else torch.zeros(b, dtype=torch.long),
-        finished=torch.ones(b, dtype=torch.bool), extras={"problems": problems, "completions": completions},
+        finished=torch.ones(b, dtype=torch.bool),
+        extras={"problems": problems, "completions": completions},
     )
     return (scorer or trainer.parts.scorer)(batch, progress=0.0, generator=torch.Generator().manual_seed(0))
 

@@ -8,6 +8,8 @@ import pytest
 
 from creditrl.config import (
     SECTIONS as SCHEMA_SECTIONS,
+)
+from creditrl.config import (
     Config,
     ConfigError,
     CreditConfig,
@@ -18,7 +20,9 @@ from creditrl.config import (
 from creditrl.tasks import TASKS, register_task
 from creditrl.train.resolve import checked
 
-SECTIONS = "policy, task, sft, rollout, reward, shaping, hybrid, value, credit, loss, optim, train, prm, backend, search"
+SECTIONS = (
+    "policy, task, sft, rollout, reward, shaping, hybrid, value, credit, loss, optim, train, prm, backend, search"
+)
 
 
 def built(overrides=None, path=None) -> Config:
@@ -144,12 +148,18 @@ def test_unknown_section_lists_sections():
 
 
 def test_unknown_key_lists_the_section_keys():
-    with pytest.raises(ConfigError, match="unknown key 'lambda' in section 'credit'; valid keys: estimator, normaliser, gamma, lam"):
+    with pytest.raises(
+        ConfigError, match="unknown key 'lambda' in section 'credit'; valid keys: estimator, normaliser, gamma, lam"
+    ):
         load_config(overrides=["credit.lambda=0.9"])
 
 
 def test_unknown_key_in_file(tmp_path):
-    with pytest.raises(ConfigError, match="unknown key 'epochs' in section 'optim'; valid keys: name, lr, beta1, beta2, eps, momentum, warmup_iterations"):
+    with pytest.raises(
+        ConfigError,
+        match="unknown key 'epochs' in section 'optim'; valid keys: name, lr, beta1, beta2, eps, momentum, "
+        "warmup_iterations",
+    ):
         load_config(write(tmp_path, "optim:\n  epochs: 2\n"))
 
 
@@ -178,14 +188,31 @@ def test_wrong_types_name_the_key(override, message):
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("credit.estimator=ppo", "credit.estimator: unknown value 'ppo'; valid: dr_grpo, gae, grpo, grpo_process, min_form, reinforce, reinforce_baseline, rloo"),
+        (
+            "credit.estimator=ppo",
+            "credit.estimator: unknown value 'ppo'; valid: dr_grpo, gae, grpo, grpo_process, min_form, reinforce, "
+            "reinforce_baseline, rloo",
+        ),
         ("credit.normaliser=zscore", "credit.normaliser: unknown value 'zscore'; valid: batch, group, none"),
-        ("reward.source=orm", "reward.source: unknown value 'orm'; valid: bleu, chrf, oracle_steps, outcome, prm, rouge, step_format, unit_tests; did you mean 'prm'?"),
+        (
+            "reward.source=orm",
+            "reward.source: unknown value 'orm'; valid: bleu, chrf, oracle_steps, outcome, prm, rouge, step_format, "
+            "unit_tests; did you mean 'prm'?",
+        ),
         ("reward.on_error=ignore", "reward.on_error: unknown value 'ignore'; valid: raise, skip, zero"),
-        ("loss.aggregation=sum", "loss.aggregation: unknown value 'sum'; valid: seq-mean-token-mean, seq-mean-token-sum-norm, token-mean"),
+        (
+            "loss.aggregation=sum",
+            "loss.aggregation: unknown value 'sum'; valid: seq-mean-token-mean, seq-mean-token-sum-norm, token-mean",
+        ),
         ("loss.kl_estimator=k4", "loss.kl_estimator: unknown value 'k4'; valid: k1, k2, k3"),
-        ("task.name=gsm8k", "task.name: unknown task 'gsm8k'; valid tasks: arithmetic, code, math, toy_summarise, toy_translate"),
-        ("reward.granularity=word", "reward.granularity: unknown value 'word'; valid: key_token, segment, sequence, step, token"),
+        (
+            "task.name=gsm8k",
+            "task.name: unknown task 'gsm8k'; valid tasks: arithmetic, code, math, toy_summarise, toy_translate",
+        ),
+        (
+            "reward.granularity=word",
+            "reward.granularity: unknown value 'word'; valid: key_token, segment, sequence, step, token",
+        ),
         ("value.source=td", "value.source: unknown value 'td'; valid: critic, dual_critic, mc, none, tree"),
         ("value.model=tied", "value.model: unknown value 'tied'; valid: separate, shared"),
         ("credit.resolution=word", "credit.resolution: unknown value 'word'; valid: auto, step, token"),
@@ -239,7 +266,9 @@ def test_ranges(override, message):
 
 
 def test_min_form_refuses_a_discount():
-    with pytest.raises(ConfigError, match=r"credit.gamma: min_form credit .* does not discount; set credit.gamma=1.0 \(got 0.9\)"):
+    with pytest.raises(
+        ConfigError, match=r"credit.gamma: min_form credit .* does not discount; set credit.gamma=1.0 \(got 0.9\)"
+    ):
         built(["credit.estimator=min_form", "credit.gamma=0.9"])
     assert built(["credit.estimator=min_form"]).credit.estimator == "min_form"
 
@@ -262,7 +291,9 @@ def stepless_task():
 def test_step_source_needs_a_task_with_steps(stepless_task):
     assert built(["reward.source=oracle_steps"]).reward.source == "oracle_steps"
     stepless = [f"task.name={stepless_task}", "task.args={}", "sft.task_args={}"]
-    with pytest.raises(ConfigError, match=f"reward.granularity: 'step' needs a step separator, but task '{stepless_task}' has none"):
+    with pytest.raises(
+        ConfigError, match=f"reward.granularity: 'step' needs a step separator, but task '{stepless_task}' has none"
+    ):
         built(stepless + ["reward.source=oracle_steps"])
     # a separator given in the config makes steps (the source's default granularity) available
     assert built(stepless + ["reward.source=oracle_steps", "reward.step_separator=';'"]).reward.step_separator == ";"
@@ -276,19 +307,48 @@ def test_step_source_needs_a_task_with_steps(stepless_task):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["credit.estimator=gae"], "credit.estimator: 'gae' needs values; set value.source to one of critic, dual_critic, mc"),
-        (["value.source=critic"], "value.source: 'critic' gives values that estimator 'grpo' never reads; use credit.estimator=gae or value.source=none"),
-        (["credit.estimator=gae", "value.source=mc", "credit.resolution=token"], "credit.resolution: 'mc' values exist only at step boundaries; use credit.resolution=step \\(or auto\\)"),
-        (["reward.granularity=step"], "reward.granularity: reward source 'outcome' scores whole sequences only \\(granularities: sequence\\); it cannot be used at granularity 'step'"),
-        (["hybrid.schedule=switch"], "hybrid.schedule/calibrate/dense_granularity: these weight a second reward source; set hybrid.dense_source"),
+        (
+            ["credit.estimator=gae"],
+            "credit.estimator: 'gae' needs values; set value.source to one of critic, dual_critic, mc",
+        ),
+        (
+            ["value.source=critic"],
+            "value.source: 'critic' gives values that estimator 'grpo' never reads; use credit.estimator=gae or "
+            "value.source=none",
+        ),
+        (
+            ["credit.estimator=gae", "value.source=mc", "credit.resolution=token"],
+            "credit.resolution: 'mc' values exist only at step boundaries; use credit.resolution=step \\(or auto\\)",
+        ),
+        (
+            ["reward.granularity=step"],
+            "reward.granularity: reward source 'outcome' scores whole sequences only \\(granularities: sequence\\); "
+            "it cannot be used at granularity 'step'",
+        ),
+        (
+            ["hybrid.schedule=switch"],
+            "hybrid.schedule/calibrate/dense_granularity: these weight a second reward source; set hybrid.dense_source",
+        ),
         (["hybrid.calibrate=true"], "hybrid.schedule/calibrate/dense_granularity: these weight a second reward source"),
-        (["hybrid.filter_lo=0.9", "hybrid.filter_hi=0.1"], "hybrid.filter_lo/filter_hi: need 0 <= lo <= hi <= 1, got \\[0.9, 0.1\\]"),
+        (
+            ["hybrid.filter_lo=0.9", "hybrid.filter_hi=0.1"],
+            "hybrid.filter_lo/filter_hi: need 0 <= lo <= hi <= 1, got \\[0.9, 0.1\\]",
+        ),
         (["value.warmup_iterations=3"], "value.warmup_iterations: only a learned critic has a warm-up"),
         (["reward.source=prm"], "reward.prm: source 'prm' needs it set"),
         (["reward.source=prm", "reward.prm=/nonexistent/prm"], "reward.prm: '/nonexistent/prm' is not a directory"),
-        (["reward.source=prm", "reward.prm=/tmp", "reward.granularity=token"], "reward.granularity: reward source 'prm' scores spans \\(granularities: step\\)"),
-        (["credit.estimator=gae", "value.source=critic", "value.model=shared", "value.backbone=tiny"], "value.backbone: only a separate critic has a backbone of its own"),
-        (["hybrid.dense_source=outcome", "hybrid.dense_granularity=token"], "hybrid.dense_granularity: reward source 'outcome' scores whole sequences only"),
+        (
+            ["reward.source=prm", "reward.prm=/tmp", "reward.granularity=token"],
+            "reward.granularity: reward source 'prm' scores spans \\(granularities: step\\)",
+        ),
+        (
+            ["credit.estimator=gae", "value.source=critic", "value.model=shared", "value.backbone=tiny"],
+            "value.backbone: only a separate critic has a backbone of its own",
+        ),
+        (
+            ["hybrid.dense_source=outcome", "hybrid.dense_granularity=token"],
+            "hybrid.dense_granularity: reward source 'outcome' scores whole sequences only",
+        ),
     ],
 )
 def test_combinations_that_make_no_sense_fail_with_the_reason(overrides, message):
@@ -395,14 +455,17 @@ def test_config_command_prints_the_checked_config(capsys):
     assert err.count("\n") == 1 and "did you mean 'estimator'?" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("override, suggestion", [
-    ("credit.estimator=grpo_proces", "grpo_process"),
-    ("credit.normaliser=batches", "batch"),
-    ("value.source=critc", "critic"),
-    ("reward.granularity=tokens", "token"),
-    ("optim.weight_decy=0.1", "weight_decay"),
-    ("task.name=arithmetc", "arithmetic"),
-])
+@pytest.mark.parametrize(
+    "override, suggestion",
+    [
+        ("credit.estimator=grpo_proces", "grpo_process"),
+        ("credit.normaliser=batches", "batch"),
+        ("value.source=critc", "critic"),
+        ("reward.granularity=tokens", "token"),
+        ("optim.weight_decy=0.1", "weight_decay"),
+        ("task.name=arithmetc", "arithmetic"),
+    ],
+)
 def test_near_misses_get_a_did_you_mean(override, suggestion):
     with pytest.raises(ConfigError, match=f"did you mean '{suggestion}'"):
         built([override])

@@ -15,8 +15,13 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_import_linter_contracts_are_kept() -> None:
     # in its own process: a library imported by earlier tests may hold a stale stderr
     linter = Path(sys.executable).with_name("lint-imports")
-    run = subprocess.run([str(linter), "--config", str(ROOT / "pyproject.toml"), "--no-cache"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [str(linter), "--config", str(ROOT / "pyproject.toml"), "--no-cache"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "layers KEPT" in run.stdout and "config is a leaf KEPT" in run.stdout
 
@@ -75,3 +80,24 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
     graph.add_import(importer="a.y", imported="a.x")
     graph.add_import(importer="a.z", imported="a.x")
     assert _cycles(graph) == [["a.x", "a.y"]]
+
+
+def _function_lengths(package: str) -> dict[str, int]:
+    import ast
+
+    out = {}
+    for path in sorted((ROOT / "src" / "creditrl" / package).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                out[f"{path.relative_to(ROOT)}:{node.lineno} {node.name}"] = node.end_lineno - node.lineno + 1
+    return out
+
+
+def test_the_data_flow_reads_in_one_sitting() -> None:
+    """No function over 80 lines in the data-flow packages; the RL iteration itself within ~40."""
+    lengths = {
+        k: n for p in ("train", "rollout", "rewards", "values", "credit") for k, n in _function_lengths(p).items()
+    }
+    assert {k: n for k, n in lengths.items() if n > 80} == {}
+    iteration = [n for k, n in lengths.items() if k.startswith("src/creditrl/train/rl.py") and k.endswith(" iteration")]
+    assert len(iteration) == 1 and iteration[0] <= 40

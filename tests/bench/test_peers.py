@@ -17,8 +17,8 @@ from creditrl.bench.trl_peer import (
     trl_prompt_text,
 )
 from creditrl.policy.model import build_tiny
-from creditrl.tasks.arithmetic import ArithmeticTask
 from creditrl.policy.tokenizer import encode_prompt
+from creditrl.tasks.arithmetic import ArithmeticTask
 from creditrl.train.rl import iteration_seed
 
 TINY_RUN = PeerSettings(prompts_per_iter=2, group_size=2, max_new_tokens=8)

@@ -18,8 +18,19 @@ def test_spread_and_peak():
 def quick_result(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     opts = BenchOptions(
-        policy="tiny", prompts=2, group=3, max_new_tokens=6, repeats=2, iterations=3, rounds=2, curve=3, scaling=True,
-        groups=(2,), lengths=(4,), matmul_n=128, out=out,
+        policy="tiny",
+        prompts=2,
+        group=3,
+        max_new_tokens=6,
+        repeats=2,
+        iterations=3,
+        rounds=2,
+        curve=3,
+        scaling=True,
+        groups=(2,),
+        lengths=(4,),
+        matmul_n=128,
+        out=out,
     )
     return run_bench(opts), out
 
@@ -29,21 +40,34 @@ def test_bench_sections_agree(quick_result):
     assert json.loads((out / "bench.json").read_text())["options"]["group"] == 3
     fixed = res["decode"]["fixed"]
     # eos disabled: every engine generates prompts * group * max_new_tokens tokens
-    for name in ("hf_generate", "creditrl_hf_engine", "creditrl_static", "creditrl_static_every_row", "creditrl_static_torch"):
+    for name in (
+        "hf_generate",
+        "creditrl_hf_engine",
+        "creditrl_static",
+        "creditrl_static_every_row",
+        "creditrl_static_torch",
+    ):
         assert fixed[name]["new_tokens"] == 2 * 3 * 6
         assert fixed[name]["tokens_per_s"]["n"] == 2
     ratio = fixed["creditrl_static"]["tokens_per_s"]["median"] / fixed["hf_generate"]["tokens_per_s"]["median"]
     assert fixed["ratio_static_vs_hf_generate"] == pytest.approx(ratio)
-    ratio = fixed["creditrl_static"]["tokens_per_s"]["median"] / fixed["creditrl_static_torch"]["tokens_per_s"]["median"]
+    ratio = (
+        fixed["creditrl_static"]["tokens_per_s"]["median"] / fixed["creditrl_static_torch"]["tokens_per_s"]["median"]
+    )
     assert fixed["ratio_kernels_vs_tensor_ops"] == pytest.approx(ratio)
-    ratio = fixed["creditrl_static"]["tokens_per_s"]["median"] / fixed["creditrl_static_every_row"]["tokens_per_s"]["median"]
+    ratio = (
+        fixed["creditrl_static"]["tokens_per_s"]["median"]
+        / fixed["creditrl_static_every_row"]["tokens_per_s"]["median"]
+    )
     assert fixed["ratio_shared_vs_every_row"] == pytest.approx(ratio)
     assert 0 < fixed["computed_share"]["min"] <= fixed["computed_share"]["max"] <= 1
     it = res["iteration"]
     assert it["creditrl"]["iter_s"]["n"] == 4  # 2 rounds of 3, the first of each dropped as warm-up
     assert it["trl"]["iter_s"]["n"] == 4
     assert it["creditrl"]["rollout_s"]["median"] < it["creditrl"]["iter_s"]["median"]
-    assert it["ratio_trl_vs_creditrl"] == pytest.approx(it["trl"]["iter_s"]["median"] / it["creditrl"]["iter_s"]["median"])
+    assert it["ratio_trl_vs_creditrl"] == pytest.approx(
+        it["trl"]["iter_s"]["median"] / it["creditrl"]["iter_s"]["median"]
+    )
     assert it["creditrl_every_row"]["iter_s"]["n"] == 4  # the same iterations with optim.skip_zero_advantage=false
     assert it["ratio_trl_vs_creditrl_every_row"] == pytest.approx(
         it["trl"]["iter_s"]["median"] / it["creditrl_every_row"]["iter_s"]["median"]

@@ -149,9 +149,7 @@ def test_all_masked_rows_give_zeros_not_nan(name):
     assert torch.isfinite(adv).all() and torch.isfinite(ret).all()
     assert (adv[:2] == 0).all() and (ret[:2] == 0).all()
     empty = torch.zeros(3, 4, dtype=torch.bool)
-    adv, ret = estimate(
-        name, torch.ones(3, 4), empty, empty, group_ids=torch.zeros(3, dtype=torch.long)
-    )
+    adv, ret = estimate(name, torch.ones(3, 4), empty, empty, group_ids=torch.zeros(3, dtype=torch.long))
     assert (adv == 0).all() and (ret == 0).all()
 
 
@@ -191,9 +189,7 @@ def test_rloo_is_scaled_dr_grpo_on_equal_groups(size):
 def test_reinforce_baseline_with_one_group_is_reinforce_minus_mean(gamma):
     rewards, reward_mask, response_mask, _ = make_batch(7)
     one = torch.zeros(len(rewards), dtype=torch.long)
-    base, _ = estimate(
-        "reinforce_baseline", rewards, reward_mask, response_mask, group_ids=one, gamma=gamma
-    )
+    base, _ = estimate("reinforce_baseline", rewards, reward_mask, response_mask, group_ids=one, gamma=gamma)
     plain, _ = estimate("reinforce", rewards, reward_mask, response_mask, gamma=gamma)
     mean = torch.where(response_mask, rewards, 0).sum(1).mean()
     assert torch.allclose(base, torch.where(response_mask, plain - mean, 0), atol=1e-6)
@@ -227,9 +223,7 @@ def test_rloo_by_hand():
     response_mask = torch.ones(6, 3, dtype=torch.bool)
     response_mask[3, 1] = False
     group_ids = torch.tensor([4, 4, 4, 8, 8, 6])
-    adv, ret = estimate(
-        "rloo", rewards, rewards != 0, response_mask, group_ids=group_ids, gamma=0.5
-    )
+    adv, ret = estimate("rloo", rewards, rewards != 0, response_mask, group_ids=group_ids, gamma=0.5)
     # Row 0: G = [0.25, 0.5, 1], baseline (0 + 2) / 2 = 1; row 2: G = [0.5, 1, 2], baseline 0.5.
     # Row 3: G = [1 + 0.5 * 2, -, 2] = [2, 0, 2] (the hole does not advance the discount),
     # R = 3, baseline = R_4 = 1; row 4: G = [1, 0, 0], baseline = R_3 = 3.
@@ -313,9 +307,7 @@ def test_registration(monkeypatch):
     assert registry.ESTIMATORS["grpo"] is original
 
     @register_estimator("twice_reward", needs={"values"})
-    def twice_reward(
-        rewards, reward_mask, response_mask, *, group_ids=None, values=None, gamma=1.0, lam=1.0
-    ):
+    def twice_reward(rewards, reward_mask, response_mask, *, group_ids=None, values=None, gamma=1.0, lam=1.0):
         return 2 * rewards, rewards
 
     assert registry.requires("twice_reward") == {"values"}

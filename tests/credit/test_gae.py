@@ -58,9 +58,7 @@ def tolerance(dtype):
 @pytest.mark.parametrize("seed", range(12))
 def test_gae_matches_loop(seed, gamma, lam, dtype):
     rewards, reward_mask, response_mask, values = make_batch(seed, dtype)
-    adv, ret = estimate(
-        "gae", rewards, reward_mask, response_mask, values=values, gamma=gamma, lam=lam
-    )
+    adv, ret = estimate("gae", rewards, reward_mask, response_mask, values=values, gamma=gamma, lam=lam)
     ref_adv, ref_ret = loop_gae(rewards, response_mask, values, gamma, lam)
     assert adv.dtype == ret.dtype == dtype
     atol = tolerance(dtype)
@@ -77,9 +75,7 @@ def test_gae_matches_loop_across_several_blocks(seed):
     response_mask = (torch.arange(T) < lengths[:, None]) & (torch.rand(B, T, generator=gen) > 0.1)
     rewards = torch.randn(B, T, generator=gen, dtype=torch.float64)
     values = torch.randn(B, T, generator=gen, dtype=torch.float64)
-    adv, ret = estimate(
-        "gae", rewards, response_mask, response_mask, values=values, gamma=0.99, lam=0.95
-    )
+    adv, ret = estimate("gae", rewards, response_mask, response_mask, values=values, gamma=0.99, lam=0.95)
     ref_adv, ref_ret = loop_gae(rewards, response_mask, values, 0.99, 0.95)
     assert torch.allclose(adv, ref_adv, atol=1e-10) and torch.allclose(ret, ref_ret, atol=1e-10)
 
@@ -98,9 +94,7 @@ def test_lam_one_is_reward_to_go_minus_value(seed, gamma):
 @pytest.mark.parametrize("seed", range(6))
 def test_lam_zero_is_one_step_td_error(seed, gamma):
     rewards, reward_mask, response_mask, values = make_batch(seed, torch.float64)
-    adv, _ = estimate(
-        "gae", rewards, reward_mask, response_mask, values=values, gamma=gamma, lam=0.0
-    )
+    adv, _ = estimate("gae", rewards, reward_mask, response_mask, values=values, gamma=gamma, lam=0.0)
     for b in range(len(rewards)):
         valid = response_mask[b].nonzero().flatten().tolist()
         for i, t in enumerate(valid):
@@ -112,9 +106,7 @@ def test_lam_zero_is_one_step_td_error(seed, gamma):
 @pytest.mark.parametrize(("gamma", "lam"), GAMMA_LAM)
 def test_returns_are_advantages_plus_values_on_valid_tokens(gamma, lam):
     rewards, reward_mask, response_mask, values = make_batch(3, torch.float64)
-    adv, ret = estimate(
-        "gae", rewards, reward_mask, response_mask, values=values, gamma=gamma, lam=lam
-    )
+    adv, ret = estimate("gae", rewards, reward_mask, response_mask, values=values, gamma=gamma, lam=lam)
     assert torch.allclose(ret, torch.where(response_mask, adv + values, 0), atol=1e-12)
 
 
@@ -123,9 +115,7 @@ def test_gae_by_hand():
     rewards = torch.tensor([[0.0, 9.0, 1.0, 2.0, 5.0]], dtype=torch.float64)
     values = torch.tensor([[0.5, 7.0, 1.0, 4.0, 3.0]], dtype=torch.float64)
     response_mask = torch.tensor([[1, 0, 1, 1, 0]], dtype=torch.bool)
-    adv, ret = estimate(
-        "gae", rewards, response_mask, response_mask, values=values, gamma=0.5, lam=0.5
-    )
+    adv, ret = estimate("gae", rewards, response_mask, response_mask, values=values, gamma=0.5, lam=0.5)
     # delta: t=3: 2 + 0 - 4 = -2; t=2: 1 + 0.5*4 - 1 = 2; t=0: 0 + 0.5*1 - 0.5 = 0.
     # A: t=3: -2; t=2: 2 + 0.25*(-2) = 1.5; t=0: 0 + 0.25*1.5 = 0.375.
     assert adv.tolist() == [[0.375, 0.0, 1.5, -2.0, 0.0]]

@@ -75,9 +75,7 @@ def test_zero_spread_and_empty_inputs_give_zero_not_nan(name):
     ids = torch.zeros(7, dtype=torch.long)
     mask = torch.ones(7, 3, dtype=torch.bool)
     # In float32 a naive mean of 21 x 0.3 is off by rounding noise that (0 + eps) would amplify.
-    assert torch.equal(
-        normalise(name, torch.full((7, 3), 0.3), mask, group_ids=ids), torch.zeros(7, 3)
-    )
+    assert torch.equal(normalise(name, torch.full((7, 3), 0.3), mask, group_ids=ids), torch.zeros(7, 3))
     empty = torch.zeros(7, 3, dtype=torch.bool)
     assert torch.equal(normalise(name, torch.randn(7, 3), empty, group_ids=ids), torch.zeros(7, 3))
     single = torch.zeros(7, 3, dtype=torch.bool)
@@ -89,25 +87,15 @@ def test_errors():
     advantages, response_mask, group_ids = make_batch(4)
     with pytest.raises(ValueError) as info:
         normalise("whiten", advantages, response_mask)
-    assert (
-        str(info.value) == f"unknown normaliser 'whiten'; valid: {', '.join(sorted(NORMALISERS))}"
-    )
+    assert str(info.value) == f"unknown normaliser 'whiten'; valid: {', '.join(sorted(NORMALISERS))}"
     with pytest.raises(ValueError, match="normaliser 'group' needs group_ids"):
         normalise("group", advantages, response_mask)
-    with pytest.raises(
-        ValueError, match=r"response_mask must be a bool tensor .* got dtype torch.float32"
-    ):
+    with pytest.raises(ValueError, match=r"response_mask must be a bool tensor .* got dtype torch.float32"):
         normalise("batch", advantages, response_mask.float())
-    with pytest.raises(
-        ValueError, match=r"advantages must be a floating-point tensor .* shape \(9,\)"
-    ):
+    with pytest.raises(ValueError, match=r"advantages must be a floating-point tensor .* shape \(9,\)"):
         normalise("batch", advantages[:, 0], response_mask)
-    with pytest.raises(
-        ValueError, match=r"group_ids .* = \(9,\); got dtype torch.int64, shape \(4,\)"
-    ):
+    with pytest.raises(ValueError, match=r"group_ids .* = \(9,\); got dtype torch.int64, shape \(4,\)"):
         normalise("group", advantages, response_mask, group_ids=group_ids[:4])
     with pytest.raises(ValueError, match="normaliser 'batch' is already registered"):
-        register_normaliser("batch")(
-            lambda advantages, response_mask, *, group_ids=None: advantages
-        )
+        register_normaliser("batch")(lambda advantages, response_mask, *, group_ids=None: advantages)
     assert sorted(NORMALISERS) == ["batch", "group", "none"]

@@ -77,9 +77,7 @@ def test_estimators_are_finite_and_zero_on_masked_tokens(name, batch, gamma, lam
 def test_step_resolution_is_finite_and_zero_on_masked_tokens(name, batch, gamma, lam):
     rewards, reward_mask, response_mask, group_ids, values, step_ends = batch
     call = options(name, group_ids, values, gamma, lam)
-    for out in estimate_at(
-        "step", name, rewards, reward_mask, response_mask, step_ends=step_ends, **call
-    ):
+    for out in estimate_at("step", name, rewards, reward_mask, response_mask, step_ends=step_ends, **call):
         assert_clean(out, response_mask)
 
 

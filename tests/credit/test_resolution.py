@@ -147,9 +147,7 @@ def test_gae_at_step_resolution_is_vineppo(seed):
 @pytest.mark.parametrize("seed", range(6))
 def test_gamma_counts_steps_not_tokens(seed):
     rewards, reward_mask, response_mask, step_ends, _, _ = step_batch(seed)
-    _, ret = estimate_at(
-        "step", "reinforce", rewards, reward_mask, response_mask, step_ends=step_ends, gamma=0.5
-    )
+    _, ret = estimate_at("step", "reinforce", rewards, reward_mask, response_mask, step_ends=step_ends, gamma=0.5)
     r = rewards.tolist()
     for b, row in enumerate(loop_steps(step_ends, response_mask)):
         step_r = [sum(r[b][t] for t in s) for s in row]
@@ -193,8 +191,15 @@ def test_token_resolution_is_estimate():
 def test_every_token_of_a_step_shares_its_advantage():
     rewards, reward_mask, response_mask, step_ends, values, _ = make_batch(11)
     adv, _ = estimate_at(
-        "step", "gae", rewards, reward_mask, response_mask,
-        step_ends=step_ends, values=values, gamma=0.9, lam=0.9,
+        "step",
+        "gae",
+        rewards,
+        reward_mask,
+        response_mask,
+        step_ends=step_ends,
+        values=values,
+        gamma=0.9,
+        lam=0.9,
     )
     for b, row in enumerate(loop_steps(step_ends, response_mask)):
         for step in row:

@@ -16,13 +16,13 @@ from unittest import mock
 import torch
 
 from creditrl.config import load_config
-from creditrl.train.resolve import checked
 from creditrl.credit import normalise
 from creditrl.distributed import ddp
 from creditrl.losses import AGGREGATIONS
 from creditrl.policy.model import build_tiny
 from creditrl.rollout.batch import TrajectoryBatch, response_logits, token_logprobs
 from creditrl.train import update as update_module
+from creditrl.train.resolve import checked
 from creditrl.train.stages import Scored, credit
 from creditrl.train.update import CriticTarget, update
 from creditrl.values.critic import build_critic
@@ -63,9 +63,14 @@ def make_case() -> dict:
     response_mask = torch.arange(width)[None, :] < lengths[:, None]
     response_ids = torch.where(response_mask, torch.randint(4, 30, (b, width), generator=g), tok.pad_token_id)
     batch = TrajectoryBatch(
-        prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids, response_lengths=lengths,
-        response_mask=response_mask, old_logprobs=torch.zeros(b, width),
-        group_ids=torch.arange(GROUPS).repeat_interleave(GROUP_SIZE), finished=torch.ones(b, dtype=torch.bool),
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        response_ids=response_ids,
+        response_lengths=lengths,
+        response_mask=response_mask,
+        old_logprobs=torch.zeros(b, width),
+        group_ids=torch.arange(GROUPS).repeat_interleave(GROUP_SIZE),
+        finished=torch.ones(b, dtype=torch.bool),
     )
     with torch.no_grad():  # the sampling policy: near the current one, so that few ratios clip
         logp = token_logprobs(response_logits(model.eval(), batch), response_ids)
@@ -95,9 +100,14 @@ def local_case(case: dict, rank: int) -> dict:
     batch = case["batch"].select(rows)
     width = int(batch.response_lengths.max())
     batch = TrajectoryBatch(
-        prompt_ids=batch.prompt_ids, prompt_mask=batch.prompt_mask, response_ids=batch.response_ids[:, :width],
-        response_lengths=batch.response_lengths, response_mask=batch.response_mask[:, :width],
-        old_logprobs=batch.old_logprobs[:, :width], group_ids=batch.group_ids, finished=batch.finished,
+        prompt_ids=batch.prompt_ids,
+        prompt_mask=batch.prompt_mask,
+        response_ids=batch.response_ids[:, :width],
+        response_lengths=batch.response_lengths,
+        response_mask=batch.response_mask[:, :width],
+        old_logprobs=batch.old_logprobs[:, :width],
+        group_ids=batch.group_ids,
+        finished=batch.finished,
     )
     cut = {k: case[k][rows][:, :width] for k in ("mask", "advantages", "ref_logprobs", "returns")}
     return {**case, **cut, "batch": batch, "old_values": case["old_values"][:, rows][:, :, :width]}
@@ -108,10 +118,15 @@ def gradients(case: dict, agg: str, positions: int, critic_kind: str, *, strateg
     the flattened gradients and the update's metrics."""
     import copy
 
-    cfg = checked(load_config(None, {
-        "loss": {"aggregation": agg, "kl_coef": 0.1, "entropy_coef": 0.01},
-        "optim": {"micro_batch_positions": positions, "minibatches": 1, "grad_clip": 1e9},
-    }))
+    cfg = checked(
+        load_config(
+            None,
+            {
+                "loss": {"aggregation": agg, "kl_coef": 0.1, "entropy_coef": 0.01},
+                "optim": {"micro_batch_positions": positions, "minibatches": 1, "grad_clip": 1e9},
+            },
+        )
+    )
     model = copy.deepcopy(case["model"])
     target = None
     critic = None
@@ -122,8 +137,17 @@ def gradients(case: dict, agg: str, positions: int, critic_kind: str, *, strateg
     if critic is not None:
         critic = ddp.wrap(critic, strategy=strategy)
         target = CriticTarget(critic, torch.optim.SGD(critic.parameters(), lr=0.0), case["returns"], case["old_values"])
-    logs = update(model, opt, case["batch"], case["advantages"], case["mask"], cfg, torch.Generator().manual_seed(0),
-                  ref_logprobs=case["ref_logprobs"], critic=target)
+    logs = update(
+        model,
+        opt,
+        case["batch"],
+        case["advantages"],
+        case["mask"],
+        cfg,
+        torch.Generator().manual_seed(0),
+        ref_logprobs=case["ref_logprobs"],
+        critic=target,
+    )
     params = list(model.parameters()) + (list(critic.parameters()) if critic is not None else [])
     grads = [p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad for p in params]
     return {"grads": torch.cat([x.detach().flatten() for x in grads]), "logs": logs}
@@ -137,7 +161,11 @@ def skip_gradients(case: dict, agg: str, positions: int, *, strategy: str = "ddp
     the forward/backward (``optim.skip_zero_advantage``); rank 0 then has no row to train."""
     import copy
 
-    cfg = checked(load_config(None, {"loss": {"aggregation": agg}, "optim": {"micro_batch_positions": positions, "grad_clip": 1e9}}))
+    cfg = checked(
+        load_config(
+            None, {"loss": {"aggregation": agg}, "optim": {"micro_batch_positions": positions, "grad_clip": 1e9}}
+        )
+    )
     zero = torch.isin(case["batch"].group_ids, torch.tensor(SKIPPED_GROUPS))
     advantages = torch.where(zero[:, None], 0.0, case["advantages"])
     model = ddp.wrap(copy.deepcopy(case["model"]), strategy=strategy)
@@ -177,9 +205,15 @@ def metric_values(rank: int) -> torch.Tensor:
 def metric_row(rank: int) -> dict:
     x = metric_values(rank)
     return {
-        "x/mean": float(x.mean()), "x/std": float(x.std()), "x/abs_max": float(x.abs().max()),
-        "resp/mean_len": 10.0 + rank, "count": 5 + 4 * rank, "time/iter_s": 1.0 + rank, "k": 4 - rank,
-        "same": 0.5, "label": f"rank{rank}",
+        "x/mean": float(x.mean()),
+        "x/std": float(x.std()),
+        "x/abs_max": float(x.abs().max()),
+        "resp/mean_len": 10.0 + rank,
+        "count": 5 + 4 * rank,
+        "time/iter_s": 1.0 + rank,
+        "k": 4 - rank,
+        "same": 0.5,
+        "label": f"rank{rank}",
     }
 
 
@@ -190,13 +224,23 @@ def _stage_whitening(adv: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor) 
     m = mask[rows]
     b, t = m.shape
     scored = Scored(
-        rewards=adv[rows], reward_mask=m, step_ends=torch.zeros_like(m), outcome=torch.zeros(b),
-        step_correct=torch.zeros(b), keep=torch.ones(b, dtype=torch.bool), errors=0,
+        rewards=adv[rows],
+        reward_mask=m,
+        step_ends=torch.zeros_like(m),
+        outcome=torch.zeros(b),
+        step_correct=torch.zeros(b),
+        keep=torch.ones(b, dtype=torch.bool),
+        errors=0,
     )
     batch = TrajectoryBatch(
-        prompt_ids=torch.ones(b, 1, dtype=torch.long), prompt_mask=torch.ones(b, 1, dtype=torch.long),
-        response_ids=torch.ones(b, t, dtype=torch.long), response_lengths=m.sum(-1), response_mask=m,
-        old_logprobs=torch.zeros(b, t), group_ids=torch.arange(b), finished=torch.ones(b, dtype=torch.bool),
+        prompt_ids=torch.ones(b, 1, dtype=torch.long),
+        prompt_mask=torch.ones(b, 1, dtype=torch.long),
+        response_ids=torch.ones(b, t, dtype=torch.long),
+        response_lengths=m.sum(-1),
+        response_mask=m,
+        old_logprobs=torch.zeros(b, t),
+        group_ids=torch.arange(b),
+        finished=torch.ones(b, dtype=torch.bool),
     )
     return credit(batch, scored, cfg)[0]
 

@@ -123,7 +123,9 @@ def test_global_batch_whitening_equals_single_process(ranks):
     _, mask = case_mod.whitening_case()
     valid = whole[mask]
     assert float(valid.mean()) == pytest.approx(0.0, abs=1e-5) and float(valid.std()) == pytest.approx(1.0, abs=1e-5)
-    assert float(r0["whiten"][mask[case_mod.rank_rows(0)]].mean()) < -0.5  # rank 0 alone is not centred: the statistics are global
+    assert (
+        float(r0["whiten"][mask[case_mod.rank_rows(0)]].mean()) < -0.5
+    )  # rank 0 alone is not centred: the statistics are global
     stage = torch.cat([r0["whiten_stage"], r1["whiten_stage"]])  # credit.normaliser=batch through the stage
     assert float((stage - ref["whiten_stage"]).abs().max()) <= TOL
 
@@ -137,7 +139,12 @@ def test_metric_rows_are_reduced_over_ranks(ranks):
     assert m["x/std"] == pytest.approx(float(x.std()), abs=1e-12)  # pooled sample std
     assert m["x/abs_max"] == pytest.approx(float(x.abs().max()))
     assert (m["resp/mean_len"], m["count"], m["time/iter_s"], m["k"], m["same"], m["label"]) == (
-        10.5, 14, 2.0, 3, 0.5, "rank0"
+        10.5,
+        14,
+        2.0,
+        3,
+        0.5,
+        "rank0",
     )
 
 
@@ -155,11 +162,19 @@ def test_single_process_helpers_are_identities():
 
 
 TRAIN = [
-    "train.init=policy", "rollout.prompts_per_iter=4", "rollout.group_size=4", "rollout.max_new_tokens=16",
-    "train.eval_size=8", "train.progress=false", "train.iterations=2", "train.eval_every=2",
+    "train.init=policy",
+    "rollout.prompts_per_iter=4",
+    "rollout.group_size=4",
+    "rollout.max_new_tokens=16",
+    "train.eval_size=8",
+    "train.progress=false",
+    "train.iterations=2",
+    "train.eval_every=2",
     # the untrained tiny model never stops, so outcome rewards are all 0: a length penalty with
     # reward-to-go credit gives non-zero advantages (batch-whitened over both ranks)
-    "shaping.length_coef=0.05", "credit.estimator=reinforce", "credit.normaliser=batch",
+    "shaping.length_coef=0.05",
+    "credit.estimator=reinforce",
+    "credit.normaliser=batch",
 ]
 
 
@@ -225,7 +240,9 @@ def test_fsdp_learner_trains_like_ddp(tmp_path):
     from creditrl.policy.model import load_policy
 
     start, _ = load_policy("tiny", seed=0)
-    moved = max(float((weights["ddp"][k] - v).abs().max()) for k, v in start.state_dict().items() if k in weights["ddp"])
+    moved = max(
+        float((weights["ddp"][k] - v).abs().max()) for k, v in start.state_dict().items() if k in weights["ddp"]
+    )
     assert moved > 1e-5, moved
 
 

@@ -13,17 +13,16 @@ import ray
 import torch
 
 from creditrl.config import ConfigError, load_config
-from creditrl.train.resolve import checked
 from creditrl.distributed.ray_backend import RayEngine, engine_kind, policy_weights
-from creditrl.distributed.workers import import_ray, split_rows
 from creditrl.distributed.ray_score import ScorePool, pool_info
-from creditrl.policy.engines import SamplingParams
+from creditrl.distributed.workers import import_ray, split_rows
+from creditrl.policy.engines import SamplingParams, make_engine
 from creditrl.policy.model import apply_lora, build_tiny, sharpen
-from creditrl.policy.engines import make_engine
 from creditrl.rewards.sources import make_source, score_batch
-from creditrl.tasks import make_task
-from creditrl.train.rl import RLTrainer
 from creditrl.rewards.stage import Scorer
+from creditrl.tasks import make_task
+from creditrl.train.resolve import checked
+from creditrl.train.rl import RLTrainer
 
 # A worker's chunk is bit-identical to the in-process engine run on the same rows
 # (test_the_difference_is_the_chunking_alone); against the whole batch its log-probs differ by
@@ -151,8 +150,9 @@ def test_the_difference_is_the_chunking_alone(tiny, engines) -> None:
     requests = [p for p in prompts for _ in range(3)]
     limits = [b for b in budgets for _ in range(3)]
     for a, b in split_rows(9, 2):
-        chunk = local.generate(requests[a:b], 1, params, generator=torch.Generator().manual_seed(4),
-                               budgets=limits[a:b], draw_rows=(a, 9))
+        chunk = local.generate(
+            requests[a:b], 1, params, generator=torch.Generator().manual_seed(4), budgets=limits[a:b], draw_rows=(a, 9)
+        )
         assert chunk.tokens == out.tokens[a:b] == whole.tokens[a:b]
         assert chunk.logprobs == out.logprobs[a:b]  # exactly
     diff = max(abs(x - y) for ra, rb in zip(whole.logprobs, out.logprobs) for x, y in zip(ra, rb))
@@ -169,8 +169,13 @@ def test_a_token_differs_only_where_a_draw_sits_on_a_cdf_boundary(tiny) -> None:
     params = SamplingParams(max_new_tokens=12)
     requests = [p for p in prompts_of(tok) for _ in range(2)]
     whole = local.generate(requests, 1, params, generator=torch.Generator().manual_seed(11))
-    chunked = [t for a, b in split_rows(6, 2) for t in local.generate(
-        requests[a:b], 1, params, generator=torch.Generator().manual_seed(11), draw_rows=(a, 6)).tokens]
+    chunked = [
+        t
+        for a, b in split_rows(6, 2)
+        for t in local.generate(
+            requests[a:b], 1, params, generator=torch.Generator().manual_seed(11), draw_rows=(a, 6)
+        ).tokens
+    ]
     for row, (x, y) in enumerate(zip(whole.tokens, chunked)):
         if x == y:
             continue
@@ -208,9 +213,11 @@ def test_sync_broadcasts_new_weights_with_a_version(tiny, engines) -> None:
     assert [i["version"] for i in pool_info(engine.pool)] == [version, version]
     got = engine.generate(prompts_of(tok), 2, params, generator=torch.Generator().manual_seed(5))
     want = make_engine(other, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, kind="static").generate(
-        prompts_of(tok), 2, params, generator=torch.Generator().manual_seed(5))
+        prompts_of(tok), 2, params, generator=torch.Generator().manual_seed(5)
+    )
     old = make_engine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, kind="static").generate(
-        prompts_of(tok), 2, params, generator=torch.Generator().manual_seed(5))
+        prompts_of(tok), 2, params, generator=torch.Generator().manual_seed(5)
+    )
     assert_same_generation(want, got)
     assert got.tokens != old.tokens
     assert engine.sync(model) == version + 1
@@ -240,13 +247,17 @@ def test_a_dead_worker_is_replaced_and_its_chunk_reissued(tiny, engines) -> None
     assert infos[0]["version"] == engine.version  # the replacement loaded the current weights
     # killed between calls
     ray.kill(engine.pool.actors[1])
-    assert_same_generation(want, engine.generate(prompts_of(tok), 4, params, generator=torch.Generator().manual_seed(6)))
+    assert_same_generation(
+        want, engine.generate(prompts_of(tok), 4, params, generator=torch.Generator().manual_seed(6))
+    )
     assert engine.stats()["backend/restarts"] == 2
     assert engine.pool.slot_restarts == [1, 1]
     # no replacement left for worker 0: the error names it
     engine.pool.max_restarts = 1
     ray.get(engine.pool.actors[0].crash_on_call.remote(1))
-    with pytest.raises(RuntimeError, match=r"rollout worker 0 died and backend.max_restarts=1 replacements are used up"):
+    with pytest.raises(
+        RuntimeError, match=r"rollout worker 0 died and backend.max_restarts=1 replacements are used up"
+    ):
         engine.generate(prompts_of(tok), 4, params, generator=torch.Generator().manual_seed(6))
 
 
@@ -275,8 +286,15 @@ def test_missing_ray_gives_the_install_hint_and_the_default_backend_never_import
     monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed: import ray -> ImportError
     with pytest.raises(ConfigError, match=r"pip install 'creditrl\[ray\]'"):
         import_ray()
-    small = ["train.init=policy", "train.progress=false", "train.eval_size=2", "train.iterations=1",
-             "rollout.prompts_per_iter=2", "rollout.group_size=2", "rollout.max_new_tokens=8"]
+    small = [
+        "train.init=policy",
+        "train.progress=false",
+        "train.eval_size=2",
+        "train.iterations=1",
+        "rollout.prompts_per_iter=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=8",
+    ]
     with pytest.raises(ConfigError, match=r"backend.name=ray needs the 'ray' package"):
         RLTrainer.from_config(load_config(None, small + ["backend.name=ray"]), tmp_path / "ray")
     history = RLTrainer.from_config(load_config(None, small), tmp_path / "local").run().history  # never imports ray
@@ -355,12 +373,22 @@ def test_a_dead_scoring_worker_is_replaced(score_pool) -> None:
 # ----------------------------------------------------------------------------- whole runs
 
 RUN = [
-    "train.init=policy", "rollout.prompts_per_iter=4", "rollout.group_size=4", "rollout.max_new_tokens=24",
-    "train.eval_size=8", "train.eval_every=5", "train.iterations=5", "train.progress=false", "train.threads=1",
+    "train.init=policy",
+    "rollout.prompts_per_iter=4",
+    "rollout.group_size=4",
+    "rollout.max_new_tokens=24",
+    "train.eval_size=8",
+    "train.eval_every=5",
+    "train.iterations=5",
+    "train.progress=false",
+    "train.threads=1",
     # The untrained tiny model never solves a problem, so with the outcome reward alone every
     # advantage is 0 and the weights never change. A length penalty gives a learning signal, and
     # MC values (VinePPO) send value continuations through the engine too.
-    "shaping.length_coef=0.05", "shaping.length_budget=8", "value.source=mc", "value.mc_samples=2",
+    "shaping.length_coef=0.05",
+    "shaping.length_budget=8",
+    "value.source=mc",
+    "value.mc_samples=2",
     "credit.estimator=gae",
 ]
 RAY = ["backend.name=ray", "backend.rollout_workers=2", "backend.worker_threads=1"]
@@ -374,8 +402,10 @@ RAY_ONLY = {"backend/restarts", "time/sync_s"}
 def runs(tmp_path_factory: pytest.TempPathFactory, engines) -> dict[str, list[dict]]:
     engines.close()  # free the CPUs the engine tests' workers reserve
     root = tmp_path_factory.mktemp("runs")
-    out = {"local": RLTrainer.from_config(load_config(None, RUN), root / "local").run().history,
-           "ray": RLTrainer.from_config(load_config(None, RUN + RAY), root / "ray").run().history}
+    out = {
+        "local": RLTrainer.from_config(load_config(None, RUN), root / "local").run().history,
+        "ray": RLTrainer.from_config(load_config(None, RUN + RAY), root / "ray").run().history,
+    }
     # a disturbed run: rollout worker 0 dies in its 3rd generate call (iteration 2's rollout;
     # each iteration calls generate twice: rollout, MC continuations); scoring on a worker too
     trainer = RLTrainer.from_config(load_config(None, RUN + RAY + ["backend.score_workers=1"]), root / "killed")

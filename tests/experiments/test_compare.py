@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from creditrl.config import ConfigError
-from creditrl.experiments.demo import demo_config_path
 from creditrl.experiments.compare import expand_grid, load_grid, results_csv, results_markdown, summarise_arm
+from creditrl.experiments.demo import demo_config_path
 
 
 def _write(tmp_path: Path, text: str, name: str = "g.yaml") -> Path:
@@ -21,26 +21,42 @@ def _write(tmp_path: Path, text: str, name: str = "g.yaml") -> Path:
 
 
 def test_expand_grid_is_a_cartesian_product_with_generated_names():
-    arms = expand_grid({"credit.estimator": ["grpo", "rloo"], "credit.lam": [0.0, 1.0],
-                        "task.args": [{"min_ops": 5, "max_ops": 7}]})
+    arms = expand_grid(
+        {"credit.estimator": ["grpo", "rloo"], "credit.lam": [0.0, 1.0], "task.args": [{"min_ops": 5, "max_ops": 7}]}
+    )
     assert list(arms) == [
-        "estimator=grpo, lam=0.0, args={min_ops: 5, max_ops: 7}", "estimator=grpo, lam=1.0, args={min_ops: 5, max_ops: 7}",
-        "estimator=rloo, lam=0.0, args={min_ops: 5, max_ops: 7}", "estimator=rloo, lam=1.0, args={min_ops: 5, max_ops: 7}",
+        "estimator=grpo, lam=0.0, args={min_ops: 5, max_ops: 7}",
+        "estimator=grpo, lam=1.0, args={min_ops: 5, max_ops: 7}",
+        "estimator=rloo, lam=0.0, args={min_ops: 5, max_ops: 7}",
+        "estimator=rloo, lam=1.0, args={min_ops: 5, max_ops: 7}",
     ]
     assert arms["estimator=rloo, lam=1.0, args={min_ops: 5, max_ops: 7}"] == [
-        "credit.estimator=rloo", "credit.lam=1.0", "task.args={min_ops: 5, max_ops: 7}"]
+        "credit.estimator=rloo",
+        "credit.lam=1.0",
+        "task.args={min_ops: 5, max_ops: 7}",
+    ]
     # two keys with the same last part are named in full
     assert list(expand_grid({"reward.source": ["outcome"], "value.source": ["none", "mc"]})) == [
-        "reward.source=outcome, value.source=none", "reward.source=outcome, value.source=mc"]
+        "reward.source=outcome, value.source=none",
+        "reward.source=outcome, value.source=mc",
+    ]
 
 
 def test_load_grid_arms_times_grid_and_budgets(tmp_path: Path):
-    g = load_grid(_write(tmp_path, "base: demo_quick\nseeds: [3, 4]\nbudget: {samples: 40}\ntarget: 0.5\n"
-                         "arms: {a: [credit.estimator=rloo], b: []}\ngrid: {credit.normaliser: [none, batch]}\n"))
+    g = load_grid(
+        _write(
+            tmp_path,
+            "base: demo_quick\nseeds: [3, 4]\nbudget: {samples: 40}\ntarget: 0.5\n"
+            "arms: {a: [credit.estimator=rloo], b: []}\ngrid: {credit.normaliser: [none, batch]}\n",
+        )
+    )
     assert g.name == "g" and g.seeds == [3, 4] and g.unit == "samples" and g.budget == 40 and g.target == 0.5
-    assert g.arms == {"a, normaliser=none": ["credit.estimator=rloo", "credit.normaliser=none"],
-                      "a, normaliser=batch": ["credit.estimator=rloo", "credit.normaliser=batch"],
-                      "b, normaliser=none": ["credit.normaliser=none"], "b, normaliser=batch": ["credit.normaliser=batch"]}
+    assert g.arms == {
+        "a, normaliser=none": ["credit.estimator=rloo", "credit.normaliser=none"],
+        "a, normaliser=batch": ["credit.estimator=rloo", "credit.normaliser=batch"],
+        "b, normaliser=none": ["credit.normaliser=none"],
+        "b, normaliser=batch": ["credit.normaliser=batch"],
+    }
     q = load_grid(tmp_path / "g.yaml", quick=True)
     assert q.budget == 32 and q.seeds == [3, 4] and "rollout.group_size=4" in q.common
     assert load_grid(tmp_path / "g.yaml", seeds=1).seeds == [0]
@@ -61,17 +77,20 @@ def test_packaged_bases_resolve_and_quick_swaps_in_the_smoke_sizes(tmp_path: Pat
         assert load_grid(grid).base == arith_config_path(False), grid
 
 
-@pytest.mark.parametrize("text, match", [
-    ("budget: {tokens: 10}\n", "needs 'arms'"),
-    ("budget: {steps: 10}\narms: {a: []}\n", "key 'budget'"),
-    ("budget: {tokens: 10}\narms: {a: []}\nseeds: []\n", "key 'seeds'"),
-    ("budget: {tokens: 10}\narms: {a: [credit.estimator]}\n", "arm 'a'"),
-    ("budget: {tokens: 10}\narms: {a: [credit.estimator=nope]}\n", "arm 'a'.*estimator"),
-    ("budget: {tokens: 10}\ngrid: {credit.lam: []}\n", "grid key 'credit.lam'"),
-    ("budget: {tokens: 10}\narms: {a: []}\ntarget: {gain: x}\n", "key 'target'"),
-    ("budget: {tokens: 10}\narms: {a: []}\nbase: nowhere.yaml\n", "key 'base'"),
-    ("budget: {tokens: 10}\narms: {a: []}\nbudgets: 1\n", "unknown key"),
-])
+@pytest.mark.parametrize(
+    "text, match",
+    [
+        ("budget: {tokens: 10}\n", "needs 'arms'"),
+        ("budget: {steps: 10}\narms: {a: []}\n", "key 'budget'"),
+        ("budget: {tokens: 10}\narms: {a: []}\nseeds: []\n", "key 'seeds'"),
+        ("budget: {tokens: 10}\narms: {a: [credit.estimator]}\n", "arm 'a'"),
+        ("budget: {tokens: 10}\narms: {a: [credit.estimator=nope]}\n", "arm 'a'.*estimator"),
+        ("budget: {tokens: 10}\ngrid: {credit.lam: []}\n", "grid key 'credit.lam'"),
+        ("budget: {tokens: 10}\narms: {a: []}\ntarget: {gain: x}\n", "key 'target'"),
+        ("budget: {tokens: 10}\narms: {a: []}\nbase: nowhere.yaml\n", "key 'base'"),
+        ("budget: {tokens: 10}\narms: {a: []}\nbudgets: 1\n", "unknown key"),
+    ],
+)
 def test_load_grid_errors_name_the_file_and_key(tmp_path: Path, text: str, match: str):
     with pytest.raises(ConfigError, match=match) as err:
         load_grid(_write(tmp_path, text))
@@ -80,9 +99,18 @@ def test_load_grid_errors_name_the_file_and_key(tmp_path: Path, text: str, match
 
 def _hist(accs: list[float], iter_s: float) -> list[dict]:
     """Evaluated every iteration; 10 samples, 100 tokens and 2 s of RL wall time per iteration."""
-    return [{"iteration": i, "samples/total": 10 * i, "tokens/total": 100 * i, "time/total_s": 2.0 * i,
-             **({"time/iter_s": iter_s} if i else {}), "eval/accuracy": a, "eval/step_accuracy": a / 2}
-            for i, a in enumerate(accs)]
+    return [
+        {
+            "iteration": i,
+            "samples/total": 10 * i,
+            "tokens/total": 100 * i,
+            "time/total_s": 2.0 * i,
+            **({"time/iter_s": iter_s} if i else {}),
+            "eval/accuracy": a,
+            "eval/step_accuracy": a / 2,
+        }
+        for i, a in enumerate(accs)
+    ]
 
 
 def test_summarise_arm_table_numbers_against_hand_computed_histories():
@@ -90,7 +118,9 @@ def test_summarise_arm_table_numbers_against_hand_computed_histories():
     r = summarise_arm("x", hs, gain=0.1)  # target 0.3: seed 0 at iteration 2, seed 1 at 1, seed 2 never
     assert r.start == pytest.approx(0.2) and r.target == pytest.approx(0.3) and r.reached == 2
     assert r.final[0] == pytest.approx(1 / 3)
-    assert r.final[1] == pytest.approx(4.303 * ((0.0333333**2 + 0.1666667**2 + 0.1333333**2) / 2) ** 0.5 / 3**0.5, rel=1e-4)
+    assert r.final[1] == pytest.approx(
+        4.303 * ((0.0333333**2 + 0.1666667**2 + 0.1333333**2) / 2) ** 0.5 / 3**0.5, rel=1e-4
+    )
     assert r.step_final[0] == pytest.approx(1 / 6)
     assert r.samples_to_target == pytest.approx((15.0, 12.706 * 5 * 2**0.5 / 2**0.5))  # 20 and 10 samples
     assert r.wall_to_target == pytest.approx((3.0, 12.706 * 2**0.5 / 2**0.5))  # 4 s and 2 s
@@ -117,8 +147,11 @@ def test_quick_compare_writes_every_output_and_resumes(tmp_path: Path, monkeypat
     from creditrl.cli import main
 
     monkeypatch.setenv("CREDITRL_CACHE", str(tmp_path / "cache"))
-    grid = _write(tmp_path, f"name: two\nbudget: {{{unit}: 100000}}\narms:\n  grpo: [credit.estimator=grpo]\n"
-                  "  rloo: [credit.estimator=rloo]\n")
+    grid = _write(
+        tmp_path,
+        f"name: two\nbudget: {{{unit}: 100000}}\narms:\n  grpo: [credit.estimator=grpo]\n"
+        "  rloo: [credit.estimator=rloo]\n",
+    )
     out = tmp_path / "out"
     assert main(["compare", str(grid), "--quick", "--out", str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
@@ -146,8 +179,9 @@ def test_a_run_counts_as_finished_only_for_its_own_budget(tmp_path: Path):
         p.write_text("".join(json.dumps(r) + "\n" for r in rows))
         return p
 
-    its = write([{"iteration": i, "tokens/total": 100 * i, **({"eval/accuracy": 0.2} if i in (0, 3) else {})}
-                 for i in range(4)])
+    its = write(
+        [{"iteration": i, "tokens/total": 100 * i, **({"eval/accuracy": 0.2} if i in (0, 3) else {})} for i in range(4)]
+    )
     assert _finished(its, 3, "iteration") is not None
     assert _finished(its, 2, "iteration") is None  # made for 3 iterations, not 2
     assert _finished(its, 4, "iteration") is None  # not there yet
@@ -163,8 +197,10 @@ def test_parallel_runs_equal_one_at_a_time_runs_and_record_their_launch(tmp_path
     from creditrl.cli import main
 
     monkeypatch.setenv("CREDITRL_CACHE", str(tmp_path / "cache"))
-    grid = _write(tmp_path, "name: par\nbudget: {samples: 100}\narms:\n  grpo: [credit.estimator=grpo]\n"
-                  "  rloo: [credit.estimator=rloo]\n")
+    grid = _write(
+        tmp_path,
+        "name: par\nbudget: {samples: 100}\narms:\n  grpo: [credit.estimator=grpo]\n  rloo: [credit.estimator=rloo]\n",
+    )
     serial, parallel = tmp_path / "serial", tmp_path / "parallel"
     threads = torch.get_num_threads()
     try:
@@ -176,9 +212,13 @@ def test_parallel_runs_equal_one_at_a_time_runs_and_record_their_launch(tmp_path
     timing = ("time/", "perf/")
     for arm in ("grpo", "rloo"):
         for seed in (0, 1):
-            rows = [[{k: v for k, v in json.loads(x).items() if not k.startswith(timing)}
-                     for x in (d / arm / f"seed{seed}" / "metrics.jsonl").read_text().splitlines()]
-                    for d in (serial, parallel)]
+            rows = [
+                [
+                    {k: v for k, v in json.loads(x).items() if not k.startswith(timing)}
+                    for x in (d / arm / f"seed{seed}" / "metrics.jsonl").read_text().splitlines()
+                ]
+                for d in (serial, parallel)
+            ]
             assert rows[0] == rows[1] and len(rows[0]) == 3
             assert json.loads((serial / arm / f"seed{seed}" / "launch.json").read_text()) == {"threads": 1, "jobs": 1}
             assert json.loads((parallel / arm / f"seed{seed}" / "launch.json").read_text()) == {"threads": 1, "jobs": 2}
@@ -191,5 +231,13 @@ def test_a_failing_parallel_run_names_its_arm_and_seed(tmp_path: Path, monkeypat
 
     monkeypatch.setenv("CREDITRL_CACHE", str(tmp_path / "cache"))
     with pytest.raises(RuntimeError, match="arm 'bad' seed 0 failed: .*no-such-checkpoint"):
-        run_arms(demo_config_path(True), {"bad": []}, [0], 32, tmp_path / "out", str(tmp_path / "no-such-checkpoint"),
-                 unit="samples", jobs=2)
+        run_arms(
+            demo_config_path(True),
+            {"bad": []},
+            [0],
+            32,
+            tmp_path / "out",
+            str(tmp_path / "no-such-checkpoint"),
+            unit="samples",
+            jobs=2,
+        )

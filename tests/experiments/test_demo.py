@@ -13,13 +13,31 @@ from creditrl.experiments.report import markdown_table, summarise
 
 def test_summarise_reads_before_after_and_samples_to_target() -> None:
     history = [
-        {"iteration": 0, "samples/total": 0, "tokens/total": 0, "time/total_s": 0.0,
-         "eval/accuracy": 0.20, "eval/step_accuracy": 0.5},
+        {
+            "iteration": 0,
+            "samples/total": 0,
+            "tokens/total": 0,
+            "time/total_s": 0.0,
+            "eval/accuracy": 0.20,
+            "eval/step_accuracy": 0.5,
+        },
         {"iteration": 1, "samples/total": 100, "tokens/total": 900, "time/total_s": 1.0},
-        {"iteration": 2, "samples/total": 200, "tokens/total": 1800, "time/total_s": 2.0,
-         "eval/accuracy": 0.31, "eval/step_accuracy": 0.6},
-        {"iteration": 3, "samples/total": 300, "tokens/total": 2700, "time/total_s": 3.5,
-         "eval/accuracy": 0.28, "eval/step_accuracy": 0.55},
+        {
+            "iteration": 2,
+            "samples/total": 200,
+            "tokens/total": 1800,
+            "time/total_s": 2.0,
+            "eval/accuracy": 0.31,
+            "eval/step_accuracy": 0.6,
+        },
+        {
+            "iteration": 3,
+            "samples/total": 300,
+            "tokens/total": 2700,
+            "time/total_s": 3.5,
+            "eval/accuracy": 0.28,
+            "eval/step_accuracy": 0.55,
+        },
     ]
     s = summarise("arm", history, target=0.30)
     assert (s.before_accuracy, s.after_accuracy, s.best_accuracy) == (0.20, 0.28, 0.31)
@@ -80,7 +98,9 @@ def test_demo_uses_operands_1_to_3_and_arith_keeps_the_measured_sft_key() -> Non
     from creditrl.tasks import make_task
     from creditrl.train.sft import sft_key
 
-    demo, quick, arith = (load_config(p) for p in (demo_config_path(False), demo_config_path(True), arith_config_path(False)))
+    demo, quick, arith = (
+        load_config(p) for p in (demo_config_path(False), demo_config_path(True), arith_config_path(False))
+    )
     for cfg in (demo, quick):  # SFT and RL both on operands 1-3, RL on 4-6 operations
         assert cfg.task.args["operand_max"] == 3 and cfg.sft.task_args["operand_max"] == 3
         assert (cfg.task.args["min_ops"], cfg.task.args["max_ops"]) == (4, 6)

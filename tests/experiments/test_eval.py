@@ -10,7 +10,10 @@ from creditrl.config import ConfigError
 from creditrl.experiments.evaluate import evaluate_checkpoints, markdown_table, paired_difference, resolve_checkpoint
 from creditrl.policy.model import build_tiny
 
-TASK = ["task.args={min_ops: 1, max_ops: 2, operand_min: 1, operand_max: 5, operators: '+'}", "rollout.max_new_tokens=8"]
+TASK = [
+    "task.args={min_ops: 1, max_ops: 2, operand_min: 1, operand_max: 5, operators: '+'}",
+    "rollout.max_new_tokens=8",
+]
 
 
 def test_paired_difference_by_hand():
@@ -53,15 +56,20 @@ def test_resolve_checkpoint(checkpoints, tmp_path):
 
 def test_evaluate_checkpoints_pairs_against_the_first(checkpoints):
     from creditrl.tasks import make_task
-    from creditrl.train.evaluate import evaluate
     from creditrl.train.build import EVAL_SEED
+    from creditrl.train.evaluate import evaluate
 
     (m0, m1), run = checkpoints
     rows = evaluate_checkpoints(None, [str(m0), str(m1), str(run)], size=24, overrides=TASK, log=lambda _: None)
     assert [r.n for r in rows] == [24, 24, 24]
     assert rows[0].diff is None
     # the run directory holds the same weights as m1: identical outcomes, so the same difference
-    assert (rows[2].accuracy, rows[2].diff, rows[2].gained, rows[2].lost) == (rows[1].accuracy, rows[1].diff, rows[1].gained, rows[1].lost)
+    assert (rows[2].accuracy, rows[2].diff, rows[2].gained, rows[2].lost) == (
+        rows[1].accuracy,
+        rows[1].diff,
+        rows[1].gained,
+        rows[1].lost,
+    )
     assert rows[1].diff == pytest.approx(rows[1].accuracy - rows[0].accuracy)
     assert rows[1].gained - rows[1].lost == round(24 * rows[1].diff)
     # the same problems and numbers as evaluating directly on the run's held-out stream
@@ -92,8 +100,8 @@ def test_eval_cli_writes_json_and_rejects_bad_input(checkpoints, tmp_path, capsy
 
 def test_errors_count_each_problem_once_by_its_first_error(checkpoints, capsys):
     from creditrl.tasks import make_task
-    from creditrl.train.evaluate import evaluate
     from creditrl.train.build import EVAL_SEED
+    from creditrl.train.evaluate import evaluate
 
     (m0, m1), _ = checkpoints
     rows = evaluate_checkpoints(None, [str(m0), str(m1)], size=24, overrides=TASK, errors=True, log=lambda _: None)
@@ -113,7 +121,9 @@ def test_errors_count_each_problem_once_by_its_first_error(checkpoints, capsys):
     out = capsys.readouterr().out
     assert "Where greedy solutions first go wrong (share of the 8 problems)" in out and "| wrong operands |" in out
     with pytest.raises(ConfigError, match="--errors: task 'toy_translate' has no first_error classifier"):
-        evaluate_checkpoints(None, [str(m0)], size=4, overrides=["task.name=toy_translate", "task.args={}"], errors=True)
+        evaluate_checkpoints(
+            None, [str(m0)], size=4, overrides=["task.name=toy_translate", "task.args={}"], errors=True
+        )
 
 
 def test_errors_reject_a_kind_the_task_does_not_list(checkpoints, monkeypatch):

@@ -10,20 +10,48 @@ from creditrl.config import ConfigError
 from creditrl.experiments.findings import fill, load_finding, run_findings
 
 ROWS = [
-    {"arm": "grpo", "seeds": 3, "start": 0.234, "final": [0.273, 0.012], "step_final": [0.56, 0.01], "reached": 2,
-     "iter_s": [1.2, 0.05], "wall_s": [30.0, 1.0], "tokens": [150000.0, 10.0], "samples": [3456.0, 0.0],
-     "samples_to_target": None, "wall_to_target": None, "length": [31.24, 0.41], "length_start": 30.12},
-    {"arm": "gae + mc (VinePPO)", "seeds": 3, "start": 0.234, "final": [0.25, 0.02], "step_final": [0.5, 0.02],
-     "reached": 0, "iter_s": [3.0, 0.1], "wall_s": [80.0, 2.0], "tokens": [151000.0, 5.0], "samples": [3000.0, 0.0],
-     "samples_to_target": None, "wall_to_target": None},
+    {
+        "arm": "grpo",
+        "seeds": 3,
+        "start": 0.234,
+        "final": [0.273, 0.012],
+        "step_final": [0.56, 0.01],
+        "reached": 2,
+        "iter_s": [1.2, 0.05],
+        "wall_s": [30.0, 1.0],
+        "tokens": [150000.0, 10.0],
+        "samples": [3456.0, 0.0],
+        "samples_to_target": None,
+        "wall_to_target": None,
+        "length": [31.24, 0.41],
+        "length_start": 30.12,
+    },
+    {
+        "arm": "gae + mc (VinePPO)",
+        "seeds": 3,
+        "start": 0.234,
+        "final": [0.25, 0.02],
+        "step_final": [0.5, 0.02],
+        "reached": 0,
+        "iter_s": [3.0, 0.1],
+        "wall_s": [80.0, 2.0],
+        "tokens": [151000.0, 5.0],
+        "samples": [3000.0, 0.0],
+        "samples_to_target": None,
+        "wall_to_target": None,
+    },
 ]
 
 
 def test_fill_formats_every_field_and_ratios():
-    text = fill("{grpo.final} vs {gae_mc_VinePPO.final}; start {grpo.start}; {grpo.reached} seeds; "
-                "{grpo.iter_s}; {ratio:gae_mc_VinePPO/grpo.iter_s} the time; {grpo.tokens}; {grpo.wall_to_target}", ROWS)
-    assert text == ("27.3 ± 1.2% vs 25.0 ± 2.0%; start 23.4%; 2/3 seeds; 1.20 ± 0.05 s; 2.5x the time; "
-                    "150,000 ± 10; not reached")
+    text = fill(
+        "{grpo.final} vs {gae_mc_VinePPO.final}; start {grpo.start}; {grpo.reached} seeds; "
+        "{grpo.iter_s}; {ratio:gae_mc_VinePPO/grpo.iter_s} the time; {grpo.tokens}; {grpo.wall_to_target}",
+        ROWS,
+    )
+    assert text == (
+        "27.3 ± 1.2% vs 25.0 ± 2.0%; start 23.4%; 2/3 seeds; 1.20 ± 0.05 s; 2.5x the time; 150,000 ± 10; not reached"
+    )
     assert fill("{grpo.length} from {grpo.length_start}", ROWS) == "31.2 ± 0.4 tokens from 30.1 tokens"
     with pytest.raises(ValueError, match="unknown arm 'ppo'; arms: gae_mc_VinePPO, grpo"):
         fill("{ppo.final}", ROWS)
@@ -59,8 +87,10 @@ def test_committed_findings_name_existing_grids_and_arms():
             from creditrl.experiments.value_report import FULL, arm_names
 
             r = load_config(arith_config_path(False)).rollout
-            fake = [{"arm": name, "mae": [0.1, 0.01], "rank_acc": 0.7, "pairs": 10, "states": 20, "tokens_per_state": 5.0}
-                    for name in arm_names(FULL, r.prompts_per_iter * r.group_size)]
+            fake = [
+                {"arm": name, "mae": [0.1, 0.01], "rank_acc": 0.7, "pairs": 10, "states": 20, "tokens_per_state": 5.0}
+                for name in arm_names(FULL, r.prompts_per_iter * r.group_size)
+            ]
             assert "{" not in fill(finding["reading"], fake), f
             continue
         grid = load_grid(root / finding["grid"])
@@ -75,10 +105,12 @@ def test_quick_findings_write_the_file_with_filled_numbers(tmp_path: Path, monke
     (tmp_path / "findings").mkdir()
     (tmp_path / "grids" / "g.yaml").write_text(
         "name: g\nbase: demo\nseeds: [0, 1]\nbudget: {tokens: 100000}\narms:\n"
-        "  grpo: [credit.estimator=grpo]\n  rloo: [credit.estimator=rloo]\n")
+        "  grpo: [credit.estimator=grpo]\n  rloo: [credit.estimator=rloo]\n"
+    )
     (tmp_path / "findings" / "F0.yaml").write_text(
         "id: F0\ntitle: a test\ngrid: grids/g.yaml\nquestion: which?\nclaim: rloo wins\n"
-        "reading: grpo ended at {grpo.final}, rloo at {rloo.final} ({ratio:rloo/grpo.iter_s} the time).\n")
+        "reading: grpo ended at {grpo.final}, rloo at {rloo.final} ({ratio:rloo/grpo.iter_s} the time).\n"
+    )
     out = run_findings(tmp_path, quick=True)
     text = out.read_text()
     assert "## F0: a test" in text and "*Folk claim:* rloo wins" in text and "Quick mode" in text
@@ -92,7 +124,8 @@ def test_a_report_finding_runs_the_value_report(tmp_path: Path, monkeypatch):
     (tmp_path / "findings").mkdir()
     (tmp_path / "findings" / "F3.yaml").write_text(
         "id: F3\ntitle: values\nreport: values\nquestion: how good?\n"
-        "reading: MC with one sample is off by {mc_K_1.mae}; the tree ranks {tree_b_2_D_2.rank_acc} of pairs.\n")
+        "reading: MC with one sample is off by {mc_K_1.mae}; the tree ranks {tree_b_2_D_2.rank_acc} of pairs.\n"
+    )
     text = run_findings(tmp_path, quick=True).read_text()
     assert "## F3: values" in text and "| mc K=3 |" in text and "MC with one sample is off by 0." in text
     assert "{" not in text.split("*Reading.*")[1]
@@ -100,6 +133,8 @@ def test_a_report_finding_runs_the_value_report(tmp_path: Path, monkeypatch):
     (tmp_path / "findings" / "F3.yaml").write_text("id: F3\ntitle: t\nreport: critics\nquestion: q\nreading: r\n")
     with pytest.raises(ConfigError, match="key 'report' must be one of values"):
         run_findings(tmp_path, quick=True)
-    (tmp_path / "findings" / "F3.yaml").write_text("id: F3\ntitle: t\nreport: values\ngrid: g.yaml\nquestion: q\nreading: r\n")
+    (tmp_path / "findings" / "F3.yaml").write_text(
+        "id: F3\ntitle: t\nreport: values\ngrid: g.yaml\nquestion: q\nreading: r\n"
+    )
     with pytest.raises(ConfigError, match="one of grid or report"):
         run_findings(tmp_path, quick=True)

@@ -22,11 +22,24 @@ def test_mean_ci95_uses_student_t():
 def test_summarise_seeds_and_table():
     def hist(final: float, tokens: int) -> list[dict]:
         return [
-            {"iteration": 0, "samples/total": 0, "tokens/total": 0, "time/total_s": 0.0,
-             "eval/accuracy": 0.1, "eval/step_accuracy": 0.4},
-            {"iteration": 5, "samples/total": 80, "tokens/total": tokens, "time/total_s": 2.0,
-             "eval/accuracy": final, "eval/step_accuracy": 0.5},
+            {
+                "iteration": 0,
+                "samples/total": 0,
+                "tokens/total": 0,
+                "time/total_s": 0.0,
+                "eval/accuracy": 0.1,
+                "eval/step_accuracy": 0.4,
+            },
+            {
+                "iteration": 5,
+                "samples/total": 80,
+                "tokens/total": tokens,
+                "time/total_s": 2.0,
+                "eval/accuracy": final,
+                "eval/step_accuracy": 0.5,
+            },
         ]
+
     s = summarise_seeds("tree", [hist(0.2, 1000), hist(0.4, 1100)])
     assert s.start == 0.1 and s.final[0] == pytest.approx(0.3) and s.tokens == 1050 and s.iterations == 5
     assert s.final[1] == pytest.approx(12.706 * (0.2**2 / 2) ** 0.5 / 2**0.5)
@@ -44,8 +57,10 @@ def test_quick_tree_report_runs_both_arms_at_equal_budget_and_resumes(tmp_path: 
     for arm in ("outcome_grpo", "outcome_tree_gae_lam_0"):
         rows = [json.loads(x) for x in (tmp_path / "tree" / arm / "seed0" / "metrics.jsonl").read_text().splitlines()]
         assert rows[-1]["tokens/total"] >= summary["budget"] > rows[-2]["tokens/total"]
-    tree_rows = [json.loads(x) for x in
-                 (tmp_path / "tree" / "outcome_tree_gae_lam_0" / "seed1" / "metrics.jsonl").read_text().splitlines()]
+    tree_rows = [
+        json.loads(x)
+        for x in (tmp_path / "tree" / "outcome_tree_gae_lam_0" / "seed1" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert all(r["value/tree_segments"] > 1.0 for r in tree_rows[1:])  # the trees branched at steps
     png = tmp_path / "tree" / "plots" / "tree_vs_grpo.png"
     assert png.stat().st_size > 10_000

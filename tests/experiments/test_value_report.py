@@ -22,7 +22,10 @@ def test_inner_states_are_the_nodes_with_children_and_their_leaf_means():
     paths, ends, tokens = _tree()
     states = vr.inner_states(paths, ends, tokens, [0, 0, 0, 0], [1.0, 0.0, 1.0, 1.0])
     assert [(s.node, s.parent, s.depth, s.prefix, s.tree_value) for s in states] == [
-        (0, -1, 0, [], 0.75), (1, 0, 1, [10, 11], 0.5), (2, 0, 1, [30, 31, 32], 1.0)]
+        (0, -1, 0, [], 0.75),
+        (1, 0, 1, [10, 11], 0.5),
+        (2, 0, 1, [30, 31, 32], 1.0),
+    ]
     assert [tokens[s.row][: len(s.prefix)] for s in states] == [s.prefix for s in states]  # the row holds the prefix
     assert all(len(tokens[s.row]) > len(s.prefix) for s in states)  # so the critic can read position len(prefix)
 
@@ -47,8 +50,12 @@ def test_quick_value_report_writes_rows_and_is_read_back(tmp_path: Path, monkeyp
     summary = vr.run_value_report(tmp_path / "out", quick=True)
     arms = [r["arm"] for r in summary["rows"]]
     assert arms[0] == "tree (b=2, D=2)" and arms[1:3] == ["mc K=1", "mc K=3"]
-    assert arms[3:] == ["critic (16 samples)", "critic (32 samples)", "dual critic (16 samples)",
-                        "dual critic (32 samples)"]
+    assert arms[3:] == [
+        "critic (16 samples)",
+        "critic (32 samples)",
+        "dual critic (16 samples)",
+        "dual critic (32 samples)",
+    ]
     for r in summary["rows"]:
         assert 0.0 <= r["mae"][0] <= 1.0 and r["states"] == summary["rows"][0]["states"] > 0
     # MC K=3 costs three times K=1's tokens per state

@@ -10,7 +10,6 @@ import json
 import re
 import shutil
 import struct
-from pathlib import Path
 
 import pytest
 
@@ -22,8 +21,10 @@ from creditrl.train.sft import cached_sft
 CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed: pip install -e '.[test]'")
 if not (CHROMIUM and CHROMEDRIVER):
-    pytest.skip("headless Chromium is not installed: run .ci/install-browser "
-                "(apt-get install -y chromium chromium-driver)", allow_module_level=True)
+    pytest.skip(
+        "headless Chromium is not installed: run .ci/install-browser (apt-get install -y chromium chromium-driver)",
+        allow_module_level=True,
+    )
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
@@ -33,10 +34,20 @@ from selenium.webdriver.support.ui import Select  # noqa: E402
 RUN = [
     "task.args={min_ops: 1, max_ops: 2, operand_min: 1, operand_max: 5, operators: '+-', heldout_mod: 2}",
     "sft.task_args={min_ops: 1, max_ops: 2, operand_min: 1, operand_max: 5, operators: '+-', heldout_mod: 2}",
-    "sft.steps=150", "sft.batch_size=16", "sft.warmup_steps=20", "sft.lr=0.005",
-    "rollout.prompts_per_iter=4", "rollout.group_size=4", "rollout.max_new_tokens=24",
-    "train.iterations=3", "train.eval_every=3", "train.checkpoint_every=3", "train.eval_size=8",
-    "train.inspect_every=1", "train.inspect_groups=2", "train.progress=false",
+    "sft.steps=150",
+    "sft.batch_size=16",
+    "sft.warmup_steps=20",
+    "sft.lr=0.005",
+    "rollout.prompts_per_iter=4",
+    "rollout.group_size=4",
+    "rollout.max_new_tokens=24",
+    "train.iterations=3",
+    "train.eval_every=3",
+    "train.checkpoint_every=3",
+    "train.eval_size=8",
+    "train.inspect_every=1",
+    "train.inspect_groups=2",
+    "train.progress=false",
 ]
 TOKENS_JS = """return Array.from(document.querySelectorAll(arguments[0] + ' .tok')).map(
   t => [Number(t.getAttribute('data-adv')), getComputedStyle(t).backgroundColor, t.textContent]);"""
@@ -64,8 +75,9 @@ def browser(report: dict):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=CHROMEDRIVER), options=options)
     # the viewport itself 1280x800 (a window of that size has less room for the page)
-    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
-                           {"width": 1280, "height": 800, "deviceScaleFactor": 1, "mobile": False})
+    driver.execute_cdp_cmd(
+        "Emulation.setDeviceMetricsOverride", {"width": 1280, "height": 800, "deviceScaleFactor": 1, "mobile": False}
+    )
     driver.get((report["dir"] / "index.html").as_uri())
     yield driver
     driver.quit()
@@ -191,7 +203,9 @@ def test_keyboard_and_mouse(browser, report: dict) -> None:
 
 def test_cli_screenshot_is_a_1280x800_png(report: dict, tmp_path) -> None:
     png = tmp_path / "shot.png"
-    assert main(["inspect", str(report["run"]), "--out", str(tmp_path / "r"), "--no-png", "--screenshot", str(png)]) == 0
+    assert (
+        main(["inspect", str(report["run"]), "--out", str(tmp_path / "r"), "--no-png", "--screenshot", str(png)]) == 0
+    )
     head = png.read_bytes()[:24]
     assert head[:8] == b"\x89PNG\r\n\x1a\n"
     assert (int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")) == (1280, 800)

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from creditrl.config import ConfigError, load_config
-from creditrl.train.resolve import checked
 from creditrl.inspect import record as record_mod
 from creditrl.inspect.compare import TRAINED, compare_iteration, parse_estimators, recompute
 from creditrl.inspect.data import InspectError, load_iteration, saved_iterations, spread
@@ -20,6 +19,7 @@ from creditrl.policy.tokenizer import build_char_tokenizer
 from creditrl.rollout.batch import batch_from_generation
 from creditrl.tasks import make_task
 from creditrl.train import stages
+from creditrl.train.resolve import checked
 
 TASK = ["task.args={min_ops: 2, max_ops: 2, operand_min: 1, operand_max: 9, operators: '+-'}"]
 
@@ -42,8 +42,13 @@ def scored_batch(overrides: list[str], *, all_right_group: bool = True, values_s
         texts += group
         index += [i] * len(group)
     tokens = [tok(t, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for t in texts]
-    gen = Generation(index, [[tok.bos_token_id] + tok(problems[i].prompt, add_special_tokens=False)["input_ids"]
-                             for i in index], tokens, [[0.0] * len(t) for t in tokens], [True] * len(tokens))
+    gen = Generation(
+        index,
+        [[tok.bos_token_id] + tok(problems[i].prompt, add_special_tokens=False)["input_ids"] for i in index],
+        tokens,
+        [[0.0] * len(t) for t in tokens],
+        [True] * len(tokens),
+    )
     batch = batch_from_generation(gen, index, tok.pad_token_id)
     batch.extras.update(problems=[problems[i] for i in index], completions=texts)
     scored = stages.Scorer(cfg, task, tok)(batch, progress=0.0, generator=torch.Generator().manual_seed(0))
@@ -56,12 +61,24 @@ def scored_batch(overrides: list[str], *, all_right_group: bool = True, values_s
 
 CONFIGS = {
     "outcome-grpo": ["credit.estimator=grpo"],
-    "steps-grpo_process-group": ["reward.source=oracle_steps", "credit.estimator=grpo_process",
-                                 "credit.normaliser=group"],
-    "steps-rloo-token": ["reward.source=oracle_steps", "reward.granularity=token", "credit.estimator=rloo",
-                         "credit.gamma=0.9"],
-    "gae-critic": ["reward.source=oracle_steps", "credit.estimator=gae", "value.source=critic", "credit.lam=0.8",
-                   "credit.gamma=0.95"],
+    "steps-grpo_process-group": [
+        "reward.source=oracle_steps",
+        "credit.estimator=grpo_process",
+        "credit.normaliser=group",
+    ],
+    "steps-rloo-token": [
+        "reward.source=oracle_steps",
+        "reward.granularity=token",
+        "credit.estimator=rloo",
+        "credit.gamma=0.9",
+    ],
+    "gae-critic": [
+        "reward.source=oracle_steps",
+        "credit.estimator=gae",
+        "value.source=critic",
+        "credit.lam=0.8",
+        "credit.gamma=0.95",
+    ],
     "gae-mc-step": ["credit.estimator=gae", "value.source=mc", "credit.lam=0.0"],
 }
 

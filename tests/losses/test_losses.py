@@ -49,7 +49,12 @@ def test_aggregation_modes_by_hand():
 @pytest.mark.parametrize("seed", range(5))
 @pytest.mark.parametrize(
     "name, norm",
-    [("token-mean", None), ("seq-mean-token-mean", None), ("seq-mean-token-sum-norm", None), ("seq-mean-token-sum-norm", 3.0)],
+    [
+        ("token-mean", None),
+        ("seq-mean-token-mean", None),
+        ("seq-mean-token-sum-norm", None),
+        ("seq-mean-token-sum-norm", 3.0),
+    ],
 )
 def test_aggregation_matches_slow_loop(name, norm, seed):
     loss, mask = random_case(seed)
@@ -77,7 +82,10 @@ def test_fully_masked_batch_gives_zero(name):
 
 
 def test_aggregate_errors():
-    with pytest.raises(ValueError, match="unknown loss aggregation 'sum'; valid: seq-mean-token-mean, seq-mean-token-sum-norm, token-mean"):
+    with pytest.raises(
+        ValueError,
+        match="unknown loss aggregation 'sum'; valid: seq-mean-token-mean, seq-mean-token-sum-norm, token-mean",
+    ):
         aggregate("sum", LOSS, MASK)
     with pytest.raises(ValueError, match=r"loss \(3, 4\) and bool mask \(3, 3\)"):
         aggregate("token-mean", LOSS, MASK[:, :3])
@@ -195,7 +203,11 @@ def test_ppo_masked_tokens_are_inert():
     loss_b, stats_b = ppo_clip_loss(junk(logp), junk(old), junk(adv), mask)
     assert torch.equal(loss_a, loss_b)
     assert float(loss_a[~mask].abs().sum()) == 0.0
-    assert (stats_a.clipfrac, stats_a.approx_kl, stats_a.ratio_max) == (stats_b.clipfrac, stats_b.approx_kl, stats_b.ratio_max)
+    assert (stats_a.clipfrac, stats_a.approx_kl, stats_a.ratio_max) == (
+        stats_b.clipfrac,
+        stats_b.approx_kl,
+        stats_b.ratio_max,
+    )
 
 
 def test_on_policy_loss_is_minus_advantage():

@@ -12,8 +12,6 @@ PROMPTS = [[1, 5, 6], [1], [1, 20, 30, 40, 50, 60, 70], [1, 14, 15, 16]]  # leng
 STOP = 57  # a token the fixture policy emits often: used as the engine's eos to get mixed lengths
 
 
-
-
 @pytest.fixture(scope="module")
 def policy(peaked_tiny):
     """A tiny Llama with peaked, context-dependent next-token distributions (see conftest)."""
@@ -167,7 +165,9 @@ def test_n_samples_are_prompt_major(policy):
     assert gen.prompt_ids == [PROMPTS[i] for i in gen.prompt_index]
     for i, toks in zip(gen.prompt_index, gen.tokens):
         assert toks == reference_greedy(model, PROMPTS[i], 6, STOP)
-    n_sampled = engine.generate(PROMPTS[:2], 5, SamplingParams(max_new_tokens=6), generator=torch.Generator().manual_seed(0))
+    n_sampled = engine.generate(
+        PROMPTS[:2], 5, SamplingParams(max_new_tokens=6), generator=torch.Generator().manual_seed(0)
+    )
     assert n_sampled.prompt_index == [0] * 5 + [1] * 5
     assert len(n_sampled.tokens) == len(n_sampled.logprobs) == len(n_sampled.finished) == 10
     assert len({tuple(t) for t in n_sampled.tokens[:5]}) > 1  # samples of one prompt differ
@@ -178,7 +178,9 @@ def test_n_samples_are_prompt_major(policy):
 
 def top_p_draws(probs, top_p, temperature=1.0, n=4000, seed=0):
     logits = torch.log(torch.tensor(probs, dtype=torch.float32)).expand(n, -1).clone()
-    draws = sample_next(logits, SamplingParams(temperature=temperature, top_p=top_p), torch.Generator().manual_seed(seed))
+    draws = sample_next(
+        logits, SamplingParams(temperature=temperature, top_p=top_p), torch.Generator().manual_seed(seed)
+    )
     return draws
 
 
@@ -248,7 +250,9 @@ CHI2_DF5_1E4 = 25.74
 def test_temperature_sampling_frequencies_match_softmax(temperature):
     logits = torch.tensor([1.0, -0.5, 0.3, 2.0, 0.0, -1.0])
     n = 20_000
-    draws = sample_next(logits.expand(n, -1), SamplingParams(temperature=temperature), torch.Generator().manual_seed(11))
+    draws = sample_next(
+        logits.expand(n, -1), SamplingParams(temperature=temperature), torch.Generator().manual_seed(11)
+    )
     counts = torch.bincount(draws, minlength=6).tolist()
     target = torch.softmax(logits / temperature, -1).tolist()
     assert chi_square(counts, target) < CHI2_DF5_1E4
@@ -325,7 +329,7 @@ def test_budgets_equal_truncating_an_unbudgeted_run(policy, temperature):
     params = SamplingParams(max_new_tokens=10, temperature=temperature)
     full = engine.generate(prompts, 4, params, generator=torch.Generator().manual_seed(7))
     cut = engine.generate(prompts, 4, params, generator=torch.Generator().manual_seed(7), budgets=budgets)
-    for i, (toks, lps, fin) in enumerate(zip(full.tokens, full.logprobs, full.finished)):
+    for i, (toks, lps) in enumerate(zip(full.tokens, full.logprobs)):
         lim = min(10, budgets[full.prompt_index[i]])
         assert cut.tokens[i] == toks[:lim]
         assert cut.logprobs[i] == pytest.approx(lps[:lim], abs=1e-6)
@@ -385,15 +389,16 @@ def test_generate_chunked_samples_what_one_call_samples(policy, kind, max_rows):
     """Calls of at most ``max_rows`` rows draw the single call's uniforms for their rows, so the
     tokens are the single call's, log-probs agree to rounding, and the generator ends in the
     same state (the next draw is the same)."""
-    from creditrl.policy.engines import generate_chunked
-    from creditrl.policy.engines import make_engine
+    from creditrl.policy.engines import generate_chunked, make_engine
 
     model, tok = policy
     engine = make_engine(model, eos_id=STOP, pad_id=tok.pad_token_id, kind=kind)
     params = SamplingParams(max_new_tokens=10, temperature=1.0)
     g_one, g_chunked = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
     one = engine.generate(PROMPTS, 4, params, generator=g_one, budgets=[10, 3, 10, 6])
-    chunked = generate_chunked(engine, PROMPTS, 4, params, generator=g_chunked, budgets=[10, 3, 10, 6], max_rows=max_rows)
+    chunked = generate_chunked(
+        engine, PROMPTS, 4, params, generator=g_chunked, budgets=[10, 3, 10, 6], max_rows=max_rows
+    )
     assert chunked.tokens == one.tokens
     assert chunked.finished == one.finished and chunked.prompt_index == one.prompt_index
     assert chunked.prompt_ids == one.prompt_ids

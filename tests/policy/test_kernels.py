@@ -8,13 +8,10 @@ import math
 import pytest
 import torch
 
-from creditrl.policy.engines import kernels
+from creditrl.policy.engines import SamplingParams, StaticEngine, kernels
 from creditrl.policy.engines import static as se
-from creditrl.policy.engines import SamplingParams
-from creditrl.policy.model import build_tiny
-from creditrl.policy.engines import StaticEngine
 from creditrl.policy.engines.static import SHARED_LAYOUT_BELOW
-
+from creditrl.policy.model import build_tiny
 
 
 def reference_attention(q, kp, vp, prompt_of, pstart, kr, vr, t, scale):
@@ -103,7 +100,12 @@ def test_rope_cache_attend_matches_reference_and_writes_the_cache(layout, seed):
     if layout == "rows":  # (kv, P + steps, d, rows): the new token in column P + t - 1
         k, v = rows_last(kp, kr, prompt_of), rows_last(vp, vr, prompt_of)
         got = kernels.rope_cache_attend(qkv, cos_t, sin_t, pos, heads, k, v, pstart[prompt_of], kp.shape[2] + t, 0.4)
-        k_ref, v_ref, axis, col = rows_last(kp, kr_ref, prompt_of), rows_last(vp, vr_ref, prompt_of), 1, kp.shape[2] + t - 1
+        k_ref, v_ref, axis, col = (
+            rows_last(kp, kr_ref, prompt_of),
+            rows_last(vp, vr_ref, prompt_of),
+            1,
+            kp.shape[2] + t - 1,
+        )
     else:  # response keys (rows, kv, steps, d): the new token in column t - 1
         k, v = kr, vr
         got = kernels.rope_cache_attend_shared(qkv, cos_t, sin_t, pos, heads, kp, vp, prompt_of, pstart, k, v, t, 0.4)
@@ -111,7 +113,9 @@ def test_rope_cache_attend_matches_reference_and_writes_the_cache(layout, seed):
     assert torch.equal(v, v_ref)
     assert float((k - k_ref).abs().max()) < 1e-6  # the new column to rounding
     assert set((k != k_ref).nonzero()[:, axis].tolist()) <= {col}  # every other column untouched
-    want = reference_attention(rope_reference(q, cos, sin)[:, :, None], kp, vp, prompt_of, pstart, kr_ref, vr_ref, t, 0.4)
+    want = reference_attention(
+        rope_reference(q, cos, sin)[:, :, None], kp, vp, prompt_of, pstart, kr_ref, vr_ref, t, 0.4
+    )
     assert float((got.double() - want).abs().max()) < 1e-5
 
 
@@ -125,7 +129,11 @@ def test_rows_kernels_fork_rows_while_streaming_the_cache(fused, lanes, seed):
     g, kp, vp, pstart, prompt_of, kr, vr = random_case(seed)
     heads, kv, d, t, width = 4, 2, 8, 4, kp.shape[2]
     src, dst = torch.tensor([1, 4]), torch.tensor([7, 8])
-    ext_prompt, ext_kr, ext_vr = torch.cat([prompt_of, prompt_of[src]]), torch.cat([kr, kr[src]]), torch.cat([vr, vr[src]])
+    ext_prompt, ext_kr, ext_vr = (
+        torch.cat([prompt_of, prompt_of[src]]),
+        torch.cat([kr, kr[src]]),
+        torch.cat([vr, vr[src]]),
+    )
     b, first = 9, pstart[torch.cat([prompt_of, prompt_of[src]])]
     qkv = torch.randn(b, (heads + 2 * kv) * d, generator=g)
     cos_t, sin_t = torch.randn(20, d, generator=g), torch.randn(20, d, generator=g)
@@ -202,7 +210,9 @@ def test_kernels_keep_torch_thread_count():
     try:
         for n in (1, 2):
             torch.set_num_threads(n)
-            StaticEngine(model, eos_id=-1, pad_id=0).generate([[tok.bos_token_id, 5]], 2, SamplingParams(max_new_tokens=3))
+            StaticEngine(model, eos_id=-1, pad_id=0).generate(
+                [[tok.bos_token_id, 5]], 2, SamplingParams(max_new_tokens=3)
+            )
             assert torch.get_num_threads() == n
     finally:
         torch.set_num_threads(threads)
@@ -221,7 +231,9 @@ def test_sample_tokens_draws_what_sample_next_draws(temperature):
     state = g.get_state()
     want = sample_next(logits, SamplingParams(temperature=temperature), g)
     u = torch.Generator().set_state(state)
-    tok, logp = kernels.sample_tokens(logits, temperature, torch.rand(300, 1, generator=u, dtype=torch.float64)[:, 0], done, 0)
+    tok, logp = kernels.sample_tokens(
+        logits, temperature, torch.rand(300, 1, generator=u, dtype=torch.float64)[:, 0], done, 0
+    )
     assert torch.equal(tok[~done], want[~done]) and bool((tok[done] == 0).all())
     assert bool((tok[::7] < 5).all())
     ref = torch.log_softmax(logits, -1).gather(-1, tok[:, None])[:, 0]
@@ -295,7 +307,9 @@ def test_cache_layout_follows_how_many_sequences_the_last_call_computed():
     assert engine.last_rows == (2 * 5, 16 * 5)  # two sequences, five decode steps
     assert not engine.rows_layout(128, 16, 15, 48)
     assert StaticEngine(model, eos_id=-1, pad_id=0, cache_layout="rows").rows_layout(128, 16, 15, 48)
-    engine.generate(prompts, 8, SamplingParams(max_new_tokens=6, temperature=50.0), generator=torch.Generator().manual_seed(0))
+    engine.generate(
+        prompts, 8, SamplingParams(max_new_tokens=6, temperature=50.0), generator=torch.Generator().manual_seed(0)
+    )
     computed, decoded = engine.last_rows
     assert computed > SHARED_LAYOUT_BELOW * decoded and engine.rows_layout(128, 16, 15, 48)
     every = StaticEngine(model, eos_id=-1, pad_id=0, share_rows=False)
@@ -316,7 +330,7 @@ def test_compiled_slot_regrouping_equals_the_tensor_op_one(seed):
     slow, fast = Slots(prompt_of.clone(), True), Slots(prompt_of.clone(), True, compiled_step=True)
     history = [[int(p)] for p in prompt_of]
     live = torch.ones(24, dtype=torch.bool)
-    for step in range(6):
+    for _ in range(6):
         tok = torch.randint(0, 3, (24,), generator=g)  # 3 tokens: many rows stay identical
         live &= torch.rand(24, generator=g) > 0.1
         want, got = slow.step(tok, live, 5, 4), fast.step(tok, live, 5, 4)

@@ -38,15 +38,23 @@ def test_saved_tiny_loads_back_with_identical_logits(tmp_path: Path) -> None:
 def test_any_local_causal_lm_directory_works_with_the_engine(tmp_path: Path) -> None:
     """A Qwen2-architecture model saved locally loads through AutoModelForCausalLM and samples."""
     tok = build_char_tokenizer()
-    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+    cfg = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+    )
     Qwen2ForCausalLM(cfg).save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
     model, loaded_tok = load_policy(str(tmp_path))
     assert type(model).__name__ == "Qwen2ForCausalLM"
     engine = HFEngine(model, eos_id=loaded_tok.eos_token_id, pad_id=loaded_tok.pad_token_id)
-    gen = engine.generate([[1, 20], [1, 21, 22]], 3, SamplingParams(max_new_tokens=5),
-                          generator=torch.Generator().manual_seed(0))
+    gen = engine.generate(
+        [[1, 20], [1, 21, 22]], 3, SamplingParams(max_new_tokens=5), generator=torch.Generator().manual_seed(0)
+    )
     assert gen.prompt_index == [0, 0, 0, 1, 1, 1]
     assert all(1 <= len(t) <= 5 for t in gen.tokens)
     assert all(lp <= 0.0 for row in gen.logprobs for lp in row)

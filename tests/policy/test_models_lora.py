@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from creditrl.config import ConfigError, load_config
-from creditrl.train.resolve import checked
-from creditrl.policy.model import LORA_BASE_FILE, apply_lora, build_tiny, load_policy
 from creditrl.policy.engines import StaticEngine, make_engine
+from creditrl.policy.model import LORA_BASE_FILE, apply_lora, build_tiny, load_policy
 from creditrl.policy.tokenizer import encode_prompt
+from creditrl.train.resolve import checked
 from creditrl.train.rl import RLTrainer
 
 # The easy setting of tests/train/test_rl_loop.py: a 30-step warm start already gets some sums
@@ -70,8 +70,11 @@ def test_lora_trains_only_the_adapters_and_resumes(tiny_dir: str, tmp_path: Path
         assert torch.allclose(reloaded(input_ids=ids).logits, trainer.parts.model(input_ids=ids).logits, atol=1e-6)
     # resume from iteration 1 replays iteration 2 exactly
     part = tmp_path / "part"
-    RLTrainer.from_config(load_config(overrides=SMALL + ["policy.lora_r=4", "policy.lora_alpha=8", "train.iterations=1"]),
-              part, init_path=tiny_dir).run()
+    RLTrainer.from_config(
+        load_config(overrides=SMALL + ["policy.lora_r=4", "policy.lora_alpha=8", "train.iterations=1"]),
+        part,
+        init_path=tiny_dir,
+    ).run()
     (part / "config.yaml").write_text((part / "config.yaml").read_text().replace("iterations: 1", "iterations: 2"))
     resumed = RLTrainer.resume(part)
     resumed.run()
@@ -113,8 +116,10 @@ def test_chat_template_renders_prompts_and_none_removes_it(tiny_dir: str, tmp_pa
     model, tok = load_policy(tiny_dir)
     plain = encode_prompt(tok, "1+2=")
     assert plain == [tok.bos_token_id] + tok("1+2=", add_special_tokens=False)["input_ids"]
-    tok.chat_template = "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}" \
-                        "{% if add_generation_prompt %}[bot]{% endif %}"
+    tok.chat_template = (
+        "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
+        "{% if add_generation_prompt %}[bot]{% endif %}"
+    )
     assert tok.decode(encode_prompt(tok, "1+2=")) == "[user]1+2=[bot]"
     model.save_pretrained(tmp_path / "chat")
     tok.save_pretrained(tmp_path / "chat")
@@ -134,9 +139,14 @@ def test_dtype_and_missing_models_and_config_checks(tiny_dir: str) -> None:
     with pytest.raises(ConfigError, match="'static' reads plain weights and cannot run LoRA"):
         checked(load_config(overrides=["policy.lora_r=4", "policy.engine=static"]))
     with pytest.raises(ConfigError, match="a shared critic trains the policy's trunk"):
-        checked(load_config(overrides=["policy.lora_r=4", "credit.estimator=gae", "value.source=critic", "value.model=shared"]))
+        checked(
+            load_config(
+                overrides=["policy.lora_r=4", "credit.estimator=gae", "value.source=critic", "value.model=shared"]
+            )
+        )
     with pytest.raises(ConfigError, match="policy.lora_targets: name at least one module"):
         checked(load_config(overrides=["policy.lora_r=4", "policy.lora_targets=' , '"]))
     with pytest.raises(ValueError, match="StaticEngine cannot run this model"):
-        make_engine(apply_lora(build_tiny(0)[0], r=2, alpha=4, dropout=0.0, targets="q_proj"),
-                    eos_id=2, pad_id=0, kind="static")
+        make_engine(
+            apply_lora(build_tiny(0)[0], r=2, alpha=4, dropout=0.0, targets="q_proj"), eos_id=2, pad_id=0, kind="static"
+        )

@@ -22,11 +22,9 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+from creditrl.policy.engines import HFEngine, SamplingParams, StaticEngine, left_pad, make_engine
 from creditrl.policy.engines import static as se
-from creditrl.policy.engines import HFEngine, SamplingParams, left_pad
 from creditrl.policy.model import build_tiny
-from creditrl.policy.engines import StaticEngine, make_engine
-
 
 PAD = 0
 VOCAB = 96
@@ -199,7 +197,9 @@ def test_greedy_tokens_equal_hf_generate(request, name):
     assert len({tuple(t) for t in expected}) == len(prompts)
     assert any(eos in t for t in expected) and not all(eos in t for t in expected)
     assert len({len(t) for t in expected}) >= 3
-    gen = StaticEngine(model, eos_id=eos, pad_id=PAD).generate(prompts, 1, SamplingParams(max_new_tokens=max_new, temperature=0.0))
+    gen = StaticEngine(model, eos_id=eos, pad_id=PAD).generate(
+        prompts, 1, SamplingParams(max_new_tokens=max_new, temperature=0.0)
+    )
     assert gen.tokens == expected
     assert gen.finished == [eos in t for t in expected]
     assert gen.prompt_ids == [list(p) for p in prompts]
@@ -242,7 +242,9 @@ def test_logprobs_are_raw_policy_logprobs_under_tempered_nucleus_sampling(reques
     else:
         model, eos = request.getfixturevalue(name)
     params = SamplingParams(max_new_tokens=12, temperature=0.7, top_p=0.8)
-    gen = StaticEngine(model, eos_id=eos, pad_id=PAD).generate(PROMPTS, 3, params, generator=torch.Generator().manual_seed(7))
+    gen = StaticEngine(model, eos_id=eos, pad_id=PAD).generate(
+        PROMPTS, 3, params, generator=torch.Generator().manual_seed(7)
+    )
     assert len({tuple(t) for t in gen.tokens}) > len(PROMPTS)  # samples of a prompt differ
     worst_tempered = 0.0
     for prompt, toks, lps in zip(gen.prompt_ids, gen.tokens, gen.logprobs):
@@ -293,7 +295,9 @@ def test_first_token_frequencies_match_tempered_nucleus_distribution(peaked, tem
     prompt = [1, 14, 15, 16]
     n = 4000
     gen = StaticEngine(model, eos_id=STOP, pad_id=PAD).generate(
-        [prompt], n, SamplingParams(max_new_tokens=1, temperature=temperature, top_p=top_p),
+        [prompt],
+        n,
+        SamplingParams(max_new_tokens=1, temperature=temperature, top_p=top_p),
         generator=torch.Generator().manual_seed(5),
     )
     assert all(len(t) == 1 for t in gen.tokens)
@@ -309,7 +313,7 @@ def test_first_token_frequencies_match_tempered_nucleus_distribution(peaked, tem
     if top_p < 1.0:
         assert 2 <= int(kept.sum()) <= 6
     # and each returned log-prob is the raw (untempered, untruncated) one
-    lp = torch.tensor([l[0] for l in gen.logprobs], dtype=torch.double)
+    lp = torch.tensor([row[0] for row in gen.logprobs], dtype=torch.double)
     assert float((lp - raw.log()[draws]).abs().max()) < 1e-5
 
 
@@ -450,7 +454,9 @@ def test_identical_rows_are_decoded_once_with_unchanged_outputs(monkeypatch, pea
     params = SamplingParams(max_new_tokens=12, temperature=temperature)
     widths = []
     fused, forward = se.Decoder.decode_fused, se.Decoder.forward
-    monkeypatch.setattr(se.Decoder, "decode_fused", lambda self, tok, *a: widths.append(len(tok)) or fused(self, tok, *a))
+    monkeypatch.setattr(
+        se.Decoder, "decode_fused", lambda self, tok, *a: widths.append(len(tok)) or fused(self, tok, *a)
+    )
     monkeypatch.setattr(se.Decoder, "forward", lambda self, ids, *a: widths.append(len(ids)) or forward(self, ids, *a))
     kw = dict(eos_id=STOP, pad_id=PAD)
     for compact_at in (0.75, 1e-9):  # with compaction, and without (every row decodes every step)
@@ -547,7 +553,10 @@ def test_groups_of_samples_match_hf_engine(request, name, n):
     else:
         (model, eos), pad, prompts = request.getfixturevalue(name), PAD, PROMPTS
     static, hf = StaticEngine(model, eos_id=eos, pad_id=pad), HFEngine(model, eos_id=eos, pad_id=pad)
-    for params, seed in [(SamplingParams(max_new_tokens=10, temperature=0.0), 0), (SamplingParams(max_new_tokens=10), 5)]:
+    for params, seed in [
+        (SamplingParams(max_new_tokens=10, temperature=0.0), 0),
+        (SamplingParams(max_new_tokens=10), 5),
+    ]:
         a = static.generate(prompts, n, params, generator=torch.Generator().manual_seed(seed))
         b = hf.generate(prompts, n, params, generator=torch.Generator().manual_seed(seed))
         assert a.tokens == b.tokens and a.finished == b.finished

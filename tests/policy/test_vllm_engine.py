@@ -25,13 +25,16 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from creditrl.config import ConfigError, load_config
-from creditrl.train.resolve import checked
+from creditrl.policy.engines import ENGINES, HFEngine, SamplingParams, make_engine
 from creditrl.policy.engines import vllm as vllm_engine
-from creditrl.policy.engines import HFEngine, SamplingParams
-from creditrl.policy.engines import ENGINES, make_engine
 from creditrl.policy.engines.vllm import VLLMEngine, VLLMUnavailableError
+from creditrl.train.resolve import checked
 
-HINT = "policy.engine=vllm needs vLLM and a CUDA GPU; vLLM is not a creditrl dependency (vllm 0.33.0 pins torch 2.14.0 and transformers<5.21, creditrl torch 2.13.0 and transformers 5.24.0): install a vLLM that matches your environment on the GPU machine"
+HINT = (
+    "policy.engine=vllm needs vLLM and a CUDA GPU; vLLM is not a creditrl dependency (vllm 0.33.0 pins torch "
+    "2.14.0 and transformers<5.21, creditrl torch 2.13.0 and transformers 5.24.0): install a vLLM that matches your "
+    "environment on the GPU machine"
+)
 PROMPTS = [[1, 5, 6], [1], [1, 20, 30, 40, 50, 60, 70], [1, 14, 15, 16]]
 
 
@@ -71,9 +74,22 @@ class FakeSamplingParams:
     checks that matter here (greedy needs n == 1, temperature in [0, 2])."""
 
     FIELDS = {
-        "n": 1, "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "seed": None, "stop": None,
-        "stop_token_ids": None, "ignore_eos": False, "max_tokens": 16, "min_tokens": 0, "logprobs": None,
-        "prompt_logprobs": None, "detokenize": True, "skip_special_tokens": True, "flat_logprobs": False,
+        "n": 1,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "min_p": 0.0,
+        "seed": None,
+        "stop": None,
+        "stop_token_ids": None,
+        "ignore_eos": False,
+        "max_tokens": 16,
+        "min_tokens": 0,
+        "logprobs": None,
+        "prompt_logprobs": None,
+        "detokenize": True,
+        "skip_special_tokens": True,
+        "flat_logprobs": False,
     }
 
     def __init__(self, **kwargs):
@@ -110,8 +126,18 @@ class FakeWorker:
 
 class FakeLLM:
     instances: list = []
-    ARGS = {"dtype", "gpu_memory_utilization", "enable_prefix_caching", "enforce_eager", "seed",
-            "skip_tokenizer_init", "logprobs_mode", "worker_extension_cls", "max_model_len", "tensor_parallel_size"}
+    ARGS = {
+        "dtype",
+        "gpu_memory_utilization",
+        "enable_prefix_caching",
+        "enforce_eager",
+        "seed",
+        "skip_tokenizer_init",
+        "logprobs_mode",
+        "worker_extension_cls",
+        "max_model_len",
+        "tensor_parallel_size",
+    }
 
     def __init__(self, model: str, **kwargs):
         unknown = set(kwargs) - self.ARGS
@@ -154,8 +180,16 @@ class FakeLLM:
                 break
         return CompletionOutput(0, "", out, None, lps if sp.logprobs is not None else None, reason, stop_reason)
 
-    def generate(self, prompts, sampling_params=None, *, use_tqdm=True, lora_request=None, priority=None,
-                 tokenization_kwargs=None):
+    def generate(
+        self,
+        prompts,
+        sampling_params=None,
+        *,
+        use_tqdm=True,
+        lora_request=None,
+        priority=None,
+        tokenization_kwargs=None,
+    ):
         if not isinstance(sampling_params, list) or len(sampling_params) != len(prompts):
             raise ValueError("one SamplingParams per prompt expected")
         ids = [list(p["prompt_token_ids"]) for p in prompts]
@@ -205,7 +239,9 @@ def policy(peaked_tiny):
 def pick_enders(model, pad_id):
     """An eos and a stop id that greedy continuations of PROMPTS actually emit (at different
     places), so one test sees eos, stop tokens and budget cuts."""
-    ref = HFEngine(model, eos_id=pad_id, pad_id=pad_id).generate(PROMPTS, 1, SamplingParams(max_new_tokens=12, temperature=0))
+    ref = HFEngine(model, eos_id=pad_id, pad_id=pad_id).generate(
+        PROMPTS, 1, SamplingParams(max_new_tokens=12, temperature=0)
+    )
     eos = next(t for t in ref.tokens[0] if t != ref.tokens[0][0])
     stop = next(t for t in ref.tokens[1] if t not in (ref.tokens[1][0], eos))
     return eos, stop
@@ -275,7 +311,7 @@ def test_greedy_matches_hf_engine_with_budgets_and_stop_ids(fake_vllm, policy):
     assert any(n == 9 and not fin for _, fin, n, _ in ends)
     # the requests vLLM got: one per sample, prompt-major, n=1, budgets as max_tokens
     llm = FakeLLM.instances[0]
-    (ids, sps), = llm.calls
+    ((ids, sps),) = llm.calls
     assert ids == [list(p) for p in PROMPTS for _ in range(2)]
     assert [sp.max_tokens for sp in sps] == limits
     for sp in sps:
@@ -356,20 +392,32 @@ def test_one_vllm_instance_per_architecture_and_its_arguments(fake_vllm, policy,
     assert len(FakeLLM.instances) == 1 and a.llm is b.llm
     llm = FakeLLM.instances[0]
     assert llm.kwargs == {
-        "dtype": "float32", "gpu_memory_utilization": 0.5, "enable_prefix_caching": True, "enforce_eager": False,
-        "seed": 0, "skip_tokenizer_init": True, "logprobs_mode": "raw_logprobs",
+        "dtype": "float32",
+        "gpu_memory_utilization": 0.5,
+        "enable_prefix_caching": True,
+        "enforce_eager": False,
+        "seed": 0,
+        "skip_tokenizer_init": True,
+        "logprobs_mode": "raw_logprobs",
         "worker_extension_cls": "creditrl.policy.engines.vllm.WeightSyncExtension",
     }
     # the temporary save holds the model's weights: nothing to sync before the first generate
     assert not a.stale
     assert all(torch.equal(p, llm.hf.state_dict()[n]) for n, p in model.named_parameters())
     # other options: another instance; a model directory: used as is, synced at first use
-    c = make_engine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, kind="vllm",
-                    vllm_options={"gpu_memory_utilization": 0.3, "enable_prefix_caching": False, "enforce_eager": True})
+    c = make_engine(
+        model,
+        eos_id=tok.eos_token_id,
+        pad_id=tok.pad_token_id,
+        kind="vllm",
+        vllm_options={"gpu_memory_utilization": 0.3, "enable_prefix_caching": False, "enforce_eager": True},
+    )
     assert len(FakeLLM.instances) == 2 and c.llm is not a.llm
     assert FakeLLM.instances[1].kwargs["gpu_memory_utilization"] == 0.3
     model.save_pretrained(tmp_path / "init")
-    d = make_engine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, kind="vllm", model_path=str(tmp_path / "init"))
+    d = make_engine(
+        model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, kind="vllm", model_path=str(tmp_path / "init")
+    )
     assert FakeLLM.instances[2].model_path == str(tmp_path / "init") and d.stale
     d.generate(PROMPTS[:1], 1, SamplingParams(max_new_tokens=1, temperature=0.0))
     assert len(FakeLLM.instances[2].loads) == 1 and not d.stale
@@ -430,11 +478,21 @@ def test_trainer_runs_on_the_vllm_engine(fake_vllm, tmp_path):
     vLLM instance, and each generate after an optimizer update first syncs the new weights."""
     from creditrl.train.rl import RLTrainer
 
-    cfg = load_config(overrides=[
-        "policy.engine=vllm", "train.init=policy", "train.iterations=2", "train.eval_every=2", "train.eval_size=4",
-        "rollout.prompts_per_iter=2", "rollout.group_size=2", "rollout.max_new_tokens=8", "train.progress=false",
-        "train.inspect_every=0", "train.checkpoint_every=100",
-    ])
+    cfg = load_config(
+        overrides=[
+            "policy.engine=vllm",
+            "train.init=policy",
+            "train.iterations=2",
+            "train.eval_every=2",
+            "train.eval_size=4",
+            "rollout.prompts_per_iter=2",
+            "rollout.group_size=2",
+            "rollout.max_new_tokens=8",
+            "train.progress=false",
+            "train.inspect_every=0",
+            "train.checkpoint_every=100",
+        ]
+    )
     trainer = RLTrainer.from_config(cfg, tmp_path / "run")
     result = trainer.run()
     assert [r["iteration"] for r in result.history] == [0, 1, 2]

@@ -63,7 +63,10 @@ def test_label_writes_steps_that_rebuild_the_completion_with_true_verdicts(workd
 def test_mc_and_vote_labelers_report_their_cost(workdir: Path, capsys) -> None:
     sets = [x for kv in SMALL for x in ("--set", kv)]
     out = workdir / "mc.jsonl"
-    assert main(["prm", "label", "--out", str(out), *sets, "--set", "prm.labeler=vote", "--set", "prm.vote_threshold=1.0"]) == 0
+    assert (
+        main(["prm", "label", "--out", str(out), *sets, "--set", "prm.labeler=vote", "--set", "prm.vote_threshold=1.0"])
+        == 0
+    )
     info = json.loads(capsys.readouterr().out)
     assert info["labeler"] == "vote" and info["mc/continuations"] == 2 * info["mc/prefixes"]
     assert info["vote/dropped"] >= 0 and 0.0 <= info["coverage"] <= 1.0
@@ -116,10 +119,17 @@ def test_prm_source_scores_steps_in_one_batch_and_skips_empty_spans(workdir: Pat
 
 def test_rl_with_the_prm_as_step_reward(workdir: Path, tmp_path: Path) -> None:
     cfg = load_config(
-        overrides=SMALL + [
-            "reward.source=prm", f"reward.prm={workdir / 'prm'}", "credit.estimator=grpo_process",
-            "rollout.prompts_per_iter=2", "rollout.group_size=3", "train.iterations=2", "train.eval_every=100",
-            "train.init=policy", "policy.model=tiny",
+        overrides=SMALL
+        + [
+            "reward.source=prm",
+            f"reward.prm={workdir / 'prm'}",
+            "credit.estimator=grpo_process",
+            "rollout.prompts_per_iter=2",
+            "rollout.group_size=3",
+            "train.iterations=2",
+            "train.eval_every=100",
+            "train.init=policy",
+            "policy.model=tiny",
         ]
     )
     rows = RLTrainer.from_config(cfg, tmp_path / "run").run().history
@@ -139,7 +149,14 @@ def test_quick_report_writes_every_table(tmp_path: Path, monkeypatch: pytest.Mon
     run = tmp_path / "report"
     assert main(["prm", "report", "--quick", "--run-dir", str(run), "--set", "train.progress=false"]) == 0
     text = (run / "report.md").read_text()
-    for heading in ("Labelers against the oracle", "Step AUROC", "Shortcut probe", "MC labels", "Best-of-N", "RL with the learned PRM"):
+    for heading in (
+        "Labelers against the oracle",
+        "Step AUROC",
+        "Shortcut probe",
+        "MC labels",
+        "Best-of-N",
+        "RL with the learned PRM",
+    ):
         assert heading in text
     summary = json.loads((run / "summary.json").read_text())
     assert set(summary["best_of_n"]) == {"prm_min", "prm_product", "prm_last", "prm_mean", "orm", "majority"}
@@ -155,10 +172,17 @@ def test_quick_report_writes_every_table(tmp_path: Path, monkeypatch: pytest.Mon
 
 def test_prm_as_a_calibrated_dense_reward_logs_its_agreement(workdir: Path, tmp_path: Path) -> None:
     cfg = load_config(
-        overrides=SMALL + [
-            "reward.source=outcome", f"reward.prm={workdir / 'prm'}", "hybrid.dense_source=prm",
-            "hybrid.calibrate=true", "credit.estimator=grpo_process", "rollout.prompts_per_iter=2",
-            "rollout.group_size=3", "train.iterations=3", "train.eval_every=100",
+        overrides=SMALL
+        + [
+            "reward.source=outcome",
+            f"reward.prm={workdir / 'prm'}",
+            "hybrid.dense_source=prm",
+            "hybrid.calibrate=true",
+            "credit.estimator=grpo_process",
+            "rollout.prompts_per_iter=2",
+            "rollout.group_size=3",
+            "train.iterations=3",
+            "train.eval_every=100",
         ]
     )
     sft = next((workdir / "cache" / "sft").iterdir())
@@ -179,8 +203,15 @@ def test_reward_prm_auto_trains_once_and_is_read_back(workdir: Path, tmp_path: P
     calls = []
     real = prm_train.train_prm_from_examples
     monkeypatch.setattr(prm_train, "train_prm_from_examples", lambda *a, **k: calls.append(1) or real(*a, **k))
-    over = SMALL + ["reward.source=prm", "reward.prm=auto", "credit.estimator=grpo_process",
-                    "rollout.prompts_per_iter=2", "rollout.group_size=3", "train.iterations=1", "train.eval_every=100"]
+    over = SMALL + [
+        "reward.source=prm",
+        "reward.prm=auto",
+        "credit.estimator=grpo_process",
+        "rollout.prompts_per_iter=2",
+        "rollout.group_size=3",
+        "train.iterations=1",
+        "train.eval_every=100",
+    ]
     first = RLTrainer.from_config(load_config(overrides=over), tmp_path / "a")
     prm_dir = Path(first.cfg.reward.prm)
     assert prm_dir.parent == workdir / "cache" / "prm" and len(calls) == 1
@@ -231,8 +262,15 @@ def test_prm_completer_errors_and_cache_key(tmp_path: Path) -> None:
     old = cfg.prm.model_dump()
     del old["completer"]  # caches from before the key existed keep their keys
     del old["mc_rows_per_call"]  # a memory bound, never in the key
-    assert prm_key(cfg, "x") == config_hash({"v": CACHE_VERSION, "init": "x", "task": cfg.task.model_dump(), "prm": old,
-                                             "max_new_tokens": cfg.rollout.max_new_tokens})
+    assert prm_key(cfg, "x") == config_hash(
+        {
+            "v": CACHE_VERSION,
+            "init": "x",
+            "task": cfg.task.model_dump(),
+            "prm": old,
+            "max_new_tokens": cfg.rollout.max_new_tokens,
+        }
+    )
     assert prm_key(load_config(overrides=["prm.completer=/some/dir"]), "x") != prm_key(cfg, "x")
     # a run resolves prm.completer="" to its start policy: the same PRM, the same key
     assert prm_key(load_config(overrides=["prm.completer=x"]), "x") == prm_key(cfg, "x")

@@ -49,7 +49,9 @@ def test_parquet_round_trip_of_rows_with_only_unlabelled_steps(tmp_path):
 
 
 def test_labels_are_normalised_to_floats_and_none(tmp_path):
-    path = write_lines(tmp_path / "x.jsonl", [row(completions=["a", "b", "c", "d", "e"], labels=[True, False, 1, 0, None])])
+    path = write_lines(
+        tmp_path / "x.jsonl", [row(completions=["a", "b", "c", "d", "e"], labels=[True, False, 1, 0, None])]
+    )
     (example,) = load_stepwise(path)
     assert example.labels == [1.0, 0.0, 1.0, 0.0, None]
     assert all(type(x) is float for x in example.labels[:4])
@@ -74,9 +76,7 @@ def test_round_trip_of_no_examples(tmp_path, suffix):
 
 
 def test_label_count_error_names_file_line_field_and_expectation(tmp_path):
-    path = write_lines(
-        tmp_path / "x.jsonl", [row(), row(), row(completions=["a", "b", "c", "d"], labels=[1, 1, 0])]
-    )
+    path = write_lines(tmp_path / "x.jsonl", [row(), row(), row(completions=["a", "b", "c", "d"], labels=[1, 1, 0])])
     with pytest.raises(ValueError) as err:
         load_stepwise(path)
     assert str(err.value) == f"{path}, line 3, field 'labels': expected a list of 4 labels (one per step), got 3"
@@ -129,12 +129,16 @@ def test_parquet_errors_name_the_row(tmp_path):
 def test_unknown_extension(tmp_path, fn):
     path = tmp_path / "x.csv"
     path.write_text("")
-    with pytest.raises(ValueError, match=re.escape(f"{path}: unsupported file extension '.csv'; expected one of .jsonl, .parquet")):
+    with pytest.raises(
+        ValueError, match=re.escape(f"{path}: unsupported file extension '.csv'; expected one of .jsonl, .parquet")
+    ):
         fn(path)
 
 
 def test_example_checks_its_fields():
-    with pytest.raises(ValueError, match=re.escape("field 'labels': expected a list of 2 labels (one per step), got 1")):
+    with pytest.raises(
+        ValueError, match=re.escape("field 'labels': expected a list of 2 labels (one per step), got 1")
+    ):
         StepwiseExample("p", ["a", "b"], [1.0])
     with pytest.raises(ValueError, match="expected at least one step"):
         StepwiseExample("p", [], [])
@@ -201,7 +205,10 @@ def test_prm800k_default_counts_neutral_as_right(tmp_path):
     "line, message",
     [
         (prm800k_row([step(2)]), "field 'label.steps[0].completions[0].rating': expected -1, 0, 1 or null, got 2"),
-        (prm800k_row([step(1), step(1, chosen=3)]), "field 'label.steps[1].chosen_completion': expected null or an index in [0, 0], got 3"),
+        (
+            prm800k_row([step(1), step(1, chosen=3)]),
+            "field 'label.steps[1].chosen_completion': expected null or an index in [0, 0], got 3",
+        ),
         (prm800k_row([{"completions": []}]), "field 'label.steps[0].completions': expected a non-empty list, got []"),
         (prm800k_row([{"completions": [{"rating": 1}]}]), "field 'label.steps[0].completions[0].text': missing"),
         (prm800k_row("steps"), "field 'label.steps': expected a list of steps, got str"),
@@ -286,10 +293,22 @@ def test_math_shepherd_label_text_differs(tmp_path):
 @pytest.mark.parametrize(
     "row_obj, message",
     [
-        ({"input": "Q? no steps ки", "label": "Q? no steps +"}, "field 'input': expected the steps to begin with 'Step 1:'; not found"),
-        ({"input": "Q? Step 1: a", "label": "Q? Step 1: a"}, "field 'input': expected a step marker 'ки' after every step; found none"),
-        ({"input": "Q? Step 1: a ки tail", "label": "Q? Step 1: a + tail"}, "expected only whitespace after the last marker 'ки', got ' tail'"),
-        ({"input": "Q ки? Step 1: a ки", "label": "Q +? Step 1: a +"}, "field 'input': expected 'Step 1:' before the first marker 'ки'"),
+        (
+            {"input": "Q? no steps ки", "label": "Q? no steps +"},
+            "field 'input': expected the steps to begin with 'Step 1:'; not found",
+        ),
+        (
+            {"input": "Q? Step 1: a", "label": "Q? Step 1: a"},
+            "field 'input': expected a step marker 'ки' after every step; found none",
+        ),
+        (
+            {"input": "Q? Step 1: a ки tail", "label": "Q? Step 1: a + tail"},
+            "expected only whitespace after the last marker 'ки', got ' tail'",
+        ),
+        (
+            {"input": "Q ки? Step 1: a ки", "label": "Q +? Step 1: a +"},
+            "field 'input': expected 'Step 1:' before the first marker 'ки'",
+        ),
         ({"input": "Q? Step 1: a ки"}, "field 'label': missing"),
         ({"input": 3, "label": "x"}, "field 'input': expected a string, got int"),
     ],

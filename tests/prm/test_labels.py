@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from creditrl.policy.engines import Generation, HFEngine, SamplingParams
-from creditrl.policy.tokenizer import build_char_tokenizer
+from creditrl.policy.tokenizer import build_char_tokenizer, encode_prompt
 from creditrl.prm.labels import (
     LABELERS,
     MCLabels,
@@ -21,7 +21,6 @@ from creditrl.prm.labels import (
 )
 from creditrl.rewards.sources import split_steps
 from creditrl.tasks.arithmetic import ArithmeticTask, split_completion
-from creditrl.policy.tokenizer import encode_prompt
 
 TASK = ArithmeticTask()
 PROBLEM = TASK.make_problem("7+3*2-5=")  # 3*2=6;7+6=13;13-5=8;#8
@@ -129,7 +128,9 @@ def test_mc_labels_by_hand(tok, mode, expected):
     ((prompts, n, params),) = engine.calls
     assert (n, params) == (4, PARAMS)
     prompt_ids = encode_prompt(tok, PROBLEM.prompt)
-    assert prompts == [prompt_ids + tok(text[len(PROBLEM.prompt) :], add_special_tokens=False)["input_ids"] for text in SCRIPT]
+    assert prompts == [
+        prompt_ids + tok(text[len(PROBLEM.prompt) :], add_special_tokens=False)["input_ids"] for text in SCRIPT
+    ]
 
 
 def test_mc_labels_calls_in_chunks_with_the_same_labels(tok):
@@ -186,7 +187,15 @@ def test_mc_labels_with_hf_engine(peaked_tiny):
     )
     hard, soft = run("hard"), run("soft")
     bounded = mc_labels(  # at most 4 continuations per engine call: the same samples
-        engine, tok, TASK, items, n=3, params=params, generator=torch.Generator().manual_seed(7), mode="soft", max_rows=4
+        engine,
+        tok,
+        TASK,
+        items,
+        n=3,
+        params=params,
+        generator=torch.Generator().manual_seed(7),
+        mode="soft",
+        max_rows=4,
     )
     assert bounded.fractions == soft.fractions and bounded.n_tokens == soft.n_tokens
     distinct = {(p.prompt, "".join(steps[: k + 1])) for p, steps in items for k in range(len(steps) - 1)}
@@ -216,7 +225,9 @@ def test_mc_labels_greedy_matches_a_per_prefix_reference(peaked_tiny):
             text = "".join(steps[: k + 1])
             ids = encode_prompt(tok, problem.prompt) + tok(text, add_special_tokens=False)["input_ids"]
             gen = engine.generate([ids], 1, params)
-            completion = tok.decode(tok(text, add_special_tokens=False)["input_ids"] + gen.tokens[0], skip_special_tokens=True)
+            completion = tok.decode(
+                tok(text, add_special_tokens=False)["input_ids"] + gen.tokens[0], skip_special_tokens=True
+            )
             expected.append(float(TASK.check_outcome(problem, completion)))
         expected.append(float(TASK.check_outcome(problem, "".join(steps))))
         assert fractions == expected

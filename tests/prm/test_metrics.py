@@ -95,9 +95,7 @@ def test_false_positive_rate_errors():
 # ----------------------------------------------------------------------------- aggregation
 
 
-@pytest.mark.parametrize(
-    "name, expected", [("min", 0.5), ("product", 0.36), ("last", 0.8), ("mean", 2.2 / 3)]
-)
+@pytest.mark.parametrize("name, expected", [("min", 0.5), ("product", 0.36), ("last", 0.8), ("mean", 2.2 / 3)])
 def test_aggregations_by_hand(name, expected):
     assert aggregate_steps(name, [0.9, 0.5, 0.8]) == pytest.approx(expected, abs=1e-15)
     assert aggregate_steps(name, [0.7]) == pytest.approx(0.7)

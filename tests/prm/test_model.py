@@ -144,8 +144,8 @@ def test_likelihood_features_equal_a_slow_loop_and_survive_save_load(tmp_path) -
     import torch
 
     from creditrl.policy.model import TinyPreset, build_tiny
-    from creditrl.prm.model import ProcessRewardModel, encode, right_pad, step_positions
     from creditrl.policy.tokenizer import encode_prompt
+    from creditrl.prm.model import ProcessRewardModel, encode, right_pad
 
     policy, tok = build_tiny(3, TinyPreset(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64))
     prm = ProcessRewardModel.from_model(policy, members=2, likelihood=True, seed=1)
@@ -171,8 +171,10 @@ def test_likelihood_features_equal_a_slow_loop_and_survive_save_load(tmp_path) -
                 start = end + 1
     prm.save(tmp_path / "p")
     again = ProcessRewardModel.load(tmp_path / "p")
-    assert again.likelihood and torch.allclose(torch.stack([r.flatten() for r in again.member_scores(tok, examples[:1])]),
-                                              torch.stack([r.flatten() for r in scores[:1]]))
+    assert again.likelihood and torch.allclose(
+        torch.stack([r.flatten() for r in again.member_scores(tok, examples[:1])]),
+        torch.stack([r.flatten() for r in scores[:1]]),
+    )
     ids, mask = right_pad([encode(tok, *examples[0], max_len=100)[0]], tok.pad_token_id)
     with pytest.raises(ValueError, match="needs step_index"):
         prm(ids, mask)

@@ -20,7 +20,14 @@ def test_surface_features_count_the_step_alphabet():
     assert f.shape == (16,) and len(SURFACE_CHARS) == 16
     assert dict(zip(SURFACE_CHARS, f.tolist())) == {
         **{c: 0.0 for c in SURFACE_CHARS},
-        "1": 2.0, "2": 1.0, "3": 1.0, "0": 1.0, "8": 1.0, "-": 2.0, "=": 1.0, ";": 1.0,
+        "1": 2.0,
+        "2": 1.0,
+        "3": 1.0,
+        "0": 1.0,
+        "8": 1.0,
+        "-": 2.0,
+        "=": 1.0,
+        ";": 1.0,
     }
 
 

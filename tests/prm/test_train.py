@@ -23,8 +23,7 @@ def digit_rule_examples(n: int, rng: random.Random) -> list[StepwiseExample]:
     out = []
     for _ in range(n):
         steps = [
-            "".join(rng.choice("0123456789") for _ in range(rng.randint(2, 4))) + ";"
-            for _ in range(rng.randint(1, 3))
+            "".join(rng.choice("0123456789") for _ in range(rng.randint(2, 4))) + ";" for _ in range(rng.randint(1, 3))
         ]
         out.append(StepwiseExample("q=", steps, [0.0 if "7" in s else 1.0 for s in steps]))
     return out
@@ -101,9 +100,7 @@ def test_dropped_and_skipped_examples_are_counted():
         StepwiseExample("q=", ["1234;", "5678;", "9;"], [1.0, 1.0, 0.0]),  # max_len 12: 2 steps cut
     ]
     prm, tok = small_prm()
-    metrics = train_prm(
-        prm, tok, examples, steps=1, batch_size=2, max_step_tokens=5, max_len=12, progress=False
-    )
+    metrics = train_prm(prm, tok, examples, steps=1, batch_size=2, max_step_tokens=5, max_len=12, progress=False)
     assert metrics["prm/examples_dropped_long_step"] == 1
     assert metrics["prm/examples_dropped_unlabelled"] == 1
     assert metrics["prm/examples_used"] == 3

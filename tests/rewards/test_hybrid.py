@@ -150,7 +150,12 @@ def test_filter_registry_names_and_dispatch():
         filter_top_q(outcome, 0.5, torch.Generator().manual_seed(2)),
     )
     assert apply_filter("group_accuracy", outcome, group_ids, lo=0.2, hi=0.8).tolist() == [
-        True, True, False, False, False, False
+        True,
+        True,
+        False,
+        False,
+        False,
+        False,
     ]
     # every registered filter has the one signature
     for name, fn in FILTERS.items():

@@ -38,7 +38,9 @@ def old_oracle(task, problem, segments):
 
 def pack(tok, texts, eos):
     """Char-token rows (eos appended where asked), right-padded: (rows, ids, lengths, mask)."""
-    rows = [tok(t, add_special_tokens=False)["input_ids"] + ([tok.eos_token_id] if e else []) for t, e in zip(texts, eos)]
+    rows = [
+        tok(t, add_special_tokens=False)["input_ids"] + ([tok.eos_token_id] if e else []) for t, e in zip(texts, eos)
+    ]
     width = max(1, max(len(r) for r in rows))
     ids = torch.full((len(rows), width), tok.pad_token_id, dtype=torch.long)
     for i, r in enumerate(rows):
@@ -165,7 +167,9 @@ def test_key_token_granularity_by_hand_with_fallback(task, tok):
 # ----------------------------------------------------------------------------- consistency on random completions
 
 
-@pytest.mark.parametrize("granularity,options", [("segment", {"segment_tokens": k}) for k in (1, 3, 7)] + [("key_token", {})])
+@pytest.mark.parametrize(
+    "granularity,options", [("segment", {"segment_tokens": k}) for k in (1, 3, 7)] + [("key_token", {})]
+)
 def test_every_span_takes_the_label_of_its_last_token(task, tok, granularity, options):
     """With one character per token, a span's label is the token-granularity label of its last
     token: labels come from the step holding the span's last character, whatever the cut."""
@@ -251,7 +255,11 @@ def test_step_format_rewards_well_formed_steps_right_or_wrong() -> None:
     padded = ["3*2=6;", "3*2=6;", "1+1=5;", "-4-1=-5;", "7+=13;", "x;", "#99"]
     assert fn(task, problem, "".join(padded), padded) == [1.0, 1.0, 1.0, 1.0, 0.0, 0.0, None]
     assert fn(task, problem, " ;", [" ;", ""]) == [None, None]
-    assert task.check_steps(problem, [s.rstrip(";") for s in padded[:3]]) == [True, False, False]  # the oracle disagrees
+    assert task.check_steps(problem, [s.rstrip(";") for s in padded[:3]]) == [
+        True,
+        False,
+        False,
+    ]  # the oracle disagrees
 
     class NoPattern:
         name, step_separator = "plain", ";"

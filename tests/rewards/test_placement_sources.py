@@ -183,7 +183,9 @@ def test_registry_names_and_fallback_flag():
     assert all(g.doc for g in GRANULARITIES.values())
     with pytest.raises(ValueError, match="granularity 'token' is already registered"):
         register_granularity("token")(lambda opts: None)
-    with pytest.raises(ValueError, match="unknown granularity 'word'; valid: key_token, segment, sequence, step, token"):
+    with pytest.raises(
+        ValueError, match="unknown granularity 'word'; valid: key_token, segment, sequence, step, token"
+    ):
         get_granularity("word")
     with pytest.raises(ValueError, match="unknown granularity 'word'"):
         make_segmenter("word")
@@ -263,7 +265,9 @@ def test_make_segmenter_options_and_errors(tmp_path, monkeypatch):
     assert make_segmenter("token")(texts) == list(range(9))
     assert make_segmenter("key_token")(texts) == [3, 7]  # the token after '='
     assert make_segmenter("key_token", key_after="4")(texts) == [6]
-    with pytest.raises(ValueError, match=r"step granularity needs a separator \(the task's step_separator\) or a cut function"):
+    with pytest.raises(
+        ValueError, match=r"step granularity needs a separator \(the task's step_separator\) or a cut function"
+    ):
         make_segmenter("step")
     with pytest.raises(ValueError, match="segment granularity needs segment_tokens >= 1, got 0"):
         make_segmenter("segment", segment_tokens=0)
@@ -289,7 +293,9 @@ def test_make_segmenter_options_and_errors(tmp_path, monkeypatch):
     assert key(list("1+2*34")) == [2, 4]
     with pytest.raises(ValueError, match="'user_cuts_for_test:NOT_CALLABLE' is not callable"):
         make_segmenter("step", cut_fn="user_cuts_for_test:NOT_CALLABLE")
-    with pytest.raises(ValueError, match="'user_cuts_for_test:missing': 'user_cuts_for_test' has no attribute 'missing'"):
+    with pytest.raises(
+        ValueError, match="'user_cuts_for_test:missing': 'user_cuts_for_test' has no attribute 'missing'"
+    ):
         make_segmenter("key_token", key_fn="user_cuts_for_test:missing")
 
 
@@ -307,11 +313,17 @@ def problem(task):
 
 
 def test_builtin_sources_declare_their_granularities():
+    import creditrl.prm  # noqa: F401  (importing the PRM layer registers reward.source=prm)
+
     assert set(REWARD_SOURCES) >= {"outcome", "oracle_steps"}
     out, orc = get_source("outcome"), get_source("oracle_steps")
     assert out.granularities == {"sequence"} and out.default_granularity == "sequence"
     assert orc.granularities == {"step", "segment", "token", "key_token"} and orc.default_granularity == "step"
-    with pytest.raises(ValueError, match="unknown reward source 'orm'; valid: bleu, chrf, oracle_steps, outcome, prm, rouge, step_format, unit_tests"):
+    with pytest.raises(
+        ValueError,
+        match="unknown reward source 'orm'; valid: bleu, chrf, oracle_steps, outcome, prm, rouge, step_format, "
+        "unit_tests",
+    ):
         get_source("orm")
 
 
@@ -320,7 +332,9 @@ def test_register_source_checks():
         register_source("outcome")(lambda *a: [1.0])
     with pytest.raises(ValueError, match="reward source 'multi' scores several granularities; name its default"):
         register_source("multi", granularities=("step", "token"))
-    with pytest.raises(ValueError, match=r"default granularity 'token' is not among its granularities \(sequence, step\)"):
+    with pytest.raises(
+        ValueError, match=r"default granularity 'token' is not among its granularities \(sequence, step\)"
+    ):
         RewardSource("bad", frozenset({"sequence", "step"}), "token", lambda *a: [])
 
 
@@ -338,14 +352,18 @@ def test_check_granularity_messages():
         "reward source 'oracle_steps' scores spans (granularities: key_token, segment, step, token); "
         "it cannot be used at granularity 'sequence'"
     )
-    with pytest.raises(ValueError, match="unknown granularity 'word'; valid: key_token, segment, sequence, step, token"):
+    with pytest.raises(
+        ValueError, match="unknown granularity 'word'; valid: key_token, segment, sequence, step, token"
+    ):
         check_granularity(get_source("outcome"), "word")
 
 
 def test_score_batch_refuses_unsupported_granularity_whatever_the_policy(task, problem):
     for policy in ("raise", "zero", "skip"):
         with pytest.raises(ValueError, match="reward source 'outcome' .* cannot be used at granularity 'token'"):
-            score_batch(get_source("outcome"), task, [problem], ["#8"], [["#", "8"]], granularity="token", on_error=policy)
+            score_batch(
+                get_source("outcome"), task, [problem], ["#8"], [["#", "8"]], granularity="token", on_error=policy
+            )
 
 
 def test_sequence_granularity_needs_one_span(task, problem):
@@ -528,6 +546,7 @@ def test_batch_fn_is_used_and_falls_back_to_fn_per_response_when_it_raises():
 
 
 def test_source_factories_are_named_validated_and_built_with_options(tmp_path):
+    import creditrl.prm  # noqa: F401  (importing the PRM layer registers reward.source=prm)
     from creditrl.rewards.sources import SOURCE_FACTORIES, make_source, register_source_factory, source_names
 
     assert "prm" in SOURCE_FACTORIES and "prm" in source_names()

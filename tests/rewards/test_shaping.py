@@ -131,7 +131,9 @@ def test_kl_penalty_matches_loop_and_ignores_masked_values(estimator):
 
 def test_kl_penalty_checks():
     mask = torch.ones(2, 3, dtype=torch.bool)
-    with pytest.raises(ValueError, match=r"logp and ref_logp must have the shape of response_mask \(2, 3\), got \(2, 3\) and \(3,\)"):
+    with pytest.raises(
+        ValueError, match=r"logp and ref_logp must have the shape of response_mask \(2, 3\), got \(2, 3\) and \(3,\)"
+    ):
         kl_penalty(torch.zeros(2, 3), torch.zeros(3), mask, beta=0.1)
     with pytest.raises(ValueError, match="unknown KL estimator 'k4'"):
         kl_penalty(torch.zeros(2, 3), torch.zeros(2, 3), mask, beta=0.1, estimator="k4")

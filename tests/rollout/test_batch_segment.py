@@ -29,8 +29,6 @@ from creditrl.rollout.segment import (
 PAD = 0
 
 
-
-
 @pytest.fixture(scope="module")
 def tok():
     return build_char_tokenizer()
@@ -136,8 +134,12 @@ def test_logprobs_ignore_what_sits_in_padding(model, tok):
         base = token_logprobs(response_logits(model, b), b.response_ids)
     g = torch.Generator().manual_seed(9)
     noisy = b.select(torch.arange(b.size))
-    noisy.prompt_ids = torch.where(b.prompt_mask.bool(), b.prompt_ids, torch.randint(4, 99, b.prompt_ids.shape, generator=g))
-    noisy.response_ids = torch.where(b.response_mask, b.response_ids, torch.randint(4, 99, b.response_ids.shape, generator=g))
+    noisy.prompt_ids = torch.where(
+        b.prompt_mask.bool(), b.prompt_ids, torch.randint(4, 99, b.prompt_ids.shape, generator=g)
+    )
+    noisy.response_ids = torch.where(
+        b.response_mask, b.response_ids, torch.randint(4, 99, b.response_ids.shape, generator=g)
+    )
     with torch.no_grad():
         other = token_logprobs(response_logits(model, noisy), noisy.response_ids)
     assert torch.allclose(base[b.response_mask], other[b.response_mask], atol=1e-5)
@@ -300,7 +302,9 @@ def test_builtin_segmenters_through_segment(tok):
 
 
 def test_segment_checks_shapes(tok):
-    with pytest.raises(ValueError, match=r"expected response_ids \(B, T\) and response_lengths \(B,\), got \(2, 3\) and \(3,\)"):
+    with pytest.raises(
+        ValueError, match=r"expected response_ids \(B, T\) and response_lengths \(B,\), got \(2, 3\) and \(3,\)"
+    ):
         segment(torch.zeros(2, 3, dtype=torch.long), torch.tensor([1, 2, 3]), TokenTexts(tok), token_segmenter())
 
 
@@ -309,13 +313,19 @@ def test_load_callable_imports_and_explains_failures():
     from creditrl.tasks.arithmetic import ArithmeticTask
 
     assert load_callable("creditrl.tasks.arithmetic:ArithmeticTask.check_outcome") is ArithmeticTask.check_outcome
-    with pytest.raises(ValueError, match=r"'creditrl.rollout.segment.token_segmenter' is not of the form 'package.module:attribute'"):
+    with pytest.raises(
+        ValueError, match=r"'creditrl.rollout.segment.token_segmenter' is not of the form 'package.module:attribute'"
+    ):
         load_callable("creditrl.rollout.segment.token_segmenter")
     with pytest.raises(ValueError, match=r"':f' is not of the form"):
         load_callable(":f")
-    with pytest.raises(ValueError, match=r"cannot import module 'creditrl.no_such_module' named in 'creditrl.no_such_module:f'"):
+    with pytest.raises(
+        ValueError, match=r"cannot import module 'creditrl.no_such_module' named in 'creditrl.no_such_module:f'"
+    ):
         load_callable("creditrl.no_such_module:f")
-    with pytest.raises(ValueError, match=r"'creditrl.rollout.segment:nope': 'creditrl.rollout.segment' has no attribute 'nope'"):
+    with pytest.raises(
+        ValueError, match=r"'creditrl.rollout.segment:nope': 'creditrl.rollout.segment' has no attribute 'nope'"
+    ):
         load_callable("creditrl.rollout.segment:nope")
     with pytest.raises(ValueError, match=r"'creditrl.tasks.arithmetic:SPLITS' is not callable \(it is a tuple\)"):
         load_callable("creditrl.tasks.arithmetic:SPLITS")

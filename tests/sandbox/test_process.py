@@ -109,8 +109,16 @@ def test_non_root_fallback_runs_as_the_caller(tmp_path: Path) -> None:
     )
     try:
         out = subprocess.run(
-            [python, "-I", "-c", code], user=65534, group=65534, extra_groups=[], env={"SECRET": "s3"},
-            cwd="/", capture_output=True, text=True, timeout=30, check=False,
+            [python, "-I", "-c", code],
+            user=65534,
+            group=65534,
+            extra_groups=[],
+            env={"SECRET": "s3"},
+            cwd="/",
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
         )
     finally:
         shutil.rmtree(work)

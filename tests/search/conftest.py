@@ -64,8 +64,12 @@ class _RunningSums:
         for x in terms[1:]:
             steps.append(f"{total}+{x}={total + x}")
             total += x
-        return Problem(prompt="sum " + " ".join(map(str, terms)) + ":", answer=str(total),
-                       solution=";".join(steps + [f"A={total}"]), meta={"terms": terms})
+        return Problem(
+            prompt="sum " + " ".join(map(str, terms)) + ":",
+            answer=str(total),
+            solution=";".join(steps + [f"A={total}"]),
+            meta={"terms": terms},
+        )
 
     def problem_of(self, prompt: str) -> Problem:
         """The problem whose prompt is ``prompt``."""
@@ -149,7 +153,7 @@ def sum_config(tmp_path_factory, peaked_tiny, sum_tasks):
     tok.save_pretrained(root / "small")
     path = root / "sums.yaml"
     path.write_text(f"""
-policy: {{model: {root / 'small'}}}
+policy: {{model: {root / "small"}}}
 task: {{name: running_sum}}
 sft: {{steps: 200, batch_size: 16, warmup_steps: 5, lr: 0.01}}
 rollout: {{max_new_tokens: 24}}

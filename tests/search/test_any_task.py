@@ -37,16 +37,26 @@ def test_prm_label_and_train_on_the_task(sum_prm: Path, sum_tasks) -> None:
     assert json.loads((sum_prm / "train_metrics.json").read_text())["prm/steps"] == 4
 
 
-@pytest.mark.parametrize("method, sets", [
-    ("beam", []),
-    ("mcts", []),
-    ("mcts", ["search.leaf_value=rollout_oracle", "search.rollouts=2"]),
-])
-def test_beam_and_mcts_run_on_the_task_with_its_prm(method, sets, sum_config, sum_prm, sum_tasks, run_cli_search,
-                                                     check_search_result) -> None:
+@pytest.mark.parametrize(
+    "method, sets",
+    [
+        ("beam", []),
+        ("mcts", []),
+        ("mcts", ["search.leaf_value=rollout_oracle", "search.rollouts=2"]),
+    ],
+)
+def test_beam_and_mcts_run_on_the_task_with_its_prm(
+    method, sets, sum_config, sum_prm, sum_tasks, run_cli_search, check_search_result
+) -> None:
     task, _ = sum_tasks
-    argv = [str(sum_config), "--method", method, "--set", f"search.prm={sum_prm}",
-            *[x for kv in sets for x in ("--set", kv)]]
+    argv = [
+        str(sum_config),
+        "--method",
+        method,
+        "--set",
+        f"search.prm={sum_prm}",
+        *[x for kv in sets for x in ("--set", kv)],
+    ]
     text, saved = run_cli_search(argv, sum_config.with_name(f"{method}-{len(sets)}.json"))
     assert f"search {method} " in text and "on 4 heldout problems of task 'running_sum'" in text
     check_search_result(task, saved, 4, 160)
@@ -58,8 +68,10 @@ def test_beam_and_mcts_run_on_the_task_with_its_prm(method, sets, sum_config, su
 def test_one_beam_one_expansion_at_temperature_zero_is_greedy_on_the_task(sum_config, sum_prm, run_cli_search) -> None:
     _, greedy = run_cli_search([str(sum_config), "--method", "greedy"], sum_config.with_name("greedy.json"))
     sets = [f"search.prm={sum_prm}", "search.width=1", "search.expansions=1", "search.temperature=0"]
-    _, beam = run_cli_search([str(sum_config), "--method", "beam", *[x for kv in sets for x in ("--set", kv)]],
-                             sum_config.with_name("beam-greedy.json"))
+    _, beam = run_cli_search(
+        [str(sum_config), "--method", "beam", *[x for kv in sets for x in ("--set", kv)]],
+        sum_config.with_name("beam-greedy.json"),
+    )
     assert [r["completion"] for r in beam["problems"]] == [r["completion"] for r in greedy["problems"]]
     assert [r["tokens"] for r in beam["problems"]] == [r["tokens"] for r in greedy["problems"]]
     assert beam["summary"]["engine_calls"] > greedy["summary"]["engine_calls"] == 1

@@ -28,17 +28,25 @@ def saved_models(tmp_path_factory, peaked_tiny, tiny_prm):
     [
         (["--method", "sampling"], "search.method: unknown value 'sampling'; valid: beam, best_of_n, greedy, mcts"),
         (["--method", "beam"], "method 'beam' (width=4 expansions=4 aggregation=min temperature=1.0) needs a PRM"),
-        (["--method", "mcts", "--set", "search.leaf_value=rollout_orm", "--set", "search.prm=/p"],
-         "needs an ORM to judge solutions"),
+        (
+            ["--method", "mcts", "--set", "search.leaf_value=rollout_orm", "--set", "search.prm=/p"],
+            "needs an ORM to judge solutions",
+        ),
         (["--set", "search.budget=0"], "search.budget: must be >= 1, got 0"),
         (["--set", "search.width=wide"], "search.width: expected an integer, got 'wide'"),
         (["--set", "search.widht=2"], "unknown key 'widht' in section 'search'; valid keys: method, budget, "),
-        (["--method", "best_of_n", "--set", "search.selector=prm_max"],
-         "search.selector: unknown value 'prm_max'; valid: majority, orm, prm_last, prm_mean, prm_min, prm_product"),
-        (["--method", "beam", "--set", "task.name=code", "--set", "search.prm=/p"],
-         "search.method: 'beam' expands reasoning steps, but task 'code' has no step separator"),
-        (["--method", "best_of_n", "--set", "task.name=code"],
-         "search.selector: 'prm_min' scores steps with a model, but task 'code' has no step separator; use majority"),
+        (
+            ["--method", "best_of_n", "--set", "search.selector=prm_max"],
+            "search.selector: unknown value 'prm_max'; valid: majority, orm, prm_last, prm_mean, prm_min, prm_product",
+        ),
+        (
+            ["--method", "beam", "--set", "task.name=code", "--set", "search.prm=/p"],
+            "search.method: 'beam' expands reasoning steps, but task 'code' has no step separator",
+        ),
+        (
+            ["--method", "best_of_n", "--set", "task.name=code"],
+            "search.selector: 'prm_min' scores steps with a model, but task 'code' has no step separator; use majority",
+        ),
         (["--set", "task.name=nope"], "task.name: unknown task 'nope'; valid tasks: "),
     ],
 )
@@ -55,13 +63,22 @@ def test_cli_rejects_bad_input_before_loading_anything(argv, message, capsys, mo
 
 def test_cli_runs_a_method_and_reports_accuracy_and_tokens(saved_models: Path, capsys) -> None:
     out = saved_models / "beam.json"
-    sets = [f"train.init={saved_models / 'policy'}", f"search.prm={saved_models / 'prm'}", "search.budget=90",
-            "search.problems=2", "task.args={min_ops: 2, max_ops: 3}", "search.max_new_tokens=24", "search.width=2"]
+    sets = [
+        f"train.init={saved_models / 'policy'}",
+        f"search.prm={saved_models / 'prm'}",
+        "search.budget=90",
+        "search.problems=2",
+        "task.args={min_ops: 2, max_ops: 3}",
+        "search.max_new_tokens=24",
+        "search.width=2",
+    ]
     argv = ["search", "--method", "beam", *[x for kv in sets for x in ("--set", kv)], "--out", str(out)]
     assert main(argv) == 0
     text = capsys.readouterr().out
-    assert ("search beam width=2 expansions=4 aggregation=min temperature=1.0 on 2 heldout problems of task "
-            "'arithmetic', budget 90 tokens/problem") in text
+    assert (
+        "search beam width=2 expansions=4 aggregation=min temperature=1.0 on 2 heldout problems of task "
+        "'arithmetic', budget 90 tokens/problem"
+    ) in text
     assert "accuracy " in text and "tokens/problem " in text
     saved = json.loads(out.read_text())
     tokens = [r["tokens"] for r in saved["problems"]]
@@ -72,8 +89,10 @@ def test_cli_runs_a_method_and_reports_accuracy_and_tokens(saved_models: Path, c
 
 def test_cli_reads_a_config_file_and_the_method_shortcut_wins(saved_models: Path, tmp_path: Path, capsys) -> None:
     config = tmp_path / "search.yaml"
-    config.write_text(f"train: {{init: {saved_models / 'policy'}}}\ntask: {{args: {{min_ops: 2, max_ops: 3}}}}\n"
-                      "search: {method: beam, n: 3, selector: majority, problems: 2, budget: 60, max_new_tokens: 20}\n")
+    config.write_text(
+        f"train: {{init: {saved_models / 'policy'}}}\ntask: {{args: {{min_ops: 2, max_ops: 3}}}}\n"
+        "search: {method: beam, n: 3, selector: majority, problems: 2, budget: 60, max_new_tokens: 20}\n"
+    )
     out = tmp_path / "bon.json"
     assert main(["search", str(config), "--method", "best_of_n", "--out", str(out)]) == 0
     assert "search best_of_n n=3 selector=majority temperature=1.0 on 2 heldout" in capsys.readouterr().out
@@ -92,8 +111,16 @@ def test_quick_report_writes_table_summary_and_plot(tmp_path: Path, monkeypatch:
     assert "| method | setting | accuracy | tokens/problem |" in printed
     summary = json.loads((run / "summary.json").read_text())
     series = {r["series"] for r in summary["rows"]}
-    assert series == {"greedy", "best-of-N prm_min", "best-of-N orm", "best-of-N majority", "beam (PRM)", "mcts prm",
-                      "mcts rollout_orm", "mcts rollout_oracle (upper bound)"}
+    assert series == {
+        "greedy",
+        "best-of-N prm_min",
+        "best-of-N orm",
+        "best-of-N majority",
+        "beam (PRM)",
+        "mcts prm",
+        "mcts rollout_orm",
+        "mcts rollout_oracle (upper bound)",
+    }
     assert len(summary["rows"]) == 1 + 3 * 3 + 2 + 2 + 1 + 1  # quick sizes: N in 1,2,4; 2 beams; 2 + 1 mcts budgets
     for r in summary["rows"]:
         assert 0.0 <= r["accuracy"] <= 1.0 and r["tokens_per_problem"] > 0
@@ -113,8 +140,16 @@ def test_quick_report_writes_table_summary_and_plot(tmp_path: Path, monkeypatch:
 def test_cli_majority_runs_on_a_task_without_steps(saved_models: Path, capsys) -> None:
     """Code has no steps, but greedy and majority vote need none: its answers are programs."""
     out = saved_models / "code.json"
-    sets = [f"train.init={saved_models / 'policy'}", "task.name=code", "search.method=best_of_n",
-            "search.selector=majority", "search.n=3", "search.problems=2", "search.budget=48", "search.max_new_tokens=16"]
+    sets = [
+        f"train.init={saved_models / 'policy'}",
+        "task.name=code",
+        "search.method=best_of_n",
+        "search.selector=majority",
+        "search.n=3",
+        "search.problems=2",
+        "search.budget=48",
+        "search.max_new_tokens=16",
+    ]
     assert main(["search", *[x for kv in sets for x in ("--set", kv)], "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "on 2 heldout problems of task 'code'" in text and "whole normalised completions" not in text

@@ -15,8 +15,7 @@ def reference(wants: list[int], available: int, floor: int) -> list[int]:
     while kept < len(wants) and sum(min(w, floor) for w in wants[: kept + 1]) <= available:
         kept += 1
     head = wants[:kept]
-    level = max([c for c in range(0, max(head, default=0) + 1) if sum(min(w, c) for w in head) <= available],
-                default=0)
+    level = max([c for c in range(0, max(head, default=0) + 1) if sum(min(w, c) for w in head) <= available], default=0)
     return [min(w, level) for w in head] + [0] * (len(wants) - kept)
 
 

@@ -110,11 +110,15 @@ def test_search_best_of_n_majority_uses_the_tasks_answers(sum_tasks, peaked_tiny
     _, tok = peaked_tiny(0, 1)
     problems = task.sample(4, split="heldout", seed=0)
     cfg = SearchConfig(method="best_of_n", selector="majority", n=5, budget=80, max_new_tokens=16)
-    result = search(problems, engine=ScriptedEngine(tok, task.problem_of, three_spellings), tokenizer=tok, task=task, config=cfg)
+    result = search(
+        problems, engine=ScriptedEngine(tok, task.problem_of, three_spellings), tokenizer=tok, task=task, config=cfg
+    )
     assert result.accuracy == 1.0 and result.note == ""
     assert [r.completion for r in result.problems] == [f"A=0{p.answer}" for p in problems]  # the group's first
     assert all(1 <= r.tokens <= 80 for r in result.problems)
-    flat = search(problems, engine=ScriptedEngine(tok, plain.problem_of, three_spellings), tokenizer=tok, task=plain, config=cfg)
+    flat = search(
+        problems, engine=ScriptedEngine(tok, plain.problem_of, three_spellings), tokenizer=tok, task=plain, config=cfg
+    )
     assert flat.accuracy == 0.0 and "has no extract_answer" in flat.note  # whole completions: the wrong one twice
 
 
@@ -128,12 +132,18 @@ def test_search_best_of_n_majority_on_code_votes_on_programs(peaked_tiny) -> Non
     right = {"add": ["a+b", "(a + b)", "a + b  # the sum"], "sub": ["a-b", "(a) - b", "a - (b)"]}
     script = lambda p: [wrong[p.meta["name"]], *right[p.meta["name"]], wrong[p.meta["name"]]]  # noqa: E731
     cfg = SearchConfig(method="best_of_n", selector="majority", n=5, budget=200, max_new_tokens=24)
-    result = search(problems, engine=ScriptedEngine(tok, by_prompt.__getitem__, script), tokenizer=tok, task=task,
-                    config=cfg)
+    result = search(
+        problems, engine=ScriptedEngine(tok, by_prompt.__getitem__, script), tokenizer=tok, task=task, config=cfg
+    )
     assert result.accuracy == 1.0 and result.note == ""
     assert [r.completion for r in result.problems] == ["a+b", "a-b"]  # the first of the three spellings
-    greedy = search(problems, engine=ScriptedEngine(tok, by_prompt.__getitem__, script), tokenizer=tok, task=task,
-                    config=SearchConfig(method="greedy", budget=24, max_new_tokens=24))
+    greedy = search(
+        problems,
+        engine=ScriptedEngine(tok, by_prompt.__getitem__, script),
+        tokenizer=tok,
+        task=task,
+        config=SearchConfig(method="greedy", budget=24, max_new_tokens=24),
+    )
     assert greedy.accuracy == 0.0 and [r.completion for r in greedy.problems] == ["a - b", "a + b"]
     with pytest.raises(ConfigError, match="search.method: 'beam' expands reasoning steps, but task 'code' has no"):
         search(problems, engine=None, tokenizer=tok, task=task, config=SearchConfig(method="beam"), prm=(None, None))
@@ -142,24 +152,31 @@ def test_search_best_of_n_majority_on_code_votes_on_programs(peaked_tiny) -> Non
 # ----------------------------------------------------------------------------- creditrl search on the task
 
 
-def test_cli_majority_on_the_task_picks_the_majority_answer(sum_config, sum_tasks, peaked_tiny, run_cli_search,
-                                                             check_search_result, monkeypatch) -> None:
+def test_cli_majority_on_the_task_picks_the_majority_answer(
+    sum_config, sum_tasks, peaked_tiny, run_cli_search, check_search_result, monkeypatch
+) -> None:
     import creditrl.search.runner as runner
 
     task, _ = sum_tasks
     _, tok = peaked_tiny(0, 1)
-    monkeypatch.setattr(runner, "make_engine", lambda model, **kw: ScriptedEngine(tok, task.problem_of, three_spellings))
-    text, saved = run_cli_search([str(sum_config), "--method", "best_of_n", "--set", "search.selector=majority",
-                                  "--set", "search.n=5"], sum_config.with_name("scripted.json"))
+    monkeypatch.setattr(
+        runner, "make_engine", lambda model, **kw: ScriptedEngine(tok, task.problem_of, three_spellings)
+    )
+    text, saved = run_cli_search(
+        [str(sum_config), "--method", "best_of_n", "--set", "search.selector=majority", "--set", "search.n=5"],
+        sum_config.with_name("scripted.json"),
+    )
     assert "search best_of_n n=5 selector=majority temperature=1.0 on 4 heldout problems of task 'running_sum'" in text
     assert "accuracy 100.0% (4/4)" in text and "whole normalised completions" not in text
-    assert [r["completion"] for r in saved["problems"]] == [f"A=0{task.problem_of(r['prompt']).answer}"
-                                                            for r in saved["problems"]]
+    assert [r["completion"] for r in saved["problems"]] == [
+        f"A=0{task.problem_of(r['prompt']).answer}" for r in saved["problems"]
+    ]
     check_search_result(task, saved, 4, 160)
 
 
-def test_cli_majority_pick_is_the_majority_of_the_policys_samples(sum_config, sum_tasks, run_cli_search,
-                                                                   check_search_result) -> None:
+def test_cli_majority_pick_is_the_majority_of_the_policys_samples(
+    sum_config, sum_tasks, run_cli_search, check_search_result
+) -> None:
     """On the SFT policy's own samples: rerun the same sampling through the Python API; the CLI's
     pick is the first sample holding the answer that most samples agree with."""
     from creditrl.config import load_config
@@ -171,13 +188,20 @@ def test_cli_majority_pick_is_the_majority_of_the_policys_samples(sum_config, su
 
     task, _ = sum_tasks
     sets = ["search.method=best_of_n", "search.selector=majority"]
-    _, saved = run_cli_search([str(sum_config), *[x for kv in sets for x in ("--set", kv)]],
-                              sum_config.with_name("policy.json"))
+    _, saved = run_cli_search(
+        [str(sum_config), *[x for kv in sets for x in ("--set", kv)]], sum_config.with_name("policy.json")
+    )
     check_search_result(task, saved, 4, 160)
     cfg = check(load_config(sum_config, sets), task)
     model, tok = load_policy(start_policy(cfg, progress=False), seed=cfg.policy.init_seed, **policy_options(cfg))
-    engine = make_engine(model.eval(), eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, kind=cfg.policy.engine,
-                         precision=cfg.policy.precision, kernels=cfg.policy.kernels)
+    engine = make_engine(
+        model.eval(),
+        eos_id=tok.eos_token_id,
+        pad_id=tok.pad_token_id,
+        kind=cfg.policy.engine,
+        precision=cfg.policy.precision,
+        kernels=cfg.policy.kernels,
+    )
     problems = task.sample(4, split="heldout", seed=0)
     ctx = make_context(problems, engine=engine, tokenizer=tok, task=task, config=cfg.search)
     groups = sample_candidates(ctx, cfg.search.n, prm=False, orm=False)
@@ -187,5 +211,6 @@ def test_cli_majority_pick_is_the_majority_of_the_policys_samples(sum_config, su
         chosen = [s.completion for s in g].index(r["completion"])
         agree = [sum(task.same_answer(a, b) for b in row if b is not None) if a is not None else 0 for a in row]
         assert agree[chosen] == max(agree)  # no answer has more agreeing samples
-        assert chosen == min(i for i, n in enumerate(agree) if n == max(agree)
-                             and task.same_answer(row[i], row[chosen]))  # the first sample with that answer
+        assert chosen == min(
+            i for i, n in enumerate(agree) if n == max(agree) and task.same_answer(row[i], row[chosen])
+        )  # the first sample with that answer

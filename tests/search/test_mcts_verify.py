@@ -19,8 +19,9 @@ def test_mcts_trees_satisfy_mean_backup_identities(leaf_value, step_policy, tiny
     terminal: every visit backs up its one verifier value, W = N * value."""
     model, tok = step_policy
     engine = make_engine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
-    cfg = SearchConfig(method="mcts", leaf_value=leaf_value, expansions=3, simulations=15, budget=600,
-                       max_new_tokens=32)
+    cfg = SearchConfig(
+        method="mcts", leaf_value=leaf_value, expansions=3, simulations=15, budget=600, max_new_tokens=32
+    )
     ctx = make_context(problems, engine=engine, tokenizer=tok, task=task, config=cfg, prm=tiny_prm)
     roots = grow_trees(ctx)
     terminals = 0
@@ -29,8 +30,10 @@ def test_mcts_trees_satisfy_mean_backup_identities(leaf_value, step_policy, tiny
         for node in subtree(root):
             if node.children:
                 assert sum(c.prior for c in node.children) == pytest.approx(1.0)
-                assert all(c.tokens[: len(node.tokens)] == node.tokens and len(c.tokens) > len(node.tokens)
-                           for c in node.children)
+                assert all(
+                    c.tokens[: len(node.tokens)] == node.tokens and len(c.tokens) > len(node.tokens)
+                    for c in node.children
+                )
             if node.terminal:
                 terminals += 1
                 assert not node.children and node.evaluation is not None
@@ -38,7 +41,9 @@ def test_mcts_trees_satisfy_mean_backup_identities(leaf_value, step_policy, tiny
             else:
                 own = node.evaluation is not None
                 assert node.visits == own + sum(c.visits for c in node.children)
-                assert node.value_sum == pytest.approx((node.evaluation or 0.0) + sum(c.value_sum for c in node.children))
+                assert node.value_sum == pytest.approx(
+                    (node.evaluation or 0.0) + sum(c.value_sum for c in node.children)
+                )
             assert 0.0 <= node.q <= 1.0
             if leaf_value == "prm" and node is not root:
                 assert len(node.step_scores) >= 1

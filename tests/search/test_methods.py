@@ -7,10 +7,10 @@ from collections import defaultdict
 
 import pytest
 
-from creditrl.policy.engines import make_engine
 from creditrl.config import ConfigError, load_config
-from creditrl.search import METHOD_NAMES, METHODS, SearchConfig, search
+from creditrl.policy.engines import make_engine
 from creditrl.policy.tokenizer import encode_prompt
+from creditrl.search import METHOD_NAMES, METHODS, SearchConfig, search
 from creditrl.train.evaluate import evaluate
 
 MAX_NEW = 32
@@ -68,8 +68,13 @@ def test_budget_is_respected_and_counted_exactly(name, step_policy, tiny_prm, ta
 def test_greedy_search_equals_evaluate(step_policy, task, problems) -> None:
     model, tok = step_policy
     engine = make_engine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
-    result = search(problems, engine=engine, tokenizer=tok, task=task,
-                    config=SearchConfig(method="greedy", budget=1000, max_new_tokens=MAX_NEW))
+    result = search(
+        problems,
+        engine=engine,
+        tokenizer=tok,
+        task=task,
+        config=SearchConfig(method="greedy", budget=1000, max_new_tokens=MAX_NEW),
+    )
     reference = evaluate(model, tok, task, problems, max_new_tokens=MAX_NEW)
     assert [r.completion for r in result.problems] == reference.completions
     assert result.tokens_mean == pytest.approx(reference.mean_length)
@@ -79,11 +84,21 @@ def test_greedy_search_equals_evaluate(step_policy, task, problems) -> None:
 def test_beam_with_one_beam_one_expansion_at_temperature_zero_is_greedy(step_policy, tiny_prm, task, problems) -> None:
     model, tok = step_policy
     engine = make_engine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
-    greedy = search(problems, engine=engine, tokenizer=tok, task=task,
-                    config=SearchConfig(method="greedy", budget=1000, max_new_tokens=MAX_NEW))
-    beam = search(problems, engine=engine, tokenizer=tok, task=task, prm=tiny_prm,
-                  config=SearchConfig(method="beam", width=1, expansions=1, temperature=0.0, budget=1000,
-                                      max_new_tokens=MAX_NEW))
+    greedy = search(
+        problems,
+        engine=engine,
+        tokenizer=tok,
+        task=task,
+        config=SearchConfig(method="greedy", budget=1000, max_new_tokens=MAX_NEW),
+    )
+    beam = search(
+        problems,
+        engine=engine,
+        tokenizer=tok,
+        task=task,
+        prm=tiny_prm,
+        config=SearchConfig(method="beam", width=1, expansions=1, temperature=0.0, budget=1000, max_new_tokens=MAX_NEW),
+    )
     assert [r.completion for r in beam.problems] == [r.completion for r in greedy.problems]
     assert [r.tokens for r in beam.problems] == [r.tokens for r in greedy.problems]  # nothing wasted either
     assert beam.engine_calls > greedy.engine_calls  # ... but step by step: one call per step
@@ -99,25 +114,39 @@ def test_registry_matches_config_names() -> None:
     [
         ("method=sampling", "search.method: unknown value 'sampling'; valid: beam, best_of_n, greedy, mcts"),
         ("budget=0", "search.budget: must be >= 1, got 0"),
-        ("leaf_value=value_net", "search.leaf_value: unknown value 'value_net'; valid: prm, rollout_oracle, rollout_orm"),
+        (
+            "leaf_value=value_net",
+            "search.leaf_value: unknown value 'value_net'; valid: prm, rollout_oracle, rollout_orm",
+        ),
         ("width=0", "search.width: must be >= 1, got 0"),
         ("width=wide", "search.width: expected an integer, got 'wide'"),
-        ("beam_width=3", "unknown key 'beam_width' in section 'search'; valid keys: method, budget, .*; did you mean 'width'?"),
+        (
+            "beam_width=3",
+            "unknown key 'beam_width' in section 'search'; valid keys: method, budget, .*; did you mean 'width'?",
+        ),
     ],
 )
 def test_bad_search_settings_name_the_key(override, message) -> None:
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_config(overrides=[f"search.{override}"])
-    cfg = load_config(overrides=["search.method=beam", "search.width=3", "search.c_puct=2", "search.temperature=0.5"]).search
+    cfg = load_config(
+        overrides=["search.method=beam", "search.width=3", "search.c_puct=2", "search.temperature=0.5"]
+    ).search
     assert (cfg.method, cfg.width, cfg.c_puct, cfg.temperature) == ("beam", 3, 2.0, 0.5)
 
 
 @pytest.mark.parametrize(
     "config, message",
     [
-        (dict(method="best_of_n", selector="prm_max"),
-         "search.selector: unknown value 'prm_max'; valid: majority, orm, prm_last, prm_mean, prm_min, prm_product; did you mean 'prm_mean'\?"),
-        (dict(method="beam", aggregation="max"), "search.aggregation: unknown value 'max'; valid: last, mean, min, product"),
+        (
+            dict(method="best_of_n", selector="prm_max"),
+            r"search.selector: unknown value 'prm_max'; valid: majority, orm, prm_last, prm_mean, prm_min, "
+            r"prm_product; did you mean 'prm_mean'\?",
+        ),
+        (
+            dict(method="beam", aggregation="max"),
+            "search.aggregation: unknown value 'max'; valid: last, mean, min, product",
+        ),
     ],
 )
 def test_registry_names_are_checked_by_search(config, message, step_policy, task, problems) -> None:
@@ -143,6 +172,9 @@ def test_missing_model_is_a_value_error(config, message, step_policy, task, prob
     with pytest.raises(ValueError, match=message):
         search(problems, engine=engine, tokenizer=tok, task=task, config=SearchConfig(**config))
     # methods that need no model run without one
-    for ok in (dict(method="greedy"), dict(method="best_of_n", selector="majority"),
-               dict(method="mcts", leaf_value="rollout_oracle", simulations=2)):
+    for ok in (
+        dict(method="greedy"),
+        dict(method="best_of_n", selector="majority"),
+        dict(method="mcts", leaf_value="rollout_oracle", simulations=2),
+    ):
         search(problems, engine=engine, tokenizer=tok, task=task, config=SearchConfig(budget=40, **ok))

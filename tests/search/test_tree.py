@@ -69,8 +69,12 @@ def test_select_leaf_descends_until_unexpanded_or_terminal() -> None:
 
 def test_add_children_merges_identical_steps_and_sums_priors() -> None:
     node = Node(tokens=(7,))
-    steps = [((1, 2), math.log(0.2), False), ((3,), math.log(0.1), True), ((1, 2), math.log(0.2), False),
-             ((4, 4, 4), math.log(0.1), False)]
+    steps = [
+        ((1, 2), math.log(0.2), False),
+        ((3,), math.log(0.1), True),
+        ((1, 2), math.log(0.2), False),
+        ((4, 4, 4), math.log(0.1), False),
+    ]
     kids = add_children(node, steps, max_len=4)
     assert [k.tokens for k in kids] == [(7, 1, 2), (7, 3), (7, 4, 4, 4)]
     assert [k.prior for k in kids] == pytest.approx([0.4 / 0.6, 0.1 / 0.6, 0.1 / 0.6])

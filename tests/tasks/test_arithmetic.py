@@ -117,8 +117,7 @@ def test_heldout_share_is_about_one_over_mod(mod: int) -> None:
     rng = random.Random(123)
     n = 5000
     prompts = [
-        "".join(f"{rng.randint(1, 9)}{rng.choice('+-*')}" for _ in range(5)) + f"{rng.randint(1, 9)}="
-        for _ in range(n)
+        "".join(f"{rng.randint(1, 9)}{rng.choice('+-*')}" for _ in range(5)) + f"{rng.randint(1, 9)}=" for _ in range(n)
     ]
     share = sum(task.split_of(p) == "heldout" for p in prompts) / n
     assert abs(share - 1 / mod) < 0.03  # about 5 standard deviations
@@ -369,8 +368,14 @@ def test_problem_is_hashable_without_meta() -> None:
 def test_answer_hooks_read_what_check_outcome_reads() -> None:
     task = ArithmeticTask()
     problem = task.make_problem("7+3*2-5=")
-    for completion, answer in [("3*2=6;7+6=13;13-5=8;#8", "8"), ("#8 ", "8"), ("#8;3+3=6", "8;3+3=6"), ("1+1=2;", None),
-                               ("#-4#8", "-4#8"), ("", None)]:
+    for completion, answer in [
+        ("3*2=6;7+6=13;13-5=8;#8", "8"),
+        ("#8 ", "8"),
+        ("#8;3+3=6", "8;3+3=6"),
+        ("1+1=2;", None),
+        ("#-4#8", "-4#8"),
+        ("", None),
+    ]:
         assert task.extract_answer(completion) == answer
         stated = answer is not None and task.same_answer(problem.answer, answer)
         assert task.check_outcome(problem, completion) == stated

@@ -49,14 +49,16 @@ def test_problem_file_is_well_formed() -> None:
 def test_pyproject_ships_the_problem_file() -> None:
     """The problems must be package data, or a wheel install has no code task."""
     text = (ROOT / "pyproject.toml").read_text()
-    line = next(x for x in text.splitlines() if x.startswith('creditrl = ['))  # [tool.setuptools.package-data]
+    line = next(x for x in text.splitlines() if x.startswith("creditrl = ["))  # [tool.setuptools.package-data]
     assert '"tasks/data/*.jsonl"' in line
 
 
 def test_splits_are_disjoint_and_sampling_is_deterministic(task: CodeTask) -> None:
     train = {p.meta["name"] for p in task.sample(200, split="train", seed=1)}
     held = {p.meta["name"] for p in task.sample(100, split="heldout", seed=1)}
-    assert train == {p.meta["name"] for p in task.pools["train"]} and held == {p.meta["name"] for p in task.pools["heldout"]}
+    assert train == {p.meta["name"] for p in task.pools["train"]} and held == {
+        p.meta["name"] for p in task.pools["heldout"]
+    }
     assert not train & held and len(held) >= 5
     assert task.sample(5, split="train", seed=3) == task.sample(5, split="train", seed=3)
     assert task.sample(20, split="train", seed=3) != task.sample(20, split="train", seed=4)
@@ -101,7 +103,9 @@ def test_weaker_isolation_is_reported_once(monkeypatch: pytest.MonkeyPatch) -> N
 
 def test_make_task_and_argument_checks() -> None:
     built = make_task("code", timeout_s=0.5)
-    assert built.name == "code" and built.step_separator is None and built.limits == Limits(timeout_s=0.5, memory_mb=256)
+    assert (
+        built.name == "code" and built.step_separator is None and built.limits == Limits(timeout_s=0.5, memory_mb=256)
+    )
     with pytest.raises(TypeError):
         make_task("code", min_ops=1)
     with pytest.raises(ValueError, match="workers"):
@@ -153,11 +157,21 @@ def test_rl_trainer_runs_on_the_code_task(tmp_path: Path, monkeypatch: pytest.Mo
 
     monkeypatch.setattr(CodeTask, "test_results_batch", spy)
     torch.manual_seed(0)
-    cfg = code_config([
-        "reward.source=unit_tests", "train.init=policy", "train.iterations=2", "train.eval_every=2",
-        "train.eval_size=4", "train.checkpoint_every=2", "train.progress=false", "rollout.prompts_per_iter=2",
-        "rollout.group_size=3", "rollout.max_new_tokens=12", "train.threads=1",
-    ])
+    cfg = code_config(
+        [
+            "reward.source=unit_tests",
+            "train.init=policy",
+            "train.iterations=2",
+            "train.eval_every=2",
+            "train.eval_size=4",
+            "train.checkpoint_every=2",
+            "train.progress=false",
+            "rollout.prompts_per_iter=2",
+            "rollout.group_size=3",
+            "rollout.max_new_tokens=12",
+            "train.threads=1",
+        ]
+    )
     history = RLTrainer.from_config(cfg, tmp_path / "run").run().history
     rows = [r for r in history if "reward/mean" in r]
     assert [r["iteration"] for r in rows] == [1, 2]

@@ -10,9 +10,9 @@ import pytest
 
 from creditrl.cli import build_parser
 from creditrl.config import ConfigError, load_config
-from creditrl.train.resolve import checked
 from creditrl.tasks import Task, make_task
 from creditrl.tasks.base import TaskNameError
+from creditrl.train.resolve import checked
 from creditrl.train.rl import RLTrainer
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -64,10 +64,16 @@ def broken_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     "path, message",
     [
         ("no_such_module_xyz:Task", "task 'no_such_module_xyz:Task': cannot import module 'no_such_module_xyz'"),
-        ("{mod}:Nope", "task '{mod}:Nope': module '{mod}' has no attribute 'Nope'; expected a task class or a function"),
+        (
+            "{mod}:Nope",
+            "task '{mod}:Nope': module '{mod}' has no attribute 'Nope'; expected a task class or a function",
+        ),
         ("{mod}:LIMIT", r"task '{mod}:LIMIT': 'LIMIT' is not callable \(type int\)"),
-        ("{mod}:NoSteps", "task '{mod}:NoSteps': the factory returned a NoSteps that does not implement the Task "
-                          "protocol: missing check_steps"),
+        (
+            "{mod}:NoSteps",
+            "task '{mod}:NoSteps': the factory returned a NoSteps that does not implement the Task "
+            "protocol: missing check_steps",
+        ),
         ("{mod}:bare", "missing name, step_separator, sample, check_outcome, check_steps"),
         ("{mod}:", "task '{mod}:': an import path must read 'package.module:factory'"),
         ("nope", "unknown task 'nope'; valid tasks: .*math.*toy_summarise, toy_translate"),
@@ -85,9 +91,17 @@ def test_config_names_the_bad_task(broken_module):
 
 def test_two_rl_iterations_on_the_example_from_its_command_line(custom_task, tmp_path):
     args = build_parser().parse_args(shlex.split(CLI)[1:])
-    small = ["train.init=policy", "rollout.prompts_per_iter=2", "rollout.group_size=2", "rollout.max_new_tokens=12",
-             "train.iterations=2", "train.eval_every=2", "train.eval_size=4", "train.checkpoint_every=2",
-             "train.progress=false"]
+    small = [
+        "train.init=policy",
+        "rollout.prompts_per_iter=2",
+        "rollout.group_size=2",
+        "rollout.max_new_tokens=12",
+        "train.iterations=2",
+        "train.eval_every=2",
+        "train.eval_size=4",
+        "train.checkpoint_every=2",
+        "train.progress=false",
+    ]
     cfg = load_config(args.config, args.set + small)
     assert (cfg.task.name, cfg.task.args, cfg.reward.source) == ("custom_task:CountTask", {}, "oracle_steps")
     trainer = RLTrainer.from_config(cfg, tmp_path / "run")

@@ -88,7 +88,9 @@ def test_checks_work_from_a_worker_thread():
 
 def test_a_stuck_helper_is_killed_and_the_check_is_false(monkeypatch):
     monkeypatch.setattr(math_task, "_GRACE_S", 0.1)
-    stuck = math_task._Helper([sys.executable, "-c", "print('{\"result\": \"ready\"}', flush=True); import time; time.sleep(60)"])
+    stuck = math_task._Helper(
+        [sys.executable, "-c", 'print(\'{"result": "ready"}\', flush=True); import time; time.sleep(60)']
+    )
     start = time.perf_counter()
     assert stuck.call("match", ("7", "7"), 0.2) is None
     assert time.perf_counter() - start < 5 and stuck._proc is None
@@ -134,13 +136,20 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 
 def test_heldout_file_columns_template_and_parquet(tmp_path):
-    train = write_jsonl(tmp_path / "train.jsonl", [{"problem": "One half?", "solution": "\\frac{1}{2}"}, {"problem": "Two?", "solution": 2}])
+    train = write_jsonl(
+        tmp_path / "train.jsonl",
+        [{"problem": "One half?", "solution": "\\frac{1}{2}"}, {"problem": "Two?", "solution": 2}],
+    )
     heldout = tmp_path / "heldout.parquet"
     from datasets import Dataset
 
     Dataset.from_list([{"problem": "Three?", "solution": "3"}]).to_parquet(str(heldout))
     task = make_task(
-        "math", train_file=str(train), heldout_file=str(heldout), question_key="problem", answer_key="solution",
+        "math",
+        train_file=str(train),
+        heldout_file=str(heldout),
+        question_key="problem",
+        answer_key="solution",
         prompt_template="Solve: {question} Put it in \\boxed{}.",
     )
     assert [p.answer for p in task.pools["train"]] == ["\\frac{1}{2}", "2"]  # a number cell is written out
@@ -153,12 +162,20 @@ def test_heldout_file_columns_template_and_parquet(tmp_path):
     "rows, message",
     [
         ([{"question": "a?"}], r"row 1: field 'answer' is missing \(columns: question\)"),
-        ([{"question": "a?", "answer": "1"}, {"question": "b?", "answer": None}], "row 2: field 'answer' is missing or not text"),
+        (
+            [{"question": "a?", "answer": "1"}, {"question": "b?", "answer": None}],
+            "row 2: field 'answer' is missing or not text",
+        ),
         ([{"question": "a?", "answer": "1"}, {"question": "b?", "answer": "  "}], "row 2: field 'answer' is empty"),
         ([{"question": "", "answer": "1"}], "row 1: field 'question' is empty"),
-        ([{"question": "a?", "answer": "1"}, {"question": "b?", "answer": "\\foo{3}"}],
-         "row 2: field 'answer' is not a usable gold answer: math-verify finds no mathematical value"),
-        ([{"question": "a?", "answer": "1/0"}], "row 1: field 'answer' is not a usable gold answer: '1/0' is not a number"),
+        (
+            [{"question": "a?", "answer": "1"}, {"question": "b?", "answer": "\\foo{3}"}],
+            "row 2: field 'answer' is not a usable gold answer: math-verify finds no mathematical value",
+        ),
+        (
+            [{"question": "a?", "answer": "1/0"}],
+            "row 1: field 'answer' is not a usable gold answer: '1/0' is not a number",
+        ),
     ],
 )
 def test_malformed_rows_name_file_row_and_field(tmp_path, rows, message):
@@ -227,8 +244,13 @@ def test_two_rl_iterations_on_the_bundled_sample(tmp_path, scored_by):
 
 @pytest.mark.parametrize(
     "completion, answer",
-    [(" \\boxed{1/2}", "\\frac{1}{2}"), (" 0.5", "0.5"), ("so it is $\\frac{3}{4}$", "\\frac{3}{4}"),
-     (" x = 3", "3"), (" no number here", None)],
+    [
+        (" \\boxed{1/2}", "\\frac{1}{2}"),
+        (" 0.5", "0.5"),
+        ("so it is $\\frac{3}{4}$", "\\frac{3}{4}"),
+        (" x = 3", "3"),
+        (" no number here", None),
+    ],
 )
 def test_extract_answer_writes_what_math_verify_reads(completion: str, answer: str | None) -> None:
     assert make_task("math").extract_answer(completion) == answer

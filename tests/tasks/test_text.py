@@ -107,8 +107,12 @@ TINY_RUN = [
     [("toy_translate", "bleu", "sequence"), ("toy_translate", "chrf", "step"), ("toy_summarise", "rouge", "sequence")],
 )
 def test_two_rl_iterations(tmp_path, task, source, granularity, scored_by):
-    over = [f"task.name={task}", "task.args={min_sentences: 2}" if task == "toy_translate" else "task.args={}",
-            f"reward.source={source}", f"reward.granularity={granularity}"]
+    over = [
+        f"task.name={task}",
+        "task.args={min_sentences: 2}" if task == "toy_translate" else "task.args={}",
+        f"reward.source={source}",
+        f"reward.granularity={granularity}",
+    ]
     trainer = RLTrainer.from_config(load_config(overrides=TINY_RUN + over), tmp_path / "run")
     history = trainer.run().history
     assert [r["iteration"] for r in history] == [0, 1, 2]

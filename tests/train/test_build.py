@@ -16,9 +16,16 @@ from creditrl.train.resolve import checked
 from creditrl.train.rl import RLTrainer
 
 TINY = [
-    "train.init=policy", "task.args={min_ops: 1, max_ops: 2, operand_max: 3}", "rollout.prompts_per_iter=2",
-    "rollout.group_size=2", "rollout.max_new_tokens=12", "train.iterations=1", "train.eval_size=4",
-    "train.progress=false", "train.checkpoint_every=1", "train.eval_every=1",
+    "train.init=policy",
+    "task.args={min_ops: 1, max_ops: 2, operand_max: 3}",
+    "rollout.prompts_per_iter=2",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=12",
+    "train.iterations=1",
+    "train.eval_size=4",
+    "train.progress=false",
+    "train.checkpoint_every=1",
+    "train.eval_every=1",
 ]
 
 
@@ -38,9 +45,17 @@ def counting_task():
 
 def test_the_task_is_built_once_per_run(counting_task, tmp_path: Path) -> None:
     name, built = counting_task
-    over = TINY + [f"task.name={name}", "task.args={min_ops: 1, max_ops: 2, operand_max: 3}", "sft.task_args={}",
-                   "reward.source=oracle_steps", "credit.estimator=gae", "value.source=mc", "value.mc_samples=2",
-                   "hybrid.dense_source=outcome", "train.eval_every=1"]
+    over = TINY + [
+        f"task.name={name}",
+        "task.args={min_ops: 1, max_ops: 2, operand_max: 3}",
+        "sft.task_args={}",
+        "reward.source=oracle_steps",
+        "credit.estimator=gae",
+        "value.source=mc",
+        "value.mc_samples=2",
+        "hybrid.dense_source=outcome",
+        "train.eval_every=1",
+    ]
     RLTrainer.from_config(load_config(overrides=over), tmp_path / "run").run()
     assert len(built) == 1  # checks, scorer, value stage, evaluation and the loop all share it
 
@@ -49,18 +64,31 @@ def test_an_sft_start_builds_the_sft_task_once_more(counting_task, tmp_path: Pat
     name, built = counting_task
     monkeypatch.setenv("CREDITRL_CACHE", str(tmp_path / "cache"))
     over = [o for o in TINY if not o.startswith("train.init")] + [
-        f"task.name={name}", "task.args={min_ops: 1, max_ops: 2, operand_max: 3}",
-        "sft.task_args={min_ops: 1, max_ops: 1, operand_max: 3}", "sft.steps=2", "sft.batch_size=4", "sft.warmup_steps=1"]
+        f"task.name={name}",
+        "task.args={min_ops: 1, max_ops: 2, operand_max: 3}",
+        "sft.task_args={min_ops: 1, max_ops: 1, operand_max: 3}",
+        "sft.steps=2",
+        "sft.batch_size=4",
+        "sft.warmup_steps=1",
+    ]
     build_run(load_config(overrides=over))
     assert built == [{"min_ops": 1, "max_ops": 2, "operand_max": 3}, {"min_ops": 1, "max_ops": 1, "operand_max": 3}]
 
 
 def test_config_yaml_is_the_resolved_config(tmp_path: Path) -> None:
     cfg = load_config(overrides=TINY + ["reward.source=oracle_steps", "credit.estimator=gae", "value.source=critic"])
-    unresolved = {("policy", "engine"): "auto", ("policy", "kernels"): "auto", ("policy", "chat_template"): "auto",
-                  ("reward", "granularity"): "", ("reward", "step_separator"): None, ("credit", "resolution"): "auto",
-                  ("loss", "recompute_logprobs"): "auto", ("loss", "clip_eps_high"): None, ("train", "threads"): 0,
-                  ("prm", "completer"): ""}
+    unresolved = {
+        ("policy", "engine"): "auto",
+        ("policy", "kernels"): "auto",
+        ("policy", "chat_template"): "auto",
+        ("reward", "granularity"): "",
+        ("reward", "step_separator"): None,
+        ("credit", "resolution"): "auto",
+        ("loss", "recompute_logprobs"): "auto",
+        ("loss", "clip_eps_high"): None,
+        ("train", "threads"): 0,
+        ("prm", "completer"): "",
+    }
     for (section, key), value in unresolved.items():  # the loaded config still holds its defaults
         assert getattr(getattr(cfg, section), key) == value
     trainer = RLTrainer.from_config(cfg, tmp_path / "run")
@@ -93,4 +121,6 @@ def test_the_engine_choice_is_logged_with_its_reason(tmp_path: Path, caplog) -> 
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("creditrl: engine")]
     assert lines[0] == "creditrl: engine static (auto: the static engine runs llama on the CPU)"
     assert lines[1] == "creditrl: engine hf (as configured)"
-    assert lines[2].startswith("creditrl: engine hf (auto: the static engine cannot run this model: the model carries peft")
+    assert lines[2].startswith(
+        "creditrl: engine hf (auto: the static engine cannot run this model: the model carries peft"
+    )

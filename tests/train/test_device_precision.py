@@ -14,12 +14,11 @@ import pytest
 import torch
 
 from creditrl.config import ConfigError, load_config
-from creditrl.train.resolve import checked
 from creditrl.policy.device import autocast, resolve_device
-from creditrl.policy.engines import HFEngine, SamplingParams
+from creditrl.policy.engines import HFEngine, SamplingParams, StaticEngine, make_engine
 from creditrl.policy.model import load_policy
-from creditrl.policy.engines import StaticEngine, make_engine
 from creditrl.rollout.batch import batch_from_generation, response_logprobs
+from creditrl.train.resolve import checked
 from creditrl.train.rl import RLTrainer
 from creditrl.train.sft import sft_key, train_sft
 
@@ -48,7 +47,9 @@ def test_device_names(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert resolve_device("cpu") == torch.device("cpu")
     assert resolve_device("auto") == torch.device("cpu")
-    with pytest.raises(ValueError, match="policy.device: 'cuda' but torch sees no CUDA device .* use policy.device=cpu or auto"):
+    with pytest.raises(
+        ValueError, match="policy.device: 'cuda' but torch sees no CUDA device .* use policy.device=cpu or auto"
+    ):
         resolve_device("cuda")
     with pytest.raises(ValueError, match="policy.device: expected cpu, cuda, cuda:N or auto, got 'gpu'"):
         resolve_device("gpu")
@@ -72,7 +73,9 @@ def test_config_errors_name_the_key(monkeypatch):
     assert load_config(overrides=["backend.learner=fsdp"]).backend.learner == "fsdp"  # fp32, auto: no recompute
     with pytest.raises(ConfigError, match="the Ray backend's rollout workers sample in fp32"):
         checked(load_config(overrides=["policy.precision=bf16", "backend.name=ray"]))
-    with pytest.raises(ConfigError, match="loss.recompute_logprobs: unknown value 'sometimes'; valid: always, auto, never"):
+    with pytest.raises(
+        ConfigError, match="loss.recompute_logprobs: unknown value 'sometimes'; valid: always, auto, never"
+    ):
         checked(load_config(overrides=["loss.recompute_logprobs=sometimes"]))
     if not torch.cuda.is_available():
         with pytest.raises(ConfigError, match="policy.device: 'cuda' but torch sees no CUDA device"):
@@ -99,8 +102,9 @@ def test_sft_cache_key_changes_only_when_set():
 def _batch(model, tok, n=3):
     engine = HFEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
     prompts = [tok("1+2=")["input_ids"], tok("3*4-5=")["input_ids"]]
-    gen = engine.generate(prompts, n, SamplingParams(max_new_tokens=8, temperature=1.0),
-                          generator=torch.Generator().manual_seed(0))
+    gen = engine.generate(
+        prompts, n, SamplingParams(max_new_tokens=8, temperature=1.0), generator=torch.Generator().manual_seed(0)
+    )
     return batch_from_generation(gen, gen.prompt_index, tok.pad_token_id)
 
 
@@ -120,7 +124,9 @@ def test_batch_moves_every_tensor_and_shares_extras():
 def test_static_engine_refuses_a_model_off_the_cpu():
     model, tok = load_policy("tiny")
     model.to("meta")
-    with pytest.raises(ValueError, match="StaticEngine cannot run this model: it is written for the CPU and the model is on 'meta'"):
+    with pytest.raises(
+        ValueError, match="StaticEngine cannot run this model: it is written for the CPU and the model is on 'meta'"
+    ):
         StaticEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
     assert isinstance(make_engine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, kind="auto"), HFEngine)
 
@@ -143,8 +149,9 @@ def test_engines_sample_under_autocast(precision, kind):
     # where a row's tokens agree so far the log-probs differ by rounding only.
     same = [x == y for x, y in zip(a.tokens, b.tokens)]
     assert sum(same) >= 8, sum(same)
-    gaps = [abs(p - q) for x, y, lx, ly in zip(a.tokens, b.tokens, a.logprobs, b.logprobs) if x == y
-            for p, q in zip(lx, ly)]
+    gaps = [
+        abs(p - q) for x, y, lx, ly in zip(a.tokens, b.tokens, a.logprobs, b.logprobs) if x == y for p, q in zip(lx, ly)
+    ]
     assert 0 < max(gaps) < 0.1, max(gaps)
     # and the mixed engine's log-probs are those of the autocast forward pass itself
     batch = batch_from_generation(b, b.prompt_index, pad)
@@ -182,15 +189,23 @@ def test_bf16_run_keeps_float32_weights_and_logs_the_gap(tmp_path: Path):
 
 
 def test_fp16_scaler_is_logged_and_resumed(tmp_path: Path):
-    over = TINY + ["policy.precision=fp16", "train.iterations=4", "train.eval_every=2", "train.checkpoint_every=2",
-                   "loss.entropy_coef=0.01"]
+    over = TINY + [
+        "policy.precision=fp16",
+        "train.iterations=4",
+        "train.eval_every=2",
+        "train.checkpoint_every=2",
+        "loss.entropy_coef=0.01",
+    ]
     RLTrainer.from_config(load_config(overrides=over), tmp_path / "full").run()
     part = RLTrainer.from_config(load_config(overrides=over + ["train.iterations=2"]), tmp_path / "part")
     part.run()
     cfg_text = (tmp_path / "part" / "config.yaml").read_text().replace("\n  iterations: 2\n", "\n  iterations: 4\n")
     (tmp_path / "part" / "config.yaml").write_text(cfg_text)
     resumed = RLTrainer.resume(tmp_path / "part")
-    assert resumed.parts.scaler is not None and resumed.parts.scaler.get_scale() == rows(tmp_path / "part")[2]["optim/loss_scale"]
+    assert (
+        resumed.parts.scaler is not None
+        and resumed.parts.scaler.get_scale() == rows(tmp_path / "part")[2]["optim/loss_scale"]
+    )
     resumed.run()
     a, b = rows(tmp_path / "full"), rows(tmp_path / "part")
     assert a[1]["optim/loss_scale"] == 65536.0  # torch's initial scale

@@ -56,12 +56,16 @@ def test_mean_reward_rises_on_easy_setting(sft_dir: str, tmp_path: Path) -> None
 
 @pytest.mark.parametrize("optimizer", [[], ["optim.name=sgd", "optim.lr=0.05"]], ids=["adamw", "sgd"])
 def test_resume_gives_the_same_metrics(sft_dir: str, tmp_path: Path, optimizer: list[str]) -> None:
-    over = EASY + optimizer + ["train.iterations=4", "train.eval_every=2", "train.checkpoint_every=2", "train.threads=1"]
+    over = (
+        EASY + optimizer + ["train.iterations=4", "train.eval_every=2", "train.checkpoint_every=2", "train.threads=1"]
+    )
     full = RLTrainer.from_config(load_config(overrides=over), tmp_path / "full", init_path=sft_dir)
     assert type(full.parts.optimizer).__name__ == ("SGD" if optimizer else "AdamW")
     full.run()
     # an interrupted run: stop after the checkpoint at iteration 2, then resume to 4
-    part = RLTrainer.from_config(load_config(overrides=over + ["train.iterations=2"]), tmp_path / "part", init_path=sft_dir)
+    part = RLTrainer.from_config(
+        load_config(overrides=over + ["train.iterations=2"]), tmp_path / "part", init_path=sft_dir
+    )
     part.run()
     cfg_text = (tmp_path / "part" / "config.yaml").read_text().replace("\n  iterations: 2\n", "\n  iterations: 4\n")
     (tmp_path / "part" / "config.yaml").write_text(cfg_text)
@@ -83,8 +87,17 @@ def test_run_directory_contents(sft_dir: str, tmp_path: Path) -> None:
     assert load_config(run / "config.yaml") == trainer.cfg  # the resolved config the run used
     metrics = rows(run)
     assert [r["iteration"] for r in metrics] == [0, 1, 2]
-    for key in ("reward/mean", "policy/clipfrac", "policy/approx_kl", "policy/entropy", "adv/std",
-                "time/rollout_s", "time/update_s", "eval/accuracy", "eval/step_accuracy"):
+    for key in (
+        "reward/mean",
+        "policy/clipfrac",
+        "policy/approx_kl",
+        "policy/entropy",
+        "adv/std",
+        "time/rollout_s",
+        "time/update_s",
+        "eval/accuracy",
+        "eval/step_accuracy",
+    ):
         assert key in metrics[-1]
     ckpts = run / "checkpoints"
     assert (ckpts / "latest").read_text() == "iter_000002"
@@ -110,8 +123,10 @@ def test_sft_is_cached_by_config_hash(sft_dir: str, tmp_path: Path, monkeypatch:
 
 
 def test_token_budget_stops_the_run_with_a_final_evaluation(sft_dir: str, tmp_path: Path) -> None:
-    cfg = load_config(overrides=EASY + ["train.iterations=50", "train.eval_every=50", "train.checkpoint_every=50",
-                                        "train.max_tokens=600"])
+    cfg = load_config(
+        overrides=EASY
+        + ["train.iterations=50", "train.eval_every=50", "train.checkpoint_every=50", "train.max_tokens=600"]
+    )
     history = RLTrainer.from_config(cfg, tmp_path / "run", init_path=sft_dir).run().history
     last = history[-1]
     assert last["tokens/total"] >= 600 > history[-2]["tokens/total"]  # stopped at the first iteration past it

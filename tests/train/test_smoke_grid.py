@@ -120,7 +120,12 @@ def test_critic_warmup_trains_only_the_critic(sft_dir: str, tmp_path: Path) -> N
 def test_shared_critic_moves_the_trunk_only_when_the_policy_trains(sft_dir: str, tmp_path: Path, warmup: int) -> None:
     cfg = load_config(
         overrides=SMALL
-        + ["credit.estimator=gae", "value.source=dual_critic", "value.model=shared", f"value.warmup_iterations={warmup}"]
+        + [
+            "credit.estimator=gae",
+            "value.source=dual_critic",
+            "value.model=shared",
+            f"value.warmup_iterations={warmup}",
+        ]
     )
     trainer = RLTrainer.from_config(cfg, tmp_path / "run", init_path=sft_dir)
     assert trainer.parts.value_stage.critic.shared and trainer.parts.value_stage.critic.members == 2
@@ -153,7 +158,12 @@ def test_hybrids_and_shaping_in_the_loop(sft_dir: str, tmp_path: Path) -> None:
     )
     assert all_finite(rows)
     # switch at 50%: iterations 1-2 are sequence-only, 3-4 dense-only
-    assert [(r["hybrid/w_seq"], r["hybrid/w_dense"] > 0) for r in rows[1:]] == [(1.0, False), (1.0, False), (0.0, True), (0.0, True)]
+    assert [(r["hybrid/w_seq"], r["hybrid/w_dense"] > 0) for r in rows[1:]] == [
+        (1.0, False),
+        (1.0, False),
+        (0.0, True),
+        (0.0, True),
+    ]
     # the oracle's verdict (every step right) matches the outcome checker except for a right
     # answer reached through a wrong step, which is rare: near-full trust
     assert all(r["hybrid/agreement"] >= 0.9 for r in rows[1:])
@@ -182,19 +192,28 @@ def test_separate_critic_on_its_own_backbone(sft_dir: str, tmp_path: Path) -> No
 
 def test_resume_with_critic_and_calibrator_gives_the_same_metrics(sft_dir: str, tmp_path: Path) -> None:
     over = SMALL + [
-        "train.iterations=4", "train.checkpoint_every=2", "train.eval_every=2",
-        "credit.estimator=gae", "value.source=critic", "value.lr=1e-3",
-        "hybrid.dense_source=oracle_steps", "hybrid.calibrate=true",
+        "train.iterations=4",
+        "train.checkpoint_every=2",
+        "train.eval_every=2",
+        "credit.estimator=gae",
+        "value.source=critic",
+        "value.lr=1e-3",
+        "hybrid.dense_source=oracle_steps",
+        "hybrid.calibrate=true",
     ]
     RLTrainer.from_config(load_config(overrides=over), tmp_path / "full", init_path=sft_dir).run()
-    part = RLTrainer.from_config(load_config(overrides=over + ["train.iterations=2"]), tmp_path / "part", init_path=sft_dir)
+    part = RLTrainer.from_config(
+        load_config(overrides=over + ["train.iterations=2"]), tmp_path / "part", init_path=sft_dir
+    )
     part.run()
     cfg_text = (tmp_path / "part" / "config.yaml").read_text().replace("\n  iterations: 2\n", "\n  iterations: 4\n")
     (tmp_path / "part" / "config.yaml").write_text(cfg_text)
     RLTrainer.resume(tmp_path / "part").run()
     import json
 
-    a, b = ([json.loads(x) for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()] for d in ("full", "part"))
+    a, b = (
+        [json.loads(x) for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()] for d in ("full", "part")
+    )
     assert [r["iteration"] for r in a] == [r["iteration"] for r in b] == [0, 1, 2, 3, 4]
     for ra, rb in zip(a, b):
         for key in ra:

@@ -29,7 +29,9 @@ def test_chunk_weights_recombine_the_aggregate(name):
 
 
 def _batch(model, tok, seed=0):
-    prompts = [[tok.bos_token_id, *tok.encode(s, add_special_tokens=False)] for s in ["7+3=", "12*4-5=", "1=", "99-3*2="]]
+    prompts = [
+        [tok.bos_token_id, *tok.encode(s, add_special_tokens=False)] for s in ["7+3=", "12*4-5=", "1=", "99-3*2="]
+    ]
     gen = HFEngine(model, eos_id=tok.encode("#", add_special_tokens=False)[0], pad_id=tok.pad_token_id).generate(
         prompts, 3, SamplingParams(max_new_tokens=12), generator=torch.Generator().manual_seed(seed)
     )
@@ -61,8 +63,13 @@ def test_micro_batched_update_equals_whole_minibatch(aggregation, critic_model):
     ref = batch.old_logprobs + 0.1 * torch.randn(batch.response_mask.shape, generator=g)
     results = []
     for positions in (0, 40):
-        cfg = load_config(None, {"loss": {"aggregation": aggregation, "kl_coef": 0.1, "entropy_coef": 0.01},
-                                 "optim": {"micro_batch_positions": positions, "minibatches": 2}})
+        cfg = load_config(
+            None,
+            {
+                "loss": {"aggregation": aggregation, "kl_coef": 0.1, "entropy_coef": 0.01},
+                "optim": {"micro_batch_positions": positions, "minibatches": 2},
+            },
+        )
         m = copy.deepcopy(model)
         opt = torch.optim.SGD(m.parameters(), lr=1.0)
         target = None
@@ -71,8 +78,17 @@ def test_micro_batched_update_equals_whole_minibatch(aggregation, critic_model):
             copt = torch.optim.SGD(critic.parameters(), lr=1.0)
             returns = torch.randn(batch.response_mask.shape, generator=torch.Generator().manual_seed(3))
             target = CriticTarget(critic, copt, returns, torch.zeros(2, *batch.response_mask.shape))
-        logs = update(m, opt, batch, adv, batch.response_mask, cfg, torch.Generator().manual_seed(4),
-                      ref_logprobs=ref, critic=target)
+        logs = update(
+            m,
+            opt,
+            batch,
+            adv,
+            batch.response_mask,
+            cfg,
+            torch.Generator().manual_seed(4),
+            ref_logprobs=ref,
+            critic=target,
+        )
         params = torch.cat([p.detach().flatten() for p in m.parameters()])
         if target is not None:
             params = torch.cat([params, *[p.detach().flatten() for p in target.critic.parameters()]])
@@ -88,7 +104,9 @@ def test_micro_batched_update_equals_whole_minibatch(aggregation, critic_model):
 def test_make_optimizer_follows_the_config() -> None:
     from creditrl.train.optim import make_optimizer
 
-    cfg = load_config(overrides=["optim.lr=0.1", "optim.beta1=0.8", "optim.beta2=0.95", "optim.eps=1e-3", "optim.weight_decay=0.01"])
+    cfg = load_config(
+        overrides=["optim.lr=0.1", "optim.beta1=0.8", "optim.beta2=0.95", "optim.eps=1e-3", "optim.weight_decay=0.01"]
+    )
     w = torch.nn.Parameter(torch.tensor([1.0, -2.0]))
     opt = make_optimizer([w], cfg.optim)
     group = opt.param_groups[0]
@@ -130,9 +148,13 @@ def test_skipping_zero_advantage_rows_gives_the_same_step(aggregation):
     adv[~zero, 0] = torch.where(adv[~zero, 0] == 0, 1.0, adv[~zero, 0])  # every other row has a non-zero token
     runs = {}
     for skip in (False, True):
-        cfg = load_config(None, {"loss": {"aggregation": aggregation},
-                                 "optim": {"skip_zero_advantage": skip, "minibatches": 2, "ppo_epochs": 2,
-                                           "micro_batch_positions": 40}})
+        cfg = load_config(
+            None,
+            {
+                "loss": {"aggregation": aggregation},
+                "optim": {"skip_zero_advantage": skip, "minibatches": 2, "ppo_epochs": 2, "micro_batch_positions": 40},
+            },
+        )
         m = copy.deepcopy(model)
         opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
         logs = update(m, opt, batch, adv, batch.response_mask, cfg, torch.Generator().manual_seed(4))
@@ -154,12 +176,25 @@ def test_skipped_rows_leave_the_diagnostics_of_the_trained_rows():
     kept = batch.group_ids == 2
     adv[kept] = 1.0
     cfg = load_config(None, {"optim": {"micro_batch_positions": 0}})
-    logs = update(copy.deepcopy(model), torch.optim.SGD(model.parameters(), lr=0.0), batch, adv,
-                  batch.response_mask, cfg, torch.Generator().manual_seed(0))
+    logs = update(
+        copy.deepcopy(model),
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        batch,
+        adv,
+        batch.response_mask,
+        cfg,
+        torch.Generator().manual_seed(0),
+    )
     sub = batch.select(torch.nonzero(kept).flatten())
-    ref = update(copy.deepcopy(model), torch.optim.SGD(model.parameters(), lr=0.0), sub, adv[kept],
-                 sub.response_mask, load_config(None, {"optim": {"skip_zero_advantage": False, "micro_batch_positions": 0}}),
-                 torch.Generator().manual_seed(0))
+    ref = update(
+        copy.deepcopy(model),
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        sub,
+        adv[kept],
+        sub.response_mask,
+        load_config(None, {"optim": {"skip_zero_advantage": False, "micro_batch_positions": 0}}),
+        torch.Generator().manual_seed(0),
+    )
     assert logs["update/skipped_rows"] == pytest.approx(9 / 12)
     assert logs["policy/entropy"] == pytest.approx(ref["policy/entropy"], rel=1e-5)
     assert logs["policy/clipfrac"] == ref["policy/clipfrac"] == 0.0
@@ -179,7 +214,9 @@ def test_an_all_zero_advantage_step_is_still_a_zero_gradient_step(overrides):
         opt = torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.1)
         update(m, opt, batch, first, batch.response_mask, cfg, torch.Generator().manual_seed(0))
         after_first = _params(m)
-        logs = update(m, opt, batch, torch.zeros_like(first), batch.response_mask, cfg, torch.Generator().manual_seed(0))
+        logs = update(
+            m, opt, batch, torch.zeros_like(first), batch.response_mask, cfg, torch.Generator().manual_seed(0)
+        )
         runs[skip] = (_params(m), logs)
         assert float((runs[skip][0] - after_first).abs().max()) > 1e-5  # momentum moved it
     assert torch.allclose(runs[False][0], runs[True][0], atol=1e-7)

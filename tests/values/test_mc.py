@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from creditrl.policy.engines import Generation, HFEngine, SamplingParams
-from creditrl.rollout.batch import batch_from_generation
 from creditrl.policy.tokenizer import decode_response
+from creditrl.rollout.batch import batch_from_generation
 from creditrl.values import MCValues, mc_values
 from creditrl.values.mc import step_spans
 
@@ -120,8 +120,14 @@ def test_values_match_a_slow_per_row_reference():
     prompts, responses, ends, script = shared_prefix_case()
     batch, step_ends = make_batch(prompts, responses, ends)
     out = mc_values(
-        ScriptedEngine(script), batch, step_ends, ContainsFive(), samples=2,
-        params=SamplingParams(max_new_tokens=10), generator=None, decode=decode,
+        ScriptedEngine(script),
+        batch,
+        step_ends,
+        ContainsFive(),
+        samples=2,
+        params=SamplingParams(max_new_tokens=10),
+        generator=None,
+        decode=decode,
     )
     for b, (prompt, response) in enumerate(zip(prompts, responses)):
         cuts = sorted({e for e in ends[b] if e < len(response)} | {len(response) - 1})
@@ -145,8 +151,14 @@ def test_budget_truncates_continuations_and_skips_exhausted_prefixes():
     batch, step_ends = make_batch(prompts, responses, ends)
     engine, outcome = ScriptedEngine(script), ContainsFive()
     out = mc_values(
-        engine, batch, step_ends, outcome, samples=3,
-        params=SamplingParams(max_new_tokens=4), generator=None, decode=decode,
+        engine,
+        batch,
+        step_ends,
+        outcome,
+        samples=3,
+        params=SamplingParams(max_new_tokens=4),
+        generator=None,
+        decode=decode,
     )
     assert out.values.tolist() == [[1.0, 1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0, 1.0]]
     assert sorted(engine.calls[0][0]) == sorted([[1], [1, 10], [1, 10, 11, 12], [1, 4]])
@@ -175,15 +187,31 @@ def test_empty_responses_have_no_states():
     # an empty response has no steps: nothing is requested for it and its row is all zeros
     batch, step_ends = make_batch([[1], [1, 2]], [[], [10]], [[], [0]])
     engine = ScriptedEngine({(1, 2): [[5]]})
-    out = mc_values(engine, batch, step_ends, ContainsFive(), samples=1,
-                    params=SamplingParams(max_new_tokens=3), generator=None, decode=decode)
+    out = mc_values(
+        engine,
+        batch,
+        step_ends,
+        ContainsFive(),
+        samples=1,
+        params=SamplingParams(max_new_tokens=3),
+        generator=None,
+        decode=decode,
+    )
     assert out.values.tolist() == [[0.0], [1.0]]
     assert engine.calls[0][0] == [[1, 2]]
     # no states at all: the engine is not called
     batch, step_ends = make_batch([[1], [1]], [[], []], [[], []])
     engine = ScriptedEngine({})
-    out = mc_values(engine, batch, step_ends, ContainsFive(), samples=4,
-                    params=SamplingParams(max_new_tokens=1), generator=None, decode=decode)
+    out = mc_values(
+        engine,
+        batch,
+        step_ends,
+        ContainsFive(),
+        samples=4,
+        params=SamplingParams(max_new_tokens=1),
+        generator=None,
+        decode=decode,
+    )
     assert engine.calls == []
     assert (out.n_states, out.n_continuations, out.n_tokens) == (0, 0, 0)
     assert out.values.tolist() == [[0.0], [0.0]]
@@ -288,8 +316,14 @@ def test_hf_sampled_values_are_means_of_recorded_continuations(policy):
     dec = lambda ids: decode_response(tok, ids)  # noqa: E731
     samples = 4
     out = mc_values(
-        recording, batch, step_ends, outcome, samples=samples, params=params,
-        generator=torch.Generator().manual_seed(5), decode=dec,
+        recording,
+        batch,
+        step_ends,
+        outcome,
+        samples=samples,
+        params=params,
+        generator=torch.Generator().manual_seed(5),
+        decode=dec,
     )
     assert len(recording.generations) == 1
     gen = recording.generations[0]
@@ -313,7 +347,13 @@ def test_hf_sampled_values_are_means_of_recorded_continuations(policy):
     assert (out.values[~batch.response_mask] == 0).all()
     # same seed, same values
     again = mc_values(
-        engine, batch, step_ends, outcome, samples=samples, params=params,
-        generator=torch.Generator().manual_seed(5), decode=dec,
+        engine,
+        batch,
+        step_ends,
+        outcome,
+        samples=samples,
+        params=params,
+        generator=torch.Generator().manual_seed(5),
+        decode=dec,
     )
     assert torch.equal(again.values, out.values)

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from creditrl.config import ConfigError, load_config
-from creditrl.train.resolve import checked
 from creditrl.credit import estimate_at
 from creditrl.policy.engines import HFEngine, SamplingParams
+from creditrl.train.resolve import checked
 from creditrl.values.tree import TreeShape, generated_tokens, tree_rollout, tree_values
 
 
@@ -35,8 +35,16 @@ def test_tree_advantages_equal_hand_computed_values():
     for b, n in enumerate(lengths):
         rewards[b, n - 1], reward_mask[b, n - 1] = outcomes[b], True
     adv, _ = estimate_at(
-        "step", "gae", rewards, reward_mask, mask, step_ends=tv.segment_ends,
-        group_ids=torch.zeros(4, dtype=torch.long), values=tv.values, gamma=1.0, lam=0.0,
+        "step",
+        "gae",
+        rewards,
+        reward_mask,
+        mask,
+        step_ends=tv.segment_ends,
+        group_ids=torch.zeros(4, dtype=torch.long),
+        values=tv.values,
+        gamma=1.0,
+        lam=0.0,
     )
     # A = V(child) - V(parent) on the first segment, outcome - V(parent) on the last
     first = {0: 0.5 - 0.75, 1: 0.5 - 0.75, 2: 1.0 - 0.75, 3: 1.0 - 0.75}
@@ -66,7 +74,9 @@ def engine_and_stop(peaked_tiny):
     eos = 57
     engine = HFEngine(model, eos_id=eos, pad_id=tok.pad_token_id)
     # the most frequent sampled token (not eos) ends a "step", so trees branch several times
-    gen = engine.generate([[1, 5, 6]], 16, SamplingParams(max_new_tokens=12), generator=torch.Generator().manual_seed(0))
+    gen = engine.generate(
+        [[1, 5, 6]], 16, SamplingParams(max_new_tokens=12), generator=torch.Generator().manual_seed(0)
+    )
     counts: dict[int, int] = {}
     for toks in gen.tokens:
         for t in toks:

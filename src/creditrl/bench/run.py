@@ -10,7 +10,8 @@ Sections (each prints min / median / max over repeats, and ratios peer / creditr
    ``rollout`` (the policy's own eos: what an RL iteration generates). Repeats are interleaved.
 3. ``iteration`` -- one GRPO iteration (rollout, score, credit, update) through TRL's
    ``GRPOTrainer`` and through :class:`~creditrl.train.rl.RLTrainer`, in alternating rounds of a
-   few iterations each (the first of every round dropped as warm-up); creditrl's rollout / update split; the update's achieved FLOP/s
+   few iterations each (the first of every round dropped as warm-up); creditrl's rollout / update split; the update's
+   achieved FLOP/s
    (``6 * non-embedding parameters * positions computed``, forward + backward) against ``peak``.
 4. ``curve``     -- (``--curve N``) N iterations of each from the same start: mean reward per
    iteration, plotted together (``reward_curve.png``).
@@ -25,20 +26,20 @@ import json
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from creditrl.config import Config, load_config
 from creditrl.config.loader import arith_config_path
 from creditrl.experiments.report import peak_rss_mb, write_results
-from creditrl.policy.engines import HFEngine, SamplingParams
+from creditrl.policy.engines import HFEngine, SamplingParams, StaticEngine
 from creditrl.policy.model import build_tiny, count_parameters, load_policy
-from creditrl.policy.engines import StaticEngine
-from creditrl.tasks import make_task
 from creditrl.policy.tokenizer import encode_prompt
+from creditrl.tasks import make_task
 
 
 @dataclass
@@ -139,27 +140,41 @@ def bench_decode(policy: str, opts: BenchOptions, log: Callable[[str], None]) ->
     out: dict[str, Any] = {}
     for workload in ("fixed", "rollout"):
         eos = tok.eos_token_id if workload == "rollout" else -1  # -1: no token ends a row
-        engines = {"creditrl_static": StaticEngine(model, eos_id=eos, pad_id=tok.pad_token_id),
-                   # the same engine decoding every row, also the identical ones: share_rows' A/B
-                   "creditrl_static_every_row": StaticEngine(model, eos_id=eos, pad_id=tok.pad_token_id, share_rows=False),
-                   # the same engine without the compiled kernels (policy.kernels=torch): their A/B
-                   "creditrl_static_torch": StaticEngine(model, eos_id=eos, pad_id=tok.pad_token_id, kernels="torch"),
-                   "creditrl_hf_engine": HFEngine(model, eos_id=eos, pad_id=tok.pad_token_id)}
+        engines = {
+            "creditrl_static": StaticEngine(model, eos_id=eos, pad_id=tok.pad_token_id),
+            # the same engine decoding every row, also the identical ones: share_rows' A/B
+            "creditrl_static_every_row": StaticEngine(model, eos_id=eos, pad_id=tok.pad_token_id, share_rows=False),
+            # the same engine without the compiled kernels (policy.kernels=torch): their A/B
+            "creditrl_static_torch": StaticEngine(model, eos_id=eos, pad_id=tok.pad_token_id, kernels="torch"),
+            "creditrl_hf_engine": HFEngine(model, eos_id=eos, pad_id=tok.pad_token_id),
+        }
         rates: dict[str, list[float]] = {"hf_generate": [], **{k: [] for k in engines}}
         tokens: dict[str, int] = {}
         computed: list[float] = []  # share of row-steps the static engine computed (share_rows)
         # one untimed call of each first: first-call costs (numba loading its cached machine
         # code, allocator and thread-pool start-up) are not decode throughput
         hf_generate_throughput(
-            model, prompts, opts.group, opts.max_new_tokens, temperature=opts.temperature,
-            pad_id=tok.pad_token_id, eos_id=None if eos < 0 else eos, seed=opts.seed,
+            model,
+            prompts,
+            opts.group,
+            opts.max_new_tokens,
+            temperature=opts.temperature,
+            pad_id=tok.pad_token_id,
+            eos_id=None if eos < 0 else eos,
+            seed=opts.seed,
         )
         for engine in engines.values():
             engine.generate(prompts, opts.group, params, generator=torch.Generator().manual_seed(opts.seed))
         for r in range(opts.repeats):
             res = hf_generate_throughput(
-                model, prompts, opts.group, opts.max_new_tokens, temperature=opts.temperature,
-                pad_id=tok.pad_token_id, eos_id=None if eos < 0 else eos, seed=opts.seed + r,
+                model,
+                prompts,
+                opts.group,
+                opts.max_new_tokens,
+                temperature=opts.temperature,
+                pad_id=tok.pad_token_id,
+                eos_id=None if eos < 0 else eos,
+                seed=opts.seed + r,
             )
             rates["hf_generate"].append(res["tokens_per_s"])
             tokens["hf_generate"] = res["new_tokens"]
@@ -175,18 +190,20 @@ def bench_decode(policy: str, opts: BenchOptions, log: Callable[[str], None]) ->
         out[workload] = {name: {"tokens_per_s": spread(v), "new_tokens": tokens[name]} for name, v in rates.items()}
         ratio = statistics.median(rates["creditrl_static"]) / statistics.median(rates["hf_generate"])
         out[workload]["ratio_static_vs_hf_generate"] = ratio
-        out[workload]["ratio_kernels_vs_tensor_ops"] = (
-            statistics.median(rates["creditrl_static"]) / statistics.median(rates["creditrl_static_torch"])
+        out[workload]["ratio_kernels_vs_tensor_ops"] = statistics.median(rates["creditrl_static"]) / statistics.median(
+            rates["creditrl_static_torch"]
         )
-        out[workload]["ratio_shared_vs_every_row"] = (
-            statistics.median(rates["creditrl_static"]) / statistics.median(rates["creditrl_static_every_row"])
+        out[workload]["ratio_shared_vs_every_row"] = statistics.median(rates["creditrl_static"]) / statistics.median(
+            rates["creditrl_static_every_row"]
         )
         out[workload]["computed_share"] = spread(computed)
-        log(f"decode/{workload}: static {statistics.median(rates['creditrl_static']):,.0f} tok/s "
+        log(
+            f"decode/{workload}: static {statistics.median(rates['creditrl_static']):,.0f} tok/s "
             f"({out[workload]['ratio_kernels_vs_tensor_ops']:.2f}x its tensor-op path, "
             f"{out[workload]['ratio_shared_vs_every_row']:.2f}x decoding every row; computed "
             f"{100 * statistics.median(computed):.0f}% of the row-steps), "
-            f"HF generate {statistics.median(rates['hf_generate']):,.0f} tok/s -> {ratio:.2f}x")
+            f"HF generate {statistics.median(rates['hf_generate']):,.0f} tok/s -> {ratio:.2f}x"
+        )
     return out
 
 
@@ -204,8 +221,12 @@ def trl_iterations(policy: str, opts: BenchOptions, n: int) -> list[dict]:
 
     model, tok = load_policy(policy)
     settings = PeerSettings(
-        prompts_per_iter=opts.prompts, group_size=opts.group, max_new_tokens=opts.max_new_tokens,
-        temperature=opts.temperature, lr=opts.lr, seed=opts.seed,
+        prompts_per_iter=opts.prompts,
+        group_size=opts.group,
+        max_new_tokens=opts.max_new_tokens,
+        temperature=opts.temperature,
+        lr=opts.lr,
+        seed=opts.seed,
     )
     return trl_grpo_run(model, tok, make_task("arithmetic", min_ops=4, max_ops=6), n, settings)
 
@@ -239,19 +260,28 @@ def bench_iteration(policy: str, opts: BenchOptions, peak: float, log: Callable[
         "non_embedding_parameters": n_params,
     }
     out["creditrl"]["update_share_of_peak"] = out["creditrl"]["update_gflops"]["median"] / peak
-    log(f"iteration/creditrl: {out['creditrl']['iter_s']['median']:.3f} s (rollout "
+    log(
+        f"iteration/creditrl: {out['creditrl']['iter_s']['median']:.3f} s (rollout "
         f"{out['creditrl']['rollout_s']['median']:.3f}, update {out['creditrl']['update_s']['median']:.3f}; "
         f"update {out['creditrl']['update_gflops']['median']:.0f} GFLOP/s = "
         f"{100 * out['creditrl']['update_share_of_peak']:.0f}% of peak; "
-        f"{100 * out['creditrl']['skipped_rows']['median']:.0f}% of rows skipped with advantage 0)")
-    log(f"iteration/creditrl, every row trained: {out['creditrl_every_row']['iter_s']['median']:.3f} s "
-        f"(update {out['creditrl_every_row']['update_s']['median']:.3f})")
+        f"{100 * out['creditrl']['skipped_rows']['median']:.0f}% of rows skipped with advantage 0)"
+    )
+    log(
+        f"iteration/creditrl, every row trained: {out['creditrl_every_row']['iter_s']['median']:.3f} s "
+        f"(update {out['creditrl_every_row']['update_s']['median']:.3f})"
+    )
     if opts.trl:
         out["trl"] = {"iter_s": spread([r["time_s"] for r in trl])}
         out["ratio_trl_vs_creditrl"] = out["trl"]["iter_s"]["median"] / out["creditrl"]["iter_s"]["median"]
-        out["ratio_trl_vs_creditrl_every_row"] = out["trl"]["iter_s"]["median"] / out["creditrl_every_row"]["iter_s"]["median"]
-        log(f"iteration/TRL GRPOTrainer: {out['trl']['iter_s']['median']:.3f} s -> creditrl "
-            f"{out['ratio_trl_vs_creditrl']:.2f}x faster ({out['ratio_trl_vs_creditrl_every_row']:.2f}x training every row)")
+        out["ratio_trl_vs_creditrl_every_row"] = (
+            out["trl"]["iter_s"]["median"] / out["creditrl_every_row"]["iter_s"]["median"]
+        )
+        log(
+            f"iteration/TRL GRPOTrainer: {out['trl']['iter_s']['median']:.3f} s -> creditrl "
+            f"{out['ratio_trl_vs_creditrl']:.2f}x faster ({out['ratio_trl_vs_creditrl_every_row']:.2f}x training "
+            "every row)"
+        )
     return out
 
 
@@ -263,11 +293,16 @@ def bench_curve(policy: str, opts: BenchOptions, log: Callable[[str], None]) -> 
     for name, rewards in list(out.items()):
         se = statistics.stdev(rewards) / len(rewards) ** 0.5 if len(rewards) > 1 else 0.0
         half = len(rewards) // 2
-        out[f"{name}_summary"] = {"mean": statistics.mean(rewards), "se": se,
-                                  "first_half": statistics.mean(rewards[: max(1, half)]),
-                                  "second_half": statistics.mean(rewards[half:])}
-        log(f"curve/{name}: mean reward {statistics.mean(rewards):.3f} +- {se:.3f} (first half "
-            f"{out[f'{name}_summary']['first_half']:.3f}, second half {out[f'{name}_summary']['second_half']:.3f})")
+        out[f"{name}_summary"] = {
+            "mean": statistics.mean(rewards),
+            "se": se,
+            "first_half": statistics.mean(rewards[: max(1, half)]),
+            "second_half": statistics.mean(rewards[half:]),
+        }
+        log(
+            f"curve/{name}: mean reward {statistics.mean(rewards):.3f} +- {se:.3f} (first half "
+            f"{out[f'{name}_summary']['first_half']:.3f}, second half {out[f'{name}_summary']['second_half']:.3f})"
+        )
     a, b = out["creditrl"], out.get("trl", [])
     if len(b) > 2 and statistics.pstdev(a) > 0 and statistics.pstdev(b) > 0:  # undefined for a constant series
         out["correlation"] = statistics.correlation(a, b)
@@ -316,8 +351,10 @@ def bench_scaling(policy: str, opts: BenchOptions, log: Callable[[str], None]) -
             "samples": opts.prompts * (value if axis == "group" else opts.group),
         }
         table.append(entry)
-        log(f"scaling/{axis}={value}: {entry['iter_s']:.3f} s (rollout {entry['rollout_s']:.3f}, "
-            f"update {entry['update_s']:.3f}, mean length {entry['response_length']:.1f})")
+        log(
+            f"scaling/{axis}={value}: {entry['iter_s']:.3f} s (rollout {entry['rollout_s']:.3f}, "
+            f"update {entry['update_s']:.3f}, mean length {entry['response_length']:.1f})"
+        )
     return table
 
 
@@ -366,15 +403,18 @@ def markdown_report(res: dict[str, Any]) -> str:
         "",
         "| decode (tokens/s) | workload | HF generate | creditrl HFEngine | creditrl StaticEngine, tensor ops "
         "(`policy.kernels=torch`) | creditrl StaticEngine, every row decoded (`share_rows=False`) | "
-        "creditrl StaticEngine | row-steps computed | kernels / tensor ops | shared / every row | static / HF generate |",
+        "creditrl StaticEngine | row-steps computed | kernels / tensor ops | shared / every row | static / HF "
+        "generate |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for workload, d in res["decode"].items():
         cell = lambda k: "{min:,.0f} / {median:,.0f} / {max:,.0f}".format(**d[k]["tokens_per_s"])  # noqa: E731
-        lines.append(f"| | {workload} | {cell('hf_generate')} | {cell('creditrl_hf_engine')} | "
-                     f"{cell('creditrl_static_torch')} | {cell('creditrl_static_every_row')} | {cell('creditrl_static')} | "
-                     f"{100 * d['computed_share']['median']:.0f}% | {d['ratio_kernels_vs_tensor_ops']:.2f}x | "
-                     f"{d['ratio_shared_vs_every_row']:.2f}x | {d['ratio_static_vs_hf_generate']:.2f}x |")
+        lines.append(
+            f"| | {workload} | {cell('hf_generate')} | {cell('creditrl_hf_engine')} | "
+            f"{cell('creditrl_static_torch')} | {cell('creditrl_static_every_row')} | {cell('creditrl_static')} | "
+            f"{100 * d['computed_share']['median']:.0f}% | {d['ratio_kernels_vs_tensor_ops']:.2f}x | "
+            f"{d['ratio_shared_vs_every_row']:.2f}x | {d['ratio_static_vs_hf_generate']:.2f}x |"
+        )
     it = res["iteration"]
     s = lambda d: "{min:.3f} / {median:.3f} / {max:.3f}".format(**d)  # noqa: E731
     lines += [
@@ -385,44 +425,82 @@ def markdown_report(res: dict[str, Any]) -> str:
         f"| creditrl rollout | {s(it['creditrl']['rollout_s'])} |",
         f"| creditrl update | {s(it['creditrl']['update_s'])} |",
         f"| share of rows the update skipped (advantage 0 everywhere) | {s(it['creditrl']['skipped_rows'])} |",
-        f"| creditrl full iteration, every row trained (`optim.skip_zero_advantage=false`) | {s(it['creditrl_every_row']['iter_s'])} |",
+        "| creditrl full iteration, every row trained (`optim.skip_zero_advantage=false`) | "
+        f"{s(it['creditrl_every_row']['iter_s'])} |",
         f"| creditrl update, every row trained | {s(it['creditrl_every_row']['update_s'])} |",
     ]
     if "trl" in it:
-        lines += [f"| TRL GRPOTrainer full iteration | {s(it['trl']['iter_s'])} |",
-                  f"| TRL / creditrl | {it['ratio_trl_vs_creditrl']:.2f}x |",
-                  f"| TRL / creditrl training every row | {it['ratio_trl_vs_creditrl_every_row']:.2f}x |"]
+        lines += [
+            f"| TRL GRPOTrainer full iteration | {s(it['trl']['iter_s'])} |",
+            f"| TRL / creditrl | {it['ratio_trl_vs_creditrl']:.2f}x |",
+            f"| TRL / creditrl training every row | {it['ratio_trl_vs_creditrl_every_row']:.2f}x |",
+        ]
     lines += [
-        f"| update model GFLOP/s (6 N x the trained rows' padded positions) | {it['creditrl']['update_gflops']['median']:.0f} "
-        f"({100 * it['creditrl']['update_share_of_peak']:.0f}% of the {res['peak_gflops']['max']:.0f} GFLOP/s matmul peak) |",
+        "| update model GFLOP/s (6 N x the trained rows' padded positions) | "
+        f"{it['creditrl']['update_gflops']['median']:.0f} "
+        f"({100 * it['creditrl']['update_share_of_peak']:.0f}% of the {res['peak_gflops']['max']:.0f} GFLOP/s matmul "
+        "peak) |",
         f"| peak RSS of the bench process | {res['peak_rss_mb']:.0f} MB |",
     ]
     if "curve" in res and "trl_summary" in res["curve"]:
         c = res["curve"]
-        lines += ["", "| reward curve (mean outcome reward per iteration) | creditrl | TRL GRPOTrainer |", "|---|---|---|"]
-        for key, label in (("mean", "mean over all iterations"), ("first_half", "first half"), ("second_half", "second half")):
+        lines += [
+            "",
+            "| reward curve (mean outcome reward per iteration) | creditrl | TRL GRPOTrainer |",
+            "|---|---|---|",
+        ]
+        for key, label in (
+            ("mean", "mean over all iterations"),
+            ("first_half", "first half"),
+            ("second_half", "second half"),
+        ):
             lines.append(f"| {label} | {c['creditrl_summary'][key]:.3f} | {c['trl_summary'][key]:.3f} |")
-        lines.append(f"| standard error of the mean | {c['creditrl_summary']['se']:.3f} | {c['trl_summary']['se']:.3f} |")
+        lines.append(
+            f"| standard error of the mean | {c['creditrl_summary']['se']:.3f} | {c['trl_summary']['se']:.3f} |"
+        )
         if "correlation" in c:
             lines.append(f"| per-iteration correlation (same prompts) | {c['correlation']:.2f} | |")
     if "scaling" in res:
-        lines += ["", "| axis | value | iteration s | rollout s | update s | mean response length |", "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "| axis | value | iteration s | rollout s | update s | mean response length |",
+            "|---|---|---|---|---|---|",
+        ]
         for e in res["scaling"]:
-            lines.append(f"| {e['axis']} | {e['value']} | {e['iter_s']:.3f} | {e['rollout_s']:.3f} | "
-                         f"{e['update_s']:.3f} | {e['response_length']:.1f} |")
+            lines.append(
+                f"| {e['axis']} | {e['value']} | {e['iter_s']:.3f} | {e['rollout_s']:.3f} | "
+                f"{e['update_s']:.3f} | {e['response_length']:.1f} |"
+            )
     return "\n".join(lines)
 
 
 def options_from_args(args: Any) -> BenchOptions:
     results = Path(args.results) if args.results else None
-    opts = BenchOptions(policy=args.policy, out=Path(args.out), curve=args.curve, scaling=args.scaling,
-                        trl=not args.no_trl, results=results)
+    opts = BenchOptions(
+        policy=args.policy,
+        out=Path(args.out),
+        curve=args.curve,
+        scaling=args.scaling,
+        trl=not args.no_trl,
+        results=results,
+    )
     if args.quick:  # every section in seconds; the numbers mean nothing
         opts = BenchOptions(
-            policy=args.policy if args.policy != "sft" else "tiny", prompts=2, group=2, max_new_tokens=8,
-            repeats=2, iterations=2, rounds=1, curve=min(args.curve, 3), scaling=args.scaling,
-            scaling_iterations=1, groups=(2, 4),
-            lengths=(4, 8), matmul_n=256, trl=not args.no_trl, out=Path(args.out), results=results,
+            policy=args.policy if args.policy != "sft" else "tiny",
+            prompts=2,
+            group=2,
+            max_new_tokens=8,
+            repeats=2,
+            iterations=2,
+            rounds=1,
+            curve=min(args.curve, 3),
+            scaling=args.scaling,
+            scaling_iterations=1,
+            groups=(2, 4),
+            lengths=(4, 8),
+            matmul_n=256,
+            trl=not args.no_trl,
+            out=Path(args.out),
+            results=results,
         )
     return opts
-

@@ -112,8 +112,8 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
 
-from creditrl.tasks.base import Problem, Task
 from creditrl.policy.tokenizer import decode_response, encode_prompt
+from creditrl.tasks.base import Problem, Task
 
 __all__ = [
     "PeerSettings",
@@ -193,7 +193,9 @@ def make_outcome_reward(tokenizer: PreTrainedTokenizerBase, task: Task, problems
     """
     calls: list[list[float]] = []
 
-    def outcome(prompts: list, completions: list, completion_ids: list[list[int]], problem_index: list[int], **_: Any) -> list[float]:
+    def outcome(
+        prompts: list, completions: list, completion_ids: list[list[int]], problem_index: list[int], **_: Any
+    ) -> list[float]:
         rewards = [
             1.0 if task.check_outcome(problems[i], decode_response(tokenizer, list(ids))) else 0.0
             for i, ids in zip(problem_index, completion_ids, strict=True)
@@ -237,7 +239,9 @@ def _quiet_and_isolated() -> Iterator[None]:
     try:
         with warnings.catch_warnings(), torch.random.fork_rng(devices=[]):
             # transformers 5.24 deprecates the gradient_checkpointing names that TRL 1.16 still uses
-            warnings.filterwarnings("ignore", message=".*deprecated and will be removed in v6.*", category=FutureWarning)
+            warnings.filterwarnings(
+                "ignore", message=".*deprecated and will be removed in v6.*", category=FutureWarning
+            )
             yield
     finally:
         transformers.logging.set_verbosity(verbosity)

@@ -70,5 +70,3 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, FileNotFoundError) as exc:
         print(f"creditrl: error: {exc}", file=sys.stderr)
         return 2
-
-

@@ -26,7 +26,9 @@ def add_config_args(p: argparse.ArgumentParser, positional: bool = True) -> None
     """``[CONFIG] --set KEY=VALUE ...``: the config every run-building command takes."""
     if positional:
         p.add_argument("config", nargs="?", help="YAML config file (defaults apply to missing keys)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. credit.estimator=rloo")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="override, e.g. credit.estimator=rloo"
+    )
 
 
 def add_threads_arg(p: argparse.ArgumentParser) -> None:

@@ -12,8 +12,13 @@ from creditrl.cli.common import add_config_args, add_threads_arg, set_threads
 
 
 def add_jobs_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--jobs", type=int, default=1, help="runs at a time, each in its own process with threads / jobs "
-                   "intra-op threads and no progress bar (benchmarks/compare_jobs.py measures the gain)")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="runs at a time, each in its own process with threads / jobs "
+        "intra-op threads and no progress bar (benchmarks/compare_jobs.py measures the gain)",
+    )
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -43,16 +48,23 @@ def cmd_tree_report(args: argparse.Namespace) -> int:
     from creditrl.experiments.tree_report import run_tree_report
 
     set_threads(args.threads)
-    run_tree_report(Path(args.out) if args.out else None, quick=args.quick, seeds=args.seeds, budget=args.budget,
-                    config=args.config, overrides=args.set)
+    run_tree_report(
+        Path(args.out) if args.out else None,
+        quick=args.quick,
+        seeds=args.seeds,
+        budget=args.budget,
+        config=args.config,
+        overrides=args.set,
+    )
     return 0
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from creditrl.experiments.evaluate import errors_table, evaluate_checkpoints, markdown_table
 
-    rows = evaluate_checkpoints(args.config, args.checkpoints, size=args.size, baseline=args.baseline,
-                                overrides=args.set, errors=args.errors)
+    rows = evaluate_checkpoints(
+        args.config, args.checkpoints, size=args.size, baseline=args.baseline, overrides=args.set, errors=args.errors
+    )
     print(markdown_table(rows))
     if args.errors:
         print()
@@ -65,7 +77,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="a grid of arms x seeds at a fixed generation budget: table and plots")
     p.add_argument("grid", help="grid YAML (see creditrl.experiments.compare; example grids/estimators.yaml)")
-    p.add_argument("--quick", action="store_true", help="demo_quick sizes, a tiny budget, 2 seeds (numbers meaningless)")
+    p.add_argument(
+        "--quick", action="store_true", help="demo_quick sizes, a tiny budget, 2 seeds (numbers meaningless)"
+    )
     p.add_argument("--out", help="output directory (default runs/compare-<grid name>); finished runs in it are reused")
     p.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 instead of the grid's")
     add_threads_arg(p)
@@ -79,19 +93,25 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     add_jobs_arg(p)
     p.set_defaults(func=cmd_findings)
 
-    p = sub.add_parser("value-report", help="value estimates (critic, dual critic, MC K, tree) vs true step values",
-                       description="On the config's task (any task with a step separator and a step checker; "
-                                   "default: the packaged arith config), from its start policy (train.init).")
+    p = sub.add_parser(
+        "value-report",
+        help="value estimates (critic, dual critic, MC K, tree) vs true step values",
+        description="On the config's task (any task with a step separator and a step checker; "
+        "default: the packaged arith config), from its start policy (train.init).",
+    )
     add_config_args(p)
     p.add_argument("--out", default="runs/value-report", help="output directory (a finished report is read back)")
     p.add_argument("--quick", action="store_true", help="tiny sizes (numbers meaningless)")
     add_threads_arg(p)
     p.set_defaults(func=cmd_value_report)
 
-    p = sub.add_parser("tree-report", help="tree rollouts vs outcome GRPO over seeds at equal generated tokens",
-                       description="On the config's task (any task with a step separator and a step checker; "
-                                   "default: the packaged arith config, RL on 5-7 operations), from its start "
-                                   "policy (train.init).")
+    p = sub.add_parser(
+        "tree-report",
+        help="tree rollouts vs outcome GRPO over seeds at equal generated tokens",
+        description="On the config's task (any task with a step separator and a step checker; "
+        "default: the packaged arith config, RL on 5-7 operations), from its start "
+        "policy (train.init).",
+    )
     add_config_args(p)
     p.add_argument("--quick", action="store_true", help="tiny sizes (numbers meaningless)")
     p.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default 3)")
@@ -100,12 +120,26 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="run directory (default runs/tree-TIMESTAMP); finished runs in it are reused")
     p.set_defaults(func=cmd_tree_report)
 
-    p = sub.add_parser("eval", help="held-out exact match of checkpoints on a larger problem set, paired against a baseline")
+    p = sub.add_parser(
+        "eval", help="held-out exact match of checkpoints on a larger problem set, paired against a baseline"
+    )
     add_config_args(p)
-    p.add_argument("checkpoints", nargs="+", help="checkpoint directories, run directories (latest checkpoint) or SFT cache entries")
-    p.add_argument("--size", type=int, default=2048, help="held-out problems (default 2048; a run evaluates the first train.eval_size)")
+    p.add_argument(
+        "checkpoints",
+        nargs="+",
+        help="checkpoint directories, run directories (latest checkpoint) or SFT cache entries",
+    )
+    p.add_argument(
+        "--size",
+        type=int,
+        default=2048,
+        help="held-out problems (default 2048; a run evaluates the first train.eval_size)",
+    )
     p.add_argument("--baseline", help="the checkpoint the differences are against (default: the first one)")
     p.add_argument("--out", help="also write the rows as JSON here")
-    p.add_argument("--errors", action="store_true",
-                   help="also count where each checkpoint's solutions first go wrong (arithmetic: slips, wrong operands, ...)")
+    p.add_argument(
+        "--errors",
+        action="store_true",
+        help="also count where each checkpoint's solutions first go wrong (arithmetic: slips, wrong operands, ...)",
+    )
     p.set_defaults(func=cmd_eval)

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from creditrl.cli.common import add_config_args, set_threads
+from creditrl.cli.common import add_config_args, run_dir, set_threads
 from creditrl.config import Config, load_config
 from creditrl.errors import ConfigError
 
@@ -26,7 +26,6 @@ def cmd_label(args: argparse.Namespace) -> int:
     from creditrl.prm.cache import label_policy_samples
     from creditrl.prm.data import save_stepwise
     from creditrl.prm.pipeline import label_quality
-
     from creditrl.train.resolve import checked
 
     cfg = checked(load_config(args.config, args.set))
@@ -40,7 +39,6 @@ def cmd_label(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from creditrl.prm.data import load_stepwise
     from creditrl.prm.train import train_prm_from_examples
-
     from creditrl.train.resolve import checked
 
     cfg = checked(load_config(args.config, args.set))
@@ -58,7 +56,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     prm, tok = load_prm(args.prm)
     examples = load_stepwise(args.data)
     if any("oracle" not in ex.meta for ex in examples):
-        raise ConfigError(f"{args.data}: every row needs meta.oracle (true step labels), as `creditrl prm label` writes")
+        raise ConfigError(
+            f"{args.data}: every row needs meta.oracle (true step labels), as `creditrl prm label` writes"
+        )
     score, probe = evaluate_prm(prm, tok, examples)
     print(f"step AUROC against the oracle labels: {score:.4f}")
     base = reference_likelihood_auroc(prm, tok, examples)
@@ -82,9 +82,11 @@ def cmd_score(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from creditrl.experiments.prm_report import run_prm_report
+    from creditrl.experiments.report import publish_report
 
-    run_prm_report(Path(args.run_dir) if args.run_dir else None, quick=args.quick, config=args.config,
-                   overrides=args.set)
+    where = run_dir(args.run_dir, "prm")
+    run_prm_report(where, quick=args.quick, config=args.config, overrides=args.set)
+    publish_report(where / "report.md", args.results, "Process reward models: the PRM report")
     return 0
 
 
@@ -116,11 +118,15 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_score)
 
     p = psub.add_parser(
-        "report", help="the PRM acceptance experiments: AUROC, MC labels, best-of-N, probe",
+        "report",
+        help="the PRM acceptance experiments: AUROC, MC labels, best-of-N, probe",
         description="The PRM life cycle on the config's task (any task with a step separator and a step checker; "
-                    "default: the packaged arith config), from its start policy (train.init).",
+        "default: the packaged arith config), from its start policy (train.init).",
     )
     p.add_argument("--quick", action="store_true", help="tiny sizes (numbers meaningless)")
     p.add_argument("--run-dir", help="where to write (default runs/prm-TIMESTAMP)")
+    p.add_argument(
+        "--results", metavar="PAGE", help="also write the report as a results page (e.g. docs/results/prm.md)"
+    )
     add_config_args(p)
     p.set_defaults(func=cmd_report)

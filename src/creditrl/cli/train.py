@@ -41,16 +41,19 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 0
     last_eval = next((r for r in reversed(result.history) if "eval/accuracy" in r), {})
     print(f"run dir: {result.run_dir}")
-    print(f"held-out accuracy {last_eval.get('eval/accuracy', float('nan')):.3f}, "
-          f"step accuracy {last_eval.get('eval/step_accuracy', float('nan')):.3f}")
+    print(
+        f"held-out accuracy {last_eval.get('eval/accuracy', float('nan')):.3f}, "
+        f"step accuracy {last_eval.get('eval/step_accuracy', float('nan')):.3f}"
+    )
     return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from creditrl.experiments.demo import run_demo
 
-    run_demo(run_dir(args.run_dir, "demo"), quick=args.quick, overrides=args.set, config=args.config,
-             results=args.results)
+    run_demo(
+        run_dir(args.run_dir, "demo"), quick=args.quick, overrides=args.set, config=args.config, results=args.results
+    )
     return 0
 
 
@@ -73,9 +76,15 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="SFT warm start, then outcome-GRPO vs step-level process-GRPO")
     p.add_argument("--quick", action="store_true", help="every output in under a minute (numbers meaningless)")
     p.add_argument("--run-dir", help="where to write (default runs/demo-TIMESTAMP)")
-    p.add_argument("--results", metavar="PAGE", help="also write the report as a results page (e.g. docs/results/demo.md)")
-    p.add_argument("config", nargs="?", help="run both arms on this config instead of the packaged demo.yaml "
-                   "(e.g. src/creditrl/configs/arith.yaml: operands 1-9)")
+    p.add_argument(
+        "--results", metavar="PAGE", help="also write the report as a results page (e.g. docs/results/demo.md)"
+    )
+    p.add_argument(
+        "config",
+        nargs="?",
+        help="run both arms on this config instead of the packaged demo.yaml "
+        "(e.g. src/creditrl/configs/arith.yaml: operands 1-9)",
+    )
     add_config_args(p, positional=False)
     p.set_defaults(func=cmd_demo)
 

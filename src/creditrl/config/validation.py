@@ -87,7 +87,10 @@ def _message(root: type[BaseModel], err: dict[str, Any]) -> str:
         where = f"section '{'.'.join(map(str, loc[:-1]))}'" if len(loc) > 1 else "the top level"
         return f"unknown key '{loc[-1]}' in {where}; valid keys: {', '.join(valid)}{did_you_mean(str(loc[-1]), valid)}"
     if kind == "model_type":
-        return f"{key}: expected a mapping of {type(model.model_fields[name].default_factory()).__name__} keys, got {value!r}"
+        return (
+            f"{key}: expected a mapping of {type(model.model_fields[name].default_factory()).__name__} keys, got "
+            f"{value!r}"
+        )
     if kind == "literal_error":
         choices = typing.get_args(model.model_fields[name].annotation) if model else ()
         return str(unknown_choice(key, value, choices))

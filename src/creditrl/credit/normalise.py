@@ -20,9 +20,7 @@ from creditrl.credit.registry import check_float, check_group_ids, check_mask, l
 class NormaliserFn(Protocol):
     """The one normaliser signature (see the module docstring for shapes and dtypes)."""
 
-    def __call__(
-        self, advantages: Tensor, response_mask: Tensor, *, group_ids: Tensor | None = None
-    ) -> Tensor: ...
+    def __call__(self, advantages: Tensor, response_mask: Tensor, *, group_ids: Tensor | None = None) -> Tensor: ...
 
 
 NORMALISERS: dict[str, NormaliserFn] = {}
@@ -50,17 +48,13 @@ def whiten(advantages: Tensor, response_mask: Tensor, group_ids: Tensor) -> Tens
 
 
 @register_normaliser("none")
-def no_normalisation(
-    advantages: Tensor, response_mask: Tensor, *, group_ids: Tensor | None = None
-) -> Tensor:
+def no_normalisation(advantages: Tensor, response_mask: Tensor, *, group_ids: Tensor | None = None) -> Tensor:
     """Advantages unchanged on valid tokens and 0 on masked ones; ``group_ids`` is unused."""
     return torch.where(response_mask, advantages, 0)
 
 
 @register_normaliser("batch")
-def batch_whitening(
-    advantages: Tensor, response_mask: Tensor, *, group_ids: Tensor | None = None
-) -> Tensor:
+def batch_whitening(advantages: Tensor, response_mask: Tensor, *, group_ids: Tensor | None = None) -> Tensor:
     """Whiten over every valid token of the batch: ``(A - mean) / (std + EPS)``, as in
     REINFORCE++ (Hu, 2025, arXiv:2501.03262). ``group_ids`` is unused."""
     one_group = torch.zeros(advantages.shape[0], dtype=torch.long, device=advantages.device)
@@ -68,9 +62,7 @@ def batch_whitening(
 
 
 @register_normaliser("group")
-def group_whitening(
-    advantages: Tensor, response_mask: Tensor, *, group_ids: Tensor | None = None
-) -> Tensor:
+def group_whitening(advantages: Tensor, response_mask: Tensor, *, group_ids: Tensor | None = None) -> Tensor:
     """Whiten per group over that group's valid tokens: ``(A - mean_g) / (std_g + EPS)``.
     Statistics are over tokens, so a group of one response is whitened over its own tokens."""
     if group_ids is None:
@@ -78,9 +70,7 @@ def group_whitening(
     return whiten(advantages, response_mask, group_ids)
 
 
-def normalise(
-    name: str, advantages: Tensor, response_mask: Tensor, *, group_ids: Tensor | None = None
-) -> Tensor:
+def normalise(name: str, advantages: Tensor, response_mask: Tensor, *, group_ids: Tensor | None = None) -> Tensor:
     """Run the normaliser registered as ``name`` after checking its inputs.
 
     advantages float (B, T), response_mask bool (B, T), group_ids long (B,) or None -> float

@@ -58,16 +58,13 @@ def lookup(table: dict[str, V], kind: str, name: str) -> V:
     return table[name]
 
 
-def register_estimator(
-    name: str, *, needs: Iterable[str] = ()
-) -> Callable[[EstimatorFn], EstimatorFn]:
+def register_estimator(name: str, *, needs: Iterable[str] = ()) -> Callable[[EstimatorFn], EstimatorFn]:
     """Register an estimator under ``name``; ``needs`` lists the optional inputs it cannot do
     without (a subset of ``{"group_ids", "values"}``). A name may be registered only once."""
     needed = frozenset(needs)
     if not needed <= OPTIONAL_INPUTS:
         raise ValueError(
-            f"estimator {name!r}: needs must be a subset of {sorted(OPTIONAL_INPUTS)}; "
-            f"got {sorted(needed)}"
+            f"estimator {name!r}: needs must be a subset of {sorted(OPTIONAL_INPUTS)}; got {sorted(needed)}"
         )
 
     def decorator(fn: EstimatorFn) -> EstimatorFn:
@@ -109,9 +106,7 @@ def check_float(name: str, x: object, shape: tuple[int, ...] | None = None) -> N
     expected = "(B, T)" if shape is None else f"(B, T) = {shape}"
     bad_shape = x.dim() != 2 if shape is None else tuple(x.shape) != shape
     if not x.is_floating_point() or bad_shape:
-        raise ValueError(
-            f"{name} must be a floating-point tensor of shape {expected}; got {_describe(x)}"
-        )
+        raise ValueError(f"{name} must be a floating-point tensor of shape {expected}; got {_describe(x)}")
 
 
 def check_mask(name: str, x: object, shape: tuple[int, ...]) -> None:
@@ -130,8 +125,7 @@ def check_group_ids(x: object, batch: int) -> None:
     x = _require_tensor("group_ids", x)
     if x.dtype != torch.long or tuple(x.shape) != (batch,):
         raise ValueError(
-            f"group_ids must be a long (torch.int64) tensor of shape (B,) = ({batch},); "
-            f"got {_describe(x)}"
+            f"group_ids must be a long (torch.int64) tensor of shape (B,) = ({batch},); got {_describe(x)}"
         )
 
 

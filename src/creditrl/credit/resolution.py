@@ -47,10 +47,7 @@ def step_view(step_ends: Tensor, response_mask: Tensor) -> StepView:
     if not isinstance(response_mask, Tensor):
         raise TypeError(f"response_mask must be a torch.Tensor; got {type(response_mask).__name__}")
     if response_mask.dim() != 2:
-        raise ValueError(
-            "response_mask must be a bool tensor of shape (B, T); "
-            f"got shape {tuple(response_mask.shape)}"
-        )
+        raise ValueError(f"response_mask must be a bool tensor of shape (B, T); got shape {tuple(response_mask.shape)}")
     check_mask("response_mask", response_mask, tuple(response_mask.shape))
     check_mask("step_ends", step_ends, tuple(response_mask.shape))
     # Counting in float32 is exact below 2^24 and its cumsum is vectorised on CPU, where an

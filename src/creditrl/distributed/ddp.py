@@ -379,5 +379,7 @@ def reduce_metrics(
         else:
             ws = weights(key)
             total = sum(ws)
-            out[key] = sum(w * float(v) for w, v in zip(ws, values)) / total if total else float(sum(values) / len(values))
+            out[key] = (
+                sum(w * float(v) for w, v in zip(ws, values)) / total if total else float(sum(values) / len(values))
+            )
     return out

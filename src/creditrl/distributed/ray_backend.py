@@ -29,7 +29,7 @@ from __future__ import annotations
 import copy
 import os
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
 
 import torch
 from transformers import PreTrainedModel
@@ -38,6 +38,7 @@ from creditrl.config import Config
 from creditrl.distributed.workers import WorkerPool, ensure_ray, split_rows
 from creditrl.policy.engines import Generation, SamplingParams, advance_generator, choose_engine, expand_requests
 from creditrl.policy.model import is_lora
+
 
 def policy_weights(model: PreTrainedModel) -> dict[str, torch.Tensor]:
     """The weights a worker loads: the plain state dict, or for a LoRA policy the base weights
@@ -56,10 +57,19 @@ def engine_kind(model: PreTrainedModel, kind: str) -> str:
 class RolloutWorker:
     """A Ray actor (wrapped by :class:`RayEngine`): a policy copy and its in-process engine."""
 
-    def __init__(self, init_path: str, seed: int, options: dict, kind: str, threads: int, eos_id: int,
-                 pad_id: int, kernels: str = "auto") -> None:
-        from creditrl.policy.model import load_policy
+    def __init__(
+        self,
+        init_path: str,
+        seed: int,
+        options: dict,
+        kind: str,
+        threads: int,
+        eos_id: int,
+        pad_id: int,
+        kernels: str = "auto",
+    ) -> None:
         from creditrl.policy.engines import make_engine
+        from creditrl.policy.model import load_policy
 
         torch.set_num_threads(threads)
         model, _ = load_policy(init_path, seed=seed, **options)
@@ -76,8 +86,15 @@ class RolloutWorker:
         self.version = version
         return version
 
-    def generate(self, version: int, requests: list[list[int]], limits: list[int], params: SamplingParams,
-                 generator_state: torch.Tensor, draw_rows: tuple[int, int]) -> tuple[list, list, list]:
+    def generate(
+        self,
+        version: int,
+        requests: list[list[int]],
+        limits: list[int],
+        params: SamplingParams,
+        generator_state: torch.Tensor,
+        draw_rows: tuple[int, int],
+    ) -> tuple[list, list, list]:
         self.calls += 1
         if self.crash_at is not None and self.calls >= self.crash_at:
             os._exit(1)  # the fault-injection hook of the tests: die like a lost node
@@ -111,10 +128,19 @@ class RayEngine:
         self.kind = engine_kind(model, cfg.policy.engine)
         self.eos_id, self.pad_id, self.threads = eos_id, pad_id, b.worker_threads
         worker = ray.remote(num_cpus=b.worker_threads, max_restarts=0)(RolloutWorker)
-        args = (init_path, cfg.policy.init_seed, policy_options(cfg), self.kind, b.worker_threads, eos_id, pad_id,
-                cfg.policy.kernels)
-        self.pool = WorkerPool(ray, "rollout", lambda slot: worker.remote(*args), b.rollout_workers, b.max_restarts,
-                               prepare=self._prepare)
+        args = (
+            init_path,
+            cfg.policy.init_seed,
+            policy_options(cfg),
+            self.kind,
+            b.worker_threads,
+            eos_id,
+            pad_id,
+            cfg.policy.kernels,
+        )
+        self.pool = WorkerPool(
+            ray, "rollout", lambda slot: worker.remote(*args), b.rollout_workers, b.max_restarts, prepare=self._prepare
+        )
         self.scoring = None  # a ray_score.ScorePool when backend.score_workers > 0
         self._model = model
         self.version = 0

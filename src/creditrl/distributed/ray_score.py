@@ -2,7 +2,8 @@
 
 Each worker is a Ray actor that builds the run's task (``make_task(task.name, **task.args)``)
 and its reward sources by name (``reward.source`` and ``hybrid.dense_source`` at start, any other
-registered source on first use; the PRM source loads its model from ``reward.prm``), and runs :func:`creditrl.rewards.sources.score_batch` on
+registered source on first use; the PRM source loads its model from ``reward.prm``), and runs
+:func:`creditrl.rewards.sources.score_batch` on
 a contiguous chunk of the responses, under the run's ``reward.on_error`` policy. The driver
 joins the chunks: scores and keep flags in order, errors added up, the first error message of
 the earliest chunk; a source that raises under ``on_error=raise`` raises the same error (with
@@ -19,7 +20,8 @@ and must not block the rollout workers' reservation on a small machine.
 from __future__ import annotations
 
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -48,8 +50,16 @@ class ScoreWorker:
         self.calls = 0
         self.crash_at: int | None = None
 
-    def score(self, name: str, problems: list[Problem], completions: list[str], spans: list[list[str]],
-              granularity: str | None, on_error: str, first_index: int) -> ScoreResult:
+    def score(
+        self,
+        name: str,
+        problems: list[Problem],
+        completions: list[str],
+        spans: list[list[str]],
+        granularity: str | None,
+        on_error: str,
+        first_index: int,
+    ) -> ScoreResult:
         self.calls += 1
         if self.crash_at is not None and self.calls >= self.crash_at:
             os._exit(1)  # test hook
@@ -57,8 +67,16 @@ class ScoreWorker:
             from creditrl.rewards.sources import make_source
 
             self.sources[name] = make_source(name, self.options)
-        return score_batch(self.sources[name], self.task, problems, completions, spans, granularity=granularity,
-                           on_error=on_error, first_index=first_index)
+        return score_batch(
+            self.sources[name],
+            self.task,
+            problems,
+            completions,
+            spans,
+            granularity=granularity,
+            on_error=on_error,
+            first_index=first_index,
+        )
 
     def crash_on_call(self, k: int) -> None:
         """Test hook: exit the process at the start of the k-th score call from now."""
@@ -74,8 +92,9 @@ class ScorePool:
     def __init__(self, ray, cfg: Config) -> None:
         b = cfg.backend
         worker = ray.remote(num_cpus=0, max_restarts=0)(ScoreWorker)
-        self.pool = WorkerPool(ray, "scoring", lambda slot: worker.remote(cfg, b.worker_threads), b.score_workers,
-                               b.max_restarts)
+        self.pool = WorkerPool(
+            ray, "scoring", lambda slot: worker.remote(cfg, b.worker_threads), b.score_workers, b.max_restarts
+        )
 
     def attach(self, scorer) -> None:
         """Route a :class:`~creditrl.rewards.stage.Scorer`'s sources through the workers."""

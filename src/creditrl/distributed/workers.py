@@ -4,7 +4,8 @@ members are replaced and their calls re-issued (used by the rollout and the scor
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from creditrl.errors import ConfigError
 
@@ -61,8 +62,15 @@ class WorkerPool:
     ``make(slot)`` starts an actor; ``prepare(actor)`` (optional) brings a replacement up to date
     before its calls (actor methods run in submission order)."""
 
-    def __init__(self, ray, name: str, make: Callable[[int], Any], size: int, max_restarts: int,
-                 prepare: Callable[[Any], None] | None = None) -> None:
+    def __init__(
+        self,
+        ray,
+        name: str,
+        make: Callable[[int], Any],
+        size: int,
+        max_restarts: int,
+        prepare: Callable[[Any], None] | None = None,
+    ) -> None:
         self.ray, self.name, self.make, self.max_restarts, self.prepare = ray, name, make, max_restarts, prepare
         self.actors = [make(i) for i in range(size)]
         self.slot_restarts = [0] * size

@@ -3,7 +3,8 @@
 Grid file (every key but ``arms``/``grid`` optional)::
 
     name: estimators          # default: the file's stem; output in runs/compare-<name>
-    base: arith               # demo | arith | demo_quick (packaged configs) | a config path (relative to the grid file or cwd); default demo
+    base: arith               # demo | arith | demo_quick (packaged configs) | a config path
+                              # (relative to the grid file or cwd); default demo
     set: [train.eval_every=10]  # overrides common to every run (after base, before the arm's)
     seeds: [0, 1, 2]
     budget: {tokens: 400000}  # or {samples: 20000}, per run
@@ -47,9 +48,17 @@ KEYS = {"name", "base", "set", "seeds", "budget", "target", "init", "arms", "gri
 PACKAGED = ("demo", "demo_quick", "arith")  # configs shipped in creditrl/configs, named in a grid's base
 TOKEN_ITERATIONS = 1_000_000
 # --quick: demo_quick sizes on any base, a tiny budget, 2 seeds (numbers meaningless)
-QUICK_SET = ["sft.steps=20", "sft.batch_size=16", "sft.warmup_steps=5", "rollout.prompts_per_iter=4",
-             "rollout.group_size=4", "rollout.max_new_tokens=40", "train.eval_every=1", "train.eval_size=16",
-             "train.checkpoint_every=1000"]
+QUICK_SET = [
+    "sft.steps=20",
+    "sft.batch_size=16",
+    "sft.warmup_steps=5",
+    "rollout.prompts_per_iter=4",
+    "rollout.group_size=4",
+    "rollout.max_new_tokens=40",
+    "train.eval_every=1",
+    "train.eval_size=16",
+    "train.checkpoint_every=1000",
+]
 QUICK_BUDGET = {"tokens": 600, "samples": 32}
 
 
@@ -129,10 +138,15 @@ def load_grid(path: str | Path, *, quick: bool = False, seeds: int | None = None
         raise ConfigError(f"{path}: key 'seeds' must be a non-empty list of integers, got {seed_list!r}")
     seed_list = list(range(seeds)) if seeds is not None else (seed_list[:2] if quick else seed_list)
     budget = data.get("budget")
-    if not (isinstance(budget, dict) and len(budget) == 1 and next(iter(budget)) in ("tokens", "samples")
-            and isinstance(next(iter(budget.values())), int) and next(iter(budget.values())) > 0):
+    if not (
+        isinstance(budget, dict)
+        and len(budget) == 1
+        and next(iter(budget)) in ("tokens", "samples")
+        and isinstance(next(iter(budget.values())), int)
+        and next(iter(budget.values())) > 0
+    ):
         raise ConfigError(f"{path}: key 'budget' must be {{tokens: N}} or {{samples: N}} with N > 0, got {budget!r}")
-    (unit, amount), = budget.items()
+    ((unit, amount),) = budget.items()
     target = data.get("target", {"gain": 0.10})
     if isinstance(target, dict) and set(target) == {"gain"} and isinstance(target["gain"], (int, float)):
         absolute, gain = None, float(target["gain"])
@@ -151,14 +165,26 @@ def load_grid(path: str | Path, *, quick: bool = False, seeds: int | None = None
     arms = {str(k): _str_list(v or [], f"{path}: arm '{k}'") for k, v in arms.items()}
     if "grid" in data:
         points = expand_grid(data["grid"], str(path))
-        arms = {", ".join(x for x in (a, p) if x): over + pover for a, over in arms.items() for p, pover in points.items()}
+        arms = {
+            ", ".join(x for x in (a, p) if x): over + pover for a, over in arms.items() for p, pover in points.items()
+        }
     for name, over in arms.items():
         try:
             checked(load_config(base, common + over))
         except ConfigError as exc:
             raise ConfigError(f"{path}: arm '{name}': {exc}") from exc
-    return Grid(name=str(data.get("name", path.stem)), base=base, common=common, seeds=seed_list, unit=unit,
-                budget=QUICK_BUDGET[unit] if quick else amount, target=absolute, gain=gain, init=init, arms=arms)
+    return Grid(
+        name=str(data.get("name", path.stem)),
+        base=base,
+        common=common,
+        seeds=seed_list,
+        unit=unit,
+        budget=QUICK_BUDGET[unit] if quick else amount,
+        target=absolute,
+        gain=gain,
+        init=init,
+        arms=arms,
+    )
 
 
 Stat = tuple[float, float]  # mean, 95% half-width over seeds
@@ -188,8 +214,9 @@ def first_reach(history: list[dict[str, Any]], target: float) -> dict[str, Any] 
     return next((r for r in eval_rows(history) if r["eval/accuracy"] >= target), None)
 
 
-def summarise_arm(arm: str, histories: list[list[dict[str, Any]]], target: float | None = None,
-                  gain: float | None = None) -> CompareRow:
+def summarise_arm(
+    arm: str, histories: list[list[dict[str, Any]]], target: float | None = None, gain: float | None = None
+) -> CompareRow:
     evals = [eval_rows(h) for h in histories]
     start = float(np.mean([e[0]["eval/accuracy"] for e in evals]))
     target = round(start + gain, 9) if target is None else target  # 0.2 + 0.1 must reach 0.3
@@ -197,7 +224,10 @@ def summarise_arm(arm: str, histories: list[list[dict[str, Any]]], target: float
     last = [h[-1] for h in histories]
     its = [[r["time/iter_s"] for r in h if "time/iter_s" in r] or [0.0] for h in histories]
     return CompareRow(
-        arm=arm, seeds=len(histories), start=start, target=target,
+        arm=arm,
+        seeds=len(histories),
+        start=start,
+        target=target,
         final=mean_ci95([e[-1]["eval/accuracy"] for e in evals]),
         step_final=mean_ci95([e[-1]["eval/step_accuracy"] for e in evals]),
         reached=len(hits),
@@ -208,7 +238,8 @@ def summarise_arm(arm: str, histories: list[list[dict[str, Any]]], target: float
         iter_s=mean_ci95([float(np.mean(x)) for x in its]),
         wall_s=mean_ci95([r["time/total_s"] for r in last]),
         length=mean_ci95([e[-1]["eval/length"] for e in evals]) if all("eval/length" in e[-1] for e in evals) else None,
-        length_start=float(np.mean([e[0]["eval/length"] for e in evals])) if all("eval/length" in e[0] for e in evals)
+        length_start=float(np.mean([e[0]["eval/length"] for e in evals]))
+        if all("eval/length" in e[0] for e in evals)
         else None,
     )
 
@@ -216,14 +247,18 @@ def summarise_arm(arm: str, histories: list[list[dict[str, Any]]], target: float
 def results_markdown(rows: list[CompareRow]) -> str:
     pct = lambda m: f"{100 * m[0]:.1f} ± {100 * m[1]:.1f}%"  # noqa: E731
     num = lambda m, u="", d=0: "–" if m is None else f"{m[0]:,.{d}f} ± {m[1]:,.{d}f}{u}"  # noqa: E731
-    head = ("| arm | seeds | start | target | final accuracy | step accuracy | reached | samples to target "
-            "| wall time to target | tokens generated | samples | iteration time | RL wall time | response length |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+    head = (
+        "| arm | seeds | start | target | final accuracy | step accuracy | reached | samples to target "
+        "| wall time to target | tokens generated | samples | iteration time | RL wall time | response length |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+    )
     return head + "".join(
         f"| {r.arm} | {r.seeds} | {100 * r.start:.1f}% | {100 * r.target:.1f}% | {pct(r.final)} | {pct(r.step_final)} "
         f"| {r.reached}/{r.seeds} | {num(r.samples_to_target)} | {num(r.wall_to_target, ' s', 1)} | {num(r.tokens)} "
         f"| {num(r.samples)} | {r.iter_s[0]:.2f} ± {r.iter_s[1]:.2f} s | {num(r.wall_s, ' s', 1)} "
-        f"| {num(r.length, '', 1)} |\n" for r in rows)
+        f"| {num(r.length, '', 1)} |\n"
+        for r in rows
+    )
 
 
 def results_csv(rows: list[CompareRow]) -> str:
@@ -246,16 +281,25 @@ def results_csv(rows: list[CompareRow]) -> str:
 
 def launch_text(launches: list[dict[str, int]]) -> str:
     """How the runs were launched, for the reports: iteration and wall times depend on it."""
+
     def one(d: dict[str, int]) -> str:
         if not d:
             return "runs from before launch.json was recorded"
-        return ("one run at a time" if d["jobs"] == 1 else f"{d['jobs']} runs at a time") + \
-            f", {d['threads']} thread{'s' if d['threads'] > 1 else ''} each"
+        return (
+            "one run at a time" if d["jobs"] == 1 else f"{d['jobs']} runs at a time"
+        ) + f", {d['threads']} thread{'s' if d['threads'] > 1 else ''} each"
+
     return "; ".join(one(d) for d in launches) or "no runs"
 
 
-def run_compare(grid_path: str | Path, out: str | Path | None = None, *, quick: bool = False,
-                seeds: int | None = None, jobs: int = 1) -> dict[str, Any]:
+def run_compare(
+    grid_path: str | Path,
+    out: str | Path | None = None,
+    *,
+    quick: bool = False,
+    seeds: int | None = None,
+    jobs: int = 1,
+) -> dict[str, Any]:
     grid = load_grid(grid_path, quick=quick, seeds=seeds)
     out = Path(out or Path("runs") / f"compare-{grid.name}")
     out.mkdir(parents=True, exist_ok=True)
@@ -269,26 +313,48 @@ def run_compare(grid_path: str | Path, out: str | Path | None = None, *, quick: 
         init = str(cached_sft(cfg, progress=cfg.train.progress)[0])
     common = ([f"train.iterations={TOKEN_ITERATIONS}"] if grid.unit == "tokens" else []) + grid.common
     log(f"{len(grid.arms)} arms x {len(grid.seeds)} seeds, {grid.budget:,} generated {grid.unit} per run -> {out}")
-    results = run_arms(grid.base, grid.arms, grid.seeds, grid.budget, out, init, common, log, unit=grid.unit,
-                       jobs=jobs)
+    results = run_arms(grid.base, grid.arms, grid.seeds, grid.budget, out, init, common, log, unit=grid.unit, jobs=jobs)
     launches = launch_settings(out)
     rows = [summarise_arm(name, hs, grid.target, grid.gain) for name, hs in results.items()]
     table = results_markdown(rows)
     title = f"{grid.name}: {grid.budget:,} generated {grid.unit} per run, mean ± 95% CI over {len(grid.seeds)} seeds"
-    plot_seed_curves(results, out / "plots" / "accuracy_vs_samples.png", title, "samples/total", "generated samples", "ci95")
-    plot_seed_curves(results, out / "plots" / "accuracy_vs_wall_time.png", title, "time/total_s",
-                     "RL wall time (s, evaluations excluded)", "ci95")
-    plot_seed_curves(results, out / "plots" / "length_vs_samples.png", title, "samples/total", "generated samples",
-                     "ci95", y_key="eval/length", y_label="held-out greedy response length (tokens)")
+    plot_seed_curves(
+        results, out / "plots" / "accuracy_vs_samples.png", title, "samples/total", "generated samples", "ci95"
+    )
+    plot_seed_curves(
+        results,
+        out / "plots" / "accuracy_vs_wall_time.png",
+        title,
+        "time/total_s",
+        "RL wall time (s, evaluations excluded)",
+        "ci95",
+    )
+    plot_seed_curves(
+        results,
+        out / "plots" / "length_vs_samples.png",
+        title,
+        "samples/total",
+        "generated samples",
+        "ci95",
+        y_key="eval/length",
+        y_label="held-out greedy response length (tokens)",
+    )
     target = f"{100 * grid.target:.1f}%" if grid.target is not None else f"start + {100 * grid.gain:.1f} points"
     (out / "results.md").write_text(
         f"# compare: {grid.name}\n\nGrid {grid_path}; base {grid.base}; seeds {grid.seeds}; budget {grid.budget:,} "
         f"generated {grid.unit} per run; target {target}; init {init}; launched: {launch_text(launches)}.\n\n{table}\n"
-        "![accuracy vs samples](plots/accuracy_vs_samples.png)\n![accuracy vs wall time](plots/accuracy_vs_wall_time.png)\n"
-        "![response length vs samples](plots/length_vs_samples.png)\n")
+        "![accuracy vs samples](plots/accuracy_vs_samples.png)\n![accuracy vs wall "
+        "time](plots/accuracy_vs_wall_time.png)\n"
+        "![response length vs samples](plots/length_vs_samples.png)\n"
+    )
     (out / "results.csv").write_text(results_csv(rows))
-    summary = {"grid": {**asdict(grid), "base": str(grid.base)}, "init": init, "rows": [asdict(r) for r in rows],
-               "launches": launches, "wall_s": time.time() - start}
+    summary = {
+        "grid": {**asdict(grid), "base": str(grid.base)},
+        "init": init,
+        "rows": [asdict(r) for r in rows],
+        "launches": launches,
+        "wall_s": time.time() - start,
+    }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print("\n" + table)
     log(f"results: {out / 'results.md'}")

@@ -23,8 +23,8 @@ from creditrl.experiments.report import (
     markdown_table,
     peak_rss_mb,
     plot_accuracy,
+    publish_report,
     summarise,
-    write_results,
 )
 from creditrl.tasks import make_task
 from creditrl.train.rl import RLTrainer
@@ -51,8 +51,14 @@ def _slug(name: str) -> str:
     return re.sub(r"[^0-9a-zA-Z]+", "_", name).strip("_")
 
 
-def run_demo(run_dir: Path, *, quick: bool = False, overrides: list[str] | None = None,
-             config: str | Path | None = None, results: str | Path | None = None) -> list[ArmSummary]:
+def run_demo(
+    run_dir: Path,
+    *,
+    quick: bool = False,
+    overrides: list[str] | None = None,
+    config: str | Path | None = None,
+    results: str | Path | None = None,
+) -> list[ArmSummary]:
     """Run the demo into ``run_dir`` (on ``config`` instead of the packaged demo.yaml when given,
     e.g. configs/arith.yaml for the operand-1-9 setting); print and return the per-arm summaries.
     ``results``: also write the report as a results page there (its plot beside it)."""
@@ -75,8 +81,11 @@ def run_demo(run_dir: Path, *, quick: bool = False, overrides: list[str] | None 
     histories: dict[str, list[dict[str, Any]]] = {}
     for name, arm in ARMS.items():
         cfg: Config = load_config(base_path, _with(overrides or [], arm))
-        print(f"[creditrl demo] arm '{name}': {cfg.train.iterations} iterations x "
-              f"{cfg.rollout.prompts_per_iter} prompts x {cfg.rollout.group_size} samples", flush=True)
+        print(
+            f"[creditrl demo] arm '{name}': {cfg.train.iterations} iterations x "
+            f"{cfg.rollout.prompts_per_iter} prompts x {cfg.rollout.group_size} samples",
+            flush=True,
+        )
         result = RLTrainer.from_config(cfg, run_dir / _slug(name), init_path=str(sft_path)).run()
         histories[name] = result.history
     target = sft_metrics["eval/accuracy"] + TARGET_GAIN
@@ -84,25 +93,37 @@ def run_demo(run_dir: Path, *, quick: bool = False, overrides: list[str] | None 
     table = markdown_table(arms, target)
     size = FINAL_EVAL_SIZE[quick]
     classified = hasattr(make_task(base.task.name, **base.task.args), "first_error")  # where solutions go wrong
-    print(f"[creditrl demo] final check: the SFT start and both arms' last checkpoints on {size} held-out problems",
-          flush=True)
-    final = evaluate_checkpoints(str(base_path), [str(sft_path)] + [str(run_dir / _slug(n)) for n in ARMS],
-                                 size=size, overrides=overrides, errors=classified)
+    print(
+        f"[creditrl demo] final check: the SFT start and both arms' last checkpoints on {size} held-out problems",
+        flush=True,
+    )
+    final = evaluate_checkpoints(
+        str(base_path),
+        [str(sft_path)] + [str(run_dir / _slug(n)) for n in ARMS],
+        size=size,
+        overrides=overrides,
+        errors=classified,
+    )
     for row, label in zip(final, ["SFT start", *ARMS]):
         row.checkpoint = label
     table += "\n\n" + eval_table(final) + "\n" + ("\n" + errors_table(final) + "\n" if classified else "")
-    plot_accuracy(histories, run_dir / "plots" / "accuracy_vs_samples.png",
-                  f"arithmetic {base.task.args}: RL from the same SFT start")
+    plot_accuracy(
+        histories,
+        run_dir / "plots" / "accuracy_vs_samples.png",
+        f"arithmetic {base.task.args}: RL from the same SFT start",
+    )
     elapsed = time.time() - start
     rss = peak_rss_mb()
     report = _report(base, sft_metrics, table, elapsed, quick, rss)
     (run_dir / "report.md").write_text(report)
-    if results is not None:
-        plot = f"{Path(results).stem}_accuracy_vs_samples.png"
-        write_results(results, f"Demo: {base_path.name}", report.split("\n", 1)[1].replace(
-            "plots/accuracy_vs_samples.png", plot), figures={plot: run_dir / "plots" / "accuracy_vs_samples.png"})
-    summary = {"sft": sft_metrics, "arms": [asdict(a) for a in arms], "final_eval": [asdict(r) for r in final],
-               "wall_s": elapsed, "peak_rss_mb": rss}
+    publish_report(run_dir / "report.md", results, f"Demo: {base_path.name}")
+    summary = {
+        "sft": sft_metrics,
+        "arms": [asdict(a) for a in arms],
+        "final_eval": [asdict(r) for r in final],
+        "wall_s": elapsed,
+        "peak_rss_mb": rss,
+    }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     print("\n" + table)
     print(f"[creditrl demo] report: {run_dir / 'report.md'}  plot: {run_dir / 'plots' / 'accuracy_vs_samples.png'}")
@@ -120,8 +141,8 @@ def _report(cfg: Config, sft: dict[str, Any], table: str, elapsed: float, quick:
     return f"""# creditrl demo report
 {note}
 Task: `{cfg.task.name}` {cfg.task.args}; policy `{cfg.policy.model}`; SFT {cfg.sft.steps} steps on
-{cfg.sft.task_args} (held-out exact match {100 * sft['eval/accuracy']:.1f}%,
-step accuracy {100 * sft['eval/step_accuracy']:.1f}%).
+{cfg.sft.task_args} (held-out exact match {100 * sft["eval/accuracy"]:.1f}%,
+step accuracy {100 * sft["eval/step_accuracy"]:.1f}%).
 RL: {cfg.train.iterations} iterations x {cfg.rollout.prompts_per_iter} prompts x {cfg.rollout.group_size} samples
 per arm, lr {cfg.optim.lr}, temperature {cfg.rollout.temperature}; held-out greedy evaluation on
 {cfg.train.eval_size} problems every {cfg.train.eval_every} iterations.

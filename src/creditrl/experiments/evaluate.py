@@ -15,9 +15,8 @@ are shared, so this error is smaller than that of two independent accuracies.
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from creditrl.config import ConfigError, load_config
@@ -65,17 +64,24 @@ def resolve_checkpoint(path: str) -> Path:
     )
 
 
-def evaluate_checkpoints(config: str | None, checkpoints: list[str], *, size: int, baseline: str | None = None,
-                         overrides: list[str] | None = None, errors: bool = False, log=print) -> list[CheckpointEval]:
+def evaluate_checkpoints(
+    config: str | None,
+    checkpoints: list[str],
+    *,
+    size: int,
+    baseline: str | None = None,
+    overrides: list[str] | None = None,
+    errors: bool = False,
+    log=print,
+) -> list[CheckpointEval]:
     """Evaluate ``checkpoints`` (and ``baseline``, first, when given) on ``size`` held-out problems;
     with ``errors``, also count each checkpoint's problems by the task's ``first_error`` kind."""
     import torch
 
-    from creditrl.policy.model import load_policy
+    from creditrl.policy.model import load_policy, policy_options
     from creditrl.tasks import make_task
-    from creditrl.train.evaluate import evaluate
     from creditrl.train.build import EVAL_SEED
-    from creditrl.policy.model import policy_options
+    from creditrl.train.evaluate import evaluate
 
     if size < 1:
         raise ConfigError(f"--size: must be > 0, got {size}")
@@ -95,8 +101,16 @@ def evaluate_checkpoints(config: str | None, checkpoints: list[str], *, size: in
     for given, path in zip(paths, resolved):
         model, tok = load_policy(str(path), **policy_options(cfg))
         model.eval()
-        res = evaluate(model, tok, task, problems, max_new_tokens=cfg.rollout.max_new_tokens,
-                       engine=cfg.policy.engine, precision=cfg.policy.precision, kernels=cfg.policy.kernels)
+        res = evaluate(
+            model,
+            tok,
+            task,
+            problems,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            engine=cfg.policy.engine,
+            precision=cfg.policy.precision,
+            kernels=cfg.policy.kernels,
+        )
         p, n = res.accuracy, len(problems)
         row = CheckpointEval(given, p, math.sqrt(p * (1 - p) / n), res.step_accuracy, res.mean_length, n)
         if base_correct is None:
@@ -106,8 +120,10 @@ def evaluate_checkpoints(config: str | None, checkpoints: list[str], *, size: in
         if errors:
             kinds = [task.first_error(q, c) for q, c in zip(problems, res.completions)]
             if stray := sorted(set(kinds) - set(task.error_kinds)):
-                raise ConfigError(f"--errors: task {cfg.task.name!r}'s first_error returned {stray}, "
-                                  f"not among its error_kinds {list(task.error_kinds)}")
+                raise ConfigError(
+                    f"--errors: task {cfg.task.name!r}'s first_error returned {stray}, "
+                    f"not among its error_kinds {list(task.error_kinds)}"
+                )
             row.errors = {k: kinds.count(k) for k in task.error_kinds}
         rows.append(row)
         log(f"[creditrl eval] {given}: exact match {100 * p:.1f}% +- {100 * row.accuracy_se:.1f}")
@@ -125,8 +141,10 @@ def markdown_table(rows: list[CheckpointEval]) -> str:
     for r in rows:
         diff = "-" if r.diff is None else f"{100 * r.diff:+.1f} +- {100 * r.diff_se:.1f}"
         flips = "-" if r.gained is None else f"{r.gained} / {r.lost}"
-        lines.append(f"| {r.checkpoint} | {100 * r.accuracy:.1f}% +- {100 * r.accuracy_se:.1f} | "
-                     f"{100 * r.step_accuracy:.1f}% | {diff} | {flips} |")
+        lines.append(
+            f"| {r.checkpoint} | {100 * r.accuracy:.1f}% +- {100 * r.accuracy_se:.1f} | "
+            f"{100 * r.step_accuracy:.1f}% | {diff} | {flips} |"
+        )
     return "\n".join(lines)
 
 

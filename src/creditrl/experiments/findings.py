@@ -39,10 +39,16 @@ _PLACEHOLDER = re.compile(r"\{(ratio:)?([A-Za-z0-9_]+)(?:/([A-Za-z0-9_]+))?\.([a
 
 def load_finding(path: Path) -> dict[str, Any]:
     data = yaml.safe_load(Path(path).read_text()) or {}
-    if (not isinstance(data, dict) or set(data) - FINDING_KEYS or not {"id", "title", "question", "reading"} <= set(data)
-            or ("grid" in data) == ("report" in data)):
-        raise ConfigError(f"{path}: a finding file has keys {sorted(FINDING_KEYS)}: one of grid or report; claim, "
-                          f"plots optional; got {sorted(data) if isinstance(data, dict) else data!r}")
+    if (
+        not isinstance(data, dict)
+        or set(data) - FINDING_KEYS
+        or not {"id", "title", "question", "reading"} <= set(data)
+        or ("grid" in data) == ("report" in data)
+    ):
+        raise ConfigError(
+            f"{path}: a finding file has keys {sorted(FINDING_KEYS)}: one of grid or report; claim, "
+            f"plots optional; got {sorted(data) if isinstance(data, dict) else data!r}"
+        )
     if "report" in data:
         if data["report"] not in REPORTS:
             raise ConfigError(f"{path}: key 'report' must be one of {', '.join(REPORTS)}; got {data['report']!r}")
@@ -112,8 +118,9 @@ def fill(template: str, rows: list[dict[str, Any]]) -> str:
 
 def _section(finding: dict[str, Any], grid, summary: dict[str, Any], plots: list[Path], root: Path) -> str:
     rows = summary["rows"]
-    table = results_markdown([CompareRow(**{k: tuple(v) if isinstance(v, list) else v for k, v in r.items()})
-                              for r in rows])
+    table = results_markdown(
+        [CompareRow(**{k: tuple(v) if isinstance(v, list) else v for k, v in r.items()}) for r in rows]
+    )
     arms = "; ".join(f"**{name}**: `{' '.join(over) or '(base)'}`" for name, over in grid.arms.items())
     images = "\n".join(f"![{p.stem}]({p.relative_to(root).as_posix()})" for p in plots)
     claim = f"\n*Folk claim:* {finding['claim'].strip()}\n" if finding.get("claim") else ""
@@ -134,8 +141,10 @@ def _report_section(finding: dict[str, Any], runs: Path, docs: Path, root: Path,
     where = runs / "values"
     summary = run_value_report(where, quick=quick)
     rows = summary["rows"]
-    table = results_markdown([EstimatorRow(**{k: tuple(v) if isinstance(v, list) else v for k, v in r.items()})
-                              for r in rows], summary["truth_se"])
+    table = results_markdown(
+        [EstimatorRow(**{k: tuple(v) if isinstance(v, list) else v for k, v in r.items()}) for r in rows],
+        summary["truth_se"],
+    )
     dest = docs / f"{finding['id']}_value_error.png"
     shutil.copyfile(where / "plots" / "value_error.png", dest)
     st = summary["settings"]
@@ -152,8 +161,9 @@ def _report_section(finding: dict[str, Any], runs: Path, docs: Path, root: Path,
     )
 
 
-def run_findings(root: Path, *, quick: bool = False, out: Path | None = None, runs: Path | None = None,
-                 jobs: int = 1) -> Path:
+def run_findings(
+    root: Path, *, quick: bool = False, out: Path | None = None, runs: Path | None = None, jobs: int = 1
+) -> Path:
     """Run every finding's grid (resumably; ``jobs`` runs at a time) and write FINDINGS.md
     (``out``) with its plots."""
     root = Path(root)

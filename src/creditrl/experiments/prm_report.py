@@ -22,26 +22,26 @@ from __future__ import annotations
 import functools
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
 from creditrl.config import Config, load_config
 from creditrl.experiments.report import plt
 from creditrl.experiments.report_setup import base_config, step_task, task_phrase
-from creditrl.policy.engines import GenerationEngine, SamplingParams
-from creditrl.policy.engines import make_engine
+from creditrl.policy.engines import GenerationEngine, SamplingParams, make_engine
 from creditrl.policy.model import load_policy
 from creditrl.prm.cache import load_completer
-from creditrl.prm.train import train_prm_from_examples
 from creditrl.prm.data import StepwiseExample
 from creditrl.prm.labels import mc_labels
 from creditrl.prm.metrics import Candidate, auroc, best_of_n_accuracy, false_positive_rate
 from creditrl.prm.pipeline import Sample, label_quality, label_samples, sample_solutions, step_records
 from creditrl.prm.probe import shortcut_probe
 from creditrl.prm.source import load_prm
+from creditrl.prm.train import train_prm_from_examples
 from creditrl.tasks import Task
 from creditrl.tasks.base import answer_of, majority_note, same_answer
 from creditrl.train.build import start_policy
@@ -64,8 +64,17 @@ class Sizes:
 
 
 QUICK = Sizes(
-    train_problems=12, samples_per_problem=2, heldout_problems=6, mc_n=2, fpr_problems=3, fpr_ns=(1, 2),
-    bon_problems=3, bon_ns=(1, 2), prm_steps=4, augment_rate=0.5, rl_iterations=2,
+    train_problems=12,
+    samples_per_problem=2,
+    heldout_problems=6,
+    mc_n=2,
+    fpr_problems=3,
+    fpr_ns=(1, 2),
+    bon_problems=3,
+    bon_ns=(1, 2),
+    prm_steps=4,
+    augment_rate=0.5,
+    rl_iterations=2,
 )
 
 
@@ -78,8 +87,12 @@ def _auroc(records) -> float:
 def orm_examples(samples: Sequence[Sample]) -> list[StepwiseExample]:
     """ORM data: the outcome as the label of the last step, every other step unlabelled."""
     return [
-        StepwiseExample(s.problem.prompt, list(s.steps), [None] * (len(s.steps) - 1) + [float(s.outcome)],
-                        {"outcome": float(s.outcome), "oracle": list(s.oracle)})
+        StepwiseExample(
+            s.problem.prompt,
+            list(s.steps),
+            [None] * (len(s.steps) - 1) + [float(s.outcome)],
+            {"outcome": float(s.outcome), "oracle": list(s.oracle)},
+        )
         for s in samples
         if s.steps
     ]
@@ -91,8 +104,14 @@ def mc_label_table(
     """False-positive rate (and agreement) against the oracle of hard and soft MC labels for each
     N, from one run of max(ns) continuations per step prefix (the first N of them for each N)."""
     res = mc_labels(
-        engine, tok, task, [(s.problem, s.steps) for s in samples if s.steps], n=max(ns), params=params,
-        generator=torch.Generator().manual_seed(7), max_prefixes_per_call=max(1, 2048 // max(ns)),
+        engine,
+        tok,
+        task,
+        [(s.problem, s.steps) for s in samples if s.steps],
+        n=max(ns),
+        params=params,
+        generator=torch.Generator().manual_seed(7),
+        max_prefixes_per_call=max(1, 2048 // max(ns)),
     )
     truth = [s.oracle for s in samples if s.steps]
     rows = []
@@ -106,19 +125,22 @@ def mc_label_table(
                 hard.append(1.0 if share > 0 else 0.0)
                 soft.append(share)
                 true.append(t)
-        rows.append({
-            "N": n,
-            "hard_fpr": false_positive_rate(hard, true),
-            "soft_fpr": false_positive_rate(soft, true),
-            "hard_agreement": sum((h >= 0.5) == (t >= 0.5) for h, t in zip(hard, true)) / len(true),
-            "soft_agreement": sum((s >= 0.5) == (t >= 0.5) for s, t in zip(soft, true)) / len(true),
-            "steps": len(true),
-        })
+        rows.append(
+            {
+                "N": n,
+                "hard_fpr": false_positive_rate(hard, true),
+                "soft_fpr": false_positive_rate(soft, true),
+                "hard_agreement": sum((h >= 0.5) == (t >= 0.5) for h, t in zip(hard, true)) / len(true),
+                "soft_agreement": sum((s >= 0.5) == (t >= 0.5) for s, t in zip(soft, true)) / len(true),
+                "steps": len(true),
+            }
+        )
     return rows
 
 
-def run_prm_report(run_dir: Path | None, *, quick: bool = False, config: str | Path | None = None,
-                   overrides: list[str] | None = None) -> dict[str, Any]:
+def run_prm_report(
+    run_dir: Path | None, *, quick: bool = False, config: str | Path | None = None, overrides: list[str] | None = None
+) -> dict[str, Any]:
     """The whole report on the task of ``config`` + ``overrides`` (default: the packaged arith
     config, :mod:`.report_setup`); writes ``run_dir`` and returns the summary.
 
@@ -139,8 +161,9 @@ def run_prm_report(run_dir: Path | None, *, quick: bool = False, config: str | P
     policy, tok = load_policy(init)
     policy.eval()
     params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=1.0)
-    engine = make_engine(policy, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, kind=cfg.policy.engine,
-                         kernels=cfg.policy.kernels)
+    engine = make_engine(
+        policy, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, kind=cfg.policy.engine, kernels=cfg.policy.kernels
+    )
     sampler = _Sampler(policy, tok, task, params)
 
     log(f"sampling {sizes.train_problems} x {sizes.samples_per_problem} training solutions from {init}")
@@ -150,10 +173,20 @@ def run_prm_report(run_dir: Path | None, *, quick: bool = False, config: str | P
     datasets, quality = _labelled(cfg, task, train, completer, ctok, sizes, params, log)
     aurocs, train_metrics, probe_records = _train_and_score(cfg, init, datasets, held, task, sizes, run_dir, log)
     log("MC label table (hard vs soft against the oracle)")
-    c_engine = engine if completer is policy else make_engine(completer, eos_id=tok.eos_token_id,
-                                                              pad_id=tok.pad_token_id, kind=cfg.policy.engine,
-                                                              kernels=cfg.policy.kernels)
-    fpr_rows = mc_label_table(c_engine, tok, task, held[: sizes.fpr_problems * sizes.samples_per_problem], sizes.fpr_ns, params)
+    c_engine = (
+        engine
+        if completer is policy
+        else make_engine(
+            completer,
+            eos_id=tok.eos_token_id,
+            pad_id=tok.pad_token_id,
+            kind=cfg.policy.engine,
+            kernels=cfg.policy.kernels,
+        )
+    )
+    fpr_rows = mc_label_table(
+        c_engine, tok, task, held[: sizes.fpr_problems * sizes.samples_per_problem], sizes.fpr_ns, params
+    )
 
     log(f"best-of-N on {sizes.bon_problems} held-out problems x {max(sizes.bon_ns)} samples")
     bon = sampler("heldout", sizes.bon_problems, max(sizes.bon_ns), 2)
@@ -162,8 +195,11 @@ def run_prm_report(run_dir: Path | None, *, quick: bool = False, config: str | P
 
     log(f"RL with the oracle-label PRM as step reward ({sizes.rl_iterations} iterations)")
     rl_over = (overrides or []) + [
-        "reward.source=prm", f"reward.prm={run_dir / 'prms' / 'oracle'}", "credit.estimator=grpo_process",
-        "credit.normaliser=batch", f"train.iterations={sizes.rl_iterations}",
+        "reward.source=prm",
+        f"reward.prm={run_dir / 'prms' / 'oracle'}",
+        "credit.estimator=grpo_process",
+        "credit.normaliser=batch",
+        f"train.iterations={sizes.rl_iterations}",
     ]
     history = RLTrainer.from_config(load_config(base, rl_over), run_dir / "rl_prm", init_path=init).run().history
     evals = [(r["iteration"], r["eval/accuracy"]) for r in history if "eval/accuracy" in r]
@@ -173,10 +209,19 @@ def run_prm_report(run_dir: Path | None, *, quick: bool = False, config: str | P
         probe = shortcut_probe(probe_records, tokenizer=load_prm(str(run_dir / "prms" / "oracle"))[1])
         probe_md, probe_numbers = probe.markdown(), probe.__dict__
     summary = {
-        "sizes": sizes.__dict__, "task": {"name": cfg.task.name, "args": dict(cfg.task.args)}, "policy": init,
-        "completer": cfg.prm.completer or init, "label_quality": quality, "auroc": aurocs, "train": train_metrics,
-        "mc_label_table": fpr_rows, "best_of_n": bon_table, "majority_note": majority_note(task), "probe": probe_numbers,
-        "rl_prm": {"evals": evals}, "wall_s": time.time() - start,
+        "sizes": sizes.__dict__,
+        "task": {"name": cfg.task.name, "args": dict(cfg.task.args)},
+        "policy": init,
+        "completer": cfg.prm.completer or init,
+        "label_quality": quality,
+        "auroc": aurocs,
+        "train": train_metrics,
+        "mc_label_table": fpr_rows,
+        "best_of_n": bon_table,
+        "majority_note": majority_note(task),
+        "probe": probe_numbers,
+        "rl_prm": {"evals": evals},
+        "wall_s": time.time() - start,
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     (run_dir / "report.md").write_text(_report(summary, probe_md, quick))
@@ -195,28 +240,59 @@ class _Sampler:
     def __call__(self, split: str, n_problems: int, per: int, seed: int) -> list[Sample]:
         problems = self.task.sample(n_problems, split=split, seed=seed)
         chunk = max(1, 1024 // per)
-        return [s for i in range(0, len(problems), chunk)
-                for s in sample_solutions(self.policy, self.tok, self.task, problems[i : i + chunk], samples=per,
-                                          params=self.params, seed=seed + i)]
+        return [
+            s
+            for i in range(0, len(problems), chunk)
+            for s in sample_solutions(
+                self.policy,
+                self.tok,
+                self.task,
+                problems[i : i + chunk],
+                samples=per,
+                params=self.params,
+                seed=seed + i,
+            )
+        ]
 
 
-def _labelled(cfg: Config, task: Task, train: Sequence[Sample], completer, ctok, sizes: Sizes, params: SamplingParams,
-              log) -> tuple[dict[str, list[StepwiseExample]], dict[str, dict[str, float]]]:
+def _labelled(
+    cfg: Config, task: Task, train: Sequence[Sample], completer, ctok, sizes: Sizes, params: SamplingParams, log
+) -> tuple[dict[str, list[StepwiseExample]], dict[str, dict[str, float]]]:
     """The training samples labelled by each labeler, plus ORM data; and each labeler's quality."""
     datasets: dict[str, list[StepwiseExample]] = {}
     quality: dict[str, dict[str, float]] = {}
     for name in ("oracle", "mc", "outcome_heuristic"):
-        log(f"labelling with {name}" + (f" (completer {cfg.prm.completer})" if name == "mc" and cfg.prm.completer else ""))
-        examples, info = label_samples(train, name, task=task, model=completer, tokenizer=ctok, mc_n=sizes.mc_n,
-                                       mc_mode="hard", mc_params=params, seed=0)
+        log(
+            f"labelling with {name}"
+            + (f" (completer {cfg.prm.completer})" if name == "mc" and cfg.prm.completer else "")
+        )
+        examples, info = label_samples(
+            train,
+            name,
+            task=task,
+            model=completer,
+            tokenizer=ctok,
+            mc_n=sizes.mc_n,
+            mc_mode="hard",
+            mc_params=params,
+            seed=0,
+        )
         datasets[name] = examples
         quality[name] = {**label_quality(examples), **{k: float(v) for k, v in info.items() if k != "labeler"}}
     datasets["orm"] = orm_examples(train)
     return datasets, quality
 
 
-def _train_and_score(cfg: Config, init: str, datasets: dict[str, list[StepwiseExample]], held: Sequence[Sample],
-                     task: Task, sizes: Sizes, run_dir: Path, log) -> tuple[dict[str, float], dict[str, Any], list]:
+def _train_and_score(
+    cfg: Config,
+    init: str,
+    datasets: dict[str, list[StepwiseExample]],
+    held: Sequence[Sample],
+    task: Task,
+    sizes: Sizes,
+    run_dir: Path,
+    log,
+) -> tuple[dict[str, float], dict[str, Any], list]:
     """One PRM per labeler and the ORM, trained into ``run_dir/prms/<name>`` with the same budget;
     their step AUROC on the held-out steps (oracle labels), their training metrics, and the
     oracle PRM's step records (for the probe)."""
@@ -238,7 +314,9 @@ def _train_and_score(cfg: Config, init: str, datasets: dict[str, list[StepwiseEx
     return aurocs, train_metrics, probe_records
 
 
-def best_of_n_table(task: Task, samples: Sequence[Sample], prms: Path, ns: Sequence[int]) -> dict[str, dict[int, float]]:
+def best_of_n_table(
+    task: Task, samples: Sequence[Sample], prms: Path, ns: Sequence[int]
+) -> dict[str, dict[int, float]]:
     """Best-of-N accuracy at each N of every selector, from ``max(ns)`` consecutive samples per problem:
     the oracle-label PRM (``prms/oracle``, four aggregations), the ORM (``prms/orm``) and majority
     vote over the task's answers (:func:`creditrl.tasks.base.answer_of`, grouped by its
@@ -250,8 +328,12 @@ def best_of_n_table(task: Task, samples: Sequence[Sample], prms: Path, ns: Seque
     orm_scores = [row[-1] for row in orm.score(otok, pairs, batch_size=64)]
     per = max(ns)
     groups = [
-        [Candidate(s.outcome, tuple(0.0 if x != x else x for x in sc), 0.0 if o != o else o, answer_of(task, s.completion))
-         for s, sc, o in zip(samples[i : i + per], step_scores[i : i + per], orm_scores[i : i + per])]
+        [
+            Candidate(
+                s.outcome, tuple(0.0 if x != x else x for x in sc), 0.0 if o != o else o, answer_of(task, s.completion)
+            )
+            for s, sc, o in zip(samples[i : i + per], step_scores[i : i + per], orm_scores[i : i + per])
+        ]
         for i in range(0, len(samples), per)
     ]
     same = functools.partial(same_answer, task)
@@ -280,30 +362,57 @@ def _report(s: dict[str, Any], probe_md: str, quick: bool) -> str:
     sz = s["sizes"]
     task = s.get("task", {"name": "arithmetic", "args": {}})
     args = ", ".join(f"{k}={v}" for k, v in task["args"].items())
-    lines = [f"# creditrl PRM report\n{note}", f"Task `{task['name']}`" + (f" ({args})" if args else "")
-             + f". Policy: `{s['policy']}`. MC completer: `{s.get('completer', s['policy'])}`. Sizes: {sz}. "
-             f"Wall time {s['wall_s']:.0f} s.\n",
-             "## Labelers against the oracle (training steps)\n",
-             "| labeler | steps | coverage | false-positive rate | agreement |", "|---|---|---|---|---|"]
+    lines = [
+        f"# creditrl PRM report\n{note}",
+        f"Task `{task['name']}`"
+        + (f" ({args})" if args else "")
+        + f". Policy: `{s['policy']}`. MC completer: `{s.get('completer', s['policy'])}`. Sizes: {sz}. "
+        f"Wall time {s['wall_s']:.0f} s.\n",
+        "## Labelers against the oracle (training steps)\n",
+        "| labeler | steps | coverage | false-positive rate | agreement |",
+        "|---|---|---|---|---|",
+    ]
     for name, q in s["label_quality"].items():
-        lines.append(f"| {name} | {q['steps']:.0f} | {q['coverage']:.3f} | {q['false_positive_rate']:.3f} | {q['agreement']:.3f} |")
+        lines.append(
+            f"| {name} | {q['steps']:.0f} | {q['coverage']:.3f} | {q['false_positive_rate']:.3f} | "
+            f"{q['agreement']:.3f} |"
+        )
     lines += ["", "## Step AUROC on held-out policy samples (oracle labels)\n", "| trained on | AUROC |", "|---|---|"]
     lines += [f"| {name} | {v:.4f} |" for name, v in s["auroc"].items()]
-    lines += ["", "## Shortcut probe (oracle-label PRM, held-out steps)\n", probe_md, "",
-              "## MC labels: hard vs soft against the oracle (held-out steps)\n",
-              "| N | hard FPR | soft FPR | hard agreement | soft agreement | steps |", "|---|---|---|---|---|---|"]
-    lines += [f"| {r['N']} | {r['hard_fpr']:.3f} | {r['soft_fpr']:.3f} | {r['hard_agreement']:.3f} | {r['soft_agreement']:.3f} | {r['steps']} |"
-              for r in s["mc_label_table"]]
+    lines += [
+        "",
+        "## Shortcut probe (oracle-label PRM, held-out steps)\n",
+        probe_md,
+        "",
+        "## MC labels: hard vs soft against the oracle (held-out steps)\n",
+        "| N | hard FPR | soft FPR | hard agreement | soft agreement | steps |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['N']} | {r['hard_fpr']:.3f} | {r['soft_fpr']:.3f} | {r['hard_agreement']:.3f} | "
+        f"{r['soft_agreement']:.3f} | {r['steps']} |"
+        for r in s["mc_label_table"]
+    ]
     ns = sz["bon_ns"]
-    lines += ["", "## Best-of-N accuracy on held-out problems\n", "| method | " + " | ".join(f"N={n}" for n in ns) + " |",
-              "|---|" + "---|" * len(ns)]
+    lines += [
+        "",
+        "## Best-of-N accuracy on held-out problems\n",
+        "| method | " + " | ".join(f"N={n}" for n in ns) + " |",
+        "|---|" + "---|" * len(ns),
+    ]
     for m, acc in s["best_of_n"].items():
         lines.append(f"| {m} | " + " | ".join(f"{100 * acc[n]:.1f}%" for n in ns) + " |")
     if s.get("majority_note"):
         lines += ["", f"Majority vote: {s['majority_note']}."]
-    lines += ["", "![best of N](plots/best_of_n.png)", "", "## RL with the learned PRM as step reward\n",
-              "grpo_process with batch whitening, the config's settings otherwise. Held-out greedy exact match:\n",
-              "| iteration | " + " | ".join(str(i) for i, _ in s["rl_prm"]["evals"]) + " |",
-              "|---|" + "---|" * len(s["rl_prm"]["evals"]),
-              "| accuracy | " + " | ".join(f"{100 * a:.1f}%" for _, a in s["rl_prm"]["evals"]) + " |", ""]
+    lines += [
+        "",
+        "![best of N](plots/best_of_n.png)",
+        "",
+        "## RL with the learned PRM as step reward\n",
+        "grpo_process with batch whitening, the config's settings otherwise. Held-out greedy exact match:\n",
+        "| iteration | " + " | ".join(str(i) for i, _ in s["rl_prm"]["evals"]) + " |",
+        "|---|" + "---|" * len(s["rl_prm"]["evals"]),
+        "| accuracy | " + " | ".join(f"{100 * a:.1f}%" for _, a in s["rl_prm"]["evals"]) + " |",
+        "",
+    ]
     return "\n".join(lines)

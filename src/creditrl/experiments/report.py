@@ -7,13 +7,14 @@ import contextlib
 import io
 import os
 import platform
+import re
 import resource
 import shlex
 import shutil
 import sys
 import time
-from dataclasses import dataclass
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,25 +38,32 @@ def machine() -> str:
 
     cpu = platform.processor() or platform.machine()
     try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))
+        cpu = next(
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        )
     except (OSError, StopIteration):
         pass
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     gpu = f", GPU {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ", no GPU"
-    return (f"{os.cpu_count()} cores ({cpu}), {memory:.0f} GiB, torch {torch.__version__} with "
-            f"{torch.get_num_threads()} threads{gpu}")
+    return (
+        f"{os.cpu_count()} cores ({cpu}), {memory:.0f} GiB, torch {torch.__version__} with "
+        f"{torch.get_num_threads()} threads{gpu}"
+    )
 
 
 def results_page(title: str, body: str, command: str | None = None) -> str:
     """A results page: its title, then once the command that wrote it, the machine and the date."""
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    return (f"# {title}\n\nWritten by `{command or command_line()}` on {stamp}; machine: {machine()}.\n\n"
-            f"{body.strip()}\n")
+    return (
+        f"# {title}\n\nWritten by `{command or command_line()}` on {stamp}; machine: {machine()}.\n\n{body.strip()}\n"
+    )
 
 
-def write_results(path: str | Path | None, title: str, body: str, command: str | None = None,
-                  figures: dict[str, Path] | None = None) -> Path | None:
+def write_results(
+    path: str | Path | None, title: str, body: str, command: str | None = None, figures: dict[str, Path] | None = None
+) -> Path | None:
     """Write :func:`results_page` to ``path`` (nothing when ``path`` is None), and copy each of
     ``figures`` (``{file name: source}``, which ``body`` links by name) next to it; returns the path."""
     if path is None:
@@ -67,6 +75,20 @@ def write_results(path: str | Path | None, title: str, body: str, command: str |
     path.write_text(results_page(title, body, command))
     print(f"results page: {path}", flush=True)
     return path
+
+
+def publish_report(report: Path, results: str | Path | None, title: str) -> Path | None:
+    """A run's ``report.md`` as a results page at ``results`` (its first heading replaced by
+    ``title``; every ``plots/NAME.png`` it shows copied beside the page as ``<page>_NAME.png``)."""
+    if results is None:
+        return None
+    stem, text = Path(results).stem, Path(report).read_text()
+    body = text.split("\n", 1)[1] if text.startswith("# ") else text
+    figures = {}
+    for name in sorted(set(re.findall(r"\(plots/([\w.-]+\.png)\)", body))):
+        figures[f"{stem}_{name}"] = Path(report).parent / "plots" / name
+        body = body.replace(f"(plots/{name})", f"({stem}_{name})")
+    return write_results(results, title, body, figures=figures)
 
 
 class _Tee(io.TextIOBase):
@@ -161,7 +183,8 @@ def markdown_table(arms: list[ArmSummary], target: float) -> str:
         reach = "not reached" if a.samples_to_target is None else f"{a.samples_to_target:,}"
         rows.append(
             f"| {a.name} | {100 * a.before_accuracy:.1f}% | {100 * a.after_accuracy:.1f}% | {a.gain_points:+.1f} "
-            f"| {100 * a.best_accuracy:.1f}% | {100 * a.before_step_accuracy:.1f}% | {100 * a.after_step_accuracy:.1f}% "
+            f"| {100 * a.best_accuracy:.1f}% | {100 * a.before_step_accuracy:.1f}% | "
+            f"{100 * a.after_step_accuracy:.1f}% "
             f"| {reach} | {a.samples:,} | {a.tokens:,} | {a.wall_s:.0f} s |"
         )
     return head + "\n".join(rows) + "\n"

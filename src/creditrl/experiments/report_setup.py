@@ -42,11 +42,18 @@ def step_task(cfg: Config, report: str) -> Task:
             or no step checker (``check_steps``).
     """
     task = build_task(cfg.task.name, cfg.task.args)
-    missing = ("a step separator" if task.step_separator is None
-               else "a step checker" if not callable(getattr(task, "check_steps", None)) else "")
+    missing = (
+        "a step separator"
+        if task.step_separator is None
+        else "a step checker"
+        if not callable(getattr(task, "check_steps", None))
+        else ""
+    )
     if missing:
-        raise ConfigError(f"task.name: {report} needs a task with reasoning steps (a step separator and a step "
-                          f"checker); task '{cfg.task.name}' has no {missing[2:]}")
+        raise ConfigError(
+            f"task.name: {report} needs a task with reasoning steps (a step separator and a step "
+            f"checker); task '{cfg.task.name}' has no {missing[2:]}"
+        )
     return task
 
 

@@ -64,19 +64,34 @@ class Sizes:
     oracle_budget: int = 1024  # mcts rollout_oracle (upper bound), one budget
 
 
-QUICK = Sizes(problems=4, prm_problems=6, prm_samples=2, prm_steps=3, bon_ns=(1, 2, 4), beams=((1, 2), (2, 2)),
-              beam_budget=512, mcts_prm_budgets=(128, 256), mcts_rollout_budgets=(256,), oracle_budget=256)
+QUICK = Sizes(
+    problems=4,
+    prm_problems=6,
+    prm_samples=2,
+    prm_steps=3,
+    bon_ns=(1, 2, 4),
+    beams=((1, 2), (2, 2)),
+    beam_budget=512,
+    mcts_prm_budgets=(128, 256),
+    mcts_rollout_budgets=(256,),
+    oracle_budget=256,
+)
 
 
-def _train_models(cfg: Config, init: str, policy, tok, task: Task, sizes: Sizes, out: Path, need: list[str],
-                  log) -> None:
+def _train_models(
+    cfg: Config, init: str, policy, tok, task: Task, sizes: Sizes, out: Path, need: list[str], log
+) -> None:
     """Train the PRM (oracle step labels) and/or ORM (outcomes) named in ``need`` into ``out/<name>``."""
     problems = task.sample(sizes.prm_problems, split="train", seed=0)
     params = SamplingParams(max_new_tokens=cfg.search.max_new_tokens, temperature=1.0)
     chunk = max(1, 1024 // sizes.prm_samples)  # bounds the KV cache of one generate call
-    samples = [s for i in range(0, len(problems), chunk)
-               for s in sample_solutions(policy, tok, task, problems[i : i + chunk], samples=sizes.prm_samples,
-                                         params=params, seed=i)]
+    samples = [
+        s
+        for i in range(0, len(problems), chunk)
+        for s in sample_solutions(
+            policy, tok, task, problems[i : i + chunk], samples=sizes.prm_samples, params=params, seed=i
+        )
+    ]
     log(f"sampled {len(samples)} training solutions ({sum(s.outcome for s in samples)} correct)")
     data = {"prm": label_samples(samples, "oracle", task=task)[0], "orm": orm_examples(samples)}
     prm_cfg = cfg.updated({"prm": {"steps": sizes.prm_steps, "augment_rate": 0.0}})
@@ -95,11 +110,15 @@ def _best_of_n_rows(ctx, ns) -> list[dict[str, Any]]:
         for n in ns:
             firsts = [g[:n] for g in groups]
             picks = [g[select(selector, [s.candidate for s in g], same=same)] for g in firsts]
-            rows.append({
-                "series": f"best-of-N {selector}", "method": "best_of_n", "setting": f"N={n} selector={selector}",
-                "accuracy": sum(s.candidate.correct for s in picks) / len(picks),
-                "tokens_per_problem": sum(len(s.tokens) for g in firsts for s in g) / len(firsts),
-            })
+            rows.append(
+                {
+                    "series": f"best-of-N {selector}",
+                    "method": "best_of_n",
+                    "setting": f"N={n} selector={selector}",
+                    "accuracy": sum(s.candidate.correct for s in picks) / len(picks),
+                    "tokens_per_problem": sum(len(s.tokens) for g in firsts for s in g) / len(firsts),
+                }
+            )
     return rows
 
 
@@ -113,8 +132,14 @@ def report_configs(config: str | Path | None, overrides: list[str], quick: bool)
 
 
 def run_search_report(
-    out_dir: Path | None, *, quick: bool = False, config: str | Path | None = None, prm_dir: str | None = None,
-    orm_dir: str | None = None, problems: int | None = None, overrides: list[str] | None = None,
+    out_dir: Path | None,
+    *,
+    quick: bool = False,
+    config: str | Path | None = None,
+    prm_dir: str | None = None,
+    orm_dir: str | None = None,
+    problems: int | None = None,
+    overrides: list[str] | None = None,
     temperature: float = 1.0,
 ) -> dict[str, Any]:
     """Every method on the config's task (module docstring); every method samples at ``temperature``
@@ -142,14 +167,33 @@ def run_search_report(
         _train_models(cfg, init, policy, tok, task, sizes, out_dir / "prms", need, log)
     prm_dir, orm_dir = str(prm_dir or out_dir / "prms" / "prm"), str(orm_dir or out_dir / "prms" / "orm")
     held = task.sample(sizes.problems, split="heldout", seed=0)
-    engine = make_engine(policy, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, kind=cfg.policy.engine,
-                         kernels=cfg.policy.kernels)
+    engine = make_engine(
+        policy, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, kind=cfg.policy.engine, kernels=cfg.policy.kernels
+    )
     log(f"{sizes.problems} held-out problems of {task_phrase(cfg)}, policy {init}")
-    rows = _method_rows(held, cfg, sizes, temperature, log, engine=engine, tokenizer=tok, task=task,
-                        prm=load_prm(prm_dir), orm=load_prm(orm_dir))
-    summary = {"sizes": asdict(sizes), "task": {"name": cfg.task.name, "args": dict(cfg.task.args)}, "policy": init,
-               "prm": prm_dir, "orm": orm_dir, "temperature": temperature, "majority_note": majority_note(task),
-               "rows": rows, "wall_s": time.time() - start}
+    rows = _method_rows(
+        held,
+        cfg,
+        sizes,
+        temperature,
+        log,
+        engine=engine,
+        tokenizer=tok,
+        task=task,
+        prm=load_prm(prm_dir),
+        orm=load_prm(orm_dir),
+    )
+    summary = {
+        "sizes": asdict(sizes),
+        "task": {"name": cfg.task.name, "args": dict(cfg.task.args)},
+        "policy": init,
+        "prm": prm_dir,
+        "orm": orm_dir,
+        "temperature": temperature,
+        "majority_note": majority_note(task),
+        "rows": rows,
+        "wall_s": time.time() - start,
+    }
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     _plot(rows, out_dir / "plots" / "search_budget.png", task_phrase(cfg))
     report = _report(summary, quick)
@@ -171,32 +215,46 @@ def _method_rows(held, cfg: Config, sizes: Sizes, temperature: float, log, **kw)
     def run(series: str, config: SearchConfig) -> None:
         result = search(held, config=config, **kw)
         rows.append({"series": series, **result.summary()})
-        log(f"{series:28s} {config.describe():60s} acc {100 * result.accuracy:5.1f}%  "
-            f"tokens/problem {result.tokens_mean:7.1f}  ({result.wall_s:.0f} s)")
+        log(
+            f"{series:28s} {config.describe():60s} acc {100 * result.accuracy:5.1f}%  "
+            f"tokens/problem {result.tokens_mean:7.1f}  ({result.wall_s:.0f} s)"
+        )
 
     run("greedy", settings(method="greedy", budget=max_new))
     t = time.time()
-    bon_cfg = settings(method="best_of_n", n=max(sizes.bon_ns), budget=max(sizes.bon_ns) * max_new,
-                       temperature=temperature)
+    bon_cfg = settings(
+        method="best_of_n", n=max(sizes.bon_ns), budget=max(sizes.bon_ns) * max_new, temperature=temperature
+    )
     rows += _best_of_n_rows(make_context(held, config=bon_cfg, **kw), sizes.bon_ns)
     log(f"best-of-N, N up to {max(sizes.bon_ns)} ({time.time() - t:.0f} s)")
     for width, expansions in sizes.beams:
-        run("beam (PRM)", settings(method="beam", width=width, expansions=expansions, budget=sizes.beam_budget,
-                                   temperature=temperature))
+        run(
+            "beam (PRM)",
+            settings(
+                method="beam", width=width, expansions=expansions, budget=sizes.beam_budget, temperature=temperature
+            ),
+        )
     for budget in sizes.mcts_prm_budgets:
         run("mcts prm", settings(method="mcts", leaf_value="prm", budget=budget, temperature=temperature))
     for budget in sizes.mcts_rollout_budgets:
-        run("mcts rollout_orm", settings(method="mcts", leaf_value="rollout_orm", budget=budget,
-                                         temperature=temperature))
-    run("mcts rollout_oracle (upper bound)", settings(method="mcts", leaf_value="rollout_oracle",
-                                                      budget=sizes.oracle_budget, temperature=temperature))
+        run(
+            "mcts rollout_orm",
+            settings(method="mcts", leaf_value="rollout_orm", budget=budget, temperature=temperature),
+        )
+    run(
+        "mcts rollout_oracle (upper bound)",
+        settings(method="mcts", leaf_value="rollout_oracle", budget=sizes.oracle_budget, temperature=temperature),
+    )
     return rows
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     lines = ["| method | setting | accuracy | tokens/problem |", "|---|---|---|---|"]
-    lines += [f"| {r['series']} | {r['setting'] or '-'}{' budget=' + str(r['budget']) if r['method'] == 'mcts' else ''} "
-              f"| {100 * r['accuracy']:.1f}% | {r['tokens_per_problem']:.1f} |" for r in rows]
+    lines += [
+        f"| {r['series']} | {r['setting'] or '-'}{' budget=' + str(r['budget']) if r['method'] == 'mcts' else ''} "
+        f"| {100 * r['accuracy']:.1f}% | {r['tokens_per_problem']:.1f} |"
+        for r in rows
+    ]
     return "\n".join(lines)
 
 
@@ -206,8 +264,13 @@ def _plot(rows: list[dict[str, Any]], path: Path, task: str) -> None:
     markers = "osD^v<>ph*"
     for i, name in enumerate(series):
         pts = sorted((r["tokens_per_problem"], 100 * r["accuracy"]) for r in rows if r["series"] == name)
-        ax.plot([max(x, 1e-1) for x, _ in pts], [y for _, y in pts], marker=markers[i % len(markers)], label=name,
-                linestyle="--" if "upper bound" in name else "-")
+        ax.plot(
+            [max(x, 1e-1) for x, _ in pts],
+            [y for _, y in pts],
+            marker=markers[i % len(markers)],
+            label=name,
+            linestyle="--" if "upper bound" in name else "-",
+        )
     ax.set_xscale("log")
     ax.set_xlabel("generated tokens per problem (log)")
     ax.set_ylabel("held-out accuracy (%)")
@@ -226,14 +289,14 @@ def _report(s: dict[str, Any], quick: bool) -> str:
     majority = f"\nMajority vote: {s['majority_note']}.\n" if s.get("majority_note") else ""
     return f"""# creditrl search report
 {note}
-Policy `{s['policy']}`; {s['sizes']['problems']} held-out problems of task {task}. PRM `{s['prm']}` (oracle step
-labels), ORM `{s['orm']}` (outcome labels). Tokens/problem: every token the engine generated for a problem
+Policy `{s["policy"]}`; {s["sizes"]["problems"]} held-out problems of task {task}. PRM `{s["prm"]}` (oracle step
+labels), ORM `{s["orm"]}` (outcome labels). Tokens/problem: every token the engine generated for a problem
 (discarded expansions and rollouts included), averaged over problems. Best-of-N: one sampling at the largest
 N, the first N samples per problem for each N. MCTS `rollout_oracle` judges rollouts with the answer key: an
-upper bound, not a test-time method. Sampling temperature {s.get('temperature', 1.0)} (greedy aside).
-Wall time {s['wall_s']:.0f} s.
+upper bound, not a test-time method. Sampling temperature {s.get("temperature", 1.0)} (greedy aside).
+Wall time {s["wall_s"]:.0f} s.
 {majority}
-{markdown_table(s['rows'])}
+{markdown_table(s["rows"])}
 
 ![accuracy vs tokens](plots/search_budget.png)
 """

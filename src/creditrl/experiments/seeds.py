@@ -115,8 +115,13 @@ def run_arms(
 
         log(f"{len(pending)} runs, {jobs} at a time with {threads} thread(s) each")
         with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            running = {pool.submit(_run_one, base, overrides + ["train.progress=false"], where, init_path, threads,
-                                   jobs): (name, seed) for name, seed, overrides, where in pending}
+            running = {
+                pool.submit(_run_one, base, overrides + ["train.progress=false"], where, init_path, threads, jobs): (
+                    name,
+                    seed,
+                )
+                for name, seed, overrides, where in pending
+            }
             while running:
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for fut in done:
@@ -142,7 +147,9 @@ def _run_one(base: Path, overrides: list[str], where: Path, init_path: str, thre
         transformers.utils.logging.disable_progress_bar()
     start = time.time()
     RLTrainer.from_config(load_config(base, overrides), where, init_path=init_path).run()
-    (where / "launch.json").write_text(json.dumps({"threads": torch.get_num_threads(), "jobs": jobs}))  # train.threads wins
+    (where / "launch.json").write_text(
+        json.dumps({"threads": torch.get_num_threads(), "jobs": jobs})
+    )  # train.threads wins
     return time.time() - start
 
 
@@ -212,7 +219,8 @@ def plot_seed_curves(
     y_key: str = "eval/accuracy",
     y_label: str = "held-out exact match (%)",
 ) -> None:
-    """Held-out exact match (or ``y_key``, unscaled unless it is an accuracy) against ``x_key`` (default generated tokens): per arm the mean over
+    """Held-out exact match (or ``y_key``, unscaled unless it is an accuracy) against ``x_key`` (default generated
+    tokens): per arm the mean over
     seeds (each seed's curve linearly interpolated on a common grid up to the smallest seed's
     last x) with a shaded band, seeds thin. ``band``: ``minmax`` over seeds, or ``ci95``
     (mean ± Student-t 95% half-width at each grid point, as :func:`mean_ci95`)."""

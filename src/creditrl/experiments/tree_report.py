@@ -32,19 +32,39 @@ from creditrl.train.resolve import check
 ARMS: dict[str, list[str]] = {
     "outcome + grpo": ["reward.source=outcome", "credit.estimator=grpo"],
     "outcome + tree (gae, lam 0)": [
-        "reward.source=outcome", "value.source=tree", "value.tree_branching=2", "value.tree_depth=3",
-        "credit.estimator=gae", "credit.lam=0.0", "credit.gamma=1.0", "credit.normaliser=batch",
+        "reward.source=outcome",
+        "value.source=tree",
+        "value.tree_branching=2",
+        "value.tree_depth=3",
+        "credit.estimator=gae",
+        "credit.lam=0.0",
+        "credit.gamma=1.0",
+        "credit.normaliser=batch",
     ],
 }
-FULL = {"budget": 400_000, "seeds": [0, 1, 2], "task": ["task.args={min_ops: 5, max_ops: 7}"],
-        "common": ["train.iterations=10000", "train.eval_every=10", "train.checkpoint_every=10000"]}
-QUICK = {"budget": 1_500, "seeds": [0, 1], "task": [],
-         "common": ["rollout.group_size=8", "train.iterations=100", "train.eval_every=2", "train.checkpoint_every=100"]}
+FULL = {
+    "budget": 400_000,
+    "seeds": [0, 1, 2],
+    "task": ["task.args={min_ops: 5, max_ops: 7}"],
+    "common": ["train.iterations=10000", "train.eval_every=10", "train.checkpoint_every=10000"],
+}
+QUICK = {
+    "budget": 1_500,
+    "seeds": [0, 1],
+    "task": [],
+    "common": ["rollout.group_size=8", "train.iterations=100", "train.eval_every=2", "train.checkpoint_every=100"],
+}
 
 
-def run_tree_report(run_dir: Path | None, *, quick: bool = False, seeds: int | None = None,
-                    budget: int | None = None, config: str | Path | None = None,
-                    overrides: list[str] | None = None) -> dict:
+def run_tree_report(
+    run_dir: Path | None,
+    *,
+    quick: bool = False,
+    seeds: int | None = None,
+    budget: int | None = None,
+    config: str | Path | None = None,
+    overrides: list[str] | None = None,
+) -> dict:
     """Both arms over the seeds on ``config`` + ``overrides`` (module docstring); finished runs in
     ``run_dir`` are read back.
 
@@ -72,8 +92,14 @@ def run_tree_report(run_dir: Path | None, *, quick: bool = False, seeds: int | N
     table = seeds_table(rows)
     plot = run_dir / "plots" / "tree_vs_grpo.png"
     plot_seed_curves(results, plot, f"{task_phrase(rl_cfg)}, equal generated tokens ({budget:,})")
-    summary = {"budget": budget, "seeds": seed_list, "arms": ARMS, "common": common, "rows": [asdict(r) for r in rows],
-               "wall_s": time.time() - start}
+    summary = {
+        "budget": budget,
+        "seeds": seed_list,
+        "arms": ARMS,
+        "common": common,
+        "rows": [asdict(r) for r in rows],
+        "wall_s": time.time() - start,
+    }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     (run_dir / "report.md").write_text(
         f"# Tree rollouts vs GRPO (outcome reward only), equal generated tokens\n\n"

@@ -39,17 +39,23 @@ from creditrl.config import config_hash, load_config
 from creditrl.experiments.report_setup import base_config, step_task, task_phrase
 from creditrl.experiments.seeds import mean_ci95
 from creditrl.policy.engines import SamplingParams
+from creditrl.policy.tokenizer import decode_response, encode_prompt
 from creditrl.rollout.segment import step_stop_ids
 from creditrl.train import stages
-from creditrl.policy.tokenizer import decode_response, encode_prompt
 from creditrl.train.build import start_policy
 from creditrl.train.rl import RLTrainer
 from creditrl.values.tree import TreeShape
 
 CHUNK = 2048  # continuations per engine call
 MIN_GAP = 0.1  # sibling pairs whose true values differ by less are not ranked
-CRITIC_SET = ["credit.estimator=gae", "credit.lam=0.95", "credit.normaliser=batch", "train.eval_every=1000000",
-              "train.checkpoint_every=1000000", "train.inspect_every=0"]
+CRITIC_SET = [
+    "credit.estimator=gae",
+    "credit.lam=0.95",
+    "credit.normaliser=batch",
+    "train.eval_every=1000000",
+    "train.checkpoint_every=1000000",
+    "train.inspect_every=0",
+]
 FULL = {"problems": 48, "truth": 128, "mc": [1, 3, 9], "branching": 2, "depth": 3, "critic_iterations": [10, 40]}
 QUICK = {"problems": 3, "truth": 8, "mc": [1, 3], "branching": 2, "depth": 2, "critic_iterations": [1, 2]}
 
@@ -77,13 +83,24 @@ class EstimatorRow:
 
 def arm_names(sizes: dict[str, Any], samples_per_iteration: int) -> list[str]:
     """The report's rows in order, for ``sizes`` (FULL or QUICK) and the config's prompts x G."""
-    return ([f"tree (b={sizes['branching']}, D={sizes['depth']})"] + [f"mc K={k}" for k in sizes["mc"]]
-            + [f"{kind} ({it * samples_per_iteration:,} samples)" for kind in ("critic", "dual critic")
-               for it in sizes["critic_iterations"]])
+    return (
+        [f"tree (b={sizes['branching']}, D={sizes['depth']})"]
+        + [f"mc K={k}" for k in sizes["mc"]]
+        + [
+            f"{kind} ({it * samples_per_iteration:,} samples)"
+            for kind in ("critic", "dual critic")
+            for it in sizes["critic_iterations"]
+        ]
+    )
 
 
-def inner_states(paths: list[list[int]], segment_ends: list[list[int]], tokens: list[list[int]],
-                 problem_of: list[int], outcomes: list[float]) -> list[State]:
+def inner_states(
+    paths: list[list[int]],
+    segment_ends: list[list[int]],
+    tokens: list[list[int]],
+    problem_of: list[int],
+    outcomes: list[float],
+) -> list[State]:
     """Every node of the trees that has children, with its prefix and tree value."""
     leaves_below: dict[int, list[float]] = {}
     info: dict[int, tuple[int, int, int, list[int], int]] = {}
@@ -93,12 +110,15 @@ def inner_states(paths: list[list[int]], segment_ends: list[list[int]], tokens: 
         for d, n in enumerate(path[:-1]):  # inner nodes only: each has the next node of the path below it
             prefix = tokens[row][: ends[d - 1] + 1] if d else []
             info.setdefault(n, (problem_of[row], path[d - 1] if d else -1, d, prefix, row))
-    return [State(p, n, parent, d, prefix, row, float(np.mean(leaves_below[n])))
-            for n, (p, parent, d, prefix, row) in sorted(info.items())]
+    return [
+        State(p, n, parent, d, prefix, row, float(np.mean(leaves_below[n])))
+        for n, (p, parent, d, prefix, row) in sorted(info.items())
+    ]
 
 
-def continuation_outcomes(engine, tokenizer, task, problems, prompts, states: list[State], n: int,
-                          params: SamplingParams, seed: int) -> tuple[list[list[float]], int]:
+def continuation_outcomes(
+    engine, tokenizer, task, problems, prompts, states: list[State], n: int, params: SamplingParams, seed: int
+) -> tuple[list[list[float]], int]:
     """``n`` continuations of every state by the policy: their outcomes, and the tokens generated.
     The engine is called on chunks of at most ``CHUNK`` continuations (its KV cache is per row)."""
     gen_ = torch.Generator().manual_seed(seed)
@@ -107,8 +127,13 @@ def continuation_outcomes(engine, tokenizer, task, problems, prompts, states: li
     per_call = max(1, CHUNK // n)
     for lo in range(0, len(states), per_call):
         chunk = states[lo : lo + per_call]
-        gen = engine.generate([prompts[s.problem] + s.prefix for s in chunk], n, params, generator=gen_,
-                              budgets=[max(1, params.max_new_tokens - len(s.prefix)) for s in chunk])
+        gen = engine.generate(
+            [prompts[s.problem] + s.prefix for s in chunk],
+            n,
+            params,
+            generator=gen_,
+            budgets=[max(1, params.max_new_tokens - len(s.prefix)) for s in chunk],
+        )
         for i, toks in zip(gen.prompt_index, gen.tokens):
             s = chunk[i]
             text = decode_response(tokenizer, s.prefix + list(toks))
@@ -162,10 +187,15 @@ def _pct(x: float) -> str:
 
 
 def results_markdown(rows: list[EstimatorRow], truth_se: float) -> str:
-    head = ("| estimator | mean abs. error vs truth | step-ranking accuracy | pairs ranked | states "
-            "| generated tokens per state |\n|---|---|---|---|---|---|\n")
-    body = "".join(f"| {r.arm} | {r.mae[0]:.3f} ± {r.mae[1]:.3f} | {_pct(r.rank_acc)} | {r.pairs} | {r.states} "
-                   f"| {r.tokens_per_state:,.0f} |\n" for r in rows)
+    head = (
+        "| estimator | mean abs. error vs truth | step-ranking accuracy | pairs ranked | states "
+        "| generated tokens per state |\n|---|---|---|---|---|---|\n"
+    )
+    body = "".join(
+        f"| {r.arm} | {r.mae[0]:.3f} ± {r.mae[1]:.3f} | {_pct(r.rank_acc)} | {r.pairs} | {r.states} "
+        f"| {r.tokens_per_state:,.0f} |\n"
+        for r in rows
+    )
     return head + body + f"\nThe truth's own mean standard error per state: {truth_se:.3f}.\n"
 
 
@@ -193,8 +223,14 @@ def plot_rows(rows: list[EstimatorRow], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def run_value_report(out: Path, *, quick: bool = False, config: str | Path | None = None,
-                     overrides: list[str] | None = None, seed: int = 0) -> dict[str, Any]:
+def run_value_report(
+    out: Path,
+    *,
+    quick: bool = False,
+    config: str | Path | None = None,
+    overrides: list[str] | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
     """Write ``out/results.md``, ``summary.json`` and ``plots/value_error.png``; a finished report
     (summary.json with the same settings) is read back, not rerun."""
     sizes = QUICK if quick else FULL
@@ -208,8 +244,9 @@ def run_value_report(out: Path, *, quick: bool = False, config: str | Path | Non
     done = out / "summary.json"
     if done.exists():
         old = json.loads(done.read_text())
-        if {k: v for k, v in old.get("settings", {}).items() if k != "base"} == \
-                {k: v for k, v in settings.items() if k != "base"}:
+        if {k: v for k, v in old.get("settings", {}).items() if k != "base"} == {
+            k: v for k, v in settings.items() if k != "base"
+        }:
             return old
     out.mkdir(parents=True, exist_ok=True)
     start = time.time()
@@ -220,37 +257,64 @@ def run_value_report(out: Path, *, quick: bool = False, config: str | Path | Non
     truth: list[float] = []
     for kind in ("critic", "dual_critic"):
         its = sizes["critic_iterations"]
-        tcfg = load_config(base, overrides + CRITIC_SET + [f"value.source={kind}", f"train.iterations={its[-1]}",
-                                                           f"value.warmup_iterations={its[-1]}", f"train.seed={seed}"])
+        tcfg = load_config(
+            base,
+            overrides
+            + CRITIC_SET
+            + [
+                f"value.source={kind}",
+                f"train.iterations={its[-1]}",
+                f"value.warmup_iterations={its[-1]}",
+                f"train.seed={seed}",
+            ],
+        )
         trainer = RLTrainer.from_config(tcfg, out / kind, init_path=init)
         if not truth:  # the states and their true values, once, with the (fixed) policy of the first trainer
             task, tok, engine = trainer.parts.task, trainer.parts.tokenizer, trainer.parts.engine
             problems = task.sample(sizes["problems"], split="heldout", seed=seed + 777)
             params = SamplingParams(max_new_tokens=tcfg.rollout.max_new_tokens, temperature=tcfg.rollout.temperature)
             sep = tcfg.reward.step_separator or task.step_separator
-            batch = stages.rollout(engine, tok, problems, shape.leaves, params, torch.Generator().manual_seed(seed),
-                                   tree=shape, stop_ids=step_stop_ids(tok, sep))
-            outcomes = [float(task.check_outcome(p, c)) for p, c in
-                        zip(batch.extras["problems"], batch.extras["completions"])]
+            batch = stages.rollout(
+                engine,
+                tok,
+                problems,
+                shape.leaves,
+                params,
+                torch.Generator().manual_seed(seed),
+                tree=shape,
+                stop_ids=step_stop_ids(tok, sep),
+            )
+            outcomes = [
+                float(task.check_outcome(p, c)) for p, c in zip(batch.extras["problems"], batch.extras["completions"])
+            ]
             tokens = [batch.response_ids[b, : int(batch.response_lengths[b])].tolist() for b in range(batch.size)]
             problem_of = batch.group_ids.tolist()
-            states = inner_states(batch.extras["tree_paths"], batch.extras["tree_segment_ends"], tokens, problem_of,
-                                  outcomes)
+            states = inner_states(
+                batch.extras["tree_paths"], batch.extras["tree_segment_ends"], tokens, problem_of, outcomes
+            )
             prompts = [encode_prompt(tok, p.prompt) for p in problems]
             log(f"{len(problems)} trees, {len(states)} inner states; truth from {sizes['truth']} continuations each")
-            t_out, _ = continuation_outcomes(engine, tok, task, problems, prompts, states, sizes["truth"], params,
-                                             seed + 1)
+            t_out, _ = continuation_outcomes(
+                engine, tok, task, problems, prompts, states, sizes["truth"], params, seed + 1
+            )
             truth = [float(np.mean(o)) for o in t_out]
             truth_se = float(np.mean([np.sqrt(v * (1 - v) / max(1, sizes["truth"] - 1)) for v in truth]))
             tree_tokens = stages.generated_tokens(batch) / len(states)
             names = iter(arm_names(sizes, tcfg.rollout.prompts_per_iter * tcfg.rollout.group_size))
-            rows.append(score(next(names), states, truth,
-                              [s.tree_value for s in states], tree_tokens))
-            mc_out, mc_tokens = continuation_outcomes(engine, tok, task, problems, prompts, states, max(sizes["mc"]),
-                                                      params, seed + 2)
+            rows.append(score(next(names), states, truth, [s.tree_value for s in states], tree_tokens))
+            mc_out, mc_tokens = continuation_outcomes(
+                engine, tok, task, problems, prompts, states, max(sizes["mc"]), params, seed + 2
+            )
             for k in sizes["mc"]:
-                rows.append(score(next(names), states, truth, [float(np.mean(o[:k])) for o in mc_out], mc_tokens * k
-                                  / max(sizes["mc"]) / len(states)))
+                rows.append(
+                    score(
+                        next(names),
+                        states,
+                        truth,
+                        [float(np.mean(o[:k])) for o in mc_out],
+                        mc_tokens * k / max(sizes["mc"]) / len(states),
+                    )
+                )
             log("tree and MC estimates done; fitting the critics")
         spent = 0
         for it in range(its[-1]):
@@ -261,11 +325,18 @@ def run_value_report(out: Path, *, quick: bool = False, config: str | Path | Non
                 rows.append(score(name, states, truth, critic_estimates(trainer, batch, states), spent / len(states)))
                 log(f"{name}: MAE {rows[-1].mae[0]:.3f}")
     table = results_markdown(rows, truth_se)
-    title = (f"value estimates vs truth ({sizes['truth']} continuations) on {len(states)} states of "
-             f"{len(problems)} held-out trees of {task_phrase(cfg)}")
+    title = (
+        f"value estimates vs truth ({sizes['truth']} continuations) on {len(states)} states of "
+        f"{len(problems)} held-out trees of {task_phrase(cfg)}"
+    )
     plot_rows(rows, out / "plots" / "value_error.png", title)
-    summary = {"settings": settings, "init": init, "truth_se": truth_se, "rows": [asdict(r) for r in rows],
-               "wall_s": time.time() - start}
+    summary = {
+        "settings": settings,
+        "init": init,
+        "truth_se": truth_se,
+        "rows": [asdict(r) for r in rows],
+        "wall_s": time.time() - start,
+    }
     (out / "results.md").write_text(f"# value report\n\n{title}\n\n{table}\n![value error](plots/value_error.png)\n")
     done.write_text(json.dumps(summary, indent=2))
     print("\n" + table)

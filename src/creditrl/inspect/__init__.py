@@ -7,11 +7,11 @@ oracle step labels (:mod:`creditrl.inspect.precision`) and writes a self-contain
 PNG figures.
 """
 
-from creditrl.inspect.report import Report, build_report
 from creditrl.inspect.compare import compare_iteration, parse_estimators, recompute
 from creditrl.inspect.data import InspectError, load_iteration, saved_iterations
 from creditrl.inspect.precision import NegativeCredit, negative_credit, percent, pooled
 from creditrl.inspect.record import MAX_TOKENS_PER_FILE, record_iteration, should_record
+from creditrl.inspect.report import Report, build_report
 
 __all__ = [
     "MAX_TOKENS_PER_FILE",

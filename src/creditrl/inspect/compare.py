@@ -71,7 +71,11 @@ def to_tensors(record: dict[str, Any]) -> Tensors:
         if values is not None:
             values[i, :n] = torch.tensor(r["values"], dtype=torch.float32)
     return Tensors(
-        rewards, reward_mask, mask, step_ends, values,
+        rewards,
+        reward_mask,
+        mask,
+        step_ends,
+        values,
         torch.tensor([g for g, _ in responses], dtype=torch.long),
         torch.tensor([r["kept"] for _, r in responses], dtype=torch.bool),
         [len(r["tokens"]) for _, r in responses],
@@ -90,9 +94,16 @@ def recompute(record: dict[str, Any], name: str, x: Tensors | None = None) -> to
         return adv
     mask, gid = x.response_mask[rows], x.group_ids[rows]
     a, _ = estimate_at(
-        s["resolution"], name, x.rewards[rows], x.reward_mask[rows], mask,
-        step_ends=x.step_ends[rows], group_ids=gid,
-        values=None if x.values is None else x.values[rows], gamma=s["gamma"], lam=s["lam"],
+        s["resolution"],
+        name,
+        x.rewards[rows],
+        x.reward_mask[rows],
+        mask,
+        step_ends=x.step_ends[rows],
+        group_ids=gid,
+        values=None if x.values is None else x.values[rows],
+        gamma=s["gamma"],
+        lam=s["lam"],
     )
     adv[rows] = normalise(s["normaliser"], a, mask, group_ids=gid)
     return adv
@@ -143,18 +154,33 @@ def compare_iteration(record: dict[str, Any], estimators: list[str]) -> dict[str
     trained = [r["adv"] for g in record["groups"] for r in g["responses"]]
     note = ""
     if s["normaliser"] == "batch":
-        note = (f"batch whitening recomputed over the {len(x.lengths)} saved responses only "
-                f"(the run whitened over all {record['batch_size']})")
+        note = (
+            f"batch whitening recomputed over the {len(x.lengths)} saved responses only "
+            f"(the run whitened over all {record['batch_size']})"
+        )
     out: dict[str, Any] = {
-        TRAINED: {"label": f"as trained ({s['estimator']})", "available": True, "reason": "", "note": "",
-                  "adv": _split(trained, record), "precision": _precision(record, trained)},
+        TRAINED: {
+            "label": f"as trained ({s['estimator']})",
+            "available": True,
+            "reason": "",
+            "note": "",
+            "adv": _split(trained, record),
+            "precision": _precision(record, trained),
+        },
     }
     for name in estimators:
-        entry: dict[str, Any] = {"label": name, "available": False, "reason": "", "note": note, "adv": None,
-                                 "precision": None}
+        entry: dict[str, Any] = {
+            "label": name,
+            "available": False,
+            "reason": "",
+            "note": note,
+            "adv": None,
+            "precision": None,
+        }
         if "values" in requires(name) and x.values is None:
-            entry["reason"] = (f"'{name}' needs values; this run had value.source={s['value_source']}, "
-                               "so none were saved")
+            entry["reason"] = (
+                f"'{name}' needs values; this run had value.source={s['value_source']}, so none were saved"
+            )
         else:
             try:
                 rows = _rows(recompute(record, name, x), x.lengths)

@@ -40,16 +40,32 @@ def credit_figure(group: dict[str, Any], adv: list[list[float]], title: str, pat
     fig, ax = plt.subplots(figsize=(min(18, 2 + 0.14 * width), 0.9 + 0.34 * len(rows)))
     for y, (r, a) in enumerate(zip(rows, adv)):
         right = r["outcome"] > 0.5
-        ax.text(-0.5, y + 0.5, "✓" if right else "✗", color="#1a7f37" if right else "#b42318",
-                ha="right", va="center", fontsize=10, fontweight="bold")
+        ax.text(
+            -0.5,
+            y + 0.5,
+            "✓" if right else "✗",
+            color="#1a7f37" if right else "#b42318",
+            ha="right",
+            va="center",
+            fontsize=10,
+            fontweight="bold",
+        )
         ends, placed = set(r["step_ends"]), set(r["reward_mask"])
         step_of_end = {e: k for k, (_, e) in enumerate(r["steps"])}
         x = 0.0
         for i, text in _cells(r):
             w = max(1, len(text))
             ax.add_patch(Rectangle((x, y + 0.08), w, 0.84, facecolor=cmap(norm(a[i])), edgecolor="none"))
-            ax.text(x + w / 2, y + 0.5, text, ha="center", va="center", fontsize=7, family="monospace",
-                    color="white" if abs(norm(a[i]) - 0.5) > 0.3 else "black")
+            ax.text(
+                x + w / 2,
+                y + 0.5,
+                text,
+                ha="center",
+                va="center",
+                fontsize=7,
+                family="monospace",
+                color="white" if abs(norm(a[i]) - 0.5) > 0.3 else "black",
+            )
             if i in placed:
                 ax.plot(x + w / 2, y + 0.97, marker="^", color="black", markersize=3)
             x += w
@@ -73,8 +89,9 @@ def credit_figure(group: dict[str, Any], adv: list[list[float]], title: str, pat
     return path
 
 
-def metrics_figure(metrics: list[dict[str, Any]], charts: list[dict[str, Any]], path: Path,
-                   saved: list[int] | None = None) -> Path:
+def metrics_figure(
+    metrics: list[dict[str, Any]], charts: list[dict[str, Any]], path: Path, saved: list[int] | None = None
+) -> Path:
     """The per-iteration charts (one panel per chart spec), saved iterations marked."""
     fig, axes = plt.subplots(1, len(charts), figsize=(3.2 * len(charts), 2.6))
     for ax, spec in zip(axes, charts):

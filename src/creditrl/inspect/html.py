@@ -24,6 +24,7 @@ from typing import Any
 from creditrl.inspect.compare import TRAINED, compare_iteration
 from creditrl.inspect.data import load_iteration, load_metrics
 
+
 # The per-iteration charts: title, the metrics.jsonl keys drawn, what shows when none exist.
 def _chart(title: str, series: list[tuple[str, str]], empty: str) -> dict[str, Any]:
     return {"title": title, "series": [{"key": k, "label": label} for k, label in series], "empty": empty}
@@ -37,8 +38,21 @@ CHARTS: list[dict[str, Any]] = [
     _chart("explained variance", [("value/explained_variance", "critic")], "no values in this run (value.source=none)"),
 ]
 # Response fields the page reads (the rest of a saved response stays out of the file).
-_SHOWN = ("texts", "special", "masked", "rewards", "reward_mask", "step_ends", "steps", "labels", "values",
-          "outcome", "kept", "finished", "completion")
+_SHOWN = (
+    "texts",
+    "special",
+    "masked",
+    "rewards",
+    "reward_mask",
+    "step_ends",
+    "steps",
+    "labels",
+    "values",
+    "outcome",
+    "kept",
+    "finished",
+    "completion",
+)
 
 
 def iteration_view(record: dict[str, Any], estimators: list[str]) -> dict[str, Any]:
@@ -49,8 +63,12 @@ def iteration_view(record: dict[str, Any], estimators: list[str]) -> dict[str, A
         "settings": record["settings"],
         "groups_in_batch": record["groups_in_batch"],
         "groups": [
-            {"group_id": g["group_id"], "prompt": g["prompt"], "answer": g["answer"],
-             "responses": [{k: r[k] for k in _SHOWN} for r in g["responses"]]}
+            {
+                "group_id": g["group_id"],
+                "prompt": g["prompt"],
+                "answer": g["answer"],
+                "responses": [{k: r[k] for k in _SHOWN} for r in g["responses"]],
+            }
             for g in record["groups"]
         ],
         "order": [TRAINED] + estimators,

@@ -28,7 +28,7 @@ class NegativeCredit:
     wrong: float = 0.0
     labelled: float = 0.0
 
-    def __add__(self, other: "NegativeCredit") -> "NegativeCredit":
+    def __add__(self, other: NegativeCredit) -> NegativeCredit:
         return NegativeCredit(self.wrong + other.wrong, self.labelled + other.labelled)
 
     @property

@@ -39,10 +39,10 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from creditrl.config import Config
+from creditrl.rewards.stage import Scored
 from creditrl.rollout.batch import TrajectoryBatch
 from creditrl.rollout.segment import TokenTexts
 from creditrl.tasks.base import Task
-from creditrl.rewards.stage import Scored
 
 FORMAT_VERSION = 1
 MAX_TOKENS_PER_FILE = 65_536  # response tokens per saved iteration, all groups together
@@ -87,9 +87,16 @@ def step_spans(step_ends: list[int], length: int) -> list[list[int]]:
 
 
 def _response(
-    batch: TrajectoryBatch, scored: Scored, row: int, adv: torch.Tensor, ret: torch.Tensor,
-    values: torch.Tensor | None, credit_step_ends: torch.Tensor | None, texts_of: TokenTexts,
-    tokenizer: PreTrainedTokenizerBase, task: Task,
+    batch: TrajectoryBatch,
+    scored: Scored,
+    row: int,
+    adv: torch.Tensor,
+    ret: torch.Tensor,
+    values: torch.Tensor | None,
+    credit_step_ends: torch.Tensor | None,
+    texts_of: TokenTexts,
+    tokenizer: PreTrainedTokenizerBase,
+    task: Task,
 ) -> dict[str, Any]:
     n = int(batch.response_lengths[row])
     ids = batch.response_ids[row, :n].tolist()
@@ -149,14 +156,17 @@ def iteration_record(
             break
         tokens += size
         problem = problems[rows[0]] if problems else None
-        groups.append({
-            "group_id": g,
-            "prompt": problem.prompt if problem is not None else "",
-            "answer": problem.answer if problem is not None else "",
-            "responses": [
-                _response(batch, scored, r, adv, ret, values, credit_step_ends, texts_of, tokenizer, task) for r in rows
-            ],
-        })
+        groups.append(
+            {
+                "group_id": g,
+                "prompt": problem.prompt if problem is not None else "",
+                "answer": problem.answer if problem is not None else "",
+                "responses": [
+                    _response(batch, scored, r, adv, ret, values, credit_step_ends, texts_of, tokenizer, task)
+                    for r in rows
+                ],
+            }
+        )
     c = cfg.credit
     return {
         "version": FORMAT_VERSION,
@@ -199,8 +209,17 @@ def record_iteration(
     if not should_record(iteration, cfg.train.inspect_every, cfg.train.iterations):
         return None
     record = iteration_record(
-        iteration, batch, scored, adv, ret, cfg, tokenizer, task,
-        values=values, credit_step_ends=credit_step_ends, lam=lam,
+        iteration,
+        batch,
+        scored,
+        adv,
+        ret,
+        cfg,
+        tokenizer,
+        task,
+        values=values,
+        credit_step_ends=credit_step_ends,
+        lam=lam,
     )
     out = Path(run_dir) / INSPECT_DIR
     out.mkdir(parents=True, exist_ok=True)

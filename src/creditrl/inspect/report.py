@@ -1,6 +1,7 @@
 """The credit inspector's report: an HTML file and PNG figures of a run's saved groups.
 
-:func:`build_report` (``creditrl inspect RUN_DIR``) writes into ``--out`` (default ``RUN_DIR/inspect_report``): ``index.html`` (self-contained:
+:func:`build_report` (``creditrl inspect RUN_DIR``) writes into ``--out`` (default ``RUN_DIR/inspect_report``):
+``index.html`` (self-contained:
 open it in any browser, offline), ``metrics.png`` and, for the shown iteration's first saved
 group, ``credit_iter_NNNNNN_<estimator>.png`` per estimator (and ``_trained`` for the run's own
 advantages).
@@ -51,8 +52,9 @@ def build_report(
     out = Path(out) if out else run_dir / "inspect_report"
     out.mkdir(parents=True, exist_ok=True)
     data = page_data(run_dir, inlined, names, shown)
-    report = Report(out / "index.html", iterations=inlined, shown=shown,
-                    left_out=[i for i in saved if i not in inlined])
+    report = Report(
+        out / "index.html", iterations=inlined, shown=shown, left_out=[i for i in saved if i not in inlined]
+    )
     report.html.write_text(render_page(data), encoding="utf-8")
     if png:
         report.pngs = _figures(data, out)
@@ -72,8 +74,10 @@ def _figures(data: dict, out: Path) -> list[Path]:
     for key in available:
         e = view["estimators"][key]
         p = e["precision"]["groups"][0]["text"]
-        title = (f"iteration {view['iteration']}, {group['prompt']} (group {group['group_id']}): "
-                 f"{e['label']}; credit precision {p}")
+        title = (
+            f"iteration {view['iteration']}, {group['prompt']} (group {group['group_id']}): "
+            f"{e['label']}; credit precision {p}"
+        )
         name = f"credit_iter_{view['iteration']:06d}_{'trained' if key == TRAINED else key}.png"
         paths.append(credit_figure(group, e["adv"][0], title, out / name, max_abs))
     return paths

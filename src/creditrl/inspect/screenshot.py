@@ -15,21 +15,30 @@ def screenshot(html: Path, png: Path, *, width: int = 1280, height: int = 800) -
     """
     chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
     if not (chromium and driver_path):
-        raise RuntimeError("--screenshot needs chromium and chromedriver (apt-get install chromium chromium-driver, "
-                           "or bash .ci/install-browser)")
+        raise RuntimeError(
+            "--screenshot needs chromium and chromedriver (apt-get install chromium chromium-driver, "
+            "or bash .ci/install-browser)"
+        )
     try:
         from selenium import webdriver
     except ImportError as exc:
         raise RuntimeError("--screenshot needs selenium (pip install -e '.[test]')") from exc
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                f"--window-size={width},{height}"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        f"--window-size={width},{height}",
+    ):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=driver_path), options=options)
     try:
-        driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
-                               {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})
+        driver.execute_cdp_cmd(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+        )
         driver.get(Path(html).resolve().as_uri())
         png = Path(png)
         png.parent.mkdir(parents=True, exist_ok=True)

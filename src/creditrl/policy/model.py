@@ -67,7 +67,6 @@ DTYPES = typing.get_args(Dtype)
 CHAT_TEMPLATES = typing.get_args(ChatTemplate)
 
 
-
 def sharpen(model: PreTrainedModel, weight_seed: int) -> PreTrainedModel:
     """Overwrite ``model``'s matrices with seeded N(0, 1/fan_in) weights and its final norm with
     3: peaked, context-dependent next-token distributions, so that sampling and greedy checks
@@ -130,7 +129,9 @@ def load_policy(
     if chat_template == "none":
         tokenizer.chat_template = None
     elif chat_template == "template" and not getattr(tokenizer, "chat_template", None):
-        raise ValueError(f"policy.chat_template: 'template', but the tokenizer of '{name_or_path}' has no chat template")
+        raise ValueError(
+            f"policy.chat_template: 'template', but the tokenizer of '{name_or_path}' has no chat template"
+        )
     return model, tokenizer
 
 
@@ -150,7 +151,9 @@ def apply_lora(model: PreTrainedModel, *, r: int, alpha: float, dropout: float, 
 
     names = [t.strip() for t in targets.split(",") if t.strip()]
     if r < 1 or not names:
-        raise ValueError(f"policy.lora_r must be >= 1 and policy.lora_targets non-empty; got r={r}, targets='{targets}'")
+        raise ValueError(
+            f"policy.lora_r must be >= 1 and policy.lora_targets non-empty; got r={r}, targets='{targets}'"
+        )
     config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=names, task_type="CAUSAL_LM")
     return get_peft_model(model, config)
 

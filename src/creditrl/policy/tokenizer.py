@@ -1,7 +1,8 @@
 """Tokenizer helpers: how every stage turns a prompt into token ids and a response back into text
 (:func:`encode_prompt`, :func:`decode_response`), and the embedded character-level tokenizer.
 
-The character tokenizer is a real Hugging Face ``PreTrainedTokenizerFast``. Every printable ASCII character is one token, so token ``i`` of a response is character ``i``:
+The character tokenizer is a real Hugging Face ``PreTrainedTokenizerFast``. Every printable ASCII character is one
+token, so token ``i`` of a response is character ``i``:
 credit that lands on a token lands on a visible character. It saves and loads with
 ``save_pretrained`` / ``AutoTokenizer.from_pretrained`` like any hub tokenizer.
 """

@@ -1,6 +1,7 @@
 """Process reward models: the stepwise data format, labelers, the model and its training,
 negative augmentation, the shortcut probe, metrics and best-of-N selection."""
 
+from creditrl.prm.augment import augment_negatives, corrupt_step
 from creditrl.prm.data import (
     StepwiseExample,
     import_math_shepherd,
@@ -20,11 +21,6 @@ from creditrl.prm.labels import (
     register_labeler,
     vote_labels,
 )
-from creditrl.prm.augment import augment_negatives, corrupt_step
-from creditrl.prm.model import ProcessRewardModel, encode
-from creditrl.prm.probe import ShortcutReport, StepRecord, shortcut_probe
-from creditrl.prm.train import train_prm
-from creditrl.prm.source import load_prm, prm_reward_source  # registers reward.source=prm
 from creditrl.prm.metrics import (
     AGGREGATIONS,
     SELECTORS,
@@ -38,8 +34,14 @@ from creditrl.prm.metrics import (
     majority_vote,
     select,
 )
+from creditrl.prm.model import ProcessRewardModel, encode
+from creditrl.prm.probe import ShortcutReport, StepRecord, shortcut_probe
+from creditrl.prm.source import load_prm, prm_reward_source  # importing it registers reward.source=prm
+from creditrl.prm.train import train_prm
 
 __all__ = [
+    "load_prm",
+    "prm_reward_source",
     "ProcessRewardModel",
     "ShortcutReport",
     "StepRecord",

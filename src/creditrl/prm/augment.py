@@ -79,7 +79,7 @@ def corrupt_step(step: str, rng: random.Random) -> str | None:
     return None
 
 
-def _candidates(example: "StepwiseExample", rng: random.Random) -> list[tuple[int, str]]:
+def _candidates(example: StepwiseExample, rng: random.Random) -> list[tuple[int, str]]:
     """(index, corrupted text) of every step k labelled positive (>= 0.5) with no negative
     label before it and a text :func:`corrupt_step` can corrupt."""
     out = []
@@ -94,9 +94,7 @@ def _candidates(example: "StepwiseExample", rng: random.Random) -> list[tuple[in
     return out
 
 
-def augment_negatives(
-    examples: Sequence["StepwiseExample"], *, rate: float, rng: random.Random
-) -> list["StepwiseExample"]:
+def augment_negatives(examples: Sequence[StepwiseExample], *, rate: float, rng: random.Random) -> list[StepwiseExample]:
     """``examples`` followed by corrupted copies of a ``rate`` share of the eligible ones.
 
     An example is eligible when some step k is labelled positive (>= 0.5), no step before k

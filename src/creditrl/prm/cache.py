@@ -25,8 +25,16 @@ CACHE_VERSION = 1
 EVAL_PROBLEMS = 128  # held-out problems (x prm.samples solutions) for the cached PRM's AUROC
 
 
-def label_policy_samples(cfg: Config, model, tokenizer, *, problems: int | None = None, split: str | None = None,
-                         seed: int | None = None, labeler: str | None = None) -> tuple[list, dict[str, Any]]:
+def label_policy_samples(
+    cfg: Config,
+    model,
+    tokenizer,
+    *,
+    problems: int | None = None,
+    split: str | None = None,
+    seed: int | None = None,
+    labeler: str | None = None,
+) -> tuple[list, dict[str, Any]]:
     """Sample the policy's solutions on ``cfg``'s task and label their steps (``prm.*``)."""
     from creditrl.prm.pipeline import label_samples, sample_solutions
 
@@ -38,10 +46,18 @@ def label_policy_samples(cfg: Config, model, tokenizer, *, problems: int | None 
     samples = sample_solutions(model, tokenizer, task, todo, samples=p.samples, params=params, seed=seed)
     completer, completer_tok = load_completer(cfg, model, tokenizer)
     return label_samples(
-        samples, labeler or p.labeler, task=task, model=completer, tokenizer=completer_tok, mc_n=p.mc_n,
-        mc_mode=p.mc_mode, mc_max_rows=p.mc_rows_per_call,
+        samples,
+        labeler or p.labeler,
+        task=task,
+        model=completer,
+        tokenizer=completer_tok,
+        mc_n=p.mc_n,
+        mc_mode=p.mc_mode,
+        mc_max_rows=p.mc_rows_per_call,
         mc_params=SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=p.mc_temperature),
-        vote_labelers=[x.strip() for x in p.vote_labelers.split(",")], vote_threshold=p.vote_threshold, seed=seed,
+        vote_labelers=[x.strip() for x in p.vote_labelers.split(",")],
+        vote_threshold=p.vote_threshold,
+        seed=seed,
     )
 
 
@@ -67,8 +83,15 @@ def prm_key(cfg: Config, init_path: str) -> str:
     if prm["completer"] in ("", str(init_path)):  # the policy being labelled: out of the key, as before the field
         del prm["completer"]
     del prm["mc_rows_per_call"]  # a memory bound: the same labels either way
-    return config_hash({"v": CACHE_VERSION, "init": str(init_path), "task": cfg.task.model_dump(), "prm": prm,
-                        "max_new_tokens": cfg.rollout.max_new_tokens})
+    return config_hash(
+        {
+            "v": CACHE_VERSION,
+            "init": str(init_path),
+            "task": cfg.task.model_dump(),
+            "prm": prm,
+            "max_new_tokens": cfg.rollout.max_new_tokens,
+        }
+    )
 
 
 def cached_prm(cfg: Config, init_path: str, *, progress: bool = False) -> Path:
@@ -86,25 +109,31 @@ def cached_prm(cfg: Config, init_path: str, *, progress: bool = False) -> Path:
 
 
 def _train_prm(cfg: Config, init_path: str, path: Path, progress: bool) -> None:
-    from creditrl.policy.model import load_policy
-    from creditrl.prm.train import train_prm_from_examples
+    from creditrl.policy.model import load_policy, policy_options
     from creditrl.prm.pipeline import evaluate_prm, label_quality
     from creditrl.prm.source import load_prm
-    from creditrl.policy.model import policy_options
+    from creditrl.prm.train import train_prm_from_examples
 
     model, tokenizer = load_policy(str(init_path), seed=cfg.policy.init_seed, **policy_options(cfg))
     model.eval()
     with torch.no_grad():
         examples, info = label_policy_samples(cfg, model, tokenizer)
-        heldout, _ = label_policy_samples(cfg, model, tokenizer, problems=EVAL_PROBLEMS, split="heldout",
-                                          seed=cfg.prm.seed + 1, labeler="oracle")
+        heldout, _ = label_policy_samples(
+            cfg, model, tokenizer, problems=EVAL_PROBLEMS, split="heldout", seed=cfg.prm.seed + 1, labeler="oracle"
+        )
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     metrics = train_prm_from_examples(cfg, str(init_path), examples, tmp, progress)
     prm, prm_tok = load_prm.__wrapped__(str(tmp))  # not the lru cache: the directory is renamed next
     auroc, _ = evaluate_prm(prm, prm_tok, heldout)
-    record = {"init": str(init_path), "examples": len(examples), **info, **label_quality(examples),
-              "prm/heldout_auroc": auroc, **{k: v for k, v in metrics.items() if k != "prm/loss_curve"}}
+    record = {
+        "init": str(init_path),
+        "examples": len(examples),
+        **info,
+        **label_quality(examples),
+        "prm/heldout_auroc": auroc,
+        **{k: v for k, v in metrics.items() if k != "prm/loss_curve"},
+    }
     (tmp / "prm_info.json").write_text(json.dumps(record, indent=2))
     shutil.rmtree(path, ignore_errors=True)
     tmp.rename(path)

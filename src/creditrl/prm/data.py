@@ -311,9 +311,7 @@ def _prm800k_example(row: Any, neutral_as: float | None) -> StepwiseExample | No
     return StepwiseExample(problem, texts, labels, meta)
 
 
-def import_prm800k(
-    path: str | os.PathLike[str], *, neutral_as: float | None = 1.0
-) -> list[StepwiseExample]:
+def import_prm800k(path: str | os.PathLike[str], *, neutral_as: float | None = 1.0) -> list[StepwiseExample]:
     """Read a PRM800K-style JSONL file (Lightman et al., 2023) as stepwise examples.
 
     Each row is ``{"question": {"problem": str, ...}, "label": {"steps": [{"completions":

@@ -24,10 +24,10 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from creditrl.policy.engines import GenerationEngine, SamplingParams
+from creditrl.policy.tokenizer import decode_response, encode_prompt
 from creditrl.rewards.sources import first_error_labels
 from creditrl.rollout.continuations import PrefixSet, continue_prefixes
 from creditrl.tasks.base import Problem, Task
-from creditrl.policy.tokenizer import decode_response, encode_prompt
 
 __all__ = [
     "Labeler",
@@ -128,7 +128,9 @@ class MCLabels:
     n_tokens: int  # tokens the engine generated for them
 
 
-@register_labeler("mc", "Monte-Carlo (Math-Shepherd): N continuations per step prefix; hard = any correct, soft = share")
+@register_labeler(
+    "mc", "Monte-Carlo (Math-Shepherd): N continuations per step prefix; hard = any correct, soft = share"
+)
 def mc_labels(
     engine: GenerationEngine,
     tokenizer: PreTrainedTokenizerBase,
@@ -187,8 +189,14 @@ def mc_labels(
         outcome = [1.0 if task.check_outcome(problem, "".join(steps)) else 0.0] if steps else []
         plans.append((sampled, outcome))
     out = continue_prefixes(
-        engine, prefixes.prefixes, lambda problem, tokens: int(task.check_outcome(problem, decode_response(tokenizer, tokens))),
-        n=n, params=params, generator=generator, max_prefixes_per_call=max_prefixes_per_call, max_rows=max_rows,
+        engine,
+        prefixes.prefixes,
+        lambda problem, tokens: int(task.check_outcome(problem, decode_response(tokenizer, tokens))),
+        n=n,
+        params=params,
+        generator=generator,
+        max_prefixes_per_call=max_prefixes_per_call,
+        max_rows=max_rows,
     )
     results = [[int(o) for o in row] for row in out.outcomes]
     to_label = MC_MODES[mode]
@@ -205,9 +213,7 @@ def mc_labels(
 
 
 @register_labeler("vote", "several labelers' labels for the same steps; keep a label when agreement >= threshold")
-def vote_labels(
-    label_lists: Sequence[Sequence[float | None]], *, threshold: float
-) -> tuple[list[float | None], int]:
+def vote_labels(label_lists: Sequence[Sequence[float | None]], *, threshold: float) -> tuple[list[float | None], int]:
     """Combine several labelers' labels of the same steps by agreement.
 
     Each labeler's label of step k is made hard (``1.0`` if >= 0.5, else ``0.0``; ``None``

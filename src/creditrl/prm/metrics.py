@@ -271,7 +271,10 @@ def select(method: str, candidates: Sequence[Candidate], *, same: SameAnswer | N
 
 
 def best_of_n_accuracy(
-    groups: Sequence[Sequence[Candidate]], method: str, ns: Iterable[int] = (1, 4, 16, 64), *,
+    groups: Sequence[Sequence[Candidate]],
+    method: str,
+    ns: Iterable[int] = (1, 4, 16, 64),
+    *,
     same: SameAnswer | None = None,
 ) -> dict[int, float]:
     """Best-of-N accuracy of ``method`` at each N in ``ns`` (``same``: as in :func:`select`).
@@ -310,7 +313,9 @@ def best_of_n_accuracy(
 # ----------------------------------------------------------------------------- shortcut probe
 
 
-def linear_r2(features: Sequence[float] | Sequence[Sequence[float]] | np.ndarray, target: Sequence[float] | np.ndarray) -> float:
+def linear_r2(
+    features: Sequence[float] | Sequence[Sequence[float]] | np.ndarray, target: Sequence[float] | np.ndarray
+) -> float:
     """R^2 of the least-squares fit ``target ~ features @ w + b`` (with intercept).
 
     ``features`` is (n,) for one feature or (n, d); ``target`` is (n,).

@@ -206,7 +206,7 @@ class ProcessRewardModel(nn.Module):
         seed: int = 0,
         share_backbone: bool = False,
         likelihood: bool = False,
-    ) -> "ProcessRewardModel":
+    ) -> ProcessRewardModel:
         """A PRM whose backbones are copies of ``policy``'s base model (its LM head is dropped);
         with ``likelihood``, a frozen copy of the whole policy is the reference LM."""
         n = 1 if share_backbone else members
@@ -226,7 +226,7 @@ class ProcessRewardModel(nn.Module):
         seed: int = 0,
         share_backbone: bool = False,
         likelihood: bool = False,
-    ) -> "ProcessRewardModel":
+    ) -> ProcessRewardModel:
         """A PRM initialised from a policy checkpoint (a local causal-LM folder such as the SFT
         policy) or ``"tiny"`` (built with init seed ``seed``). Its tokenizer is the policy's
         (``load_policy(path_or_tiny)[1]``)."""
@@ -309,10 +309,12 @@ class ProcessRewardModel(nn.Module):
             chunk = examples[start : start + batch_size]
             encoded = [encode(tokenizer, prompt, steps, max_len=max_len) for prompt, steps in chunk]
             ids, mask = right_pad([e[0] for e in encoded], tokenizer.pad_token_id)
-            index = torch.tensor([
-                step_positions(ends, len(encode_prompt(tokenizer, prompt)), ids.shape[1])
-                for (prompt, _), (_, ends) in zip(chunk, encoded)
-            ])
+            index = torch.tensor(
+                [
+                    step_positions(ends, len(encode_prompt(tokenizer, prompt)), ids.shape[1])
+                    for (prompt, _), (_, ends) in zip(chunk, encoded)
+                ]
+            )
             device = module_device(self)  # the PRM may sit on a GPU (policy.device); scores come back on the CPU
             probs = torch.sigmoid(self(ids.to(device), mask.to(device), index.to(device))).float().cpu()  # (M, B, L)
             for i, ((_, steps), (_, ends)) in enumerate(zip(chunk, encoded)):
@@ -357,7 +359,7 @@ class ProcessRewardModel(nn.Module):
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> "ProcessRewardModel":
+    def load(cls, path: str | Path) -> ProcessRewardModel:
         """Reload a PRM written by :meth:`save` (local files only)."""
         path = Path(path)
         config = json.loads((path / CONFIG_FILE).read_text())
@@ -369,7 +371,9 @@ class ProcessRewardModel(nn.Module):
         ]
         reference = None
         if config.get("likelihood"):
-            reference = AutoModelForCausalLM.from_pretrained(path / "reference", local_files_only=True, dtype=torch.float32)
+            reference = AutoModelForCausalLM.from_pretrained(
+                path / "reference", local_files_only=True, dtype=torch.float32
+            )
         model = cls(backbones, members=config["members"], combine=config["combine"], reference=reference)
         model.heads.load_state_dict(torch.load(path / HEADS_FILE, weights_only=True))
         if reference is not None:

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from creditrl.policy.engines import SamplingParams
-from creditrl.policy.engines import make_engine
+from creditrl.policy.engines import SamplingParams, make_engine
+from creditrl.policy.tokenizer import decode_response, encode_prompt
 from creditrl.prm.data import StepwiseExample
 from creditrl.prm.labels import mc_labels, oracle_labels, outcome_heuristic_labels, vote_labels
 from creditrl.prm.metrics import auroc, false_positive_rate
@@ -28,7 +29,6 @@ from creditrl.prm.model import ProcessRewardModel
 from creditrl.prm.probe import ShortcutReport, StepRecord, shortcut_probe
 from creditrl.rewards.sources import split_steps
 from creditrl.tasks.base import Problem, Task
-from creditrl.policy.tokenizer import decode_response, encode_prompt
 
 LABELER_NAMES = ("oracle", "outcome_heuristic", "mc", "vote")
 
@@ -63,7 +63,9 @@ def sample_solutions(
         raise ValueError(f"task '{task.name}' has no step separator; a PRM needs steps")
     engine = make_engine(model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
     gen = engine.generate(
-        [encode_prompt(tokenizer, p.prompt) for p in problems], samples, params,
+        [encode_prompt(tokenizer, p.prompt) for p in problems],
+        samples,
+        params,
         generator=torch.Generator().manual_seed(seed),
     )
     out = []
@@ -72,7 +74,9 @@ def sample_solutions(
         completion = decode_response(tokenizer, toks)
         steps = to_steps(completion, task.step_separator)
         out.append(
-            Sample(problem, completion, steps, task.check_outcome(problem, completion), oracle_labels(task, problem, steps))
+            Sample(
+                problem, completion, steps, task.check_outcome(problem, completion), oracle_labels(task, problem, steps)
+            )
         )
     return out
 
@@ -113,10 +117,19 @@ def label_samples(
                 raise ValueError("the mc labeler needs the completer model, its tokenizer and mc_params")
             engine = make_engine(model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
             res = mc_labels(
-                engine, tokenizer, task, [(s.problem, s.steps) for s in samples], n=mc_n, params=mc_params,
-                generator=torch.Generator().manual_seed(seed), mode=mc_mode, max_rows=mc_max_rows,
+                engine,
+                tokenizer,
+                task,
+                [(s.problem, s.steps) for s in samples],
+                n=mc_n,
+                params=mc_params,
+                generator=torch.Generator().manual_seed(seed),
+                mode=mc_mode,
+                max_rows=mc_max_rows,
             )
-            info.update({"mc/prefixes": res.n_prefixes, "mc/continuations": res.n_continuations, "mc/tokens": res.n_tokens})
+            info.update(
+                {"mc/prefixes": res.n_prefixes, "mc/continuations": res.n_continuations, "mc/tokens": res.n_tokens}
+            )
             return [list(x) for x in res.labels]
         raise ValueError(f"labeler '{name}' cannot be voted on (valid: oracle, outcome_heuristic, mc)")
 
@@ -163,7 +176,11 @@ def label_quality(examples: Sequence[StepwiseExample]) -> dict[str, float]:
 
 
 def step_records(
-    prm: ProcessRewardModel, tokenizer: PreTrainedTokenizerBase, examples: Sequence[StepwiseExample], *, batch_size: int = 64
+    prm: ProcessRewardModel,
+    tokenizer: PreTrainedTokenizerBase,
+    examples: Sequence[StepwiseExample],
+    *,
+    batch_size: int = 64,
 ) -> list[StepRecord]:
     """(step text, PRM probability, true label) for every step with an oracle label."""
     scores = prm.score(tokenizer, [(ex.prompt, ex.completions) for ex in examples], batch_size=batch_size)

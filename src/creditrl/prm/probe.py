@@ -70,7 +70,11 @@ class ShortcutReport:
             ("auroc_length_best", self.auroc_length_best, f"length in its better direction: {self.length_direction}"),
             ("r2_length", self.r2_length, "PRM score explained by a linear fit on length"),
             ("r2_surface", self.r2_surface, f"PRM score explained by a linear fit on counts of {SURFACE_CHARS}"),
-            ("auroc_surface", self.auroc_surface, "character counts alone vs label (fit on a half, tested on the other)"),
+            (
+                "auroc_surface",
+                self.auroc_surface,
+                "character counts alone vs label (fit on a half, tested on the other)",
+            ),
         ]
         lines = [f"| metric (n = {self.n}) | value | measures |", "|---|---:|---|"]
         lines += [f"| {name} | {value:.3f} | {what} |" for name, value, what in rows]

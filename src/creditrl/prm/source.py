@@ -10,9 +10,10 @@ registers the source (the rewards layer below does not know about PRMs).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 

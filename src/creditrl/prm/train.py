@@ -35,8 +35,8 @@ from creditrl.config import Config
 from creditrl.credit.schedule import lr_at
 from creditrl.policy.device import module_device, resolve_device
 from creditrl.policy.model import load_policy
-from creditrl.prm.model import ProcessRewardModel, encode, right_pad, step_positions
 from creditrl.policy.tokenizer import encode_prompt
+from creditrl.prm.model import ProcessRewardModel, encode, right_pad, step_positions
 
 if TYPE_CHECKING:
     from creditrl.prm.data import StepwiseExample
@@ -56,7 +56,7 @@ class _Encoded:
 
 def _prepare(
     tokenizer: PreTrainedTokenizerBase,
-    examples: Sequence["StepwiseExample"],
+    examples: Sequence[StepwiseExample],
     *,
     soft: bool,
     max_step_tokens: int | None,
@@ -83,8 +83,14 @@ def _prepare(
             counts["dropped_unlabelled"] += 1
             continue
         targets = [float(y) if soft else float(y >= 0.5) for _, y in kept]
-        data.append(_Encoded(ids=ids, ends=[pos for pos, _ in kept], targets=targets,
-                             index=step_positions(ends, len(encode_prompt(tokenizer, ex.prompt)), len(ids))))
+        data.append(
+            _Encoded(
+                ids=ids,
+                ends=[pos for pos, _ in kept],
+                targets=targets,
+                index=step_positions(ends, len(encode_prompt(tokenizer, ex.prompt)), len(ids)),
+            )
+        )
     return data, counts
 
 
@@ -114,7 +120,7 @@ def _member_loss(model: ProcessRewardModel, member: int, rows: list[_Encoded], p
 def train_prm(
     model: ProcessRewardModel,
     tokenizer: PreTrainedTokenizerBase,
-    examples: Sequence["StepwiseExample"],
+    examples: Sequence[StepwiseExample],
     *,
     steps: int = 300,
     batch_size: int = 16,
@@ -206,8 +212,9 @@ def train_prm(
     }
 
 
-def train_prm_from_examples(cfg: Config, init_path: str, examples: Sequence["StepwiseExample"], out: Path,
-                            progress: bool) -> dict[str, Any]:
+def train_prm_from_examples(
+    cfg: Config, init_path: str, examples: Sequence[StepwiseExample], out: Path, progress: bool
+) -> dict[str, Any]:
     """Train a PRM (the ``prm.*`` settings) on ``examples`` from the policy at ``init_path`` and
     save it with its tokenizer and training metrics to ``out``; returns the metrics."""
     from creditrl.prm.augment import augment_negatives
@@ -216,11 +223,22 @@ def train_prm_from_examples(cfg: Config, init_path: str, examples: Sequence["Ste
     policy, tok = load_policy(init_path)
     if p.augment_rate > 0:
         examples = augment_negatives(examples, rate=p.augment_rate, rng=random.Random(p.seed))
-    prm = ProcessRewardModel.from_model(policy, members=p.members, combine=p.combine, seed=p.seed, likelihood=p.likelihood)
+    prm = ProcessRewardModel.from_model(
+        policy, members=p.members, combine=p.combine, seed=p.seed, likelihood=p.likelihood
+    )
     prm.to(resolve_device(cfg.policy.device))  # trained where the policy trains
     metrics = train_prm(
-        prm, tok, examples, steps=p.steps, batch_size=p.batch_size, lr=p.lr, soft=p.soft,
-        max_step_tokens=p.max_step_tokens, seed=p.seed, progress=progress, train_backbone=p.train_backbone,
+        prm,
+        tok,
+        examples,
+        steps=p.steps,
+        batch_size=p.batch_size,
+        lr=p.lr,
+        soft=p.soft,
+        max_step_tokens=p.max_step_tokens,
+        seed=p.seed,
+        progress=progress,
+        train_backbone=p.train_backbone,
     )
     prm.to("cpu")  # saved from the CPU; a reader places it (reward.prm: on policy.device)
     out.mkdir(parents=True, exist_ok=True)

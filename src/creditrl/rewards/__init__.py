@@ -1,5 +1,7 @@
 """Rewards: sources that score spans, placement of the scores into (B, T) tensors, shaping."""
 
+from creditrl.rewards import text_metrics as _text_metrics  # noqa: F401  (registers bleu, chrf, rouge)
+from creditrl.rewards import unit_tests as _unit_tests  # noqa: F401  (registers "unit_tests")
 from creditrl.rewards.placement import (
     GRANULARITIES,
     Granularity,
@@ -25,8 +27,6 @@ from creditrl.rewards.sources import (
     score_batch,
     source_names,
 )
-from creditrl.rewards import unit_tests as _unit_tests  # noqa: F401  (registers "unit_tests")
-from creditrl.rewards import text_metrics as _text_metrics  # noqa: F401  (registers bleu, chrf, rouge)
 
 __all__ = [
     "GRANULARITIES",

@@ -188,9 +188,7 @@ _SCHEDULES: dict[str, Callable[[float, float, float], tuple[float, float]]] = {
 SCHEDULES: tuple[str, ...] = tuple(_SCHEDULES)
 
 
-def mix_weights(
-    schedule: str, progress: float, *, switch_at: float = 0.8, weight: float = 1.0
-) -> tuple[float, float]:
+def mix_weights(schedule: str, progress: float, *, switch_at: float = 0.8, weight: float = 1.0) -> tuple[float, float]:
     """Weights ``(w_seq, w_dense)`` of the reward ``w_seq * seq + w_dense * dense`` at training
     ``progress = iteration / total_iterations`` in [0, 1]:
 

@@ -25,8 +25,8 @@ including a placed 0.0; a ``None`` score places nothing (an unlabelled span).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 import torch
 

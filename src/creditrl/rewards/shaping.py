@@ -16,7 +16,7 @@ it), and the response length is ``L = sum_t response_mask[b, t]``.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -24,17 +24,16 @@ from __future__ import annotations
 
 import math
 import typing
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 from creditrl.config.schema import OnError
 from creditrl.rewards.placement import GRANULARITIES
 from creditrl.tasks.base import Problem, Task
 
 SourceFn = Callable[[Task, Problem, str, Sequence[str]], list[float | None]]
-BatchFn = Callable[
-    [Task, Sequence[Problem], Sequence[str], Sequence[Sequence[str]]], list[list[float | None]]
-]
+BatchFn = Callable[[Task, Sequence[Problem], Sequence[str], Sequence[Sequence[str]]], list[list[float | None]]]
 ERROR_POLICIES = typing.get_args(OnError)
 
 
@@ -276,9 +275,7 @@ def score_batch(
     if on_error not in ERROR_POLICIES:
         raise ValueError(f"unknown reward error policy '{on_error}'; valid: {', '.join(ERROR_POLICIES)}")
     if not len(problems) == len(completions) == len(spans):
-        raise ValueError(
-            f"got {len(problems)} problems, {len(completions)} completions and {len(spans)} span lists"
-        )
+        raise ValueError(f"got {len(problems)} problems, {len(completions)} completions and {len(spans)} span lists")
     if granularity == "sequence":
         for i, row_spans in enumerate(spans):
             if len(row_spans) > 1:

@@ -24,7 +24,7 @@ from creditrl.rewards.placement import get_granularity, make_segmenter, place
 from creditrl.rewards.shaping import add_shaping, kl_penalty, length_penalty, overlong_penalty
 from creditrl.rewards.sources import RewardSource, make_source, score_batch
 from creditrl.rollout.batch import TrajectoryBatch
-from creditrl.rollout.segment import SegmentFn, Segmentation, TokenTexts, segment
+from creditrl.rollout.segment import Segmentation, SegmentFn, TokenTexts, segment
 from creditrl.tasks.base import Task
 
 
@@ -50,7 +50,12 @@ class _Placed:
         self.score_fn = score_batch
 
     def __call__(
-        self, batch: TrajectoryBatch, task: Task, texts_of: TokenTexts, keep: list[bool], on_error: str,
+        self,
+        batch: TrajectoryBatch,
+        task: Task,
+        texts_of: TokenTexts,
+        keep: list[bool],
+        on_error: str,
         outcome: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, list[bool], int, Segmentation]:
         seg = segment(batch.response_ids, batch.response_lengths, texts_of, self.segmenter)
@@ -70,7 +75,9 @@ class _Placed:
         for i, s, k in zip(rows, result.scores, result.keep):
             scores[i], ok[i] = s, k
         fallback = outcome.tolist() if get_granularity(self.granularity).uses_fallback else None
-        rewards, reward_mask = place(scores, end_mask=seg.end_mask, response_mask=batch.response_mask, fallback=fallback)
+        rewards, reward_mask = place(
+            scores, end_mask=seg.end_mask, response_mask=batch.response_mask, fallback=fallback
+        )
         return rewards, reward_mask, ok, result.errors, seg
 
 
@@ -94,8 +101,9 @@ class Scorer:
             )
 
         def placed(source: str, granularity: str) -> _Placed:
-            return _Placed(make_source(source, {"prm": rc.prm, "device": cfg.policy.device}), granularity,
-                           segmenter(granularity))
+            return _Placed(
+                make_source(source, {"prm": rc.prm, "device": cfg.policy.device}), granularity, segmenter(granularity)
+            )
 
         self.primary = placed(rc.source, rc.granularity)
         h = cfg.hybrid
@@ -113,7 +121,7 @@ class Scorer:
     ) -> Scored:
         """Score one batch at training ``progress`` in [0, 1]; ``ref_logprobs`` (B, T) feed the
         KL-in-reward shaping term (required when ``shaping.kl_coef > 0``)."""
-        cfg, task, h, sh = self.cfg, self.task, self.cfg.hybrid, self.cfg.shaping
+        cfg, task, h = self.cfg, self.task, self.cfg.hybrid
         problems, completions = batch.extras["problems"], batch.extras["completions"]
         outcome = torch.tensor([float(task.check_outcome(p, c)) for p, c in zip(problems, completions)])
         passed = apply_filter(
@@ -125,7 +133,9 @@ class Scorer:
         )
         stats: dict[str, float] = {}
         if self.dense is not None:
-            d_rewards, d_mask, keep, d_errors, _ = self.dense(batch, task, self.texts_of, keep, cfg.reward.on_error, outcome)
+            d_rewards, d_mask, keep, d_errors, _ = self.dense(
+                batch, task, self.texts_of, keep, cfg.reward.on_error, outcome
+            )
             errors += d_errors
             w_seq, w_dense = mix_weights(h.schedule, progress, switch_at=h.switch_at, weight=h.dense_weight)
             if self.calibrator is not None:
@@ -135,33 +145,10 @@ class Scorer:
                 w_dense *= self.calibrator.weight
             rewards, reward_mask = mix_rewards(rewards, reward_mask, d_rewards, d_mask, w_seq, w_dense)
             stats.update({"hybrid/w_seq": w_seq, "hybrid/w_dense": w_dense})
-        terms = []
-        if sh.length_coef > 0:
-            terms.append(length_penalty(batch.response_mask, budget=sh.length_budget, coef=sh.length_coef))
-        if sh.overlong_cache > 0:
-            terms.append(
-                overlong_penalty(
-                    batch.response_mask, max_len=cfg.rollout.max_new_tokens, cache=sh.overlong_cache, coef=sh.overlong_coef
-                )
-            )
-        if sh.kl_coef > 0:
-            if ref_logprobs is None:
-                raise ValueError("shaping.kl_coef > 0 needs the reference policy's log-probs (ref_logprobs)")
-            terms.append(
-                kl_penalty(batch.old_logprobs, ref_logprobs, batch.response_mask, beta=sh.kl_coef, estimator=sh.kl_estimator)
-            )
+        terms = self._shaping(batch, ref_logprobs)
         if terms:
             rewards, reward_mask = add_shaping(rewards, reward_mask, terms)
-        step_ends = torch.zeros_like(batch.response_mask)
-        step_correct = outcome.clone()
-        if self.steps is not None:
-            # the primary source's spans are the steps when it scores at step granularity: reuse them
-            seg = primary_seg if self.primary.granularity == "step" else segment(
-                batch.response_ids, batch.response_lengths, self.texts_of, self.steps
-            )
-            step_ends = seg.end_mask & batch.response_mask
-            labels = [task.check_steps(p, texts) for p, texts in zip(problems, seg.texts)]
-            step_correct = torch.tensor([sum(lab) / len(lab) if lab else 0.0 for lab in labels])
+        step_ends, step_correct = self._steps(batch, primary_seg, outcome)
         keep_t = torch.tensor(keep, dtype=torch.bool)
         rewards = torch.where(keep_t[:, None], rewards, 0.0)
         reward_mask = reward_mask & keep_t[:, None]
@@ -176,3 +163,40 @@ class Scorer:
             filtered=int((~passed).sum()),
             stats=stats,
         )
+
+    def _shaping(self, batch: TrajectoryBatch, ref_logprobs: torch.Tensor | None) -> list:
+        """The shaping terms (``shaping.*``) to add onto the placed rewards, each (rewards, mask) (B, T)."""
+        sh, terms = self.cfg.shaping, []
+        if sh.length_coef > 0:
+            terms.append(length_penalty(batch.response_mask, budget=sh.length_budget, coef=sh.length_coef))
+        if sh.overlong_cache > 0:
+            max_len = self.cfg.rollout.max_new_tokens
+            terms.append(
+                overlong_penalty(batch.response_mask, max_len=max_len, cache=sh.overlong_cache, coef=sh.overlong_coef)
+            )
+        if sh.kl_coef > 0:
+            if ref_logprobs is None:
+                raise ValueError("shaping.kl_coef > 0 needs the reference policy's log-probs (ref_logprobs)")
+            terms.append(
+                kl_penalty(
+                    batch.old_logprobs, ref_logprobs, batch.response_mask, beta=sh.kl_coef, estimator=sh.kl_estimator
+                )
+            )
+        return terms
+
+    def _steps(
+        self, batch: TrajectoryBatch, primary_seg: Segmentation, outcome: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The task's step ends (B, T) and each response's share of steps the step checker accepts
+        (B,); without steps, no ends and the outcome."""
+        if self.steps is None:
+            return torch.zeros_like(batch.response_mask), outcome.clone()
+        # the primary source's spans are the steps when it scores at step granularity: reuse them
+        seg = (
+            primary_seg
+            if self.primary.granularity == "step"
+            else segment(batch.response_ids, batch.response_lengths, self.texts_of, self.steps)
+        )
+        labels = [self.task.check_steps(p, texts) for p, texts in zip(batch.extras["problems"], seg.texts)]
+        step_correct = torch.tensor([sum(lab) / len(lab) if lab else 0.0 for lab in labels])
+        return seg.end_mask & batch.response_mask, step_correct

@@ -31,7 +31,7 @@ with a regular expression and stems with NLTK's Porter stemmer, which has no dat
 from __future__ import annotations
 
 import functools
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from sacrebleu.metrics import BLEU, CHRF
 

@@ -10,7 +10,8 @@ failures of the harness itself.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from creditrl.rewards.sources import RewardSource, register_source_factory
 from creditrl.tasks.base import Problem, Task
@@ -24,7 +25,9 @@ def unit_test_fractions(task: Task, problems: Sequence[Problem], completions: Se
     """
     run = getattr(task, "test_results_batch", None)
     if run is None:
-        raise TypeError(f"reward source 'unit_tests' needs a task with unit tests (e.g. 'code'); task '{task.name}' has none")
+        raise TypeError(
+            f"reward source 'unit_tests' needs a task with unit tests (e.g. 'code'); task '{task.name}' has none"
+        )
     return [sum(r) / len(r) if r else 0.0 for r in run(problems, completions)]
 
 

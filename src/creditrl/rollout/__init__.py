@@ -3,8 +3,8 @@
 from creditrl.rollout.batch import TrajectoryBatch, batch_from_generation, response_logits, token_logprobs
 from creditrl.rollout.segment import (
     KeyPredicate,
-    SegmentFn,
     Segmentation,
+    SegmentFn,
     TokenTexts,
     after_text,
     block_segmenter,

@@ -36,7 +36,7 @@ class TrajectoryBatch:
     def size(self) -> int:
         return int(self.response_ids.shape[0])
 
-    def to(self, device: torch.device | str) -> "TrajectoryBatch":
+    def to(self, device: torch.device | str) -> TrajectoryBatch:
         """The batch with every tensor on ``device`` (this batch itself when already there);
         ``extras`` are shared, not copied."""
         device = torch.device(device)
@@ -45,7 +45,7 @@ class TrajectoryBatch:
         moved = {f.name: getattr(self, f.name).to(device) for f in fields(self) if f.name != "extras"}
         return replace(self, **moved)
 
-    def select(self, rows: torch.Tensor) -> "TrajectoryBatch":
+    def select(self, rows: torch.Tensor) -> TrajectoryBatch:
         """The sub-batch of the given row indices (per-response extras follow the rows)."""
         idx = rows.tolist()
         return TrajectoryBatch(
@@ -60,7 +60,7 @@ class TrajectoryBatch:
             extras={k: [v[i] for i in idx] for k, v in self.extras.items()},
         )
 
-    def trimmed(self) -> "TrajectoryBatch":
+    def trimmed(self) -> TrajectoryBatch:
         """The same rows without all-padding columns: prompt columns on the left, response
         columns past the longest response (per-token tensors of the caller are cut with
         ``[:, :trimmed.response_ids.shape[1]]``)."""
@@ -135,7 +135,9 @@ def batch_from_generation(gen: Generation, group_ids: list[int], pad_id: int) ->
 def _joined(batch: TrajectoryBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(ids, attention_mask, position_ids)`` of prompt + response, each (B, P + T)."""
     width = batch.response_ids.shape[1]
-    valid = (torch.arange(width, device=batch.response_lengths.device)[None, :] < batch.response_lengths[:, None]).long()
+    valid = (
+        torch.arange(width, device=batch.response_lengths.device)[None, :] < batch.response_lengths[:, None]
+    ).long()
     ids = torch.cat([batch.prompt_ids, batch.response_ids], dim=1)  # (B, P+T)
     attn = torch.cat([batch.prompt_mask, valid], dim=1)
     return ids, attn, positions_from_mask(attn)
@@ -234,8 +236,10 @@ def _prompt_groups(batch: TrajectoryBatch, module: torch.nn.Module) -> tuple[tor
     first, inverse = _distinct_prompts(batch)
     if batch.size < _MIN_SHARE * first.numel():
         return None
-    if torch.is_grad_enabled() and module.training and any(
-        getattr(m, "gradient_checkpointing", False) for m in module.modules()
+    if (
+        torch.is_grad_enabled()
+        and module.training
+        and any(getattr(m, "gradient_checkpointing", False) for m in module.modules())
     ):
         return None
     if not all(type(layer) is DynamicLayer for layer in DynamicCache(config=module.config).layers):
@@ -273,8 +277,12 @@ def _shared_prompt_forward(
     cache = DynamicCache(config=module.config)
     extra: dict[str, Any] = {"logits_to_keep": 1, "output_hidden_states": hidden} if lm else {}
     out = module(
-        input_ids=batch.prompt_ids[first], attention_mask=p_mask, position_ids=positions_from_mask(p_mask),
-        cache=cache, use_cache=True, **extra,
+        input_ids=batch.prompt_ids[first],
+        attention_mask=p_mask,
+        position_ids=positions_from_mask(p_mask),
+        cache=cache,
+        use_cache=True,
+        **extra,
     )
     if out.cache is not cache:
         raise RuntimeError("shared-prompt forward: the model did not fill the prompt cache")
@@ -290,8 +298,12 @@ def _shared_prompt_forward(
     attn = torch.cat([batch.prompt_mask, valid], dim=1)  # (B, P + T - 1)
     extra = {"output_hidden_states": hidden} if lm else {}
     out = module(
-        input_ids=batch.response_ids[:, : width - 1], attention_mask=attn,
-        position_ids=positions_from_mask(attn)[:, p:], cache=cache, use_cache=True, **extra,
+        input_ids=batch.response_ids[:, : width - 1],
+        attention_mask=attn,
+        position_ids=positions_from_mask(attn)[:, p:],
+        cache=cache,
+        use_cache=True,
+        **extra,
     )
     if lm:
         logits = torch.cat([logits, out.logits], dim=1)  # (B, T, V)

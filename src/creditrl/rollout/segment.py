@@ -17,9 +17,10 @@ They are built with ``functools.partial`` over module-level functions so that th
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase

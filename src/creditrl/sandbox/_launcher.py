@@ -42,8 +42,14 @@ CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 # per-mount flags a read-only re-mount must keep (a bind re-mount resets the ones it omits)
-KEPT_FLAGS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": 1024,
-              "nodiratime": 2048, "relatime": 1 << 21}
+KEPT_FLAGS = {
+    "nosuid": MS_NOSUID,
+    "nodev": MS_NODEV,
+    "noexec": MS_NOEXEC,
+    "noatime": 1024,
+    "nodiratime": 2048,
+    "relatime": 1 << 21,
+}
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
 CHANNEL_FD, STATUS_FD = 3, 4
 MAX_PROGRAM_BYTES, SETUP_FAILED = 1 << 20, 125  # SETUP_FAILED: the exit status of a failed setup
@@ -136,16 +142,25 @@ def _isolate_files(cfg: dict) -> list[str]:
             _mount("none", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0555")
     done.append("hidden")
     uid = cfg["uid"]
-    _mount("none", cfg["workdir"], "tmpfs", MS_NOSUID | MS_NODEV,
-           f"size={cfg['disk_bytes']},nr_inodes=4096,mode=0700,uid={uid},gid={uid}")
+    _mount(
+        "none",
+        cfg["workdir"],
+        "tmpfs",
+        MS_NOSUID | MS_NODEV,
+        f"size={cfg['disk_bytes']},nr_inodes=4096,mode=0700,uid={uid},gid={uid}",
+    )
     return done + ["tmpfs"]
 
 
 def _set_limits(limits: dict) -> None:
     cpu = limits["cpu_s"]
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU, then SIGKILL a second later
-    for name, key in (("RLIMIT_AS", "memory_bytes"), ("RLIMIT_FSIZE", "file_bytes"),
-                      ("RLIMIT_NOFILE", "open_files"), ("RLIMIT_NPROC", "processes")):
+    for name, key in (
+        ("RLIMIT_AS", "memory_bytes"),
+        ("RLIMIT_FSIZE", "file_bytes"),
+        ("RLIMIT_NOFILE", "open_files"),
+        ("RLIMIT_NPROC", "processes"),
+    ):
         resource.setrlimit(getattr(resource, name), (limits[key], limits[key]))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
@@ -184,8 +199,14 @@ def _program(cfg: dict, isolation: list[str], lifeline: int | None) -> None:
             os._exit(SETUP_FAILED)
         os.close(lifeline)
     _report({"isolation": sorted(isolation)})
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
-           "HOME": cfg["workdir"], "TMPDIR": cfg["workdir"], "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "HOME": cfg["workdir"],
+        "TMPDIR": cfg["workdir"],
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
     python = cfg["python"]
     os.execve(python, [python, "-I", "-B", "-X", "utf8", "main.py"], env)
 

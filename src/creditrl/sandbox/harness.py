@@ -25,8 +25,9 @@ from __future__ import annotations
 import ast
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from creditrl.sandbox.process import Limits, SandboxResult, execute
 
@@ -36,7 +37,7 @@ _MAX_PARSE_CHARS = 100_000  # longer programs are parsed in the sandbox only
 _MAX_LINE_BYTES = 1 << 16
 
 # The runner: its only output is one JSON line per test on fd 3. It holds no expected values.
-_RUNNER = r'''
+_RUNNER = r"""
 def _creditrl_runner(payload):
     import json, os
     write, dumps = os.write, json.dumps
@@ -54,7 +55,7 @@ def _creditrl_runner(payload):
         except BaseException as exc:
             line = dumps({"i": i, "e": type(exc).__name__})
         write(3, line.encode() + b"\n")
-'''
+"""
 
 
 @dataclass(frozen=True)
@@ -90,12 +91,16 @@ def same_value(expected: Any, actual: Any, *, rel_tol: float = 1e-6, abs_tol: fl
             return math.isclose(expected, actual, rel_tol=rel_tol, abs_tol=abs_tol)
         return expected == actual
     if isinstance(expected, list):
-        return isinstance(actual, list) and len(actual) == len(expected) and all(
-            same_value(e, a, rel_tol=rel_tol, abs_tol=abs_tol) for e, a in zip(expected, actual)
+        return (
+            isinstance(actual, list)
+            and len(actual) == len(expected)
+            and all(same_value(e, a, rel_tol=rel_tol, abs_tol=abs_tol) for e, a in zip(expected, actual))
         )
     if isinstance(expected, dict):
-        return isinstance(actual, dict) and actual.keys() == expected.keys() and all(
-            same_value(expected[k], actual[k], rel_tol=rel_tol, abs_tol=abs_tol) for k in expected
+        return (
+            isinstance(actual, dict)
+            and actual.keys() == expected.keys()
+            and all(same_value(expected[k], actual[k], rel_tol=rel_tol, abs_tol=abs_tol) for k in expected)
         )
     return type(expected) is type(actual) and expected == actual
 

@@ -12,7 +12,7 @@ k-subset must contain a correct sample).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 __all__ = ["pass_at_k", "mean_pass_at_k"]
 

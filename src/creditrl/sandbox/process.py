@@ -110,7 +110,9 @@ def execute(source: str, limits: Limits, *, hidden_paths: tuple[str, ...] = (), 
     chan_r, chan_w = os.pipe() if channel else (None, None)
     cfg = {
         "python": sys.executable,
-        "expose": sorted({sys.prefix, sys.base_prefix, sys.base_exec_prefix, str(Path(sys.executable).resolve().parent)}),
+        "expose": sorted(
+            {sys.prefix, sys.base_prefix, sys.base_exec_prefix, str(Path(sys.executable).resolve().parent)}
+        ),
         "workdir": workdir,
         "uid": uid,
         "hidden": [_PACKAGE_DIR, *map(str, hidden_paths)],
@@ -124,9 +126,13 @@ def execute(source: str, limits: Limits, *, hidden_paths: tuple[str, ...] = (), 
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-I", "-S", str(_LAUNCHER), json.dumps(cfg)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 pass_fds=[fd for fd in (status_w, chan_w) if fd is not None],
-                start_new_session=True, env={}, cwd=workdir,
+                start_new_session=True,
+                env={},
+                cwd=workdir,
             )
             for fd in (status_w, chan_w):
                 if fd is not None:
@@ -245,6 +251,7 @@ def run_python(
         >>> run_python("print(6 * 7)").stdout
         '42\\n'
     """
-    limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb, processes=processes, file_mb=file_mb,
-                    output_bytes=output_bytes)
+    limits = Limits(
+        timeout_s=timeout_s, memory_mb=memory_mb, processes=processes, file_mb=file_mb, output_bytes=output_bytes
+    )
     return execute(source, limits, hidden_paths=hidden_paths)

@@ -27,8 +27,15 @@ class Limits:
     output_bytes: int = 64 * 1024  # kept of stdout and of stderr each
 
     def __post_init__(self) -> None:
-        for name, low in (("timeout_s", 0.0), ("memory_mb", 32), ("processes", 1), ("file_mb", 1),
-                          ("disk_mb", 1), ("open_files", 8), ("output_bytes", 1)):
+        for name, low in (
+            ("timeout_s", 0.0),
+            ("memory_mb", 32),
+            ("processes", 1),
+            ("file_mb", 1),
+            ("disk_mb", 1),
+            ("open_files", 8),
+            ("output_bytes", 1),
+        ):
             value = getattr(self, name)
             if not value >= low or (name == "timeout_s" and not 0 < value < math.inf):
                 raise ValueError(f"Limits.{name}: must be {'> 0 and finite' if low == 0 else f'>= {low}'}, got {value}")

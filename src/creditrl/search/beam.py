@@ -64,11 +64,14 @@ def run_beam(ctx: SearchContext) -> list[tuple[int, ...]]:
             tokens = parent.tokens + c.tokens
             if tokens not in children[r.problem]:
                 children[r.problem][tokens] = Node(
-                    tokens=tokens, parent=parent, finished=c.finished,
-                    terminal=c.finished or len(tokens) >= cfg.max_new_tokens, text=ctx.text(tokens),
+                    tokens=tokens,
+                    parent=parent,
+                    finished=c.finished,
+                    terminal=c.finished or len(tokens) >= cfg.max_new_tokens,
+                    text=ctx.text(tokens),
                 )
         new = [(p, node) for p in order for node in children[p].values()]
-        for (p, node), scores in zip(new, ctx.verify.prm_steps([(p, n.text) for p, n in new])):
+        for (_, node), scores in zip(new, ctx.verify.prm_steps([(p, n.text) for p, n in new])):
             node.step_scores = scores
         for p in order:
             if not children[p]:

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from transformers import PreTrainedTokenizerBase
 
 from creditrl.config import SearchConfig
+from creditrl.policy.tokenizer import decode_response
 from creditrl.search.expand import BudgetedGenerator, Request
 from creditrl.search.verify import Verifier
 from creditrl.tasks.base import Problem
-from creditrl.policy.tokenizer import decode_response
 
 
 @dataclass

@@ -9,7 +9,8 @@ such that ``sum_i cap_i <= available_p``, and ``cap_i`` is passed to the engine 
 ``budgets=`` entry. The engine never returns more than ``cap_i`` tokens for a request, so the
 worst case fits and ``used_p <= budget`` always holds. A request with cap 0 is not sent (its
 result is None); with a ``floor``, requests that cannot get ``min(want, floor)`` tokens get cap 0
-(the last ones first), so the end of a budget is not spent on fragments of steps. ``reserve_p`` lets a method hold tokens back for a final greedy completion.
+(the last ones first), so the end of a budget is not spent on fragments of steps. ``reserve_p`` lets a method hold
+tokens back for a final greedy completion.
 
 All problems' requests go to the engine in one call (split into chunks of at most ``max_rows``
 requests only to bound the KV cache), as ``n = 1`` requests whose prompts are the problem's prompt
@@ -18,8 +19,8 @@ tokens followed by the partial response; the engine prefills identical prompts o
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 
@@ -157,8 +158,11 @@ class BudgetedGenerator:
                 stop_ids=self.stop_ids if step else (),
             )
             gen = self.engine.generate(
-                [self.prompts[requests[i].problem] + list(requests[i].response) for i in chunk], 1, params,
-                generator=self.generator, budgets=[caps[i] for i in chunk],
+                [self.prompts[requests[i].problem] + list(requests[i].response) for i in chunk],
+                1,
+                params,
+                generator=self.generator,
+                budgets=[caps[i] for i in chunk],
             )
             self.calls += 1
             for i, tokens, logprobs, finished in zip(chunk, gen.tokens, gen.logprobs, gen.finished):

@@ -40,7 +40,7 @@ left)`` tokens. Re-selecting a terminal costs no tokens but counts as a simulati
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from creditrl.search.context import SearchContext
 from creditrl.search.expand import Request
@@ -77,11 +77,17 @@ def _evaluate(ctx: SearchContext, new: Sequence[tuple[int, Node]], reserve: Sequ
     for i, v in zip(terminal, judge([(new[i][0], new[i][1].text) for i in terminal])):
         values[i] = v
     open_ = [i for i, (_, n) in enumerate(new) if not n.terminal]
-    requests = [Request(new[i][0], new[i][1].tokens, cfg.max_new_tokens - len(new[i][1].tokens))
-                for i in open_ for _ in range(cfg.rollouts)]
+    requests = [
+        Request(new[i][0], new[i][1].tokens, cfg.max_new_tokens - len(new[i][1].tokens))
+        for i in open_
+        for _ in range(cfg.rollouts)
+    ]
     conts = ctx.gen.generate(requests, step=False, reserve=reserve, floor=cfg.min_request_tokens) if requests else []
-    done = [(i, new[i][1].tokens + c.tokens, c.finished) for i, c in
-            zip((i for i in open_ for _ in range(cfg.rollouts)), conts) if c is not None]
+    done = [
+        (i, new[i][1].tokens + c.tokens, c.finished)
+        for i, c in zip((i for i in open_ for _ in range(cfg.rollouts)), conts)
+        if c is not None
+    ]
     judged = judge([(new[i][0], ctx.text(tokens)) for i, tokens, _ in done])
     own: dict[int, list[float]] = {}
     for (i, tokens, finished), v in zip(done, judged):
@@ -114,8 +120,11 @@ def grow_trees(ctx: SearchContext) -> list[Node]:
                 backup(path, leaf.evaluation)
             else:
                 expanding.append((p, path))
-        requests = [Request(p, path[-1].tokens, cfg.max_new_tokens - len(path[-1].tokens))
-                    for p, path in expanding for _ in range(cfg.expansions)]
+        requests = [
+            Request(p, path[-1].tokens, cfg.max_new_tokens - len(path[-1].tokens))
+            for p, path in expanding
+            for _ in range(cfg.expansions)
+        ]
         conts = ctx.gen.generate(requests, step=True, reserve=reserve, floor=cfg.min_request_tokens) if requests else []
         new: list[tuple[int, Node]] = []
         paths: list[list[Node]] = []
@@ -124,12 +133,13 @@ def grow_trees(ctx: SearchContext) -> list[Node]:
             if not mine:
                 active.discard(p)  # the budget cannot pay for an expansion
                 continue
-            for child in add_children(path[-1], [(c.tokens, c.logprob, c.finished) for c in mine],
-                                      max_len=cfg.max_new_tokens):
+            for child in add_children(
+                path[-1], [(c.tokens, c.logprob, c.finished) for c in mine], max_len=cfg.max_new_tokens
+            ):
                 child.text = ctx.text(child.tokens)
                 new.append((p, child))
                 paths.append(path)
-        for (p, child), path, value in zip(new, paths, _evaluate(ctx, new, reserve)):
+        for (_, child), path, value in zip(new, paths, _evaluate(ctx, new, reserve)):
             if value is not None:
                 child.evaluation = value
                 backup(path + [child], value)

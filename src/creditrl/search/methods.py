@@ -23,14 +23,16 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from transformers import PreTrainedTokenizerBase
 
 from creditrl.config import SearchConfig
 from creditrl.errors import ConfigError, unknown_choice
 from creditrl.policy.engines import GenerationEngine
+from creditrl.policy.tokenizer import encode_prompt
 from creditrl.prm.metrics import AGGREGATIONS, SELECTORS, Candidate, select
 from creditrl.rollout.segment import step_stop_ids
 from creditrl.search.beam import run_beam
@@ -39,7 +41,6 @@ from creditrl.search.expand import BudgetedGenerator, Request
 from creditrl.search.mcts import run_mcts
 from creditrl.search.verify import ScoredModel, Verifier
 from creditrl.tasks.base import Problem, Task, answer_of, majority_note, same_answer
-from creditrl.policy.tokenizer import encode_prompt
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,9 @@ def sample_candidates(ctx: SearchContext, n: int, *, prm: bool, orm: bool) -> li
     groups: list[list[Sampled]] = [[] for _ in ctx.problems]
     for (p, c, text), s, o in zip(kept, steps, orms):
         candidate = Candidate(
-            correct=ctx.verify.outcome(p, text), step_scores=(s or (0.0,)) if prm else (), orm_score=o,
+            correct=ctx.verify.outcome(p, text),
+            step_scores=(s or (0.0,)) if prm else (),
+            orm_score=o,
             answer=answer_of(ctx.verify.task, text),
         )
         groups[p].append(Sampled(candidate, text, c.tokens))
@@ -123,10 +126,16 @@ class SearchResult:
 
     def summary(self) -> dict[str, Any]:
         return {
-            "method": self.config.method, "setting": self.config.describe(), "budget": self.config.budget,
-            "problems": len(self.problems), "accuracy": self.accuracy, "tokens_total": self.tokens_total,
-            "tokens_per_problem": self.tokens_mean, "tokens_max": max((r.tokens for r in self.problems), default=0),
-            "engine_calls": self.engine_calls, "wall_s": self.wall_s,
+            "method": self.config.method,
+            "setting": self.config.describe(),
+            "budget": self.config.budget,
+            "problems": len(self.problems),
+            "accuracy": self.accuracy,
+            "tokens_total": self.tokens_total,
+            "tokens_per_problem": self.tokens_mean,
+            "tokens_max": max((r.tokens for r in self.problems), default=0),
+            "engine_calls": self.engine_calls,
+            "wall_s": self.wall_s,
         }
 
 
@@ -143,11 +152,15 @@ def require_models(config: SearchConfig, *, has_prm: bool, has_orm: bool) -> Non
     if config.aggregation not in AGGREGATIONS:
         raise unknown_choice("search.aggregation", config.aggregation, AGGREGATIONS)
     if config.needs_prm and not has_prm:
-        raise ConfigError(f"method '{config.method}' ({config.describe()}) needs a PRM to score steps: "
-                          "pass prm=(model, tokenizer) (CLI: search.prm=DIR or reward.prm=DIR)")
+        raise ConfigError(
+            f"method '{config.method}' ({config.describe()}) needs a PRM to score steps: "
+            "pass prm=(model, tokenizer) (CLI: search.prm=DIR or reward.prm=DIR)"
+        )
     if config.needs_orm and not has_orm:
-        raise ConfigError(f"method '{config.method}' ({config.describe()}) needs an ORM to judge solutions: "
-                          "pass orm=(model, tokenizer) (CLI: search.orm=DIR)")
+        raise ConfigError(
+            f"method '{config.method}' ({config.describe()}) needs an ORM to judge solutions: "
+            "pass orm=(model, tokenizer) (CLI: search.orm=DIR)"
+        )
 
 
 def require_steps(config: SearchConfig, task: Task) -> None:
@@ -160,11 +173,14 @@ def require_steps(config: SearchConfig, task: Task) -> None:
     if task.step_separator is not None:
         return
     if config.method in ("beam", "mcts"):
-        raise ConfigError(f"search.method: '{config.method}' expands reasoning steps, but task '{task.name}' "
-                          "has no step separator")
+        raise ConfigError(
+            f"search.method: '{config.method}' expands reasoning steps, but task '{task.name}' has no step separator"
+        )
     if config.needs_prm or config.needs_orm:
-        raise ConfigError(f"search.selector: '{config.selector}' scores steps with a model, but task '{task.name}' "
-                          "has no step separator; use majority")
+        raise ConfigError(
+            f"search.selector: '{config.selector}' scores steps with a model, but task '{task.name}' "
+            "has no step separator; use majority"
+        )
 
 
 def make_context(
@@ -190,9 +206,13 @@ def make_context(
         raise ValueError("search needs at least one problem")
     verify = Verifier(task, problems, prm=prm, orm=orm)
     gen = BudgetedGenerator(
-        engine, [encode_prompt(tokenizer, p.prompt) for p in problems], config.budget,
+        engine,
+        [encode_prompt(tokenizer, p.prompt) for p in problems],
+        config.budget,
         stop_ids=step_stop_ids(tokenizer, task.step_separator) if task.step_separator else (),
-        temperature=config.temperature, top_p=config.top_p, seed=config.seed,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        seed=config.seed,
     )
     return SearchContext(list(problems), config, tokenizer, gen, verify)
 

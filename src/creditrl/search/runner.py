@@ -29,12 +29,22 @@ def run_search(cfg: Config) -> tuple[SearchResult, str]:
         prm_dir = str(cached_prm(cfg, init_path, progress=cfg.train.progress))
     model, tok = load_policy(init_path, seed=cfg.policy.init_seed, **policy_options(cfg))
     model.eval()
-    engine = make_engine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, kind=cfg.policy.engine,
-                         precision=cfg.policy.precision, kernels=cfg.policy.kernels)
+    engine = make_engine(
+        model,
+        eos_id=tok.eos_token_id,
+        pad_id=tok.pad_token_id,
+        kind=cfg.policy.engine,
+        precision=cfg.policy.precision,
+        kernels=cfg.policy.kernels,
+    )
     problems = task.sample(s.problems, split=s.split, seed=s.problem_seed)
     device = cfg.policy.device
     result = search(
-        problems, engine=engine, tokenizer=tok, task=task, config=s,
+        problems,
+        engine=engine,
+        tokenizer=tok,
+        task=task,
+        config=s,
         prm=load_prm(prm_dir, device) if s.needs_prm else None,
         orm=load_prm(orm_dir, device) if s.needs_orm else None,
     )

@@ -26,8 +26,8 @@ parent until evaluated ("first-play urgency" at the parent's mean). Ties go to t
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
 
 
 @dataclass(eq=False)
@@ -49,7 +49,7 @@ class Node:
     """
 
     tokens: tuple[int, ...] = ()
-    parent: "Node | None" = None
+    parent: Node | None = None
     prior: float = 1.0
     finished: bool = False
     terminal: bool = False
@@ -59,7 +59,7 @@ class Node:
     visits: int = 0
     value_sum: float = 0.0
     expanded: bool = False
-    children: list["Node"] = field(default_factory=list)
+    children: list[Node] = field(default_factory=list)
     solutions: list[tuple[float, tuple[int, ...]]] = field(default_factory=list)
 
     @property
@@ -73,10 +73,7 @@ def puct_scores(parent: Node, c_puct: float) -> list[float]:
     if c_puct < 0:
         raise ValueError(f"c_puct must be >= 0, got {c_puct}")
     explore = c_puct * math.sqrt(parent.visits)
-    return [
-        (c.q if c.visits else parent.q) + explore * c.prior / (1 + c.visits)
-        for c in parent.children
-    ]
+    return [(c.q if c.visits else parent.q) + explore * c.prior / (1 + c.visits) for c in parent.children]
 
 
 def select_child(parent: Node, c_puct: float) -> Node:
@@ -105,9 +102,7 @@ def backup(path: Sequence[Node], value: float) -> None:
         node.value_sum += value
 
 
-def add_children(
-    node: Node, steps: Sequence[tuple[Sequence[int], float, bool]], *, max_len: int
-) -> list[Node]:
+def add_children(node: Node, steps: Sequence[tuple[Sequence[int], float, bool]], *, max_len: int) -> list[Node]:
     """Add the sampled one-step continuations ``(step tokens, step log-prob, finished)`` of
     ``node`` as children and mark it expanded; returns the new children in first-sample order.
 
@@ -126,10 +121,15 @@ def add_children(
     children = []
     for key, (raw, finished) in merged.items():
         full = node.tokens + key
-        children.append(Node(
-            tokens=full, parent=node, prior=raw / total if total > 0 else 1.0 / len(merged), finished=finished,
-            terminal=finished or len(full) >= max_len,
-        ))
+        children.append(
+            Node(
+                tokens=full,
+                parent=node,
+                prior=raw / total if total > 0 else 1.0 / len(merged),
+                finished=finished,
+                terminal=finished or len(full) >= max_len,
+            )
+        )
     node.children.extend(children)
     node.expanded = node.expanded or bool(children)
     return children

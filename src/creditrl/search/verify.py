@@ -13,7 +13,7 @@ without a step separator can be judged only by its outcome checker (greedy, majo
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 from transformers import PreTrainedTokenizerBase
 

@@ -82,14 +82,11 @@ class ArithmeticConfig:
         if self.operand_min < 0:
             raise ValueError(f"operand_min must be >= 0, got {self.operand_min}")
         if self.operand_max < self.operand_min:
-            raise ValueError(
-                f"operand_max must be >= operand_min ({self.operand_min}), got {self.operand_max}"
-            )
+            raise ValueError(f"operand_max must be >= operand_min ({self.operand_min}), got {self.operand_max}")
         ops = self.operators
         if not ops or len(set(ops)) != len(ops) or not set(ops) <= set(_ALLOWED_OPERATORS):
             raise ValueError(
-                f"operators must be a non-empty string of distinct characters from "
-                f"{_ALLOWED_OPERATORS!r}, got {ops!r}"
+                f"operators must be a non-empty string of distinct characters from {_ALLOWED_OPERATORS!r}, got {ops!r}"
             )
         if self.heldout_mod < 2:
             raise ValueError(f"heldout_mod must be >= 2, got {self.heldout_mod}")
@@ -309,12 +306,7 @@ class ArithmeticTask:
                 labels.append(not seen_answer and self.check_outcome(problem, text))
                 seen_answer = True
                 continue
-            ok = (
-                not failed
-                and not seen_answer
-                and n_done < len(expected)
-                and text == expected[n_done]
-            )
+            ok = not failed and not seen_answer and n_done < len(expected) and text == expected[n_done]
             labels.append(ok)
             if ok:
                 n_done += 1
@@ -323,7 +315,12 @@ class ArithmeticTask:
         return labels
 
     error_kinds: tuple[str, ...] = (
-        "correct", "slip_multi_digit", "slip_single_digit", "wrong_operands", "malformed", "wrong_answer",
+        "correct",
+        "slip_multi_digit",
+        "slip_single_digit",
+        "wrong_operands",
+        "malformed",
+        "wrong_answer",
     )
 
     def first_error(self, problem: Problem, completion: str) -> str:

@@ -20,8 +20,16 @@ from creditrl.config.schema import Split
 from creditrl.errors import did_you_mean
 
 __all__ = [
-    "Problem", "Task", "TASKS", "TaskNameError", "register_task", "make_task", "answer_of", "same_answer",
-    "votes_on_answers", "majority_note",
+    "Problem",
+    "Task",
+    "TASKS",
+    "TaskNameError",
+    "register_task",
+    "make_task",
+    "answer_of",
+    "same_answer",
+    "votes_on_answers",
+    "majority_note",
 ]
 
 
@@ -104,8 +112,10 @@ def majority_note(task: Task) -> str:
     normalised completions (the task has no ``extract_answer``); ``""`` when it compares answers."""
     if votes_on_answers(task):
         return ""
-    return (f"majority voted on whole normalised completions: task '{task.name}' has no extract_answer, "
-            "so only identical completions agree")
+    return (
+        f"majority voted on whole normalised completions: task '{task.name}' has no extract_answer, "
+        "so only identical completions agree"
+    )
 
 
 SPLITS: tuple[str, ...] = typing.get_args(Split)  # the config's closed set (prm.split, search.split)

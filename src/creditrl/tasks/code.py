@@ -26,9 +26,9 @@ import json
 import threading
 import warnings
 from collections import OrderedDict
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Sequence
 
 from creditrl.sandbox import Limits, run_tests
 from creditrl.tasks.base import SPLITS, Problem, draw_from_pool, register_task
@@ -111,8 +111,14 @@ class CodeTask:
         Raises:
             ValueError: If ``split`` is unknown, ``n < 0`` or the split has no problems.
         """
-        return draw_from_pool(self.pools.get(split, []), n, split=split, seed=seed, namespace="code",
-                              empty=f"the problem file has no {split!r} problems")
+        return draw_from_pool(
+            self.pools.get(split, []),
+            n,
+            split=split,
+            seed=seed,
+            namespace="code",
+            empty=f"the problem file has no {split!r} problems",
+        )
 
     # -- judging ---------------------------------------------------------------------------
     @staticmethod
@@ -122,8 +128,12 @@ class CodeTask:
     def _run(self, problem: Problem, completion: str) -> tuple[bool, ...]:
         meta = problem.meta
         report = run_tests(
-            problem.prompt + completion, meta["entry"], meta["inputs"], meta["expected"],
-            limits=self.limits, hidden_paths=self.hidden_paths,
+            problem.prompt + completion,
+            meta["entry"],
+            meta["inputs"],
+            meta["expected"],
+            limits=self.limits,
+            hidden_paths=self.hidden_paths,
         )
         isolation = report.sandbox.isolation if report.sandbox is not None else None
         if isolation is not None and not self._warned and not {"net", "uid"} <= set(isolation):

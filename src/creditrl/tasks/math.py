@@ -48,14 +48,22 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from creditrl.tasks.base import SPLITS, Problem, draw_from_pool, register_task
 
 __all__ = [
-    "SPLITS", "DEFAULT_TRAIN_FILE", "DEFAULT_TEMPLATE", "MathTask", "answers_match", "extract_math_answer", "gold_text",
-    "load_math_rows", "same_math_answer",
+    "SPLITS",
+    "DEFAULT_TRAIN_FILE",
+    "DEFAULT_TEMPLATE",
+    "MathTask",
+    "answers_match",
+    "extract_math_answer",
+    "gold_text",
+    "load_math_rows",
+    "same_math_answer",
 ]
 
 DEFAULT_TRAIN_FILE = Path(__file__).with_name("data") / "math_sample.jsonl"
@@ -118,7 +126,10 @@ def _same(a: str, b: str) -> bool:
 
 
 _FUNCTIONS: dict[str, Callable[..., Any]] = {
-    "match": _match, "gold_problem": _gold_problem, "extract": _extract, "same": _same,
+    "match": _match,
+    "gold_problem": _gold_problem,
+    "extract": _extract,
+    "same": _same,
 }
 
 
@@ -175,9 +186,7 @@ class _Helper:
         env = dict(os.environ)
         src = str(Path(__file__).resolve().parents[2])  # the folder holding the creditrl package
         env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
-        return subprocess.Popen(
-            self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1, env=env
-        )
+        return subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1, env=env)
 
     def _read(self, proc: subprocess.Popen[str], timeout_s: float) -> Any:
         assert proc.stdout is not None
@@ -300,9 +309,7 @@ def _load_cached(
     keys = [question_key, answer_key] + ([solution_key] if solution_key else [])
     for key in keys:
         if key not in table.column_names:
-            raise ValueError(
-                f"{path}, row 1: field {key!r} is missing (columns: {', '.join(table.column_names)})"
-            )
+            raise ValueError(f"{path}, row 1: field {key!r} is missing (columns: {', '.join(table.column_names)})")
     rows: list[tuple[str, str, str | None]] = []
     for number, row in enumerate(table, start=1):
         cells = {}
@@ -345,7 +352,9 @@ def load_math_rows(
     if not p.is_file():
         raise ValueError(f"{p}: no such file")
     st = p.stat()
-    return list(_load_cached(str(p.resolve()), (st.st_mtime_ns, st.st_size), question_key, answer_key, solution_key, timeout_s))
+    return list(
+        _load_cached(str(p.resolve()), (st.st_mtime_ns, st.st_size), question_key, answer_key, solution_key, timeout_s)
+    )
 
 
 # ----------------------------------------------------------------------------- task
@@ -396,7 +405,12 @@ class MathTask:
             raise ValueError("step_separator must be a non-empty string or None")
         self.step_separator = step_separator
         self.prompt_template, self.heldout_mod, self.timeout_s = prompt_template, heldout_mod, timeout_s
-        keys = {"question_key": question_key, "answer_key": answer_key, "solution_key": solution_key, "timeout_s": timeout_s}
+        keys = {
+            "question_key": question_key,
+            "answer_key": answer_key,
+            "solution_key": solution_key,
+            "timeout_s": timeout_s,
+        }
         train_path = str(train_file) if train_file else str(DEFAULT_TRAIN_FILE)
         self.pools: dict[str, list[Problem]] = {s: [] for s in SPLITS}
         for number, row in enumerate(load_math_rows(train_path, **keys), start=1):
@@ -426,8 +440,14 @@ class MathTask:
         Raises:
             ValueError: If ``split`` is unknown, ``n < 0`` or the split has no problems.
         """
-        return draw_from_pool(self.pools.get(split, []), n, split=split, seed=seed, namespace="math",
-                              empty=f"no {split!r} problems (set heldout_file, or lower heldout_mod)")
+        return draw_from_pool(
+            self.pools.get(split, []),
+            n,
+            split=split,
+            seed=seed,
+            namespace="math",
+            empty=f"no {split!r} problems (set heldout_file, or lower heldout_mod)",
+        )
 
     def check_outcome(self, problem: Problem, completion: str) -> bool:
         """Whether math-verify finds the completion's final answer equal to ``problem.answer``."""

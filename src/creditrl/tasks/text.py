@@ -40,14 +40,31 @@ _MAX_CONSECUTIVE_MISSES = 10_000
 
 LEXICON: dict[str, str] = {
     # determiners
-    "the": "lo", "a": "un",
+    "the": "lo",
+    "a": "un",
     # adjectives
-    "red": "rubo", "big": "grando", "small": "eta", "tall": "alta", "happy": "gaja", "green": "verda",
+    "red": "rubo",
+    "big": "grando",
+    "small": "eta",
+    "tall": "alta",
+    "happy": "gaja",
+    "green": "verda",
     # nouns
-    "cat": "kato", "dog": "hundo", "bird": "birdo", "fish": "fiso", "man": "viro", "girl": "knabino",
-    "tree": "arbo", "house": "domo",
+    "cat": "kato",
+    "dog": "hundo",
+    "bird": "birdo",
+    "fish": "fiso",
+    "man": "viro",
+    "girl": "knabino",
+    "tree": "arbo",
+    "house": "domo",
     # verbs
-    "sees": "vidas", "likes": "amas", "finds": "trovas", "eats": "mangas", "helps": "helpas", "follows": "sekvas",
+    "sees": "vidas",
+    "likes": "amas",
+    "finds": "trovas",
+    "eats": "mangas",
+    "helps": "helpas",
+    "follows": "sekvas",
 }
 """English -> made-up word of ``toy_translate``."""
 

@@ -49,7 +49,9 @@ class Learners:
     policy: torch.nn.Module | None = None
     critic: torch.nn.Module | None = None
 
-    def get(self, model: torch.nn.Module, critic: torch.nn.Module | None) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+    def get(
+        self, model: torch.nn.Module, critic: torch.nn.Module | None
+    ) -> tuple[torch.nn.Module, torch.nn.Module | None]:
         if not self.sharded and (self.policy is None or ddp.unwrap(self.policy) is not model):
             self.policy = ddp.wrap(model)
         if self.critic is None and critic is not None:
@@ -95,7 +97,9 @@ def start_policy(cfg: Config, task: Task | None = None, *, progress: bool) -> st
     return cfg.policy.model if cfg.train.init == "policy" else cfg.train.init
 
 
-def resolve_policy_choices(cfg: Config, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> tuple[Config, dict[str, str]]:
+def resolve_policy_choices(
+    cfg: Config, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
+) -> tuple[Config, dict[str, str]]:
     """Resolve ``policy.chat_template`` and ``policy.engine`` against the loaded policy; returns the
     new config and a line per choice saying why."""
     engine, why = choose_engine(model, cfg.policy.engine)
@@ -149,12 +153,19 @@ def _engine(cfg: Config, init_path: str, model: PreTrainedModel, tokenizer, scor
         from creditrl.distributed.ray_backend import ray_engine
 
         return ray_engine(cfg, init_path, model, tokenizer, scorer)
-    return make_engine(model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, kind=cfg.policy.engine,
-                       precision=cfg.policy.precision, kernels=cfg.policy.kernels)
+    return make_engine(
+        model,
+        eos_id=tokenizer.eos_token_id,
+        pad_id=tokenizer.pad_token_id,
+        kind=cfg.policy.engine,
+        precision=cfg.policy.precision,
+        kernels=cfg.policy.kernels,
+    )
 
 
-def build_run(cfg: Config, *, init_path: str | None = None, checkpoint: Path | None = None,
-              task: Task | None = None) -> RunParts:
+def build_run(
+    cfg: Config, *, init_path: str | None = None, checkpoint: Path | None = None, task: Task | None = None
+) -> RunParts:
     """The parts of a run of ``cfg``: the task is built once (or ``task`` is used), the config is
     checked and resolved, the policy starts from ``init_path`` (default: ``train.init``) or, when
     resuming, from ``checkpoint``'s weights."""
@@ -180,13 +191,27 @@ def build_run(cfg: Config, *, init_path: str | None = None, checkpoint: Path | N
     optimizer = make_optimizer([p for p in trained.parameters() if p.requires_grad], cfg.optim)
     scorer = Scorer(cfg, task, tokenizer)
     engine = _engine(cfg, init_path, model, tokenizer, scorer)
-    params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
-                            top_p=cfg.rollout.top_p)
+    params = SamplingParams(
+        max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p
+    )
     value_stage = ValueStage(cfg, critic_source, engine, tokenizer, task, params)
     stop_ids = step_stop_ids(tokenizer, cfg.reward.step_separator) if value_stage.tree else ()
     return RunParts(
-        config=cfg, task=task, init_path=init_path, device=device, model=model, tokenizer=tokenizer,
-        reference=reference, engine=engine, scorer=scorer, value_stage=value_stage, optimizer=optimizer,
-        scaler=grad_scaler(device, cfg.policy.precision), learners=learners, params=params, stop_ids=stop_ids,
-        heldout=task.sample(cfg.train.eval_size, split="heldout", seed=EVAL_SEED), choices=choices,
+        config=cfg,
+        task=task,
+        init_path=init_path,
+        device=device,
+        model=model,
+        tokenizer=tokenizer,
+        reference=reference,
+        engine=engine,
+        scorer=scorer,
+        value_stage=value_stage,
+        optimizer=optimizer,
+        scaler=grad_scaler(device, cfg.policy.precision),
+        learners=learners,
+        params=params,
+        stop_ids=stop_ids,
+        heldout=task.sample(cfg.train.eval_size, split="heldout", seed=EVAL_SEED),
+        choices=choices,
     )

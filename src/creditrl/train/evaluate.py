@@ -7,8 +7,7 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from creditrl.policy.engines import SamplingParams
-from creditrl.policy.engines import make_engine
+from creditrl.policy.engines import SamplingParams, make_engine
 from creditrl.policy.tokenizer import decode_response, encode_prompt
 from creditrl.tasks.base import Problem, Task
 
@@ -45,7 +44,11 @@ def evaluate(
     """Greedy exact match and step accuracy on ``problems`` (``engine``, ``precision``,
     ``kernels``: see ``policy.engine``, ``policy.precision``, ``policy.kernels``)."""
     gen_engine = make_engine(
-        model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id, kind=engine, precision=precision,
+        model,
+        eos_id=tokenizer.eos_token_id,
+        pad_id=tokenizer.pad_token_id,
+        kind=engine,
+        precision=precision,
         kernels=kernels,
     )
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)

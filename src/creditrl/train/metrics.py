@@ -22,6 +22,7 @@ from creditrl.losses import explained_variance
 from creditrl.rewards.stage import Scored
 from creditrl.rollout.batch import TrajectoryBatch
 from creditrl.sandbox.passk import mean_pass_at_k
+from creditrl.train.stages import generated_tokens
 from creditrl.values.stage import ValueOut
 
 
@@ -58,8 +59,12 @@ class IterationRecord:
     lr: float
     lam: float
     policy_updated: bool  # False during the critic warm-up
-    generated_tokens: int  # this rank's sampled tokens (a tree's shared segments counted once)
     stats: dict[str, float] = field(default_factory=dict)  # backend statistics (Ray restarts, sync time)
+
+    @property
+    def generated_tokens(self) -> int:
+        """This rank's sampled tokens (a tree's shared segments counted once)."""
+        return generated_tokens(self.batch)
 
     @property
     def mask(self) -> torch.Tensor:
@@ -123,13 +128,15 @@ def iteration_row(rec: IterationRecord, times: dict[str, float], totals: dict[st
         row.update(masked_stats("value", rec.values.values, mask))
         row["value/explained_variance"] = explained_variance(rec.values.values, rec.returns, mask)
     row.update({f"time/{stage}_s": seconds for stage, seconds in times.items()})
-    row.update({
-        "time/iter_s": sum(times.values()),
-        "samples/total": totals["samples"],
-        "tokens/total": totals["tokens"],
-        "time/total_s": totals["time_s"],
-        **rec.stats,
-    })
+    row.update(
+        {
+            "time/iter_s": sum(times.values()),
+            "samples/total": totals["samples"],
+            "tokens/total": totals["tokens"],
+            "time/total_s": totals["time_s"],
+            **rec.stats,
+        }
+    )
     return reduce_row(row, rec.update, rec.batch.size, int(mask.sum()))
 
 
@@ -142,8 +149,15 @@ def reduce_row(row: dict[str, Any], upd: dict[str, float], rows: int, tokens: in
     return ddp.reduce_metrics(
         row,
         counts={"": rows, "adv": tokens, "return": tokens, "value": tokens},
-        sums={"reward/errors", "reward/filtered", "tokens/generated", "tokens/padded",
-              "value/mc_states", "value/mc_tokens", "value/tree_nodes"},
+        sums={
+            "reward/errors",
+            "reward/filtered",
+            "tokens/generated",
+            "tokens/padded",
+            "value/mc_states",
+            "value/mc_tokens",
+            "value/tree_nodes",
+        },
         mins={"train/pass_k"},
         same={*upd, "iteration", "credit/lam", "optim/lr", "policy/updated", "samples/total", "tokens/total"},
     )

@@ -13,8 +13,9 @@ def _adamw(params: Iterable[torch.nn.Parameter], optim: OptimConfig) -> torch.op
     """AdamW(lr, (beta1, beta2), eps, weight_decay). Its per-coordinate normalisation moves every
     weight by about lr per step, even where the gradient is only sampling noise; a larger ``eps``
     (near the gradients' per-coordinate scale) makes such coordinates move less."""
-    return torch.optim.AdamW(params, lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps,
-                             weight_decay=optim.weight_decay)
+    return torch.optim.AdamW(
+        params, lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps, weight_decay=optim.weight_decay
+    )
 
 
 def _sgd(params: Iterable[torch.nn.Parameter], optim: OptimConfig) -> torch.optim.Optimizer:

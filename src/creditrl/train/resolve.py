@@ -95,17 +95,23 @@ def _device(cfg: Config) -> None:
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     if device.type != "cpu" and p.engine == "static":
-        raise ConfigError(f"policy.engine: the static engine is written for the CPU; on '{p.device}' use hf, vllm or auto")
+        raise ConfigError(
+            f"policy.engine: the static engine is written for the CPU; on '{p.device}' use hf, vllm or auto"
+        )
     if device.type != "cpu" and cfg.backend.name == "ray":
         raise ConfigError("policy.device: the Ray backend's rollout workers run on the CPU; use policy.device=cpu")
-    recompute = cfg.loss.recompute_logprobs == "always" or (cfg.loss.recompute_logprobs == "auto" and p.precision != "fp32")
+    recompute = cfg.loss.recompute_logprobs == "always" or (
+        cfg.loss.recompute_logprobs == "auto" and p.precision != "fp32"
+    )
     if recompute and cfg.backend.learner == "fsdp":  # its ranks would run unequal numbers of gathering forwards
         raise ConfigError(
             "loss.recompute_logprobs: not supported with backend.learner=fsdp; use backend.learner=ddp, "
             "or policy.precision=fp32 with loss.recompute_logprobs=auto|never"
         )
     if p.precision != "fp32" and cfg.backend.name == "ray":
-        raise ConfigError("policy.precision: the Ray backend's rollout workers sample in fp32; use policy.precision=fp32")
+        raise ConfigError(
+            "policy.precision: the Ray backend's rollout workers sample in fp32; use policy.precision=fp32"
+        )
     if p.lora_r and p.engine == "static":
         raise ConfigError("policy.engine: 'static' reads plain weights and cannot run LoRA adapters; use auto or hf")
     if p.engine == "vllm":
@@ -137,8 +143,11 @@ def has_steps(cfg: Config, task: Task) -> bool:
 
 def _source(section: str, source_name: str, granularity: str, cfg: Config, task: Task) -> str:
     """Check one reward source and its granularity; returns the granularity it resolves to."""
-    key, gkey = ("reward.source", "reward.granularity") if section == "reward" else (
-        "hybrid.dense_source", "hybrid.dense_granularity")
+    key, gkey = (
+        ("reward.source", "reward.granularity")
+        if section == "reward"
+        else ("hybrid.dense_source", "hybrid.dense_granularity")
+    )
     one_of(key, source_name, source_names())
     source = get_source(source_name)
     for option in getattr(source, "requires", ()):
@@ -146,7 +155,9 @@ def _source(section: str, source_name: str, granularity: str, cfg: Config, task:
         if not value:
             raise ConfigError(f"reward.{option}: source '{source_name}' needs it set")
         if option == "prm" and value != "auto" and not Path(value).is_dir():
-            raise ConfigError(f"reward.prm: '{value}' is not a directory (write one with `creditrl prm train`, or use 'auto')")
+            raise ConfigError(
+                f"reward.prm: '{value}' is not a directory (write one with `creditrl prm train`, or use 'auto')"
+            )
     if source_name == "unit_tests" and not hasattr(task, "test_results_batch"):
         raise ConfigError(
             f"{key}: 'unit_tests' needs a task with unit tests (task.name=code); task '{cfg.task.name}' has none"
@@ -212,10 +223,12 @@ def _critic_and_tree(cfg: Config, task: Task, kind: str) -> None:
     if kind == "tree" and cfg.rollout.group_size != v.tree_branching**v.tree_depth:
         raise ConfigError(
             "rollout.group_size: with value.source=tree a prompt's group is its tree's leaves; it must equal "
-            f"value.tree_branching ** value.tree_depth = {v.tree_branching ** v.tree_depth}, got {cfg.rollout.group_size}"
+            f"value.tree_branching ** value.tree_depth = {v.tree_branching**v.tree_depth}, got {cfg.rollout.group_size}"
         )
     if cfg.policy.lora_r and kind == "critic" and v.model == "shared":
-        raise ConfigError("value.model: a shared critic trains the policy's trunk, which LoRA freezes; use value.model=separate")
+        raise ConfigError(
+            "value.model: a shared critic trains the policy's trunk, which LoRA freezes; use value.model=separate"
+        )
     if v.backbone not in ("", "policy") and (kind != "critic" or v.model != "separate"):
         raise ConfigError("value.backbone: only a separate critic has a backbone of its own (value.model=separate)")
     if kind != "critic" and v.warmup_iterations:
@@ -239,24 +252,26 @@ def check(cfg: Config, task: Task) -> Config:
     recompute = cfg.loss.recompute_logprobs
     if recompute == "auto":
         recompute = "never" if p.precision == "fp32" else "always"
-    return cfg.updated({
-        "policy": {
-            "device": p.device if p.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"),
-            "kernels": p.kernels if p.kernels != "auto" else ("numba" if numba else "torch"),
-        },
-        "reward": {
-            "granularity": granularity,
-            "step_separator": cfg.reward.step_separator or getattr(task, "step_separator", None),
-        },
-        "hybrid": {"dense_granularity": dense},
-        "credit": {"resolution": resolution},
-        "loss": {
-            "recompute_logprobs": recompute,
-            "clip_eps_high": cfg.loss.clip_eps if cfg.loss.clip_eps_high is None else cfg.loss.clip_eps_high,
-        },
-        "value": {"backbone": cfg.value.backbone or "policy"},
-        "train": {"threads": cfg.train.threads or torch.get_num_threads()},
-    })
+    return cfg.updated(
+        {
+            "policy": {
+                "device": p.device if p.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu"),
+                "kernels": p.kernels if p.kernels != "auto" else ("numba" if numba else "torch"),
+            },
+            "reward": {
+                "granularity": granularity,
+                "step_separator": cfg.reward.step_separator or getattr(task, "step_separator", None),
+            },
+            "hybrid": {"dense_granularity": dense},
+            "credit": {"resolution": resolution},
+            "loss": {
+                "recompute_logprobs": recompute,
+                "clip_eps_high": cfg.loss.clip_eps if cfg.loss.clip_eps_high is None else cfg.loss.clip_eps_high,
+            },
+            "value": {"backbone": cfg.value.backbone or "policy"},
+            "train": {"threads": cfg.train.threads or torch.get_num_threads()},
+        }
+    )
 
 
 def checked(cfg: Config) -> Config:

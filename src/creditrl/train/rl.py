@@ -64,8 +64,9 @@ class RLTrainer:
         self.totals = {"samples": 0, "tokens": 0, "time_s": 0.0}
 
     @classmethod
-    def from_config(cls, cfg: Config, run_dir: Path, *, init_path: str | None = None,
-                    task: Task | None = None) -> RLTrainer:
+    def from_config(
+        cls, cfg: Config, run_dir: Path, *, init_path: str | None = None, task: Task | None = None
+    ) -> RLTrainer:
         """Build the run of ``cfg`` (:func:`~creditrl.train.build.build_run`) and a trainer for it."""
         return cls(build_run(cfg, init_path=init_path, task=task), run_dir)
 
@@ -94,8 +95,10 @@ class RLTrainer:
         run_dir = Path(run_dir)
         cfg = load_config(run_dir / "config.yaml")
         if cfg.backend.learner == "fsdp" and ddp.launched():
-            raise ConfigError(f"{run_dir}: resuming a backend.learner=fsdp run is not supported (its checkpoints hold "
-                              "the weights but not the sharded optimizer state)")
+            raise ConfigError(
+                f"{run_dir}: resuming a backend.learner=fsdp run is not supported (its checkpoints hold "
+                "the weights but not the sharded optimizer state)"
+            )
         ckpt = latest_checkpoint(run_dir / "checkpoints")
         if ckpt is None:
             raise FileNotFoundError(f"{run_dir}: no checkpoints/latest to resume from")
@@ -131,14 +134,27 @@ class RLTrainer:
     def evaluate(self) -> dict[str, float]:
         p, cfg = self.parts, self.cfg
         res = evaluate(
-            p.model, p.tokenizer, p.task, p.heldout, max_new_tokens=cfg.rollout.max_new_tokens,
-            engine=cfg.policy.engine, precision=cfg.policy.precision, kernels=cfg.policy.kernels,
+            p.model,
+            p.tokenizer,
+            p.task,
+            p.heldout,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            engine=cfg.policy.engine,
+            precision=cfg.policy.precision,
+            kernels=cfg.policy.kernels,
         )
         out = {"eval/accuracy": res.accuracy, "eval/step_accuracy": res.step_accuracy, "eval/length": res.mean_length}
         source = p.scorer.primary.source
         if "sequence" in source.granularities:  # the reward's own measure, e.g. BLEU where exact match is rare
-            scores = score_batch(source, p.task, p.heldout, res.completions, [[c] for c in res.completions],
-                                 granularity="sequence", on_error="zero").scores
+            scores = score_batch(
+                source,
+                p.task,
+                p.heldout,
+                res.completions,
+                [[c] for c in res.completions],
+                granularity="sequence",
+                on_error="zero",
+            ).scores
             out["eval/reward"] = sum(s[0] for s in scores) / max(1, len(scores))
         return out
 
@@ -157,11 +173,10 @@ class RLTrainer:
         p, cfg = self.parts, self.cfg
         gen = torch.Generator().manual_seed(iteration_seed(cfg.train.seed, it) + RANK_SEED_STRIDE * ddp.rank())
         lr, lam, progress = self._schedules(it)
+        train_policy = it >= cfg.value.warmup_iterations  # false during the critic warm-up
         timer = StageTimer()
         with timer("rollout"):
-            problems = p.task.sample(cfg.rollout.prompts_per_iter, split="train", seed=iteration_seed(cfg.train.seed, it))
-            batch = stages.rollout(p.engine, p.tokenizer, ddp.share(problems), cfg.rollout.group_size, p.params, gen,
-                                   tree=p.value_stage.tree, stop_ids=p.stop_ids)
+            batch = self._rollout(it, gen)
         with timer("reference"):
             ref_logp = stages.reference_logprobs(p.reference, batch, cfg.policy.precision)
         with timer("score"):
@@ -170,17 +185,46 @@ class RLTrainer:
             values = p.value_stage(batch, scored.step_ends, gen)
         with timer("credit"):
             adv, ret = stages.credit(batch, scored, cfg, values=values.values, lam=lam, step_ends=values.step_ends)
-        train_policy = it >= cfg.value.warmup_iterations
         with timer("update"):
             upd = stages.learn(p, batch, scored, adv, ret, values, ref_logp, gen, train_policy=train_policy)
-        record = IterationRecord(it + 1, batch, scored, values, adv, ret, upd, lr=lr, lam=lam,
-                                 policy_updated=train_policy, generated_tokens=stages.generated_tokens(batch),
-                                 stats=p.engine.stats() if cfg.backend.name == "ray" else {})
-        if ddp.is_main():  # the credit inspector's sample (train.inspect_every); outside the stage timers
-            record_iteration(self.run_dir, record.iteration, batch, scored, adv, ret, cfg, p.tokenizer, p.task,
-                             values=values.values, credit_step_ends=values.step_ends, lam=lam)
+        stats = p.engine.stats() if cfg.backend.name == "ray" else {}  # backend/restarts, time/sync_s
+        record = IterationRecord(it + 1, batch, scored, values, adv, ret, upd, lr, lam, train_policy, stats)
+        self._inspect(record)  # outside the stage timers
         self._count(batch.size, record.generated_tokens, timer.total)
         return iteration_row(record, timer.times, self.totals)
+
+    def _rollout(self, it: int, generator: torch.Generator):
+        """This iteration's problems (the same on every rank; each keeps its share) and their samples."""
+        p, cfg = self.parts, self.cfg
+        problems = p.task.sample(cfg.rollout.prompts_per_iter, split="train", seed=iteration_seed(cfg.train.seed, it))
+        return stages.rollout(
+            p.engine,
+            p.tokenizer,
+            ddp.share(problems),
+            cfg.rollout.group_size,
+            p.params,
+            generator,
+            tree=p.value_stage.tree,
+            stop_ids=p.stop_ids,
+        )
+
+    def _inspect(self, rec: IterationRecord) -> None:
+        """The credit inspector's sample of this iteration (every ``train.inspect_every``), on rank 0."""
+        if ddp.is_main():
+            record_iteration(
+                self.run_dir,
+                rec.iteration,
+                rec.batch,
+                rec.scored,
+                rec.advantages,
+                rec.returns,
+                self.cfg,
+                self.parts.tokenizer,
+                self.parts.task,
+                values=rec.values.values,
+                credit_step_ends=rec.values.step_ends,
+                lam=rec.lam,
+            )
 
     def _count(self, samples: int, tokens: int, seconds: float) -> None:
         samples, tokens = (int(x) for x in ddp.all_reduce_sum([samples, tokens]))  # over every rank
@@ -196,12 +240,21 @@ class RLTrainer:
         if self.metrics_path.exists():
             history = [json.loads(x) for x in self.metrics_path.read_text().splitlines() if x.strip()]
         if self.start_iteration == 0 and not history:
-            row = {"iteration": 0, "samples/total": 0, "tokens/total": 0, "time/total_s": 0.0, **self._evaluate_on_main()}
+            row = {
+                "iteration": 0,
+                "samples/total": 0,
+                "tokens/total": 0,
+                "time/total_s": 0.0,
+                **self._evaluate_on_main(),
+            }
             self._log(row, history)
         bar = tqdm(
-            range(self.start_iteration, cfg.train.iterations), initial=self.start_iteration,
-            total=cfg.train.iterations, desc=f"rl {cfg.credit.estimator}/{cfg.reward.source}",
-            disable=not cfg.train.progress or not ddp.is_main(), dynamic_ncols=True,
+            range(self.start_iteration, cfg.train.iterations),
+            initial=self.start_iteration,
+            total=cfg.train.iterations,
+            desc=f"rl {cfg.credit.estimator}/{cfg.reward.source}",
+            disable=not cfg.train.progress or not ddp.is_main(),
+            dynamic_ncols=True,
         )
         last_eval = history[-1].get("eval/accuracy") if history else None
         for it in bar:

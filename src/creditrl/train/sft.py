@@ -8,7 +8,6 @@ them (policy, SFT settings, task), so a second ``creditrl demo`` skips straight 
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -22,10 +21,10 @@ from creditrl.config import Config, config_hash
 from creditrl.credit.schedule import lr_at
 from creditrl.policy.device import autocast, grad_scaler, resolve_device
 from creditrl.policy.model import load_policy, policy_options
+from creditrl.policy.tokenizer import encode_prompt
 from creditrl.tasks import make_task
 from creditrl.tasks.base import Problem, Task
 from creditrl.train.checkpoint import save_checkpoint
-from creditrl.policy.tokenizer import encode_prompt
 from creditrl.train.evaluate import evaluate
 
 CACHE_VERSION = 1
@@ -33,13 +32,28 @@ CACHE_VERSION = 1
 
 # Fields the SFT checkpoint does not depend on (generation engine, RL-only switches), and fields
 # added later that enter the key only when set (so existing caches keep their keys).
-_NOT_IN_SFT_KEY = ("engine", "kernels", "lora_r", "lora_alpha", "lora_dropout", "lora_targets", "gradient_checkpointing")
-_KEY_WHEN_SET = {"dtype": "float32", "local_files_only": True, "chat_template": "auto", "device": "cpu", "precision": "fp32"}
+_NOT_IN_SFT_KEY = (
+    "engine",
+    "kernels",
+    "lora_r",
+    "lora_alpha",
+    "lora_dropout",
+    "lora_targets",
+    "gradient_checkpointing",
+)
+_KEY_WHEN_SET = {
+    "dtype": "float32",
+    "local_files_only": True,
+    "chat_template": "auto",
+    "device": "cpu",
+    "precision": "fp32",
+}
 
 
 def sft_policy_fields(cfg: Config) -> dict:
     return {
-        k: v for k, v in cfg.policy.model_dump().items()
+        k: v
+        for k, v in cfg.policy.model_dump().items()
         if k not in _NOT_IN_SFT_KEY and not (k in _KEY_WHEN_SET and v == _KEY_WHEN_SET[k])
     }
 
@@ -120,8 +134,16 @@ def train_sft(
         bar.set_postfix(loss=f"{loss_ema:.3f}")
     elapsed = time.time() - start
     heldout = task.sample(cfg.train.eval_size, split="heldout", seed=12345)
-    res = evaluate(model, tokenizer, task, heldout, max_new_tokens=cfg.rollout.max_new_tokens,
-                   engine=cfg.policy.engine, precision=precision, kernels=cfg.policy.kernels)
+    res = evaluate(
+        model,
+        tokenizer,
+        task,
+        heldout,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        engine=cfg.policy.engine,
+        precision=precision,
+        kernels=cfg.policy.kernels,
+    )
     metrics = {
         "sft/steps": s.steps,
         "sft/final_loss": loss_ema,

@@ -14,20 +14,29 @@ from creditrl.config import Config
 from creditrl.credit import estimate_at, normalise
 from creditrl.credit.estimators import EPS
 from creditrl.distributed import ddp
-from creditrl.policy.engines import GenerationEngine, SamplingParams
 from creditrl.policy.device import inference, module_device
-from creditrl.rollout.batch import TrajectoryBatch, batch_from_generation, response_logprobs
-from creditrl.tasks.base import Problem
+from creditrl.policy.engines import GenerationEngine, SamplingParams
 from creditrl.policy.tokenizer import decode_response, encode_prompt
 from creditrl.rewards.stage import Scored, Scorer
+from creditrl.rollout.batch import TrajectoryBatch, batch_from_generation, response_logprobs
+from creditrl.tasks.base import Problem
 from creditrl.train.build import RunParts
 from creditrl.train.update import CriticTarget, update
 from creditrl.values.stage import ValueOut
 from creditrl.values.tree import TreeShape, tree_rollout
 from creditrl.values.tree import generated_tokens as tree_generated_tokens
 
-__all__ = ["rollout", "reference_logprobs", "generated_tokens", "credit", "learn", "Scored", "Scorer", "CriticTarget",
-           "update"]
+__all__ = [
+    "rollout",
+    "reference_logprobs",
+    "generated_tokens",
+    "credit",
+    "learn",
+    "Scored",
+    "Scorer",
+    "CriticTarget",
+    "update",
+]
 
 
 def rollout(
@@ -62,7 +71,9 @@ def rollout(
     return batch
 
 
-def reference_logprobs(reference: torch.nn.Module | None, batch: TrajectoryBatch, precision: str) -> torch.Tensor | None:
+def reference_logprobs(
+    reference: torch.nn.Module | None, batch: TrajectoryBatch, precision: str
+) -> torch.Tensor | None:
     """The frozen reference policy's log-probs of the response tokens, float (B, T) on the CPU like
     the batch (None without a reference: no KL term)."""
     if reference is None:
@@ -149,8 +160,19 @@ def learn(
     critic = None
     if critic_module is not None:
         critic = CriticTarget(critic_module, parts.value_stage.optimizer, returns, values.member_values)
-    out = update(policy, parts.optimizer, batch, advantages, mask, cfg, generator, ref_logprobs=ref_logprobs,
-                 critic=critic, train_policy=train_policy, scaler=parts.scaler)
+    out = update(
+        policy,
+        parts.optimizer,
+        batch,
+        advantages,
+        mask,
+        cfg,
+        generator,
+        ref_logprobs=ref_logprobs,
+        critic=critic,
+        train_policy=train_policy,
+        scaler=parts.scaler,
+    )
     if parts.learners.sharded:  # every rank gathers the updated shards into its generation copy
         parts.model.load_state_dict(ddp.full_state_dict(policy))
     if cfg.backend.name == "ray":  # broadcast the new weights to the rollout workers

@@ -25,12 +25,13 @@ micro-batch passes (zero-weight padding passes), since FSDP all-gathers in every
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
 from transformers import PreTrainedModel
 
-from creditrl.config import Config
+from creditrl.config import Config, LossConfig
 from creditrl.distributed import ddp
 from creditrl.losses import aggregate, aggregation_count, clipped_value_loss, kl_estimate, ppo_clip_loss
 from creditrl.policy.device import autocast, inference, module_device
@@ -43,6 +44,7 @@ from creditrl.rollout.batch import (
     token_logprobs,
 )
 from creditrl.values.critic import Critic
+
 
 @dataclass
 class CriticTarget:
@@ -96,7 +98,17 @@ def update(
             "the same number (whole prompt groups of equal size)"
         )
     step = _Update(
-        model, optimizer, batch, advantages, mask, cfg, ref_logprobs, critic, train_policy, scaler, width,
+        model,
+        optimizer,
+        batch,
+        advantages,
+        mask,
+        cfg,
+        ref_logprobs,
+        critic,
+        train_policy,
+        scaler,
+        width,
         skippable=_zero_advantage_rows(advantages, mask, cfg, ref_logprobs, critic, train_policy),
     )
     sums: dict[str, float] = {}
@@ -182,8 +194,19 @@ class _Update:
             weight = ddp.world_size() * count / max(1.0, total)
             with ddp.no_sync(learners, enabled=i < n - 1):  # only the last one all-reduces
                 part = _micro_step(
-                    self.model, self.batch, micro, self.advantages, self.mask, self.cfg, self.ref_logprobs,
-                    self.critic, self.train_policy, shared, norm=self.width, weight=weight, scaler=self.scaler,
+                    self.model,
+                    self.batch,
+                    micro,
+                    self.advantages,
+                    self.mask,
+                    self.cfg,
+                    self.ref_logprobs,
+                    self.critic,
+                    self.train_policy,
+                    shared,
+                    norm=self.width,
+                    weight=weight,
+                    scaler=self.scaler,
                 )
             for k, v in part.items():
                 logs[k] = logs.get(k, 0.0) + weight * v
@@ -207,7 +230,10 @@ def _zero_advantage_rows(
     """
     lc = cfg.loss
     exact = (
-        cfg.optim.skip_zero_advantage and train_policy and critic is None and lc.entropy_coef == 0
+        cfg.optim.skip_zero_advantage
+        and train_policy
+        and critic is None
+        and lc.entropy_coef == 0
         and (ref_logprobs is None or lc.kl_coef == 0)
     )
     if not exact:
@@ -251,40 +277,14 @@ def _micro_step(
             with torch.no_grad():
                 logits, states = response_forward(ddp.unwrap(model), mb, hidden=True)
         if train_policy:
-            logp = token_logprobs(logits, mb.response_ids)
-            pg, stats = ppo_clip_loss(
-                logp, mb.old_logprobs, advantages[rows][:, :width], m,
-                clip_eps=lc.clip_eps, clip_eps_high=lc.clip_eps_high, dual_clip=lc.dual_clip,
-            )
-            loss = agg(pg)
-            # logged always, differentiated only when it is in the loss
-            entropy = agg(token_entropy(logits if lc.entropy_coef > 0 else logits.detach()))
-            if lc.entropy_coef > 0:
-                loss = loss - lc.entropy_coef * entropy
-            kl = torch.zeros((), device=m.device)
-            if ref_logprobs is not None and lc.kl_coef > 0:
-                kl = agg(kl_estimate(logp, ref_logprobs[rows][:, :width], lc.kl_estimator))
-                loss = loss + lc.kl_coef * kl
-            logs.update(
-                {
-                    "loss/policy": float(agg(pg.detach())),
-                    "kl/ref": float(kl.detach()),
-                    "policy/entropy": float(entropy.detach()),
-                    "policy/clipfrac": stats.clipfrac,
-                    "policy/approx_kl": stats.approx_kl,
-                }
-            )
+            ref = None if ref_logprobs is None else ref_logprobs[rows][:, :width]
+            loss, policy_logs = _policy_loss(logits, mb, advantages[rows][:, :width], ref, m, lc, agg)
+            logs.update(policy_logs)
         value_loss = None
         if critic is not None:
             if states is not None and not train_policy:
                 states = states.detach()
-            member = critic.critic(mb, states)  # (M, b, T): member_values, through DDP's forward
-            returns = critic.returns[rows][:, :width]
-            per_head = [
-                agg(clipped_value_loss(member[i], critic.old_values[i][rows][:, :width], returns, m, clip_eps=cfg.value.clip_eps))
-                for i in range(member.shape[0])
-            ]
-            value_loss = torch.stack(per_head).mean()
+            value_loss = _value_loss(critic, mb, states, rows, m, agg, cfg.value.clip_eps)
             logs["loss/value"] = float(value_loss.detach())
         if shared and value_loss is not None:
             loss = loss + cfg.value.coef * value_loss
@@ -294,6 +294,64 @@ def _micro_step(
         _backward(weight * loss, scaler)
     logs["loss/total"] = float(loss.detach()) + (0.0 if shared or value_loss is None else float(value_loss.detach()))
     return logs
+
+
+def _policy_loss(
+    logits: torch.Tensor,
+    mb: TrajectoryBatch,
+    advantages: torch.Tensor,
+    ref_logprobs: torch.Tensor | None,
+    mask: torch.Tensor,
+    lc: LossConfig,
+    agg: Callable[[torch.Tensor], torch.Tensor],
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """``agg(ppo_clip) - entropy_coef * agg(H) + kl_coef * agg(KL)`` of one micro-batch (b, T), and
+    its metrics (the entropy is logged always, differentiated only when it is in the loss)."""
+    logp = token_logprobs(logits, mb.response_ids)
+    pg, stats = ppo_clip_loss(
+        logp,
+        mb.old_logprobs,
+        advantages,
+        mask,
+        clip_eps=lc.clip_eps,
+        clip_eps_high=lc.clip_eps_high,
+        dual_clip=lc.dual_clip,
+    )
+    loss = agg(pg)
+    entropy = agg(token_entropy(logits if lc.entropy_coef > 0 else logits.detach()))
+    if lc.entropy_coef > 0:
+        loss = loss - lc.entropy_coef * entropy
+    kl = torch.zeros((), device=mask.device)
+    if ref_logprobs is not None and lc.kl_coef > 0:
+        kl = agg(kl_estimate(logp, ref_logprobs, lc.kl_estimator))
+        loss = loss + lc.kl_coef * kl
+    return loss, {
+        "loss/policy": float(agg(pg.detach())),
+        "kl/ref": float(kl.detach()),
+        "policy/entropy": float(entropy.detach()),
+        "policy/clipfrac": stats.clipfrac,
+        "policy/approx_kl": stats.approx_kl,
+    }
+
+
+def _value_loss(
+    critic: CriticTarget,
+    mb: TrajectoryBatch,
+    states: torch.Tensor | None,
+    rows: torch.Tensor,
+    mask: torch.Tensor,
+    agg: Callable[[torch.Tensor], torch.Tensor],
+    clip_eps: float | None,
+) -> torch.Tensor:
+    """The mean over the critic's heads of their aggregated clipped value losses on one micro-batch."""
+    width = mask.shape[1]
+    member = critic.critic(mb, states)  # (M, b, T): member_values, through DDP's forward
+    returns = critic.returns[rows][:, :width]
+    per_head = [
+        agg(clipped_value_loss(member[i], critic.old_values[i][rows][:, :width], returns, mask, clip_eps=clip_eps))
+        for i in range(member.shape[0])
+    ]
+    return torch.stack(per_head).mean()
 
 
 def _backward(loss: torch.Tensor, scaler: torch.amp.GradScaler | None) -> None:

@@ -44,6 +44,19 @@ def step_spans(step_ends: list[bool], length: int) -> list[tuple[int, int]]:
     return [(s, e + 1) for s, e in zip(starts, ends)]
 
 
+def _check_inputs(step_ends: Tensor, shape: tuple[int, ...], samples: int) -> None:
+    """TypeError / ValueError unless ``step_ends`` is a bool (B, T) tensor of ``shape`` and ``samples >= 1``."""
+    if not isinstance(step_ends, Tensor):
+        raise TypeError(f"step_ends must be a torch.Tensor; got {type(step_ends).__name__}")
+    if step_ends.dtype != torch.bool or tuple(step_ends.shape) != shape:
+        raise ValueError(
+            f"step_ends must be a bool tensor of shape (B, T) = {shape}; "
+            f"got dtype {step_ends.dtype}, shape {tuple(step_ends.shape)}"
+        )
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
+
+
 def mc_values(
     engine: GenerationEngine,
     batch: TrajectoryBatch,
@@ -87,15 +100,7 @@ def mc_values(
     ``values`` float32 (B, T) on the device of ``batch.response_ids``.
     """
     shape = tuple(batch.response_ids.shape)
-    if not isinstance(step_ends, Tensor):
-        raise TypeError(f"step_ends must be a torch.Tensor; got {type(step_ends).__name__}")
-    if step_ends.dtype != torch.bool or tuple(step_ends.shape) != shape:
-        raise ValueError(
-            f"step_ends must be a bool tensor of shape (B, T) = {shape}; "
-            f"got dtype {step_ends.dtype}, shape {tuple(step_ends.shape)}"
-        )
-    if samples < 1:
-        raise ValueError(f"samples must be >= 1, got {samples}")
+    _check_inputs(step_ends, shape, samples)
     prompt_ids, prompt_mask = batch.prompt_ids.tolist(), batch.prompt_mask.bool().tolist()
     response_ids, lengths, ends = batch.response_ids.tolist(), batch.response_lengths.tolist(), step_ends.tolist()
     states = PrefixSet()
@@ -104,10 +109,17 @@ def mc_values(
         prompt = [t for t, m in zip(prompt_ids[b], prompt_mask[b]) if m]
         response = response_ids[b][: lengths[b]]
         for start, end in step_spans(ends[b], lengths[b]):
-            spans.append((b, start, end, states.add((tuple(prompt), tuple(response[:start])), prompt, response[:start], b)))
+            spans.append(
+                (b, start, end, states.add((tuple(prompt), tuple(response[:start])), prompt, response[:start], b))
+            )
     out = continue_prefixes(
-        engine, states.prefixes, lambda row, tokens: outcome_fn(row, decode(tokens)), n=samples, params=params,
-        generator=generator, budget_total=params.max_new_tokens,
+        engine,
+        states.prefixes,
+        lambda row, tokens: outcome_fn(row, decode(tokens)),
+        n=samples,
+        params=params,
+        generator=generator,
+        budget_total=params.max_new_tokens,
     )
     state_values = out.means()
     values = torch.zeros(shape, dtype=torch.float32)

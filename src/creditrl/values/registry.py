@@ -20,14 +20,12 @@ VALUE_SOURCES: dict[str, ValueSourceInfo] = {
     for info in (
         ValueSourceInfo("none", "none", meaning="no values (critic-free estimators)"),
         ValueSourceInfo("critic", "critic", members=1, meaning="a learned value head (PPO)"),
+        ValueSourceInfo("dual_critic", "critic", members=2, meaning="two learned heads, V = min(V1, V2) per token"),
+        ValueSourceInfo("mc", "mc", needs_steps=True, meaning="Monte-Carlo continuations at step boundaries (VinePPO)"),
         ValueSourceInfo(
-            "dual_critic", "critic", members=2, meaning="two learned heads, V = min(V1, V2) per token"
-        ),
-        ValueSourceInfo(
-            "mc", "mc", needs_steps=True, meaning="Monte-Carlo continuations at step boundaries (VinePPO)"
-        ),
-        ValueSourceInfo(
-            "tree", "tree", needs_steps=True,
+            "tree",
+            "tree",
+            needs_steps=True,
             meaning="rollouts branch at step boundaries; V(node) = mean outcome of its leaves (TreeRL)",
         ),
     )

@@ -50,7 +50,12 @@ class ValueStage:
         params: SamplingParams,
     ) -> None:
         self.cfg, self.policy, self.engine, self.tokenizer, self.task, self.params = (
-            cfg, policy, engine, tokenizer, task, params,
+            cfg,
+            policy,
+            engine,
+            tokenizer,
+            task,
+            params,
         )
         self.info = VALUE_SOURCES[cfg.value.source]
         self.tree = TreeShape(cfg.value.tree_branching, cfg.value.tree_depth) if self.info.kind == "tree" else None
@@ -58,7 +63,10 @@ class ValueStage:
         self.optimizer: torch.optim.Optimizer | None = None
         if self.info.kind == "critic":
             self.critic = build_critic(
-                policy, members=self.info.members, placement=cfg.value.model, seed=cfg.value.seed,
+                policy,
+                members=self.info.members,
+                placement=cfg.value.model,
+                seed=cfg.value.seed,
                 backbone=cfg.value.backbone,
             )
             self.critic.to(module_device(policy))  # policy.device; new heads are built on the CPU
@@ -84,7 +92,9 @@ class ValueStage:
         problems = batch.extras["problems"]
         if self.tree is not None:
             outcomes = [float(self.task.check_outcome(p, c)) for p, c in zip(problems, batch.extras["completions"])]
-            tv = tree_values(batch.extras["tree_paths"], batch.extras["tree_segment_ends"], outcomes, batch.response_mask)
+            tv = tree_values(
+                batch.extras["tree_paths"], batch.extras["tree_segment_ends"], outcomes, batch.response_mask
+            )
             stats = {
                 "value/tree_nodes": float(len(tv.node_values)),
                 "value/tree_segments": float(tv.segment_ends.sum(-1).float().mean()),

@@ -26,8 +26,8 @@ on the final one (the outcome reward lands on its last token).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -189,4 +189,3 @@ def generated_tokens(paths: Sequence[Sequence[int]], segment_ends: Sequence[Sequ
             seen[child] = end + 1 - start
             start = end + 1
     return sum(seen.values())
-

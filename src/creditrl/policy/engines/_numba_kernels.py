@@ -9,7 +9,6 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-
 FAST = {"reassoc", "contract"}  # no nnan/ninf: masked scores are -inf
 
 
@@ -114,9 +113,13 @@ def _head(q, k, v, g, first, j0, t, s, m, total, acc, out, head, src, dst, fork)
 @numba.njit(cache=True, inline="always")
 def _scratch(h, d, b, t):
     """The attention's scratch: scores (h, t, b), queries and value sums (h, d, b), max and sum (h, b)."""
-    return (np.empty((h, t, b), dtype=np.float32), np.empty((h, d, b), dtype=np.float32),
-            np.empty((h, d, b), dtype=np.float32), np.empty((h, b), dtype=np.float32),
-            np.empty((h, b), dtype=np.float32))
+    return (
+        np.empty((h, t, b), dtype=np.float32),
+        np.empty((h, d, b), dtype=np.float32),
+        np.empty((h, d, b), dtype=np.float32),
+        np.empty((h, b), dtype=np.float32),
+        np.empty((h, b), dtype=np.float32),
+    )
 
 
 @numba.njit(fastmath=FAST, error_model="numpy", cache=True)
@@ -231,8 +234,11 @@ def _attend_head_shared(qbuf, i, kp, vp, u, s0, kr, vr, g, t, scale, scores, acc
 @numba.njit(cache=True, inline="always")
 def _scratch_shared(b, width, d):
     """Per-row scratch of the attention kernels: scores (b, width), value sums and the query (b, d)."""
-    return (np.empty((b, width), dtype=np.float32), np.empty((b, d), dtype=np.float32),
-            np.empty((b, d), dtype=np.float32))
+    return (
+        np.empty((b, width), dtype=np.float32),
+        np.empty((b, d), dtype=np.float32),
+        np.empty((b, d), dtype=np.float32),
+    )
 
 
 @numba.njit(parallel=True, fastmath={"reassoc", "contract"}, cache=True)
@@ -249,7 +255,9 @@ def _attend_shared(q, kp, vp, prompt_of, pstart, kr, vr, t, scale, out):
         for head in range(h):
             for c in range(d):
                 qbuf[i, c] = q[i, head * d + c]
-            _attend_head_shared(qbuf, i, kp, vp, u, pstart[u], kr, vr, head // group, t, scale, scores, acc, out, head * d)
+            _attend_head_shared(
+                qbuf, i, kp, vp, u, pstart[u], kr, vr, head // group, t, scale, scores, acc, out, head * d
+            )
 
 
 @numba.njit(parallel=True, fastmath={"reassoc", "contract"}, cache=True)

@@ -14,14 +14,15 @@ faster engines (static KV cache, vLLM) implement the same :class:`GenerationEngi
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import torch
 from transformers import PreTrainedModel
 
-from creditrl.policy.engines import kernels
 from creditrl.policy.device import inference, module_device
+from creditrl.policy.engines import kernels
 
 
 @dataclass(frozen=True)
@@ -61,9 +62,14 @@ class Generation:
 
     @classmethod
     def prompt_major(
-        cls, n_prompts: int, n: int, requests: list[list[int]], tokens: list[list[int]],
-        logprobs: list[list[float]], finished: list[bool],
-    ) -> "Generation":
+        cls,
+        n_prompts: int,
+        n: int,
+        requests: list[list[int]],
+        tokens: list[list[int]],
+        logprobs: list[list[float]],
+        finished: list[bool],
+    ) -> Generation:
         """The generation of ``n`` samples for each of ``n_prompts`` prompts, rows in request order."""
         return cls([i for i in range(n_prompts) for _ in range(n)], requests, tokens, logprobs, finished)
 
@@ -162,7 +168,8 @@ def sample_step(
     generator identically: one draw per request per step, also for requests already done (their
     stale logits are sampled and the token replaced by pad), so the random stream does not depend
     on when rows leave the batch. ``state`` is ``(finished, done)``: ended with eos, and ended (eos
-    or a ``params.stop_ids`` token) or out of budget. Returns the tokens, their log-probs under the raw policy and the new state.
+    or a ``params.stop_ids`` token) or out of budget. Returns the tokens, their log-probs under the raw policy and
+    the new state.
     ``draw_rows``: see :func:`sample_next`. ``compiled``: draw and log-prob in one compiled pass
     (:func:`creditrl.policy.engines.kernels.sample_tokens`, float32 CPU logits, temperature > 0, no top-p;
     the same arithmetic to float rounding), else tensor ops."""
@@ -193,12 +200,14 @@ def expand_requests(
     if any(len(p) == 0 for p in requests):
         raise ValueError("every prompt needs at least one token (e.g. bos)")
     cap = params.max_new_tokens
-    limit = torch.tensor([min(cap, b) for b in budgets for _ in range(n)]) if budgets else torch.full((len(requests),), cap)
+    limit = (
+        torch.tensor([min(cap, b) for b in budgets for _ in range(n)]) if budgets else torch.full((len(requests),), cap)
+    )
     return requests, limit
 
 
 def generate_chunked(
-    engine: "InProcessEngine",
+    engine: InProcessEngine,
     prompts: Sequence[Sequence[int]],
     n: int,
     params: SamplingParams,
@@ -249,8 +258,14 @@ def advance_generator(
 
 
 def pack_generation(
-    n_prompts: int, n: int, requests: list[list[int]], tokens: torch.Tensor, logps: torch.Tensor,
-    limit: torch.Tensor, eos_id: int, stop_ids: tuple[int, ...] = (),
+    n_prompts: int,
+    n: int,
+    requests: list[list[int]],
+    tokens: torch.Tensor,
+    logps: torch.Tensor,
+    limit: torch.Tensor,
+    eos_id: int,
+    stop_ids: tuple[int, ...] = (),
 ) -> Generation:
     """Cut each row of ``tokens``/``logps`` (N, steps) at its limit and after its first eos or
     stop token; ``finished`` = the row ended with eos."""

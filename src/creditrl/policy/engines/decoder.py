@@ -12,16 +12,16 @@ MLP -- and :func:`unsupported_reason` says when a model is outside it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 from transformers.activations import ACT2FN
 
-from creditrl.policy.engines import kernels as compiled
 from creditrl.policy.device import module_device
+from creditrl.policy.engines import kernels as compiled
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -163,7 +163,9 @@ class Decoder:
         s_r = torch.matmul(q, self._heads(kr, 1).transpose(-1, -2)).mul_(self.scale)
         probs = torch.softmax(torch.cat([s_p, s_r], dim=-1), dim=-1)
         width = s_p.shape[-1]
-        return torch.matmul(probs[..., :width], self._heads(vp, 1)) + torch.matmul(probs[..., width:], self._heads(vr, 1))
+        return torch.matmul(probs[..., :width], self._heads(vp, 1)) + torch.matmul(
+            probs[..., width:], self._heads(vr, 1)
+        )
 
     @property
     def fusable(self) -> bool:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from transformers import PreTrainedModel
@@ -55,7 +55,14 @@ class HFEngine(InProcessEngine):
         tokens, logps = [], []
         for step in range(int(limit.max())):
             tok, logp, state = sample_step(
-                logits, params, generator, state, on_device, step, pad_id=self.pad_id, eos_id=self.eos_id,
+                logits,
+                params,
+                generator,
+                state,
+                on_device,
+                step,
+                pad_id=self.pad_id,
+                eos_id=self.eos_id,
                 draw_rows=draw_rows,
             )
             tokens.append(tok)
@@ -83,6 +90,12 @@ class HFEngine(InProcessEngine):
             next_pos = next_pos + 1
         self.model.train(was_training)
         return pack_generation(
-            len(prompts), n, requests, torch.stack(tokens, dim=1).cpu(), torch.stack(logps, dim=1).cpu(), limit,
-            self.eos_id, params.stop_ids,
+            len(prompts),
+            n,
+            requests,
+            torch.stack(tokens, dim=1).cpu(),
+            torch.stack(logps, dim=1).cpu(),
+            limit,
+            self.eos_id,
+            params.stop_ids,
         )

@@ -93,8 +93,14 @@ def decode_attention(
     b, h, _, d = q.shape
     out = np.empty((b, h * d), dtype=np.float32)
     lib._attend(
-        q.reshape(b, h * d).contiguous().numpy(), k.numpy(), v.numpy(), first.numpy(), t, np.float32(scale),
-        *_forks(src, dst), out,
+        q.reshape(b, h * d).contiguous().numpy(),
+        k.numpy(),
+        v.numpy(),
+        first.numpy(),
+        t,
+        np.float32(scale),
+        *_forks(src, dst),
+        out,
     )
     return torch.from_numpy(out)
 
@@ -138,8 +144,18 @@ def rope_cache_attend(
     b = qkv.shape[0]
     out = np.empty((lanes or b, heads * k.shape[2]), dtype=np.float32)
     lib._rope_cache_attend(
-        qkv.numpy(), cos_t.numpy(), sin_t.numpy(), pos.numpy(), heads, k.numpy(), v.numpy(), first.numpy(), t,
-        np.float32(scale), *_forks(src, dst), out,
+        qkv.numpy(),
+        cos_t.numpy(),
+        sin_t.numpy(),
+        pos.numpy(),
+        heads,
+        k.numpy(),
+        v.numpy(),
+        first.numpy(),
+        t,
+        np.float32(scale),
+        *_forks(src, dst),
+        out,
     )
     return torch.from_numpy(out)[:b]
 
@@ -161,8 +177,16 @@ def decode_attention_shared(
     b, h, _, d = q.shape
     out = np.empty((b, h * d), dtype=np.float32)
     lib._attend_shared(
-        q.reshape(b, h * d).contiguous().numpy(), kp.numpy(), vp.numpy(), prompt_of.numpy(), pstart.numpy(),
-        kr.numpy(), vr.numpy(), t, np.float32(scale), out,
+        q.reshape(b, h * d).contiguous().numpy(),
+        kp.numpy(),
+        vp.numpy(),
+        prompt_of.numpy(),
+        pstart.numpy(),
+        kr.numpy(),
+        vr.numpy(),
+        t,
+        np.float32(scale),
+        out,
     )
     return torch.from_numpy(out)
 
@@ -188,8 +212,21 @@ def rope_cache_attend_shared(
     b = qkv.shape[0]
     out = np.empty((b, heads * kr.shape[3]), dtype=np.float32)
     lib._rope_cache_attend_shared(
-        qkv.numpy(), cos_t.numpy(), sin_t.numpy(), pos.numpy(), heads, kr.shape[1], kp.numpy(), vp.numpy(),
-        prompt_of.numpy(), pstart.numpy(), kr.numpy(), vr.numpy(), t, np.float32(scale), out,
+        qkv.numpy(),
+        cos_t.numpy(),
+        sin_t.numpy(),
+        pos.numpy(),
+        heads,
+        kr.shape[1],
+        kp.numpy(),
+        vp.numpy(),
+        prompt_of.numpy(),
+        pstart.numpy(),
+        kr.numpy(),
+        vr.numpy(),
+        t,
+        np.float32(scale),
+        out,
     )
     return torch.from_numpy(out)
 

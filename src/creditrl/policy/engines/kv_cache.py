@@ -42,7 +42,9 @@ class Slots:
         rows = len(prompt_of)
         self.share, self.compiled_step = share, compiled_step
         # each row's slot, and each slot's prompt: one slot per distinct prompt, or per row
-        self.row, self.prompt = (prompt_of, torch.arange(int(prompt_of.max()) + 1)) if share else (torch.arange(rows), prompt_of)
+        self.row, self.prompt = (
+            (prompt_of, torch.arange(int(prompt_of.max()) + 1)) if share else (torch.arange(rows), prompt_of)
+        )
         self.n = len(self.prompt)  # slots in use: [0, n)
         self.rows = self.computed = 0  # row-steps decoded, and slot-steps computed
 
@@ -84,8 +86,12 @@ class Slots:
 
 
 class TensorCache:
-    def __init__(self, dec, prefix: torch.Tensor, attn: torch.Tensor, slot_prompt: torch.Tensor, steps: int, capacity: int) -> None:
-        pbias = torch.zeros(prefix.shape[2], 1, 1, prefix.shape[4]).masked_fill_(~attn.bool()[:, None, None], float("-inf"))
+    def __init__(
+        self, dec, prefix: torch.Tensor, attn: torch.Tensor, slot_prompt: torch.Tensor, steps: int, capacity: int
+    ) -> None:
+        pbias = torch.zeros(prefix.shape[2], 1, 1, prefix.shape[4]).masked_fill_(
+            ~attn.bool()[:, None, None], float("-inf")
+        )
         self.dec = dec
         self.prefix, self.pbias = take(prefix, 2, slot_prompt, capacity), take(pbias, 0, slot_prompt, capacity)
         self.resp = _response_cache(dec, capacity, steps, prefix.dtype)
@@ -102,13 +108,19 @@ class TensorCache:
         n, resp = q.shape[0], self.resp
         resp[i, 0, :n, :, step : step + 1], resp[i, 1, :n, :, step : step + 1] = k, v
         return self.dec.decode_attend(
-            q, self.prefix[i, 0, :n], self.prefix[i, 1, :n], resp[i, 0, :n, :, : step + 1], resp[i, 1, :n, :, : step + 1],
+            q,
+            self.prefix[i, 0, :n],
+            self.prefix[i, 1, :n],
+            resp[i, 0, :n, :, : step + 1],
+            resp[i, 1, :n, :, : step + 1],
             self.pbias[:n],
         )
 
 
 class SharedCache:
-    def __init__(self, dec, prefix: torch.Tensor, attn: torch.Tensor, slot_prompt: torch.Tensor, steps: int, capacity: int) -> None:
+    def __init__(
+        self, dec, prefix: torch.Tensor, attn: torch.Tensor, slot_prompt: torch.Tensor, steps: int, capacity: int
+    ) -> None:
         compiled.match_threads()
         self.dec, self.prefix = dec, prefix
         self.slot_prompt = take(slot_prompt, 0, torch.arange(len(slot_prompt)), capacity)
@@ -126,15 +138,33 @@ class SharedCache:
         n, resp, dec = q.shape[0], self.resp, self.dec
         resp[i, 0, :n, :, step : step + 1], resp[i, 1, :n, :, step : step + 1] = k, v
         out = compiled.decode_attention_shared(  # the kernels run over the first q.shape[0] slots
-            q, self.prefix[i, 0], self.prefix[i, 1], self.slot_prompt, self.pstart, resp[i, 0], resp[i, 1], step + 1,
+            q,
+            self.prefix[i, 0],
+            self.prefix[i, 1],
+            self.slot_prompt,
+            self.pstart,
+            resp[i, 0],
+            resp[i, 1],
+            step + 1,
             dec.scale,
         )
         return out.view(n, dec.n_heads, 1, dec.head_dim)
 
     def fused(self, i, qkv, cos_t, sin_t, pos, step: int) -> torch.Tensor:
         return compiled.rope_cache_attend_shared(
-            qkv, cos_t, sin_t, pos, self.dec.n_heads, self.prefix[i, 0], self.prefix[i, 1], self.slot_prompt,
-            self.pstart, self.resp[i, 0], self.resp[i, 1], step + 1, self.dec.scale,
+            qkv,
+            cos_t,
+            sin_t,
+            pos,
+            self.dec.n_heads,
+            self.prefix[i, 0],
+            self.prefix[i, 1],
+            self.slot_prompt,
+            self.pstart,
+            self.resp[i, 0],
+            self.resp[i, 1],
+            step + 1,
+            self.dec.scale,
         )
 
 
@@ -143,7 +173,9 @@ class RowsCache:
     whole vectors, and grows (doubling, at most ``capacity``) when sequences part: reading a
     slice of a wider row axis reads all of it (the hardware prefetches the neighbouring lines)."""
 
-    def __init__(self, dec, prefix: torch.Tensor, attn: torch.Tensor, slot_prompt: torch.Tensor, steps: int, capacity: int) -> None:
+    def __init__(
+        self, dec, prefix: torch.Tensor, attn: torch.Tensor, slot_prompt: torch.Tensor, steps: int, capacity: int
+    ) -> None:
         compiled.match_threads()
         layers, _, _, kv, width, d = prefix.shape
         n = len(slot_prompt)
@@ -178,8 +210,13 @@ class RowsCache:
     def attend(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: int) -> torch.Tensor:
         # q/k-normed models (Qwen3): rotary in tensor ops, the attention compiled
         n, col, cache, dec = q.shape[0], self.width + step, self.cache, self.dec
-        cache[i, 0, :, col, :, :n], cache[i, 1, :, col, :, :n] = k[:, :, 0].permute(1, 2, 0), v[:, :, 0].permute(1, 2, 0)
-        out = compiled.decode_attention(q, cache[i, 0], cache[i, 1], self.first[:n], col + 1, dec.scale, *self._forks(step))
+        cache[i, 0, :, col, :, :n], cache[i, 1, :, col, :, :n] = (
+            k[:, :, 0].permute(1, 2, 0),
+            v[:, :, 0].permute(1, 2, 0),
+        )
+        out = compiled.decode_attention(
+            q, cache[i, 0], cache[i, 1], self.first[:n], col + 1, dec.scale, *self._forks(step)
+        )
         return out.view(n, dec.n_heads, 1, dec.head_dim)
 
     def fused(self, i, qkv, cos_t, sin_t, pos, step: int) -> torch.Tensor:
@@ -188,8 +225,18 @@ class RowsCache:
         # zero queries and keys, and first column 0
         lanes = min(_lanes(qkv.shape[0]), self.cache.shape[-1])
         return compiled.rope_cache_attend(
-            qkv, cos_t, sin_t, pos, self.dec.n_heads, self.cache[i, 0], self.cache[i, 1], self.first[:lanes],
-            self.width + step + 1, self.dec.scale, *self._forks(step), lanes=lanes,
+            qkv,
+            cos_t,
+            sin_t,
+            pos,
+            self.dec.n_heads,
+            self.cache[i, 0],
+            self.cache[i, 1],
+            self.first[:lanes],
+            self.width + step + 1,
+            self.dec.scale,
+            *self._forks(step),
+            lanes=lanes,
         )
 
     def _forks(self, step: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:

@@ -48,15 +48,13 @@ rounding. Supported architectures: Llama, Mistral (within its sliding window), Q
 from __future__ import annotations
 
 import typing
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from transformers import PreTrainedModel
 
 from creditrl.config.schema import Kernels
 from creditrl.policy.engines import kernels as compiled
-from creditrl.policy.engines.decoder import Decoder, unsupported_reason
-from creditrl.policy.engines.kv_cache import RowsCache, SharedCache, Slots, TensorCache, take
 from creditrl.policy.engines.base import (
     Generation,
     InProcessEngine,
@@ -67,6 +65,8 @@ from creditrl.policy.engines.base import (
     positions_from_mask,
     sample_step,
 )
+from creditrl.policy.engines.decoder import Decoder, unsupported_reason
+from creditrl.policy.engines.kv_cache import RowsCache, SharedCache, Slots, TensorCache, take
 
 KERNELS = typing.get_args(Kernels)  # the decode step (policy.kernels): auto = numba in fp32 when importable
 CACHE_LAYOUTS = ("auto", "rows", "shared")  # the compiled kernels' KV cache; see StaticEngine.rows_layout
@@ -203,8 +203,16 @@ class StaticEngine(InProcessEngine):
         logps = torch.zeros(n_req, steps)
         for step in range(steps):
             tok, logps[:, step], state = sample_step(
-                logits, params, generator, state, limit, step, pad_id=self.pad_id, eos_id=self.eos_id,
-                draw_rows=draw_rows, compiled=fused,
+                logits,
+                params,
+                generator,
+                state,
+                limit,
+                step,
+                pad_id=self.pad_id,
+                eos_id=self.eos_id,
+                draw_rows=draw_rows,
+                compiled=fused,
             )
             tokens[:, step] = tok
             done = state[1]

@@ -69,16 +69,21 @@ import sys
 import tempfile
 import time
 import weakref
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
 
 from creditrl.policy.engines.base import Generation, SamplingParams, expand_requests
 
-INSTALL_HINT = "policy.engine=vllm needs vLLM and a CUDA GPU; vLLM is not a creditrl dependency (vllm 0.33.0 pins torch 2.14.0 and transformers<5.21, creditrl torch 2.13.0 and transformers 5.24.0): install a vLLM that matches your environment on the GPU machine"
+INSTALL_HINT = (
+    "policy.engine=vllm needs vLLM and a CUDA GPU; vLLM is not a creditrl dependency (vllm 0.33.0 pins "
+    "torch 2.14.0 and transformers<5.21, creditrl torch 2.13.0 and transformers 5.24.0): install a vLLM that matches "
+    "your environment on the GPU machine"
+)
 VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
 VLLM_MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams refuses temperatures above this
 SEED_RANGE = 2**31 - 1
@@ -180,8 +185,11 @@ def _architecture(model: PreTrainedModel) -> str:
     """The model's config as JSON, without the fields ``save_pretrained`` fills in."""
     import json
 
-    config = {k: v for k, v in model.config.to_dict().items() if k not in ("architectures", "dtype", "torch_dtype",
-                                                                           "transformers_version", "_name_or_path")}
+    config = {
+        k: v
+        for k, v in model.config.to_dict().items()
+        if k not in ("architectures", "dtype", "torch_dtype", "transformers_version", "_name_or_path")
+    }
     return json.dumps(config, sort_keys=True, default=str)
 
 
