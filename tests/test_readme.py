@@ -63,3 +63,17 @@ def test_readme_is_a_user_document() -> None:
             assert page.exists(), link
             if link.startswith("docs/results/"):
                 assert page.read_text().splitlines()[2].startswith("Written by `"), link  # command, machine, date
+
+
+def test_readme_reward_example_registers_a_working_source() -> None:
+    from creditrl.rewards.sources import REWARD_SOURCES, get_source
+
+    block = re.search(r"### Your own reward.*?```python\n(.*?)```", README.read_text(), re.S)
+    assert block, "README has no reward-source example"
+    try:
+        exec(compile(block.group(1), "README.md", "exec"), {})  # noqa: S102 - our own README
+        source = get_source("short_spans")
+        assert source.default_granularity == "sequence" and source.granularities == {"sequence", "step"}
+        assert source.fn(None, None, "3+4=7;#7", ["3+4=7;", "#7" * 10]) == [1.0, 0.0]
+    finally:
+        REWARD_SOURCES.pop("short_spans", None)
