@@ -473,7 +473,7 @@ def test_near_misses_get_a_did_you_mean(override, suggestion):
 
 def test_closed_choice_sets_have_one_definition():
     """The owners of closed choice sets read them from the schema (no copies to drift)."""
-    from creditrl.config import schema
+    from creditrl.config import types as schema
     from creditrl.policy.device import PRECISIONS
     from creditrl.policy.engines import KERNELS
     from creditrl.policy.model import DTYPES

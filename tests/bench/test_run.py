@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from creditrl.bench.run import BenchOptions, markdown_report, matmul_peak, run_bench, spread
+from creditrl.bench.report import markdown_report
+from creditrl.bench.run import BenchOptions, matmul_peak, run_bench, spread
 from creditrl.cli import main
 
 

@@ -11,8 +11,7 @@ import pytest
 import torch
 
 import creditrl.tasks.code as code_module
-from creditrl.config import load_config
-from creditrl.config.schema import TaskConfig
+from creditrl.config import TaskConfig, load_config
 from creditrl.policy.tokenizer import CHARACTERS
 from creditrl.rewards import make_source, score_batch
 from creditrl.sandbox import Limits

@@ -14,7 +14,7 @@ import pytest
 
 from creditrl.config import load_config
 from creditrl.tasks import Task, make_task
-from creditrl.tasks import math as math_task
+from creditrl.tasks import math_verify as math_task
 from creditrl.tasks.math import DEFAULT_TRAIN_FILE, MathTask, answers_match, gold_text, load_math_rows
 from creditrl.train.rl import RLTrainer
 

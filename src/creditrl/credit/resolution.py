@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from creditrl.config.schema import Resolution
+from creditrl.config.types import Resolution
 from creditrl.credit.registry import check_inputs, check_mask, estimate
 
 RESOLUTIONS = tuple(r for r in typing.get_args(Resolution) if r != "auto")

@@ -12,7 +12,7 @@ import typing
 
 import torch
 
-from creditrl.config.schema import KLEstimator
+from creditrl.config.types import KLEstimator
 
 KL_ESTIMATORS = typing.get_args(KLEstimator)
 

@@ -23,7 +23,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from creditrl.config.schema import ChatTemplate, Config, Dtype
+from creditrl.config import Config
+from creditrl.config.types import ChatTemplate, Dtype
 from creditrl.policy.tokenizer import build_char_tokenizer
 
 

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from creditrl.config.schema import OnError
+from creditrl.config.types import OnError
 from creditrl.rewards.placement import GRANULARITIES
 from creditrl.tasks.base import Problem, Task
 

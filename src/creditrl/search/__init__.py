@@ -3,7 +3,8 @@ all under one per-problem budget of generated tokens (``creditrl search``)."""
 
 import typing
 
-from creditrl.config.schema import LeafValue, SearchConfig, SearchMethod
+from creditrl.config import SearchConfig
+from creditrl.config.types import LeafValue, SearchMethod
 from creditrl.search.expand import BudgetedGenerator, Continuation, Request, water_fill
 from creditrl.search.methods import (
     METHODS,

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from creditrl.config.schema import Split
+from creditrl.config.types import Split
 from creditrl.errors import did_you_mean
 
 __all__ = [

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
-from creditrl.config.schema import CriticModel
+from creditrl.config.types import CriticModel
 from creditrl.rollout.batch import TrajectoryBatch, response_states
 
 CRITIC_MODELS = typing.get_args(CriticModel)

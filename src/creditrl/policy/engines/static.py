@@ -53,7 +53,7 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel
 
-from creditrl.config.schema import Kernels
+from creditrl.config.types import Kernels
 from creditrl.policy.engines import kernels as compiled
 from creditrl.policy.engines.base import (
     Generation,
