@@ -15,7 +15,7 @@ What is matched (TRL 1.16.0, transformers 5.24.0; every item read in the install
   (:func:`creditrl.train.rl.iteration_seed`), fed in that order (``shuffle_dataset=False``:
   ``RepeatSampler`` then yields ``range(n)``, each index ``num_generations`` times in a row). The
   char tokenizer adds no special tokens itself (``tokenizer("7+3=")`` has no bos) while
-  :func:`creditrl.train.evaluate.encode_prompt` prepends bos, so the text given to TRL is
+  :func:`creditrl.policy.tokenizer.encode_prompt` prepends bos, so the text given to TRL is
   ``tokenizer.bos_token + prompt``; :func:`trl_prompt_text` checks that it tokenizes to exactly
   the ``encode_prompt`` ids and raises otherwise.
 * Reward: ``task.check_outcome`` on ``decode_response(tokenizer, completion_ids)`` -> 1.0/0.0,
