@@ -160,7 +160,7 @@ def test_cli_majority_on_the_task_picks_the_majority_answer(
     task, _ = sum_tasks
     _, tok = peaked_tiny(0, 1)
     monkeypatch.setattr(
-        runner, "make_engine", lambda model, **kw: ScriptedEngine(tok, task.problem_of, three_spellings)
+        runner, "engine_for", lambda model, tokenizer, policy: ScriptedEngine(tok, task.problem_of, three_spellings)
     )
     text, saved = run_cli_search(
         [str(sum_config), "--method", "best_of_n", "--set", "search.selector=majority", "--set", "search.n=5"],

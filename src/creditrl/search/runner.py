@@ -6,7 +6,7 @@ selectors need a task with a step separator; greedy and majority vote run on any
 from __future__ import annotations
 
 from creditrl.config import Config
-from creditrl.policy.engines import make_engine
+from creditrl.policy.engines import engine_for
 from creditrl.policy.model import load_policy, policy_options
 from creditrl.prm.source import load_prm
 from creditrl.search.methods import SearchResult, require_models, require_steps, search
@@ -29,14 +29,7 @@ def run_search(cfg: Config) -> tuple[SearchResult, str]:
         prm_dir = str(cached_prm(cfg, init_path, progress=cfg.train.progress))
     model, tok = load_policy(init_path, seed=cfg.policy.init_seed, **policy_options(cfg))
     model.eval()
-    engine = make_engine(
-        model,
-        eos_id=tok.eos_token_id,
-        pad_id=tok.pad_token_id,
-        kind=cfg.policy.engine,
-        precision=cfg.policy.precision,
-        kernels=cfg.policy.kernels,
-    )
+    engine = engine_for(model, tok, cfg.policy)
     problems = task.sample(s.problems, split=s.split, seed=s.problem_seed)
     device = cfg.policy.device
     result = search(

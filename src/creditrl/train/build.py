@@ -23,7 +23,7 @@ from creditrl.config import Config
 from creditrl.distributed import ddp
 from creditrl.errors import ConfigError
 from creditrl.policy.device import grad_scaler, resolve_device
-from creditrl.policy.engines import GenerationEngine, SamplingParams, choose_engine, make_engine
+from creditrl.policy.engines import GenerationEngine, SamplingParams, choose_engine, engine_for
 from creditrl.policy.model import apply_lora, load_policy, policy_options
 from creditrl.rewards.stage import Scorer
 from creditrl.rollout.segment import step_stop_ids
@@ -153,14 +153,7 @@ def _engine(cfg: Config, init_path: str, model: PreTrainedModel, tokenizer, scor
         from creditrl.distributed.ray_backend import ray_engine
 
         return ray_engine(cfg, init_path, model, tokenizer, scorer)
-    return make_engine(
-        model,
-        eos_id=tokenizer.eos_token_id,
-        pad_id=tokenizer.pad_token_id,
-        kind=cfg.policy.engine,
-        precision=cfg.policy.precision,
-        kernels=cfg.policy.kernels,
-    )
+    return engine_for(model, tokenizer, cfg.policy)
 
 
 def build_run(

@@ -18,7 +18,7 @@ from creditrl.policy.engines.base import (
     sample_step,
 )
 from creditrl.policy.engines.hf import HFEngine
-from creditrl.policy.engines.select import ENGINES, choose_engine, make_engine
+from creditrl.policy.engines.select import ENGINES, choose_engine, engine_for, make_engine
 from creditrl.policy.engines.static import KERNELS, StaticEngine
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "StaticEngine",
     "advance_generator",
     "choose_engine",
+    "engine_for",
     "expand_requests",
     "generate_chunked",
     "left_pad",

@@ -7,6 +7,7 @@ from typing import Any
 
 from transformers import PreTrainedModel
 
+from creditrl.config import PolicyConfig
 from creditrl.policy.engines.decoder import unsupported_reason
 from creditrl.policy.engines.hf import HFEngine
 from creditrl.policy.engines.static import StaticEngine
@@ -59,3 +60,15 @@ def make_engine(
     if kind == "hf":
         return HFEngine(model, eos_id=eos_id, pad_id=pad_id, precision=precision)
     return StaticEngine(model, eos_id=eos_id, pad_id=pad_id, precision=precision, kernels=kernels)
+
+
+def engine_for(model: PreTrainedModel, tokenizer: Any, policy: PolicyConfig):
+    """The engine a config's ``policy`` section names for ``model`` (its engine, precision and kernels)."""
+    return make_engine(
+        model,
+        eos_id=tokenizer.eos_token_id,
+        pad_id=tokenizer.pad_token_id,
+        kind=policy.engine,
+        precision=policy.precision,
+        kernels=policy.kernels,
+    )
