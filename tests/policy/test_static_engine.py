@@ -563,3 +563,30 @@ def test_groups_of_samples_match_hf_engine(request, name, n):
         assert max(abs(x - y) for ra, rb in zip(a.logprobs, b.logprobs) for x, y in zip(ra, rb)) < 1e-5
     if params.temperature > 0:
         assert len({tuple(t) for t in a.tokens}) > len(prompts)  # samples of one prompt differ
+
+
+# ----------------------------------------------------------------------------- long responses
+
+
+def test_long_responses_match_hf_generate_and_a_full_forward(peaked):
+    """1,000 generated tokens per row: greedy tokens equal HF ``generate``'s, and the log-probs the
+    static engine returns with its samples equal a full forward over prompt + response."""
+    model, tok = peaked
+    prompts = [[tok.bos_token_id, 30, 31], [tok.bos_token_id, 40], [tok.bos_token_id, 50, 51, 52, 53]]
+    n = 1000
+    ids, attn = left_pad(prompts, PAD)
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=ids, attention_mask=attn, do_sample=False, max_new_tokens=n, min_new_tokens=n, pad_token_id=PAD
+        )
+    expected = out[:, ids.shape[1] :].tolist()
+    engine = StaticEngine(model, eos_id=-1, pad_id=PAD)
+    greedy = engine.generate(prompts, 1, SamplingParams(max_new_tokens=n, temperature=0.0))
+    assert [len(t) for t in greedy.tokens] == [n] * 3
+    assert greedy.tokens == expected
+    sampled = engine.generate(
+        prompts, 2, SamplingParams(max_new_tokens=n, temperature=1.0), generator=torch.Generator().manual_seed(0)
+    )
+    for prompt, tokens, logprobs in zip(sampled.prompt_ids, sampled.tokens, sampled.logprobs):
+        assert len(tokens) == n
+        assert max_abs_diff(logprobs, reference_logprobs(model, prompt, tokens)) < 2e-4

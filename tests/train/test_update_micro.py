@@ -221,3 +221,34 @@ def test_an_all_zero_advantage_step_is_still_a_zero_gradient_step(overrides):
         assert float((runs[skip][0] - after_first).abs().max()) > 1e-5  # momentum moved it
     assert torch.allclose(runs[False][0], runs[True][0], atol=1e-7)
     assert runs[True][1].get("update/skipped_rows") == (None if overrides else 1.0)
+
+
+def test_kl_rows_are_skipped_only_when_the_approximation_is_asked_for():
+    """With a KL term a zero-advantage row has the KL's gradient: the exact update trains it; with
+    ``optim.skip_zero_advantage_kl`` it is left out, and the step is that of the other rows alone
+    (the token-mean denominator still counts every row)."""
+    model, tok = build_tiny(0)
+    batch = _batch(model, tok)
+    adv = torch.zeros(batch.response_mask.shape)
+    kept = batch.group_ids == 2
+    adv[kept] = 1.0
+    ref = (batch.old_logprobs - 0.3).masked_fill(~batch.response_mask, 0.0)  # a reference the policy differs from
+
+    def step(mask: torch.Tensor, lr: float, **optim) -> tuple[torch.Tensor, dict]:
+        cfg = load_config(
+            None, {"loss": {"kl_coef": 0.5}, "optim": {"micro_batch_positions": 0, "grad_clip": 1e9, **optim}}
+        )
+        m = copy.deepcopy(model)
+        opt = torch.optim.SGD(m.parameters(), lr=lr)
+        logs = update(m, opt, batch, adv, mask, cfg, torch.Generator().manual_seed(0), ref_logprobs=ref)
+        return _params(m) - _params(model), logs
+
+    exact, l_exact = step(batch.response_mask, 1.0)
+    approx, l_approx = step(batch.response_mask, 1.0, skip_zero_advantage_kl=True)
+    assert "update/skipped_rows" not in l_exact
+    assert l_approx["update/skipped_rows"] == pytest.approx(9 / 12)
+    assert float((exact - approx).norm() / exact.norm()) > 1e-3  # the skipped rows' KL gradient is missing
+    # = the step on the kept rows alone, scaled by their share of the tokens (the denominator over every row)
+    mask = batch.response_mask & kept[:, None]
+    alone, _ = step(mask, float(mask.sum()) / float(batch.response_mask.sum()))
+    assert torch.allclose(alone, approx, atol=1e-7, rtol=1e-4)

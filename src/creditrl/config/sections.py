@@ -9,6 +9,7 @@ from creditrl.config.types import (
     ChatTemplate,
     CriticModel,
     Dtype,
+    Forward,
     FrozenArgs,
     Kernels,
     KLEstimator,
@@ -37,6 +38,12 @@ class PolicyConfig(Section):
         "auto",
         description="static engine decode step: `numba` (compiled kernels) or "
         "`torch` (tensor ops); `auto` resolves to `numba` in fp32 when numba imports",
+    )
+    forward: Forward = Field(
+        "auto",
+        description="the update's and the reference's response forward: `auto` runs the packed pass "
+        "(each distinct prompt once, only real response tokens; float32 Llama-family models) where it "
+        "applies, else the HF modules' pass; `hf` always the HF pass (same results to float rounding)",
     )
     dtype: Dtype = Field("float32", description="dtype of the weights")
     device: str = Field(
@@ -266,4 +273,10 @@ class OptimConfig(Section):
         True,
         description="leave rows whose advantages are all 0 out of the "
         "forward/backward when that is exact (no KL, entropy or critic term)",
+    )
+    skip_zero_advantage_kl: bool = Field(
+        False,
+        description="an approximation: also leave zero-advantage rows out when a KL term is on, "
+        "dropping their KL gradient (the KL then regularises the trained rows only); "
+        "`creditrl bench --performance` measures what it changes",
     )

@@ -11,6 +11,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, PlainSerializer
 Dtype = Literal["float32", "bfloat16", "float16"]
 Precision = Literal["fp32", "bf16", "fp16"]
 Kernels = Literal["auto", "numba", "torch"]
+Forward = Literal["auto", "hf"]
 ChatTemplate = Literal["auto", "template", "none"]
 OnError = Literal["raise", "zero", "skip"]
 Resolution = Literal["auto", "token", "step"]

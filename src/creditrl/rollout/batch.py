@@ -18,6 +18,7 @@ from transformers.cache_utils import DynamicLayer
 
 from creditrl.policy.device import is_fsdp, module_device
 from creditrl.policy.engines import Generation, left_pad, positions_from_mask
+from creditrl.rollout.packed import packed_reason, packed_response_logits
 
 
 @dataclass
@@ -149,30 +150,39 @@ def _response_slice(x: torch.Tensor, batch: TrajectoryBatch) -> torch.Tensor:
     return x[:, p - 1 : p - 1 + width]
 
 
-def response_logits(model: PreTrainedModel, batch: TrajectoryBatch) -> torch.Tensor:
+def response_logits(model: PreTrainedModel, batch: TrajectoryBatch, *, packed: bool = True) -> torch.Tensor:
     """Logits (B, T, V) that predict each response token, from one forward pass (on the model's
-    device)."""
-    return response_forward(model, batch)[0]
+    device); ``packed`` as in :func:`response_forward`."""
+    return response_forward(model, batch, packed=packed)[0]
 
 
-def response_logprobs(model: PreTrainedModel, batch: TrajectoryBatch) -> torch.Tensor:
+def response_logprobs(model: PreTrainedModel, batch: TrajectoryBatch, *, packed: bool = True) -> torch.Tensor:
     """log pi(token) of every response position under ``model``, float (B, T) on ``batch``'s
-    device (padding positions hold the log-prob of the pad token; mask them)."""
-    logits = response_logits(model, batch)
+    device (padding positions hold the log-prob of the pad token, or of 0 logits in the packed
+    pass; mask them)."""
+    logits = response_logits(model, batch, packed=packed)
     return token_logprobs(logits, batch.response_ids.to(logits.device)).to(batch.response_ids.device)
 
 
 def response_forward(
-    model: PreTrainedModel, batch: TrajectoryBatch, *, hidden: bool = False
+    model: PreTrainedModel, batch: TrajectoryBatch, *, hidden: bool = False, packed: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logits (B, T, V) predicting each response token and, with ``hidden``, the last hidden
     state (B, T, H) at the same positions: the state *before* each token is emitted, which is
     what a value head reads (V(s_t) in docs/design.md). Both are on the model's device (the batch is
     moved there).
 
-    Rows that share a prompt (a group's samples) share its computation: see
-    :func:`_shared_prompt_forward`; otherwise one plain pass (:func:`_plain_response_forward`)."""
+    With ``packed`` (``policy.forward=auto``), where
+    :func:`~creditrl.rollout.packed.packed_reason` allows (a plain float32 Llama-family model, no
+    hidden states asked for), the packed pass of :mod:`creditrl.rollout.packed` runs: each distinct
+    prompt once and only the real response tokens. Otherwise rows that share a prompt (a group's
+    samples) share its computation (:func:`_shared_prompt_forward`), or one
+    plain pass runs (:func:`_plain_response_forward`)."""
     batch = batch.to(module_device(model))
+    if packed and not hidden and packed_reason(model, batch.prompt_ids.shape[1] + batch.response_ids.shape[1]) is None:
+        first, inverse = _distinct_prompts(batch)
+        args = (batch.prompt_ids, batch.prompt_mask, batch.response_ids, batch.response_lengths, first, inverse)
+        return packed_response_logits(model, *args), None
     groups = _prompt_groups(batch, model)
     if groups is not None:
         logits, states = _shared_prompt_forward(model, batch, groups, lm=True, hidden=hidden)

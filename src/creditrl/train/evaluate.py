@@ -37,12 +37,15 @@ def evaluate(
     *,
     max_new_tokens: int,
     batch_size: int = 256,
+    max_positions: int = 131_072,
     engine: str = "auto",
     precision: str = "fp32",
     kernels: str = "auto",
 ) -> EvalResult:
     """Greedy exact match and step accuracy on ``problems`` (``engine``, ``precision``,
-    ``kernels``: see ``policy.engine``, ``policy.precision``, ``policy.kernels``)."""
+    ``kernels``: see ``policy.engine``, ``policy.precision``, ``policy.kernels``), decoded in
+    chunks of at most ``batch_size`` problems and ``max_positions`` KV-cache positions (prompt +
+    ``max_new_tokens`` per row), so long responses keep the cache bounded."""
     gen_engine = make_engine(
         model,
         eos_id=tokenizer.eos_token_id,
@@ -54,9 +57,11 @@ def evaluate(
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
     completions: list[str] = []
     lengths: list[int] = []
-    for start in range(0, len(problems), batch_size):
-        chunk = problems[start : start + batch_size]
-        gen = gen_engine.generate([encode_prompt(tokenizer, p.prompt) for p in chunk], 1, params)
+    prompts = [encode_prompt(tokenizer, p.prompt) for p in problems]
+    longest = max((len(x) for x in prompts), default=0) + max_new_tokens
+    rows = max(1, min(batch_size, max_positions // max(1, longest)))
+    for start in range(0, len(problems), rows):
+        gen = gen_engine.generate(prompts[start : start + rows], 1, params)
         completions += [decode_response(tokenizer, t) for t in gen.tokens]
         lengths += [len(t) for t in gen.tokens]
     correct = [task.check_outcome(p, c) for p, c in zip(problems, completions)]

@@ -17,6 +17,7 @@ evaluates and writes ``metrics.jsonl``, the inspector's records and the checkpoi
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -126,8 +127,12 @@ class RLTrainer:
 
     # -- evaluation ----------------------------------------------------------------------------
     def _evaluate_on_main(self) -> dict[str, float]:
-        """Held-out evaluation on rank 0 only ({} on the other ranks, which wait for it)."""
-        out = self.evaluate() if ddp.is_main() else {}
+        """Held-out evaluation on rank 0 only ({} on the other ranks, which wait for it), with its
+        wall time as ``time/eval_s`` (not part of ``time/total_s``, the iterations' time)."""
+        start = time.perf_counter()
+        out = {**self.evaluate(), "time/eval_s": 0.0} if ddp.is_main() else {}
+        if out:
+            out["time/eval_s"] = time.perf_counter() - start
         ddp.barrier()
         return out
 
@@ -178,7 +183,9 @@ class RLTrainer:
         with timer("rollout"):
             batch = self._rollout(it, gen)
         with timer("reference"):
-            ref_logp = stages.reference_logprobs(p.reference, batch, cfg.policy.precision)
+            ref_logp = stages.reference_logprobs(
+                p.reference, batch, cfg.policy.precision, packed=cfg.policy.forward == "auto"
+            )
         with timer("score"):
             scored = p.scorer(batch, progress=progress, generator=gen, ref_logprobs=ref_logp)
         with timer("value"):

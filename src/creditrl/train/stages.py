@@ -72,14 +72,14 @@ def rollout(
 
 
 def reference_logprobs(
-    reference: torch.nn.Module | None, batch: TrajectoryBatch, precision: str
+    reference: torch.nn.Module | None, batch: TrajectoryBatch, precision: str, *, packed: bool = True
 ) -> torch.Tensor | None:
     """The frozen reference policy's log-probs of the response tokens, float (B, T) on the CPU like
-    the batch (None without a reference: no KL term)."""
+    the batch (None without a reference: no KL term); ``packed``: ``policy.forward=auto``."""
     if reference is None:
         return None
     with inference(module_device(reference), precision):
-        return response_logprobs(reference, batch)
+        return response_logprobs(reference, batch, packed=packed)
 
 
 def generated_tokens(batch: TrajectoryBatch) -> int:

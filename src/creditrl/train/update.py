@@ -169,7 +169,7 @@ class _Update:
         self._accumulate(trained, total, empty, logs)
         if self.skippable is not None:  # the diagnostics describe the trained rows (the loss sums are exact)
             share = ddp.all_reduce_sum(aggregation_count(agg, self.mask[trained]) if not empty else 0.0)
-            for k in ("policy/entropy", "policy/clipfrac", "policy/approx_kl"):
+            for k in ("policy/entropy", "policy/clipfrac", "policy/approx_kl", "kl/ref"):
                 logs[k] = logs[k] * total / share if share > 0 else 0.0
         if self.train_policy:
             logs["grad/norm"] = _clip_and_step(self.model, self.optimizer, oc.grad_clip, scaler)
@@ -227,16 +227,21 @@ def _zero_advantage_rows(
     entropy bonus and no critic loss such a row adds nothing to the gradient; it still counts in
     the aggregation's denominator (computed over all rows), so the step is unchanged. In GRPO
     with 0/1 rewards every group whose samples all failed (or all succeeded) is such a row set.
+
+    With a KL term such a row still has the KL's gradient, which only a backward through the
+    model gives, so skipping it is exact no more; ``optim.skip_zero_advantage_kl`` skips it
+    anyway, as a stated approximation (off by default).
     """
-    lc = cfg.loss
-    exact = (
-        cfg.optim.skip_zero_advantage
+    lc, oc = cfg.loss, cfg.optim
+    kl_on = ref_logprobs is not None and lc.kl_coef > 0
+    allowed = (
+        oc.skip_zero_advantage
         and train_policy
         and critic is None
         and lc.entropy_coef == 0
-        and (ref_logprobs is None or lc.kl_coef == 0)
+        and (not kl_on or oc.skip_zero_advantage_kl)
     )
-    if not exact:
+    if not allowed:
         return None
     return (((advantages != 0) & mask).sum(-1) == 0).cpu()
 
@@ -260,6 +265,7 @@ def _micro_step(
     """Forward (under ``policy.precision`` autocast) and backward of ``weight *`` the losses of
     ``rows`` (gradients accumulate); returns the micro-batch's unweighted metrics."""
     mb = batch.select(rows).trimmed()
+    packed = cfg.policy.forward == "auto"
     with autocast(mb.response_ids.device, cfg.policy.precision):  # the backward runs outside it
         lc = cfg.loss
         width = mb.response_ids.shape[1]
@@ -272,7 +278,7 @@ def _micro_step(
         loss = torch.zeros((), device=m.device)
         states = None
         if train_policy:
-            logits, states = response_forward(model, mb, hidden=shared)  # (b, T, V), (b, T, H)
+            logits, states = response_forward(model, mb, hidden=shared, packed=packed)  # (b, T, V), (b, T, H)
         elif shared:  # critic warm-up: the heads read the policy's states, the policy is not trained
             with torch.no_grad():
                 logits, states = response_forward(ddp.unwrap(model), mb, hidden=True)
@@ -386,7 +392,9 @@ def _old_logprobs(model: PreTrainedModel, batch: TrajectoryBatch, cfg: Config) -
     with inference(batch.response_ids.device, cfg.policy.precision):
         for rows in micro_batches(batch, torch.arange(batch.size), cfg.optim.micro_batch_positions):
             part = batch.select(rows).trimmed()
-            fresh[rows, : part.response_ids.shape[1]] = response_logprobs(model, part)
+            fresh[rows, : part.response_ids.shape[1]] = response_logprobs(
+                model, part, packed=cfg.policy.forward == "auto"
+            )
     model.train(was_training)
     fresh = torch.where(batch.response_mask, fresh, 0)
     valid = batch.response_mask

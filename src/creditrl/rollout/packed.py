@@ -1,0 +1,195 @@
+"""The response forward over packed tokens: the same logits as the HF pass, without the padding.
+
+A batch's responses are right-padded to its longest one, and a group's rows share one prompt.
+The HF pass (:func:`creditrl.rollout.batch._shared_prompt_forward`) computes every padded
+position of every row; on the arithmetic batches about a third of them are padding. This pass
+runs the Llama-family mathematics (RMSNorm, rotary embeddings from the model's own rotary
+module, grouped-query attention, gated MLP; the op order of the HF modules) on the model's own
+parameters, so it is differentiable and serves the update as well as the reference log-probs:
+
+1. each distinct prompt once, left-padded ``(u, P)``, keeping every layer's keys and values;
+2. the response inputs of every row *packed*: only the ``L_i - 1`` real tokens that emit a
+   response token (the last prompt position emits the first), ``(N, H)`` with ``N = sum L_i - B``,
+   through every projection and MLP -- the products that cost almost all of the FLOPs;
+3. attention per row over [its prompt's keys, its own response keys so far], in a padded
+   ``(B, heads, T - 1, P + T - 1)`` layout that is scattered from and gathered back to the
+   packed rows (its products are a small share at these widths).
+
+:func:`packed_reason` says when a model or call is outside it (then the HF pass runs); the
+outputs agree with the HF pass to float rounding (tests compare them, and their gradients).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import PreTrainedModel
+
+from creditrl.policy.device import is_fsdp
+from creditrl.policy.engines.decoder import unsupported_reason
+
+__all__ = ["packed_reason", "packed_response_logits"]
+
+
+def _rms(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
+    eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+    return norm.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def packed_reason(model: torch.nn.Module, width: int) -> str | None:
+    """Why the packed pass cannot stand in for the HF pass on ``model`` (None when it can):
+    outside the static engine's architectures (or carrying LoRA adapters), wrapped (DDP, FSDP),
+    not float32, with attention dropout while training, with gradient checkpointing, or a
+    sliding window shorter than the ``width`` (prompt + response) of the call."""
+    if not isinstance(model, PreTrainedModel):
+        return f"the module is a {type(model).__name__}, not a plain Hugging Face model"
+    if is_fsdp(model):
+        return "the model is sharded (FSDP2)"
+    reason = unsupported_reason(model)
+    if reason is not None:
+        return reason
+    if any(p.dtype != torch.float32 for p in model.parameters()):
+        return "the weights are not float32"
+    if torch.is_autocast_enabled("cpu"):
+        return "autocast is on (policy.precision)"
+    cfg = model.config
+    if model.training and float(getattr(cfg, "attention_dropout", 0.0) or 0.0) > 0:
+        return "attention dropout is on"
+    if any(getattr(m, "gradient_checkpointing", False) for m in model.modules()):
+        return "gradient checkpointing is on"
+    window = getattr(cfg, "sliding_window", None) if cfg.model_type == "mistral" else None
+    if window is not None and width > window:
+        return f"the sliding window ({window}) is shorter than the sequence ({width})"
+    return None
+
+
+def _expand_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """(b, kv, s, d) -> (b, heads, s, d): each kv head repeated for the query heads it serves."""
+    return x if x.shape[1] == heads else x.repeat_interleave(heads // x.shape[1], dim=1)
+
+
+@dataclass
+class _Layout:
+    """Where the packed response inputs sit: row ``rows[n]``, column ``cols[n]`` of the (B, T-1)
+    inputs (token j emits token j + 1), with the attention masks of the two passes."""
+
+    rows: torch.Tensor  # (N,)
+    cols: torch.Tensor  # (N,)
+    prompt_bias: torch.Tensor  # (u, 1, P, P): causal within each distinct prompt, 0 or -inf-like
+    response_bias: torch.Tensor | None  # (B, 1, T-1, P+T-1): its prompt's real tokens, its own past
+
+
+def _layout(prompt_mask: torch.Tensor, response_lengths: torch.Tensor, first: torch.Tensor, t: int) -> _Layout:
+    b, p = prompt_mask.shape
+    device = prompt_mask.device
+    neg = torch.finfo(torch.float32).min
+    live = torch.arange(max(t - 1, 0), device=device)[None, :] < (response_lengths[:, None] - 1)  # (B, T-1)
+    rows, cols = live.nonzero(as_tuple=True)
+    p_real = prompt_mask.bool()
+    causal = torch.ones(p, p, dtype=torch.bool, device=device).tril()
+    prompt_bias = torch.zeros(first.numel(), 1, p, p, device=device)
+    prompt_bias.masked_fill_(~(causal[None, None] & p_real[first][:, None, None, :]), neg)
+    response_bias = None
+    if t > 1:
+        past = torch.ones(t - 1, t - 1, dtype=torch.bool, device=device).tril()[None, None] & live[:, None, None, :]
+        allowed = torch.cat([p_real[:, None, None, :].expand(b, 1, t - 1, p), past], dim=-1)
+        # every query row allows its prompt's real tokens (bos at least), so no softmax is empty
+        response_bias = torch.zeros(allowed.shape, device=device).masked_fill_(~allowed, neg)
+    return _Layout(rows, cols, prompt_bias, response_bias)
+
+
+class _Attention:
+    """One layer's attention mathematics on the model's own parameters (differentiable)."""
+
+    def __init__(self, model: PreTrainedModel, layer: torch.nn.Module) -> None:
+        cfg, at = model.config, layer.self_attn
+        self.heads = cfg.num_attention_heads
+        self.kv = getattr(cfg, "num_key_value_heads", None) or self.heads
+        self.d = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
+        self.ln = layer.input_layernorm
+        self.w = torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight])
+        self.bias = None if at.q_proj.bias is None else torch.cat([at.q_proj.bias, at.k_proj.bias, at.v_proj.bias])
+        self.q_norm, self.k_norm = getattr(at, "q_norm", None), getattr(at, "k_norm", None)
+        self.o = at.o_proj
+
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """q, k, v (..., heads|kv, d) of ``x`` (..., H), rotated at the positions of ``cos``/``sin`` (..., 1, d)."""
+        qkv = F.linear(_rms(x, self.ln), self.w, self.bias)
+        q_size, kv_size = self.heads * self.d, self.kv * self.d
+        q = qkv[..., :q_size].unflatten(-1, (self.heads, self.d))
+        k = qkv[..., q_size : q_size + kv_size].unflatten(-1, (self.kv, self.d))
+        v = qkv[..., q_size + kv_size :].unflatten(-1, (self.kv, self.d))
+        if self.q_norm is not None:
+            q = _rms(q, self.q_norm)
+        if self.k_norm is not None:
+            k = _rms(k, self.k_norm)
+        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """softmax(q k^T / sqrt(d) + bias) v over (b, heads|kv, s, d) tensors -> (b, heads, s, d)."""
+        return F.scaled_dot_product_attention(q, _expand_kv(k, self.heads), _expand_kv(v, self.heads), attn_mask=bias)
+
+    def out(self, a: torch.Tensor) -> torch.Tensor:
+        return F.linear(a.flatten(-2), self.o.weight, self.o.bias)
+
+
+def packed_response_logits(
+    model: PreTrainedModel,
+    prompt_ids: torch.Tensor,  # (B, P) left-padded
+    prompt_mask: torch.Tensor,  # (B, P)
+    response_ids: torch.Tensor,  # (B, T) right-padded
+    response_lengths: torch.Tensor,  # (B,)
+    first: torch.Tensor,  # (u,) one row per distinct prompt
+    inverse: torch.Tensor,  # (B,) each row's distinct prompt
+) -> torch.Tensor:
+    """Logits (B, T, V) predicting each response token (0 at padding positions), float32."""
+    base = model.model
+    b, t = response_ids.shape
+    lay = _layout(prompt_mask, response_lengths, first, t)
+    rows, cols = lay.rows, lay.cols
+    # the embedding's padding_idx as in nn.Embedding: a sampled pad token gets no embedding gradient
+    embed = base.embed_tokens
+    hp = F.embedding(prompt_ids[first], embed.weight, embed.padding_idx)  # (u, P, H): each distinct prompt once
+    hr = F.embedding(response_ids[rows, cols], embed.weight, embed.padding_idx)  # (N, H): the packed response inputs
+    p_pos = (prompt_mask[first].cumsum(-1) - 1).clamp(min=0)  # as positions_from_mask
+    cos_p, sin_p = (x[:, :, None] for x in base.rotary_emb(hp, p_pos))  # (u, P, 1, d)
+    cos_r, sin_r = (x[0, :, None] for x in base.rotary_emb(hr[None], (prompt_mask.sum(-1)[rows] + cols)[None]))
+    for layer in base.layers:
+        att = _Attention(model, layer)
+        q, k, v = (x.transpose(1, 2) for x in att.project(hp, cos_p, sin_p))  # (u, heads|kv, P, d)
+        hp = hp + att.out(att.attend(q, k, v, lay.prompt_bias).transpose(1, 2))
+        hp = hp + _mlp(layer.mlp, _rms(hp, layer.post_attention_layernorm))
+        if lay.response_bias is None:
+            continue
+        qr, kr, vr = att.project(hr, cos_r, sin_r)  # (N, heads|kv, d)
+        pad = hr.new_zeros(b, t - 1, att.heads, att.d).index_put((rows, cols), qr).transpose(1, 2)
+        keys = torch.cat(
+            [k[inverse], hr.new_zeros(b, t - 1, att.kv, att.d).index_put((rows, cols), kr).transpose(1, 2)], 2
+        )
+        vals = torch.cat(
+            [v[inverse], hr.new_zeros(b, t - 1, att.kv, att.d).index_put((rows, cols), vr).transpose(1, 2)], 2
+        )
+        a = att.attend(pad, keys, vals, lay.response_bias).transpose(1, 2)[rows, cols]  # (N, heads, d)
+        hr = hr + att.out(a)
+        hr = hr + _mlp(layer.mlp, _rms(hr, layer.post_attention_layernorm))
+    head = model.get_output_embeddings()
+    logits = hp.new_zeros(b, t, head.weight.shape[0])
+    logits[:, 0] = F.linear(_rms(hp[:, -1], base.norm), head.weight, head.bias)[inverse]  # the prompt emits token 0
+    if rows.numel():
+        logits = logits.index_put((rows, cols + 1), F.linear(_rms(hr, base.norm), head.weight, head.bias))
+    return logits.float()
+
+
+def _mlp(mlp: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The gated MLP with ``gate|up`` as one product (a concatenation of the weights: differentiable)."""
+    w = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+    bias = None if mlp.gate_proj.bias is None else torch.cat([mlp.gate_proj.bias, mlp.up_proj.bias])
+    gate, up = F.linear(x, w, bias).chunk(2, dim=-1)
+    return F.linear(mlp.act_fn(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
