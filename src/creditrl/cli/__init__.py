@@ -4,7 +4,7 @@
 - :mod:`.prm`: ``prm label | train | eval | score | report``;
 - :mod:`.search`: ``search`` and ``search report``;
 - :mod:`.inspect`: ``inspect``;
-- :mod:`.experiments`: ``compare``, ``findings``, ``value-report``, ``tree-report``, ``eval``;
+- :mod:`.experiments`: ``compare``, ``findings``, ``value-report``, ``tree-report``, ``long-report``, ``eval``;
 - :mod:`.bench`: ``bench``.
 
 An expected problem (a bad key, name or value, a missing file) ends the command with one line

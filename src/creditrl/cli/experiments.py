@@ -1,5 +1,6 @@
-"""``creditrl compare``, ``findings``, ``value-report``, ``tree-report`` and ``eval``: the
-experiments that compare credit-assignment choices over seeds."""
+"""``creditrl compare``, ``findings``, ``value-report``, ``tree-report``, ``long-report`` and
+``eval``: the experiments that compare credit-assignment choices over seeds, and the reports on
+a setting's start policy."""
 
 from __future__ import annotations
 
@@ -55,6 +56,22 @@ def cmd_tree_report(args: argparse.Namespace) -> int:
         budget=args.budget,
         config=args.config,
         overrides=args.set,
+    )
+    return 0
+
+
+def cmd_long_report(args: argparse.Namespace) -> int:
+    from creditrl.experiments.long_report import run_long_report
+
+    set_threads(args.threads)
+    run_long_report(
+        args.results,
+        config=args.config,
+        overrides=args.set,
+        problems=args.problems,
+        lengths=args.lengths,
+        quick=args.quick,
+        temperature=args.temperature,
     )
     return 0
 
@@ -119,6 +136,27 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     add_threads_arg(p)
     p.add_argument("--out", help="run directory (default runs/tree-TIMESTAMP); finished runs in it are reused")
     p.set_defaults(func=cmd_tree_report)
+
+    p = sub.add_parser(
+        "long-report",
+        help="the long-output setting's SFT start per response length: tokens, per-step and solution accuracy",
+        description="On held-out chain problems of n - 2 .. n + 2 steps for each length n (default n = 6, 25, 51, "
+        "99: about 64, 256, 512 and 1,000 tokens), the SFT start policy of the config (default: the packaged "
+        "chain config), greedy and sampled at the rollout temperature: mean generated tokens, per-step accuracy p, "
+        "p^n and solution accuracy.",
+    )
+    add_config_args(p)
+    p.add_argument("--problems", type=int, default=None, help="held-out problems per length (default 256; quick: 8)")
+    p.add_argument(
+        "--lengths", type=int, nargs="+", default=None, metavar="N", help="chain lengths (default 6 25 51 99)"
+    )
+    p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default rollout.temperature)")
+    p.add_argument("--quick", action="store_true", help="a 20-step SFT, lengths 2 and 4 (numbers meaningless)")
+    p.add_argument(
+        "--results", metavar="PAGE", help="also write the report as a results page (e.g. docs/results/long_outputs.md)"
+    )
+    add_threads_arg(p)
+    p.set_defaults(func=cmd_long_report)
 
     p = sub.add_parser(
         "eval", help="held-out exact match of checkpoints on a larger problem set, paired against a baseline"

@@ -36,7 +36,7 @@ class TinyPreset:
     num_layers: int = 4
     num_heads: int = 4
     intermediate_size: int = 384
-    max_positions: int = 160
+    max_positions: int = 2048  # RoPE: only the config value (long-output tasks reach ~1,100 positions)
 
 
 def build_tiny(seed: int = 0, preset: TinyPreset | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:

@@ -148,6 +148,7 @@ TASKS: dict[str, Callable[..., Task]] = {}
 # demand so that building a task by name never depends on import order.
 _BUILTIN_TASK_MODULES: tuple[str, ...] = (
     "creditrl.tasks.arithmetic",
+    "creditrl.tasks.chain",
     "creditrl.tasks.code",
     "creditrl.tasks.math",
     "creditrl.tasks.text",

@@ -8,6 +8,8 @@ them (policy, SFT settings, task), so a second ``creditrl demo`` skips straight 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,7 @@ CACHE_VERSION = 1
 _NOT_IN_SFT_KEY = (
     "engine",
     "kernels",
+    "forward",  # the RL update's and reference's forward pass; SFT runs the HF modules
     "lora_r",
     "lora_alpha",
     "lora_dropout",
@@ -92,6 +95,23 @@ def sft_batch(
     return ids, mask, labels
 
 
+def heldout_report(
+    cfg: Config, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task
+) -> dict[str, float]:
+    """Greedy accuracy and step accuracy of ``model`` on ``train.eval_size`` held-out problems of ``task``."""
+    res = evaluate(
+        model,
+        tokenizer,
+        task,
+        task.sample(cfg.train.eval_size, split="heldout", seed=12345),
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        engine=cfg.policy.engine,
+        precision=cfg.policy.precision,
+        kernels=cfg.policy.kernels,
+    )
+    return {"eval/accuracy": res.accuracy, "eval/step_accuracy": res.step_accuracy}
+
+
 def train_sft(
     cfg: Config, out_dir: Path, *, progress: bool = True, task: Task | None = None, sft_task: Task | None = None
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase, dict[str, Any]]:
@@ -133,37 +153,80 @@ def train_sft(
         loss_ema = loss_value if loss_ema is None else 0.95 * loss_ema + 0.05 * loss_value
         bar.set_postfix(loss=f"{loss_ema:.3f}")
     elapsed = time.time() - start
-    heldout = task.sample(cfg.train.eval_size, split="heldout", seed=12345)
-    res = evaluate(
-        model,
-        tokenizer,
-        task,
-        heldout,
-        max_new_tokens=cfg.rollout.max_new_tokens,
-        engine=cfg.policy.engine,
-        precision=precision,
-        kernels=cfg.policy.kernels,
-    )
-    metrics = {
-        "sft/steps": s.steps,
-        "sft/final_loss": loss_ema,
-        "sft/time_s": elapsed,
-        "eval/accuracy": res.accuracy,
-        "eval/step_accuracy": res.step_accuracy,
-    }
+    metrics = {"sft/steps": s.steps, "sft/final_loss": loss_ema, "sft/time_s": elapsed}
+    metrics.update(heldout_report(cfg, model, tokenizer, task))
     save_checkpoint(out_dir, model, tokenizer, None, {"sft": s.model_dump(), "metrics": metrics})
     return model, tokenizer, metrics
+
+
+def recipe_key(cfg: Config) -> str:
+    """What the SFT weights depend on: the policy, the SFT settings and the SFT problems' task. Configs
+    that differ only in their RL task (e.g. one long-output setting at several chain lengths) share
+    the weights; each still gets its own held-out report (see :func:`cached_sft`)."""
+    return config_hash(
+        {
+            "v": CACHE_VERSION,
+            "policy": sft_policy_fields(cfg),
+            "sft": cfg.sft.model_dump(),
+            "sft_task": [cfg.task.name, dict(cfg.sft.task_args or cfg.task.args)],
+        }
+    )
+
+
+def _link_entry(source: Path, path: Path) -> None:
+    """A new cache entry at ``path`` holding ``source``'s files (hard links where the file system
+    allows, copies otherwise) except its state file, written afterwards with this entry's report."""
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for f in source.iterdir():
+        if f.is_file() and f.name != "trainer_state.json":
+            try:
+                os.link(f, tmp / f.name)
+            except OSError:
+                shutil.copy2(f, tmp / f.name)
+    state = json.loads((source / "trainer_state.json").read_text())
+    (tmp / "trainer_state.json").write_text(json.dumps(state))
+    tmp.rename(path)
+
+
+def _report_on(cfg: Config, path: Path, task: Task | None) -> dict[str, Any]:
+    """The held-out report of the SFT checkpoint at ``path`` on ``cfg``'s RL task, written into its state."""
+    model, tokenizer = load_policy(str(path), **policy_options(cfg))
+    model.to(resolve_device(cfg.policy.device))
+    state_file = path / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    metrics = {k: v for k, v in state["metrics"].items() if k.startswith("sft/")}
+    metrics.update(heldout_report(cfg, model, tokenizer, task or make_task(cfg.task.name, **cfg.task.args)))
+    state["metrics"] = metrics
+    state_file.write_text(json.dumps(state))
+    return metrics
 
 
 def cached_sft(
     cfg: Config, *, progress: bool = True, task: Task | None = None, sft_task: Task | None = None
 ) -> tuple[Path, dict[str, Any]]:
     """Path of the SFT checkpoint for ``cfg`` (trained now if not cached) and its metrics; ``task``
-    and ``sft_task`` as in :func:`train_sft` (built there only when SFT runs)."""
-    path = cache_root() / "sft" / sft_key(cfg)
+    and ``sft_task`` as in :func:`train_sft` (built there only when SFT runs).
+
+    An entry is keyed by :func:`sft_key` (weights and the held-out report on the RL task). When it
+    is missing but an entry with the same :func:`recipe_key` exists (the same weights, another RL
+    task), the new entry links that one's weights and only the report is computed."""
+    root = cache_root() / "sft"
+    path = root / sft_key(cfg)
     state_file = path / "trainer_state.json"
+    recipe = cache_root() / "sft-recipes" / recipe_key(cfg)  # outside sft/: every entry there is a checkpoint
     with cache_lock(path):  # parallel runs needing the same checkpoint: the first trains it, the others wait
         if state_file.exists():
             return path, json.loads(state_file.read_text())["metrics"]
-        _, _, metrics = train_sft(cfg, path, progress=progress, task=task, sft_task=sft_task)
+        with cache_lock(recipe):
+            source = root / recipe.read_text().strip() if recipe.exists() else None
+            if source is not None and (source / "trainer_state.json").exists():
+                _link_entry(source, path)
+                return path, _report_on(cfg, path, task)
+            if progress:
+                print(f"creditrl: supervised warm start, {cfg.sft.steps} steps (train.init=sft)", flush=True)
+            _, _, metrics = train_sft(cfg, path, progress=progress, task=task, sft_task=sft_task)
+            recipe.parent.mkdir(parents=True, exist_ok=True)
+            recipe.write_text(path.name)
     return path, metrics

@@ -1,0 +1,132 @@
+"""The SFT cache: configs that differ only in their RL task share one SFT's weights, each with its
+own held-out report; other SFT settings train anew; entries written before the sharing are read as is."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from creditrl.config import load_config
+from creditrl.policy.model import load_policy, policy_options
+from creditrl.tasks import make_task
+from creditrl.train import sft
+from creditrl.train.sft import cached_sft, heldout_report, recipe_key, sft_key
+
+TINY = [
+    "task.name=chain",
+    "task.args={min_steps: 1, max_steps: 1, modulus: 5}",
+    "sft.task_args={min_steps: 1, max_steps: 2}",
+    "sft.steps=5",
+    "sft.batch_size=4",
+    "sft.warmup_steps=1",
+    "train.eval_size=8",
+    "rollout.max_new_tokens=16",
+    "train.progress=false",
+]
+OTHER_TASK = TINY + ["task.args={min_steps: 1, max_steps: 1, modulus: 4}"]  # same sft.task_args
+
+
+def _forbid(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    def fail(*args, **kwargs):
+        raise AssertionError(f"{name} called")
+
+    monkeypatch.setattr(sft, name, fail)
+
+
+def _count_training(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    calls: list[Path] = []
+    real = sft.train_sft
+
+    def counted(cfg, out_dir, **kwargs):
+        calls.append(Path(out_dir))
+        return real(cfg, out_dir, **kwargs)
+
+    monkeypatch.setattr(sft, "train_sft", counted)
+    return calls
+
+
+def _state(path: Path) -> dict:
+    return json.loads((path / "trainer_state.json").read_text())
+
+
+def test_configs_differing_only_in_the_rl_task_share_the_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CREDITRL_CACHE", str(tmp_path))
+    first_cfg, other_cfg = load_config(overrides=TINY), load_config(overrides=OTHER_TASK)
+    assert sft_key(first_cfg) != sft_key(other_cfg) and recipe_key(first_cfg) == recipe_key(other_cfg)
+    for choice in ("policy.engine=hf", "policy.kernels=torch", "policy.forward=hf"):  # not what SFT runs
+        assert sft_key(load_config(overrides=TINY + [choice])) == sft_key(first_cfg)
+        assert recipe_key(load_config(overrides=TINY + [choice])) == recipe_key(first_cfg)
+
+    with monkeypatch.context() as mp:
+        calls = _count_training(mp)
+        first, first_metrics = cached_sft(first_cfg, progress=False)
+    assert calls == [first] and first == tmp_path / "sft" / sft_key(first_cfg)
+    assert (tmp_path / "sft-recipes" / recipe_key(first_cfg)).read_text() == first.name
+    assert first_metrics["sft/steps"] == 5 and set(first_metrics) == {
+        "sft/steps",
+        "sft/final_loss",
+        "sft/time_s",
+        "eval/accuracy",
+        "eval/step_accuracy",
+    }
+
+    with monkeypatch.context() as mp:
+        _forbid(mp, "train_sft")  # the second config must not train
+        other, other_metrics = cached_sft(other_cfg, progress=False)
+    assert other == tmp_path / "sft" / sft_key(other_cfg) != first
+    assert (other / "model.safetensors").read_bytes() == (first / "model.safetensors").read_bytes()
+    assert sorted(f.name for f in other.iterdir()) == sorted(f.name for f in first.iterdir())
+    assert {k: v for k, v in other_metrics.items() if k.startswith("sft/")} == {
+        k: v for k, v in first_metrics.items() if k.startswith("sft/")
+    }
+    # its own held-out report: that of the shared weights on the second config's task ('-' chains)
+    model, tokenizer = load_policy(str(other), **policy_options(other_cfg))
+    own = heldout_report(other_cfg, model, tokenizer, make_task("chain", **other_cfg.task.args))
+    assert {k: v for k, v in other_metrics.items() if k.startswith("eval/")} == own
+    assert set(other_metrics) == set(first_metrics)
+    assert _state(other)["metrics"] == other_metrics and _state(other)["sft"] == _state(first)["sft"]
+    assert _state(first)["metrics"] == first_metrics  # the source entry's report is left alone
+    assert not list((tmp_path / "sft").glob("*.tmp"))
+
+    with monkeypatch.context() as mp:  # both entries now read back: no training, no report
+        _forbid(mp, "train_sft")
+        _forbid(mp, "heldout_report")
+        assert cached_sft(other_cfg, progress=False) == (other, other_metrics)
+        assert cached_sft(first_cfg, progress=False) == (first, first_metrics)
+
+    steps_cfg = load_config(overrides=OTHER_TASK + ["sft.steps=6"])  # another recipe: trains anew
+    assert recipe_key(steps_cfg) != recipe_key(other_cfg)
+    with monkeypatch.context() as mp:
+        calls = _count_training(mp)
+        again, again_metrics = cached_sft(steps_cfg, progress=False)
+    assert calls == [again] and again not in (first, other) and again_metrics["sft/steps"] == 6
+    assert (again / "model.safetensors").read_bytes() != (first / "model.safetensors").read_bytes()
+
+
+def test_an_entry_in_the_old_layout_is_used_as_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An entry written before recipes existed (``<sft_key>/trainer_state.json``, no pointer under
+    ``sft-recipes/``) is returned with its stored metrics: nothing is trained, linked or re-evaluated."""
+    monkeypatch.setenv("CREDITRL_CACHE", str(tmp_path))
+    cfg = load_config(overrides=TINY)
+    entry = tmp_path / "sft" / sft_key(cfg)
+    source = tmp_path / "elsewhere"
+    sft.train_sft(cfg, source, progress=False)
+    shutil.copytree(source, entry)
+    stored = {"sft/steps": 5, "sft/final_loss": 1.5, "sft/time_s": 2.0, "eval/accuracy": 0.125}
+    state = _state(entry)
+    state["metrics"] = stored
+    (entry / "trainer_state.json").write_text(json.dumps(state))
+    assert not (tmp_path / "sft-recipes").exists()
+
+    _forbid(monkeypatch, "train_sft")
+    _forbid(monkeypatch, "heldout_report")
+    _forbid(monkeypatch, "_link_entry")
+    path, metrics = cached_sft(cfg, progress=False)
+    assert (path, metrics) == (entry, stored)
+    assert _state(entry)["metrics"] == stored
+    assert [p.name for p in (tmp_path / "sft").iterdir() if p.is_dir()] == [entry.name]  # no copy
