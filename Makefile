@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-quick test lint bench findings results install clean
+.PHONY: demo demo-quick test lint bench performance findings results install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,10 @@ demo-quick: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/creditrl bench --curve 50 --scaling --out runs/bench --results docs/results/bench.md
+
+# long outputs, model sizes and the study settings (about an hour on 2 cores)
+performance: $(STAMP)
+	$(BIN)/creditrl bench --performance --out runs/performance --results docs/results/performance.md
 
 # FINDINGS.md from findings/*.yaml and their grids (resumable: finished runs are read back);
 # JOBS runs at a time, each with torch threads / JOBS threads (benchmarks/compare_jobs.py)
@@ -50,7 +54,9 @@ results: $(STAMP)
 	$(BIN)/creditrl search report --out runs/search-report --results docs/results/search.md
 	$(BIN)/python benchmarks/credit_speed.py --results docs/results/credit_speed.md
 	$(BIN)/python benchmarks/ray_overhead.py --results docs/results/scale_out.md
+	$(BIN)/creditrl long-report --results docs/results/long_outputs.md
 	$(MAKE) bench
+	$(MAKE) performance
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

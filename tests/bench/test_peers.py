@@ -96,6 +96,7 @@ def test_outcome_reward_uses_the_task_checker():
     got = reward(prompts=[""] * 6, completions=[""] * 6, completion_ids=right + wrong, problem_index=[0, 1, 2] * 2)
     assert got == [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]
     assert reward.calls == [got]
+    assert reward.tokens == [sum(len(x) for x in right + wrong)]
 
 
 def test_trl_grpo_run_trains_and_times_each_step(coin_policy):
@@ -108,6 +109,8 @@ def test_trl_grpo_run_trains_and_times_each_step(coin_policy):
     assert all(0.0 <= r["reward"] <= 1.0 for r in records)
     # each reward is a mean over 2 x 2 completions
     assert all(r["reward"] * 4 == pytest.approx(round(r["reward"] * 4)) for r in records)
+    # completion tokens of the step's 2 x 2 completions, each up to and including its eos
+    assert all(4 <= r["tokens"] <= 4 * TINY_RUN.max_new_tokens for r in records)
     # at least one Adam step with a non-zero gradient: the first Adam step moves a weight by at most lr
     # (update m / sqrt(v) = sign(g)), two steps by at most 2 lr
     change = max(float((p.detach() - before[name]).abs().max()) for name, p in model.named_parameters())

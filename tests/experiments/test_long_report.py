@@ -90,7 +90,10 @@ def test_a_band_of_lengths_predicts_the_mean_of_p_to_each_length() -> None:
 
 def test_band_and_length_task() -> None:
     assert [lr.band(n) for n in lr.LENGTHS] == [(4, 8), (23, 27), (49, 53), (97, 101)]
-    assert (lr.band(1), lr.band(2), lr.band(3), lr.band(999)) == ((1, 3), (1, 4), (1, 5), (997, 999))
+    assert (lr.band(1), lr.band(2), lr.band(3), lr.band(999)) == ((1, 3), (1, 4), (1, 5), (995, 999))
+    # no longer than the SFT's longest chain (its counter never passed it): shifted down, same width
+    assert (lr.band(99, 99), lr.band(97, 99), lr.band(51, 99)) == ((95, 99), (95, 99), (49, 53))
+    assert lr.sft_longest(load_config(packaged_config("chain"))) == 99
     cfg = load_config(packaged_config("chain"))
     task = lr.length_task(cfg, 51)
     assert (task.config.min_steps, task.config.max_steps, task.config.modulus) == (49, 53, 5)
@@ -178,10 +181,12 @@ def test_quick_report_writes_one_row_per_length(tmp_path: Path, monkeypatch: pyt
     assert "prompts `31~040=`, n steps `(a, b) -> (b, (a op b) mod 5)`" in text
     main_table = [line for line in lines if re.match(r"\| \d+ \| \d+-\d+ \(mean [0-9.]+\) \| \d+ \|", line)]
     assert [row.split("|")[1].strip() for row in main_table] == ["2", "5"]
-    assert [row.split("|")[2].split(" (")[0] for row in main_table] == [" 1-4", " 3-7"]
+    # the quick SFT saw chains of 1-4 steps: length 5's band is clipped to them
+    assert [row.split("|")[2].split(" (")[0] for row in main_table] == [" 1-4", " 1-4"]
     means = [float(row.split("|")[2].split("mean ")[1].split(")")[0]) for row in main_table]
-    assert 1 <= means[0] <= 4 and 3 <= means[1] <= 7
-    assert [row.split("|")[3:5] for row in main_table] == [[" 25 ", " 60 "], [" 55 ", " 90 "]]
+    assert 1 <= means[0] <= 4 and 1 <= means[1] <= 4
+    # response tokens at n (10 n + 5) and the budget of the band's longest chain (4): 10 * 4 + 4 + 16
+    assert [row.split("|")[3:5] for row in main_table] == [[" 25 ", " 60 "], [" 55 ", " 60 "]]
     assert all(1 <= int(row.split("|")[5]) <= 4 for row in main_table)  # distinct prompts among 4 draws
     cells = main_table[0].split("|")[6:11]
     assert all(re.fullmatch(r" [0-9.]+ / [0-9.]+ ", c) for c in cells), cells

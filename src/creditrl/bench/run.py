@@ -40,7 +40,7 @@ from creditrl.experiments.report import peak_rss_mb, write_results
 from creditrl.policy.engines import HFEngine, SamplingParams, StaticEngine
 from creditrl.policy.model import build_tiny, count_parameters, load_policy
 from creditrl.policy.tokenizer import encode_prompt
-from creditrl.tasks import make_task
+from creditrl.tasks import Task, make_task
 
 
 @dataclass
@@ -82,10 +82,10 @@ def matmul_peak(n: int, repeats: int = 5) -> dict[str, float]:
     return spread(rates)
 
 
-def _bench_config(opts: BenchOptions, overrides: list[str] | None = None) -> Config:
-    path = arith_config_path(False)
+def _bench_config(opts: BenchOptions, overrides: list[str] | None = None, base: Path | None = None) -> Config:
+    """``base`` (default: the arith config) at the bench's GRPO settings, then ``overrides``."""
     return load_config(
-        path,
+        base if base is not None else arith_config_path(False),
         [
             f"rollout.prompts_per_iter={opts.prompts}",
             f"rollout.group_size={opts.group}",
@@ -208,16 +208,22 @@ def bench_decode(policy: str, opts: BenchOptions, log: Callable[[str], None]) ->
     return out
 
 
-def creditrl_iterations(policy: str, opts: BenchOptions, n: int, overrides: list[str] | None = None) -> list[dict]:
+def creditrl_iterations(
+    policy: str, opts: BenchOptions, n: int, overrides: list[str] | None = None, base: Path | None = None
+) -> list[dict]:
+    """``n`` GRPO iterations of :class:`~creditrl.train.rl.RLTrainer` from ``policy``: their metrics rows
+    (``base``: the config under the bench's settings, default the arith config)."""
     from creditrl.train.rl import RLTrainer
 
-    cfg = _bench_config(opts, overrides)
+    cfg = _bench_config(opts, overrides, base)
     with tempfile.TemporaryDirectory(prefix="creditrl-bench-") as run_dir:
         trainer = RLTrainer.from_config(cfg, Path(run_dir), init_path=policy)
         return [trainer.iteration(i) for i in range(n)]
 
 
-def trl_iterations(policy: str, opts: BenchOptions, n: int) -> list[dict]:
+def trl_iterations(policy: str, opts: BenchOptions, n: int, task: Task | None = None) -> list[dict]:
+    """``n`` TRL GRPOTrainer steps from ``policy`` at the bench's settings on ``task`` (default the
+    arith config's 4-6-operation arithmetic)."""
     from creditrl.bench.trl_peer import PeerSettings, trl_grpo_run
 
     model, tok = load_policy(policy)
@@ -229,7 +235,7 @@ def trl_iterations(policy: str, opts: BenchOptions, n: int) -> list[dict]:
         lr=opts.lr,
         seed=opts.seed,
     )
-    return trl_grpo_run(model, tok, make_task("arithmetic", min_ops=4, max_ops=6), n, settings)
+    return trl_grpo_run(model, tok, task or make_task("arithmetic", min_ops=4, max_ops=6), n, settings)
 
 
 def bench_iteration(policy: str, opts: BenchOptions, peak: float, log: Callable[[str], None]) -> dict[str, Any]:

@@ -189,9 +189,11 @@ def make_outcome_reward(tokenizer: PreTrainedTokenizerBase, task: Task, problems
 
     It reads the dataset column ``problem_index`` (an index into ``problems``) and TRL's
     ``completion_ids`` (decoded with creditrl's :func:`decode_response`). Every call's rewards are
-    appended to the function's ``calls`` attribute.
+    appended to the function's ``calls`` attribute, and every call's number of completion tokens
+    (each completion up to and including its first eos) to its ``tokens`` attribute.
     """
     calls: list[list[float]] = []
+    tokens: list[int] = []
 
     def outcome(
         prompts: list, completions: list, completion_ids: list[list[int]], problem_index: list[int], **_: Any
@@ -201,9 +203,11 @@ def make_outcome_reward(tokenizer: PreTrainedTokenizerBase, task: Task, problems
             for i, ids in zip(problem_index, completion_ids, strict=True)
         ]
         calls.append(rewards)
+        tokens.append(sum(len(ids) for ids in completion_ids))
         return rewards
 
     outcome.calls = calls  # type: ignore[attr-defined]
+    outcome.tokens = tokens  # type: ignore[attr-defined]
     return outcome
 
 
@@ -367,8 +371,9 @@ def trl_grpo_run(
 
     Returns one dict per iteration: ``{"iteration": i, "time_s": wall seconds of that training
     step (generation + scoring + loss forward + backward + optimizer step), "reward": mean
-    outcome reward of the iteration's completions}`` (see the module docstring for how each is
-    measured).
+    outcome reward of the iteration's completions, "tokens": completion tokens generated in that
+    step (each completion up to and including its first eos)}`` (see the module docstring for how
+    each is measured).
     """
     if iterations < 1:
         raise ValueError(f"iterations must be >= 1, got {iterations}")
@@ -390,4 +395,7 @@ def trl_grpo_run(
     rewards = [sum(c) / len(c) for c in calls]
     if len(logged) == iterations and any(abs(a - b) > 1e-5 for a, b in zip(rewards, logged)):
         raise RuntimeError(f"reward bookkeeping mismatch: reward calls {rewards} vs TRL logs {logged}")
-    return [{"iteration": i, "time_s": t, "reward": r} for i, (t, r) in enumerate(zip(timer.times, rewards))]
+    return [
+        {"iteration": i, "time_s": t, "reward": r, "tokens": n}
+        for i, (t, r, n) in enumerate(zip(timer.times, rewards, reward.tokens))
+    ]

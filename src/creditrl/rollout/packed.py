@@ -11,9 +11,10 @@ parameters, so it is differentiable and serves the update as well as the referen
 2. the response inputs of every row *packed*: only the ``L_i - 1`` real tokens that emit a
    response token (the last prompt position emits the first), ``(N, H)`` with ``N = sum L_i - B``,
    through every projection and MLP -- the products that cost almost all of the FLOPs;
-3. attention per row over [its prompt's keys, its own response keys so far], in a padded
-   ``(B, heads, T - 1, P + T - 1)`` layout that is scattered from and gathered back to the
-   packed rows (its products are a small share at these widths).
+3. attention per row over [its prompt's real keys, its own response keys so far]: the rows of
+   each prompt length in one causal pass over ``[real prompt, response]`` positions, scattered
+   from and gathered back to the packed rows; the causal kernel skips the upper triangle, which
+   matters at long responses, where these products outgrow the projections.
 
 :func:`packed_reason` says when a model or call is outside it (then the HF pass runs); the
 outputs agree with the HF pass to float rounding (tests compare them, and their gradients).
@@ -78,31 +79,56 @@ def _expand_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
 @dataclass
 class _Layout:
     """Where the packed response inputs sit: row ``rows[n]``, column ``cols[n]`` of the (B, T-1)
-    inputs (token j emits token j + 1), with the attention masks of the two passes."""
+    inputs (token j emits token j + 1); the prompts' attention mask; the rows by prompt length."""
 
     rows: torch.Tensor  # (N,)
     cols: torch.Tensor  # (N,)
     prompt_bias: torch.Tensor  # (u, 1, P, P): causal within each distinct prompt, 0 or -inf-like
-    response_bias: torch.Tensor | None  # (B, 1, T-1, P+T-1): its prompt's real tokens, its own past
+    by_length: list[tuple[int, torch.Tensor]]  # (real prompt length, its rows), for the causal response pass
 
 
 def _layout(prompt_mask: torch.Tensor, response_lengths: torch.Tensor, first: torch.Tensor, t: int) -> _Layout:
-    b, p = prompt_mask.shape
+    p = prompt_mask.shape[1]
     device = prompt_mask.device
-    neg = torch.finfo(torch.float32).min
     live = torch.arange(max(t - 1, 0), device=device)[None, :] < (response_lengths[:, None] - 1)  # (B, T-1)
     rows, cols = live.nonzero(as_tuple=True)
     p_real = prompt_mask.bool()
     causal = torch.ones(p, p, dtype=torch.bool, device=device).tril()
     prompt_bias = torch.zeros(first.numel(), 1, p, p, device=device)
-    prompt_bias.masked_fill_(~(causal[None, None] & p_real[first][:, None, None, :]), neg)
-    response_bias = None
-    if t > 1:
-        past = torch.ones(t - 1, t - 1, dtype=torch.bool, device=device).tril()[None, None] & live[:, None, None, :]
-        allowed = torch.cat([p_real[:, None, None, :].expand(b, 1, t - 1, p), past], dim=-1)
-        # every query row allows its prompt's real tokens (bos at least), so no softmax is empty
-        response_bias = torch.zeros(allowed.shape, device=device).masked_fill_(~allowed, neg)
-    return _Layout(rows, cols, prompt_bias, response_bias)
+    prompt_bias.masked_fill_(~(causal[None, None] & p_real[first][:, None, None, :]), torch.finfo(torch.float32).min)
+    lengths = prompt_mask.sum(-1)
+    by_length = [(int(n), (lengths == n).nonzero().squeeze(-1)) for n in torch.unique(lengths).tolist()]
+    return _Layout(rows, cols, prompt_bias, by_length if t > 1 else [])
+
+
+def _response_attention(
+    att: _Attention,
+    q: torch.Tensor,  # (B, heads, T-1, d): the response inputs' queries, zero past each row's end
+    kp: torch.Tensor,  # (u, kv, P, d): the distinct prompts' keys, left-padded
+    vp: torch.Tensor,
+    kr: torch.Tensor,  # (B, kv, T-1, d): the response inputs' keys
+    vr: torch.Tensor,
+    inverse: torch.Tensor,  # (B,): each row's distinct prompt
+    by_length: list[tuple[int, torch.Tensor]],
+) -> torch.Tensor:
+    """Each row's response queries over [its prompt's real keys, its own response keys so far]:
+    per prompt length l, one causal pass over the l + T - 1 positions ``[real prompt, response]``
+    (zero queries at the prompt positions, whose outputs are dropped), so no mask is read and the
+    kernel skips the causal upper triangle; padding past a row's end comes after its real keys, so
+    causality keeps it out. Returns (B, heads, T-1, d)."""
+    p, parts, order = kp.shape[2], [], []
+    for n, idx in by_length:
+        keys = torch.cat([kp[inverse[idx], :, p - n :], kr[idx]], 2)
+        vals = torch.cat([vp[inverse[idx], :, p - n :], vr[idx]], 2)
+        queries = torch.cat([q.new_zeros(len(idx), q.shape[1], n, q.shape[3]), q[idx]], 2)
+        out = F.scaled_dot_product_attention(
+            queries, _expand_kv(keys, att.heads), _expand_kv(vals, att.heads), is_causal=True
+        )
+        parts.append(out[:, :, n:])
+        order.append(idx)
+    back = torch.empty_like(inverse)
+    back[torch.cat(order)] = torch.arange(inverse.numel(), device=inverse.device)
+    return torch.cat(parts)[back]
 
 
 class _Attention:
@@ -166,17 +192,14 @@ def packed_response_logits(
         q, k, v = (x.transpose(1, 2) for x in att.project(hp, cos_p, sin_p))  # (u, heads|kv, P, d)
         hp = hp + att.out(att.attend(q, k, v, lay.prompt_bias).transpose(1, 2))
         hp = hp + _mlp(layer.mlp, _rms(hp, layer.post_attention_layernorm))
-        if lay.response_bias is None:
+        if not lay.by_length:
             continue
         qr, kr, vr = att.project(hr, cos_r, sin_r)  # (N, heads|kv, d)
-        pad = hr.new_zeros(b, t - 1, att.heads, att.d).index_put((rows, cols), qr).transpose(1, 2)
-        keys = torch.cat(
-            [k[inverse], hr.new_zeros(b, t - 1, att.kv, att.d).index_put((rows, cols), kr).transpose(1, 2)], 2
+        qpad, kpad, vpad = (
+            hr.new_zeros(b, t - 1, *x.shape[1:]).index_put((rows, cols), x).transpose(1, 2) for x in (qr, kr, vr)
         )
-        vals = torch.cat(
-            [v[inverse], hr.new_zeros(b, t - 1, att.kv, att.d).index_put((rows, cols), vr).transpose(1, 2)], 2
-        )
-        a = att.attend(pad, keys, vals, lay.response_bias).transpose(1, 2)[rows, cols]  # (N, heads, d)
+        a = _response_attention(att, qpad, k, v, kpad, vpad, inverse, lay.by_length)
+        a = a.transpose(1, 2)[rows, cols]  # (N, heads, d)
         hr = hr + att.out(a)
         hr = hr + _mlp(layer.mlp, _rms(hr, layer.post_attention_layernorm))
     head = model.get_output_embeddings()

@@ -1,0 +1,438 @@
+"""``creditrl bench --performance``'s output: the flagged points, the markdown page and the plots
+of a ``performance.json`` (:mod:`creditrl.bench.performance`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+# where a point is flagged in the page
+MIN_SPEEDUP = 3.0  # creditrl's iteration vs TRL's, and its decode vs HF generate
+MIN_BANDWIDTH_SHARE = 0.5  # decode bytes/s against the measured copy bandwidth
+MIN_PEAK_SHARE = 0.5  # update model FLOP/s against the matmul peak
+STAGES = ("rollout", "reference", "score", "value", "credit", "update")
+
+
+def _where(section: str, p: dict[str, Any]) -> str:
+    return f"length {p['length']:,}" if section == "a" else f"size {p['size']['name']}"
+
+
+def flags(res: dict[str, Any]) -> list[str]:
+    """One line per point of (a) and (b) where creditrl's iteration is < 3x TRL's, its decode < 3x
+    HF generate's, the decode < 50% of the copy bandwidth or the update < 50% of the matmul peak."""
+    out = []
+    for section, points in (("a", res["lengths"]), ("b", res["sizes"])):
+        for p in points:
+            where, it, d = _where(section, p), p["iteration"], p["decode"]
+            if "ratio_trl_vs_creditrl" in it and it["ratio_trl_vs_creditrl"] < MIN_SPEEDUP:
+                out.append(
+                    f"{section}. {where}: creditrl's GRPO iteration is {it['ratio_trl_vs_creditrl']:.2f}x TRL's "
+                    f"(< {MIN_SPEEDUP:.0f}x): {it['creditrl_iter_s']['median']:.3f} s vs "
+                    f"{it['trl_iter_s']['median']:.3f} s"
+                )
+            if d["ratio_hf_vs_creditrl"] < MIN_SPEEDUP:
+                out.append(
+                    f"{section}. {where}: creditrl's decode is {d['ratio_hf_vs_creditrl']:.2f}x HF generate's "
+                    f"(< {MIN_SPEEDUP:.0f}x): {d['creditrl_tokens_per_s']['median']:,.0f} vs "
+                    f"{d['hf_generate_tokens_per_s']['median']:,.0f} tokens/s"
+                )
+            if d["bandwidth_share"] < MIN_BANDWIDTH_SHARE:
+                out.append(
+                    f"{section}. {where}: the decode moves {d['gb_per_s']['median']:.2f} GB/s = "
+                    f"{100 * d['bandwidth_share']:.0f}% of the {res['limits']['copy_gbs']:.1f} GB/s copy bandwidth "
+                    f"(< {100 * MIN_BANDWIDTH_SHARE:.0f}%; {d['bytes_per_token']:,.0f} bytes per token)"
+                )
+            if it["update_peak_share"] < MIN_PEAK_SHARE:
+                out.append(
+                    f"{section}. {where}: the update runs {it['update_gflops']['median']:.1f} GFLOP/s = "
+                    f"{100 * it['update_peak_share']:.0f}% of the {res['limits']['peak_gflops']:.0f} GFLOP/s matmul "
+                    f"peak (< {100 * MIN_PEAK_SHARE:.0f}%)"
+                )
+    return out
+
+
+def _m(d: dict[str, float], fmt: str = ",.0f") -> str:
+    return format(d["median"], fmt)
+
+
+def _point_tables(section: str, points: list[dict[str, Any]], peak: float) -> list[str]:
+    """The iteration table and the decode table of (a) or (b)."""
+    head = "generated length" if section == "a" else "model"
+    lines = [
+        f"| {head} | max new tokens | mean response length: creditrl rollout / TRL / creditrl decode / HF "
+        "generate | creditrl iteration s | TRL iteration s | TRL / creditrl | creditrl iteration tokens/s | TRL "
+        "tokens/s | creditrl update GFLOP/s (share of peak) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for p in points:
+        it, d = p["iteration"], p["decode"]
+        trl = "trl_iter_s" in it
+        lens = f"{it['creditrl_length']:.0f} / {it['trl_length']:.0f}" if trl else f"{it['creditrl_length']:.0f} / -"
+        lines.append(
+            f"| {_where(section, p)} | {p['max_new_tokens']:,} | {lens} / {d['creditrl_length']:.0f} / "
+            f"{d['hf_generate_length']:.0f} | {_m(it['creditrl_iter_s'], '.3f')} | "
+            f"{_m(it['trl_iter_s'], '.3f') if trl else '-'} | "
+            f"{format(it['ratio_trl_vs_creditrl'], '.2f') + 'x' if trl else '-'} | "
+            f"{_m(it['creditrl_tokens_per_s'])} | {_m(it['trl_tokens_per_s']) if trl else '-'} | "
+            f"{_m(it['update_gflops'], '.1f')} ({100 * it['update_peak_share']:.0f}% of {peak:.0f}) |"
+        )
+    lines += [
+        "",
+        f"| {head} | creditrl decode tokens/s | HF generate tokens/s | HF / creditrl (seconds per token) | "
+        "bytes per generated token | decode GB/s (share of copy bandwidth) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for p in points:
+        d = p["decode"]
+        lines.append(
+            f"| {_where(section, p)} | {_m(d['creditrl_tokens_per_s'])} | {_m(d['hf_generate_tokens_per_s'])} | "
+            f"{d['ratio_hf_vs_creditrl']:.2f}x | {d['bytes_per_token']:,.0f} | {_m(d['gb_per_s'], '.2f')} "
+            f"({100 * d['bandwidth_share']:.0f}%) |"
+        )
+    return lines
+
+
+def _study_lines(study: dict[str, Any]) -> list[str]:
+    lines = [
+        f"Each run is `python -m creditrl.cli train CONFIG --set train.iterations=N --set train.threads="
+        f"{study['threads']} --set train.progress=false` in a subprocess, timed from launch to exit; every "
+        "other setting (evaluation every `train.eval_every` iterations, KL, checkpoints) is the config's. Shares "
+        "are of the wall time. The metrics rows hold no evaluation time: it is measured from when each row "
+        "appeared in metrics.jsonl (an evaluation row's gap beyond its `time/iter_s` and beyond the median gap of "
+        "the other rows); *start-up + first evaluation* is the time until row 0 (iteration 0's evaluation) "
+        "appeared; *rest* is checkpoints, inspector records, logging and exit.",
+        "",
+        "| config | code | iterations | samples | wall s | samples/s end to end | samples/s within iterations | "
+        + " | ".join(STAGES)
+        + " | start-up + first evaluation | later evaluations | rest |",
+        "|---|---|---|---|---|---|---|" + "---|" * (len(STAGES) + 3),
+    ]
+    runs = [(name, "current", r) for name, rs in study["runs"].items() for r in rs]
+    if "baseline" in study:
+        runs += [("arith", study["baseline"]["commit"], r) for r in study["baseline"]["old"]]
+    for name, code, r in runs:
+        share = lambda s: f"{100 * s / r['wall_s']:.1f}%"  # noqa: E731
+        stages = " | ".join(share(r["stages_s"][k]) if k in r["stages_s"] else "-" for k in STAGES)
+        if "until_first_row_s" in r:
+            rest = r["outside_iterations_s"] - r["until_first_row_s"] - r["later_evals_s"]
+            outside = f"{share(r['until_first_row_s'])} | {share(r['later_evals_s'])} | {share(rest)}"
+        elif "eval_s" in r:
+            outside = f"- | {share(r['eval_s'])} (time/eval_s) | {share(r['outside_iterations_s'] - r['eval_s'])}"
+        else:
+            outside = f"- | - | {share(r['outside_iterations_s'])} (all outside the iterations)"
+        lines.append(
+            f"| {name} | {code} | {r['iterations']} | {r['samples']:,} | {r['wall_s']:.1f} | "
+            f"{r['samples_per_s']:.1f} | {r['samples_per_iteration_s']:.1f} | {stages} | {outside} |"
+        )
+    if "baseline" in study:
+        b = study["baseline"]
+        agree = b["agreement"]
+        fmt = lambda v: "n/a" if v is None else f"{v:.4g}"  # noqa: E731
+        lines += [
+            "",
+            f"arith.yaml on `{b['commit']}` (a `git worktree` of it, the same venv) and on the current code, "
+            f"run alternately ({b['commit']}, current, ...), the same seed: the current code runs "
+            f"**{b['speedup']:.2f}x** the samples/s of `{b['commit']}` end to end (median wall times), "
+            f"{b['speedup_iterations']:.2f}x within the iterations"
+            + (
+                " (each after one untimed 1-iteration warm-up run: a fresh worktree compiles its numba kernels and "
+                "bytecode on first use)"
+                if b.get("warmup")
+                else " (no warm-up runs: the first run in the fresh worktree compiles its numba kernels)"
+            )
+            + f". `{b['commit']}`'s rows have no `time/reference_s`: its rollout column includes the reference "
+            "model's forward. Metrics rows, first run of each: the largest "
+            f"|difference| of eval/accuracy is {fmt(agree['eval/accuracy']['max_abs_diff'])} over "
+            f"{agree['eval/accuracy']['compared']} evaluations, of reward/mean "
+            f"{fmt(agree['reward/mean']['max_abs_diff'])} over {agree['reward/mean']['compared']} iterations.",
+        ]
+        same = b.get("same_code_agreement")
+        if same:
+            lines[-1] += (
+                f" (Two runs of the current code: {fmt(same['eval/accuracy']['max_abs_diff'])} and "
+                f"{fmt(same['reward/mean']['max_abs_diff'])}.)"
+            )
+    return lines
+
+
+def _bytes_lines(res: dict[str, Any]) -> list[str]:
+    p = max(res["lengths"], key=lambda q: q["length"]) if res["lengths"] else None
+    if p is None:
+        return []
+    t, d = p["decode"]["traffic"], p["decode"]
+    rows = len(p["raw"]["decode"]["creditrl"]["lengths"][-1])
+    return [
+        "",
+        f"Bytes per generated token at length {p['length']:,} (section a, the last decode call): per decode step "
+        f"the engine reads the weights once, {p['non_embedding_parameters']:,} non-embedding parameters x 4 bytes "
+        f"= {t['weights_bytes'] / 1e6:.2f} MB, plus the KV cache of every live row, {p['layers']} layers x 2 x "
+        f"{p['kv_heads']} kv heads x {p['head_dim']} x 4 bytes = {t['kv_bytes_per_position']:,} bytes per position "
+        f"so far. Over {t['steps']:,} steps and {rows} rows ({t['tokens']:,} generated tokens, "
+        f"{t['kv_positions_read']:,} row-positions read): ({t['steps']:,} x {t['weights_bytes']:,} + "
+        f"{t['kv_bytes_per_position']:,} x {t['kv_positions_read']:,}) / {t['tokens']:,} = "
+        f"**{t['bytes_per_token']:,.0f} bytes per token**. At creditrl's "
+        f"{d['creditrl_tokens_per_s']['median']:,.0f} tokens/s that is {d['gb_per_s']['median']:.2f} GB/s, "
+        f"{100 * d['bandwidth_share']:.0f}% of the measured copy bandwidth.",
+    ]
+
+
+def _exactness_lines(res: dict[str, Any]) -> list[str]:
+    """Section f: the packed forward against the HF pass, and the KL row-skipping approximation."""
+    lines = ["", "## f. The packed forward, and zero-advantage rows under a KL term", ""]
+    if res.get("forward"):
+        lines += [
+            "The update's and the reference's response forward (`policy.forward`): the packed pass (each distinct "
+            "prompt once, only the real response tokens) against the HF modules' pass (`policy.forward=hf`), on "
+            "iteration 0's rollout batch of each config, timed interleaved (medians):",
+            "",
+            "| config | rows | response tokens / padded positions | no gradient: HF / packed | forward + backward: "
+            "HF / packed | max abs log-prob difference | gradient relative distance |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for name, r in res["forward"].items():
+            m = r["median_s"]
+            lines.append(
+                f"| {name} | {r['rows']} | {r['response_tokens']:,} / {r['padded_positions']:,} | "
+                f"{m['infer_hf']:.3f} / {m['infer_packed']:.3f} s = **{r['speedup_infer']:.2f}x** | "
+                f"{m['train_hf']:.3f} / {m['train_packed']:.3f} s = **{r['speedup_train']:.2f}x** | "
+                f"{r['max_abs_logprob_diff']:.1e} | {r['grad_relative_distance']:.1e} |"
+            )
+    if res.get("kl_skip"):
+        k = res["kl_skip"]
+        lines += [
+            "",
+            "With a KL term a row whose advantages are all 0 still has the KL's gradient, so the exact update "
+            "trains it (its forward and backward are the only way to that gradient; the packed pass makes them "
+            "cost only its real tokens). `optim.skip_zero_advantage_kl=true` leaves such rows out anyway: an "
+            "approximation, off by default. What it changes, on arith.yaml's own batches (the update taken twice "
+            "on copies of the policy, zero learning rate, no clipping):",
+            "",
+            "| iteration | rows left out | gradient cosine | relative distance | update s, exact | update s, approx. |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in k["rows"]:
+            lines.append(
+                f"| {r['iteration']} | {100 * r['skipped_rows']:.0f}% | {r['cosine']:.4f} | "
+                f"{r['relative_distance']:.3f} | {r['update_s_exact']:.3f} | {r['update_s_approx']:.3f} |"
+            )
+    return lines
+
+
+def performance_report(res: dict[str, Any]) -> str:
+    o, lim = res["options"], res["limits"]
+    timed = o["rounds"] * (o["iterations"] - 1)
+    policy = {
+        "sft": "the chain config's SFT policy (tiny preset, stops at eos)",
+        "tiny": "the tiny preset, random init, with the never-sampled eos (every row decodes max new tokens)",
+    }.get(o["policy"], f"`{o['policy']}`")
+    lines = [
+        f"Batch {o['prompts']} prompts x {o['group']} samples at temperature {o['temperature']}, {res['threads']} "
+        f"threads, torch {res['torch']}. Every ratio is peer / creditrl median seconds (creditrl's speed-up), "
+        "measured in this run with the peers interleaved: creditrl and TRL alternate rounds of "
+        f"{o['iterations']} iterations (the first of each dropped as warm-up: {timed} timed iterations each), "
+        f"creditrl's StaticEngine and HF generate alternate {o['repeats']} calls each. The GRPO settings are "
+        "identical for both trainers: outcome reward, token-mean PPO-clip loss, no KL (TRL beta=0), one optimizer "
+        "step per iteration, and creditrl trains every row (`optim.skip_zero_advantage="
+        f"{str(o['skip_zero_advantage']).lower()}`) as TRL does. Iteration tokens/s = generated tokens / "
+        "iteration seconds. Update GFLOP/s = 6 x non-embedding parameters x the trained positions "
+        "(`tokens/padded`) / update seconds.",
+        "",
+        "## a. By generated length",
+        "",
+        f"The chain task (`creditrl/tasks/chain.py`) at `n = steps_for_tokens(L)` steps, from {policy}, with "
+        f"`rollout.max_new_tokens` = L + {o['length_margin']} where the policy can stop.",
+        "",
+        *_point_tables("a", res["lengths"], lim["peak_gflops"]),
+        "",
+        "![tokens/s against generated length](performance_length.png)",
+        "",
+        "## b. By model size",
+        "",
+        f"Random-init Llamas (`build_tiny` with these shapes) at L = {o['size_length']:,}. Random-init models "
+        "sample eos early, so every model's tokenizer is saved with an extra special token appended and set as "
+        "its eos: its id is the vocabulary size, outside the model's vocabulary, so no model can ever sample it, "
+        f"and both creditrl and the peers decode exactly max new tokens = {o['size_length']:,} on every row.",
+        "",
+        "| model | hidden x layers x heads, intermediate | parameters | non-embedding |",
+        "|---|---|---|---|",
+    ]
+    for p in res["sizes"]:
+        s = p["size"]
+        lines.append(
+            f"| {s['name']} | {s['hidden_size']} x {s['num_layers']} x {s['num_heads']}, {s['intermediate_size']} | "
+            f"{p['parameters']:,} | {p['non_embedding_parameters']:,} |"
+        )
+    lines += [
+        "",
+        *_point_tables("b", res["sizes"], lim["peak_gflops"]),
+        "",
+        "![tokens/s against model size](performance_size.png)",
+        "",
+        "## c. Study settings",
+        "",
+        *_study_lines(res["study"]),
+        "",
+        "## d. Bandwidth and peak",
+        "",
+        "| limit (this process, before the sections) | best | median |",
+        "|---|---|---|",
+        f"| copy: `dst.copy_(src)` of {o['copy_mb']} MB fp32, bytes moved = 2 x size (GB/s) | "
+        f"{lim['copy']['max']:.2f} | {lim['copy']['median']:.2f} |",
+        f"| fp32 {o['matmul_n']}^3 matmul (GFLOP/s) | {lim['matmul']['max']:.1f} | {lim['matmul']['median']:.1f} |",
+        *_bytes_lines(res),
+        "",
+        "The decode and update columns of sections a and b are against these two (the best of their repeats).",
+    ]
+    if "rss" in res:
+        r = res["rss"]
+        spec = r["spec"]
+        lines += [
+            "",
+            "## e. Peak RSS",
+            "",
+            f"One creditrl iteration on chain.yaml (KL on, so with its reference model) of {spec['prompts']} "
+            f"prompts x {spec['group']} samples x {spec['tokens']:,} tokens from a random-init "
+            f"{spec['size']['name']} model with the never-sampled eos ({r['response_length']:.0f} tokens per row), "
+            f"in a subprocess: peak RSS **{r['peak_rss_mb']:,.0f} MB** (`ru_maxrss` of that process), "
+            f"{'within' if r['within_target'] else 'over'} the {r['target_mb']:,.0f} MB target; the iteration took "
+            f"{r['iter_s']:.1f} s (rollout {r['rollout_s']:.1f} s, update {r['update_s']:.1f} s).",
+        ]
+    lines += _exactness_lines(res)
+    lines += ["", "## Flagged points", ""]
+    lines += [f"- {f}" for f in res["flags"]] or ["None."]
+    lines += _explanations(res)
+    lines += ["", f"Peak RSS of the bench process: {res['peak_rss_mb']:,.0f} MB."]
+    return "\n".join(lines)
+
+
+def _attention_share(p: dict[str, Any], rows: int) -> tuple[float, float]:
+    """(attention FLOPs, 6 N x positions) of one update at a point: the score and value products of
+    every layer, forward and backward (3x), ``4 x rows x heads x head_dim x T x (P + T)`` per layer."""
+    t = p["iteration"]["creditrl_length"]
+    width = p["kv_heads"] * p["head_dim"]  # heads x head_dim: the query width (no grouped-query here)
+    attention = 3 * p["layers"] * 4 * rows * width * t * (t + 8)
+    linear = 6 * p["non_embedding_parameters"] * rows * (t + 8)
+    return attention, linear
+
+
+def _explanations(res: dict[str, Any]) -> list[str]:
+    """What the flagged points show, from this run's own numbers, and what would close them."""
+    o = res["options"]
+    rows = o["prompts"] * o["group"]
+    lines = ["", "### What explains them", ""]
+    for section, points in (("a", res["lengths"]), ("b", res["sizes"])):
+        for p in points:
+            it, d = p["iteration"], p["decode"]
+            att, lin = _attention_share(p, rows)
+            share = it["creditrl_update_s"]["median"] / it["creditrl_iter_s"]["median"]
+            lines.append(
+                f"- {section}. {_where(section, p)}: creditrl's iteration is rollout "
+                f"{it['creditrl_rollout_s']['median']:.3f} s + update {it['creditrl_update_s']['median']:.3f} s "
+                f"({100 * share:.0f}% update); decode {d['ratio_hf_vs_creditrl']:.2f}x HF generate; the update's "
+                f"attention products are {att / 1e9:.1f} GFLOP next to 6 N x positions = {lin / 1e9:.1f} GFLOP, so "
+                f"counted with them the update runs {100 * it['update_peak_share'] * (att + lin) / lin:.0f}% of the "
+                "matmul peak."
+            )
+    lines += [
+        "",
+        "- **Iteration < 3x TRL**: TRL's GRPOTrainer does the same update (a forward and backward over the same "
+        "positions, every row), so the iteration ratio is bounded by the update's share of creditrl's iteration: "
+        "the faster decode only shortens the rollout part. Closing it needs a faster update, not a faster rollout.",
+        "- **Update < 50% of the peak**: the 6 N formula counts the projections and the MLP only; the attention "
+        "products grow as T^2 and, for the 128-wide tiny model, exceed them past ~500 tokens (above). The packed "
+        "pass runs them through PyTorch's causal CPU attention, one call per prompt length, at 32-wide heads "
+        "(a low arithmetic intensity); counted with them the update reaches 40-61% of the peak. Short responses "
+        "(64 tokens) lose instead to the fixed costs of a small batch (16 rows): one optimizer step and the "
+        "kernel launches of a 4-layer model over about 1,000 positions.",
+        "- **Decode < 3x HF generate at 10M and 50M**: at 16 rows a decode step reads every weight once for 16 "
+        "tokens, and that read (and the matrix products on it) is the same for both engines; HF's per-step framework "
+        "overhead, which the static engine removes, is a shrinking share as the model grows. More rows per weight "
+        "read (larger groups, or the shared rows of identical samples) or smaller weights would close it; neither "
+        "changes at a fixed batch of random-init rows.",
+        *_study_explanation(res),
+    ]
+    return lines
+
+
+def _study_explanation(res: dict[str, Any]) -> list[str]:
+    """Why the study settings are not faster than the baseline, and the RSS point, from this run."""
+    out = []
+    fwd, kl = res.get("forward", {}).get("arith"), res.get("kl_skip")
+    base = res.get("study", {}).get("baseline")
+    if base and fwd:
+        out.append(
+            f"- **Study settings at {base['speedup']:.2f}x `{base['commit']}`**: arith.yaml's iteration is rollout, "
+            "reference and update in about equal parts of the same size as before: the packed pass drops the padding "
+            f"({fwd['padded_positions']:,} padded positions to {fwd['response_tokens']:,} response tokens) but at "
+            f"these sizes its forward + backward is {fwd['speedup_train']:.2f}x the HF pass and the reference "
+            f"{fwd['speedup_infer']:.2f}x (section f): the padded positions' products were a small part of each "
+            "pass next to its fixed costs. With the KL on, no zero-advantage row can be left out exactly."
+        )
+    if kl:
+        m = kl["median"]
+        out.append(
+            f"- **What would close it**: `optim.skip_zero_advantage_kl` cuts the update from "
+            f"{m['update_s_exact']:.3f} s to {m['update_s_approx']:.3f} s ({100 * m['skipped_rows']:.0f}% of the rows "
+            f"left out) at a gradient cosine of {m['cosine']:.4f} to the exact one (section f); it is an "
+            "approximation and stays off until a study shows it trains the same."
+        )
+    if "rss" in res and not res["rss"]["within_target"]:
+        r = res["rss"]
+        out.append(
+            f"- **Peak RSS {r['peak_rss_mb']:,.0f} MB**: the decode's KV cache holds every row's prompt and "
+            "max new tokens positions (for 128 rows of 1,024 tokens at 10M, 6 layers x 2 x 384 floats = 18,432 bytes "
+            "per position, about 2.4 GB), and the update's micro-batches hold whole prompt groups (8 rows x "
+            "1,032 positions of activations); micro-batches that split a group's rows, or a KV cache in 16-bit "
+            "floats, would bring it under 4 GB."
+        )
+    return out
+
+
+def _plot(
+    series: dict[str, tuple[list[float], list[float]]], ticks: dict[float, str], path: Path, xlabel: str, title: str
+) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for label, (xs, ys) in series.items():
+        if xs:
+            ax.plot(xs, ys, marker="o", label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xticks(list(ticks), list(ticks.values()))
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("generated tokens / s")
+    ax.set_title(title)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _series(points: list[dict[str, Any]], x: str) -> dict[str, tuple[list[float], list[float]]]:
+    def pick(group: str, key: str) -> tuple[list[float], list[float]]:
+        ps = [p for p in points if key in p[group]]
+        return [p[x] for p in ps], [p[group][key]["median"] for p in ps]
+
+    return {
+        "creditrl decode (StaticEngine)": pick("decode", "creditrl_tokens_per_s"),
+        "HF generate": pick("decode", "hf_generate_tokens_per_s"),
+        "creditrl GRPO iteration": pick("iteration", "creditrl_tokens_per_s"),
+        "TRL GRPOTrainer iteration": pick("iteration", "trl_tokens_per_s"),
+    }
+
+
+def plot_lengths(res: dict[str, Any], path: Path) -> None:
+    ticks = {p["length"]: f"{p['length']:,}" for p in res["lengths"]}
+    title = "Tokens/s against generated length"
+    _plot(_series(res["lengths"], "length"), ticks, path, "generated length (tokens)", title)
+
+
+def plot_sizes(res: dict[str, Any], path: Path) -> None:
+    ticks = {p["parameters"]: f"{p['size']['name']}\n{p['parameters'] / 1e6:.2f}M" for p in res["sizes"]}
+    _plot(_series(res["sizes"], "parameters"), ticks, path, "parameters", "Tokens/s against model size")

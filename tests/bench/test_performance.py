@@ -1,0 +1,236 @@
+"""`creditrl bench --performance` at quick sizes: every section is there, the never-sampled eos makes
+every row decode max_new_tokens, and the derived numbers follow from the raw ones."""
+
+import json
+import statistics
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from creditrl.bench.hf_peer import hf_generate_throughput
+from creditrl.bench.performance import (
+    BASELINE,
+    CREDITRL_SRC,
+    ModelSize,
+    PerformanceOptions,
+    baseline_worktree,
+    compare_rows,
+    decode_bytes,
+    model_geometry,
+    options_from_args,
+    quick_options,
+    run_performance,
+    save_never_eos_model,
+    summarise_run,
+)
+from creditrl.bench.performance_report import flags
+from creditrl.cli import build_parser
+from creditrl.policy.engines import SamplingParams, StaticEngine
+from creditrl.policy.model import load_policy
+from creditrl.policy.tokenizer import encode_prompt
+from creditrl.tasks import make_task
+
+SMALL = ModelSize("small", hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    out = tmp_path_factory.mktemp("performance")
+    # the d760505 comparison (a worktree and two more `creditrl train` subprocesses, the first of them
+    # compiling the old tree's numba kernels) is left out to keep this well under a minute
+    opts = replace(quick_options(PerformanceOptions()), out=out, results=out / "page.md", baseline=None)
+    return run_performance(opts), opts
+
+
+def test_quick_options_are_quick_and_cover_every_section():
+    q = quick_options(PerformanceOptions())
+    assert q.policy == "tiny" and q.lengths == (8, 16) and q.repeats == 1 and q.iterations == 2 and q.rounds == 1
+    assert set(q.study_iterations.values()) == {3} and q.baseline == BASELINE and q.rss and q.trl
+    assert all(o.startswith(("train.", "rollout.", "task.")) for os_ in q.study_overrides.values() for o in os_)
+    args = build_parser().parse_args(
+        ["bench", "--performance", "--quick", "--no-trl", "--out", "x", "--results", "p.md"]
+    )
+    opts = options_from_args(args)
+    assert args.performance and opts.lengths == (8, 16) and not opts.trl
+    assert opts.out == Path("x") and opts.results == Path("p.md")
+    full = options_from_args(build_parser().parse_args(["bench", "--performance"]))
+    assert full.lengths == (64, 256, 512, 1000) and full.prompts * full.group == 16 and full.policy == "sft"
+    assert [s.name for s in full.sizes] == ["tiny", "10M", "50M"] and full.size_length == 256
+
+
+def test_report_has_every_section_and_the_page_its_header(quick):
+    res, opts = quick
+    saved = json.loads((opts.out / "performance.json").read_text())
+    assert {"limits", "lengths", "sizes", "study", "rss", "forward", "kl_skip", "flags"} <= set(saved)
+    page = opts.results.read_text()
+    assert page.startswith("# Performance") and "Written by `" in page and "machine:" in page
+    for heading in ("## a. By generated length", "## b. By model size", "## c. Study settings"):
+        assert heading in page
+    for heading in ("## d. Bandwidth and peak", "## e. Peak RSS", "## f. The packed forward", "## Flagged points"):
+        assert heading in page
+    for fig in ("page_length.png", "page_size.png"):
+        assert f"({fig})" in page and (opts.results.parent / fig).stat().st_size > 0
+    assert [p["length"] for p in res["lengths"]] == [8, 16]
+    assert [p["size"]["name"] for p in res["sizes"]] == ["0.1M", "0.3M"]
+    assert res["sizes"][0]["parameters"] < res["sizes"][1]["parameters"]
+    assert set(res["study"]["runs"]) == {"arith", "chain"} and "baseline" not in res["study"]
+    run = res["study"]["runs"]["arith"][0]
+    assert run["iterations"] == 3 and run["samples"] == 3 * 2 * 2 and run["evaluations"] == 2
+    assert run["wall_s"] > run["iterations_s"] > 0 and run["samples_per_s"] == pytest.approx(12 / run["wall_s"])
+    assert set(run["stages_s"]) >= {"rollout", "update"} and run["eval_source"] in ("row gaps", "time/eval_s")
+    assert 0 < res["rss"]["peak_rss_mb"] < res["rss"]["target_mb"] and res["rss"]["response_length"] == 32
+    # every flag is printed, one per line
+    assert all(f"- {f}" in page for f in res["flags"])
+
+
+def test_never_eos_rows_decode_exactly_max_new_tokens(quick):
+    res, opts = quick
+    rows = opts.prompts * opts.group
+    for p in res["lengths"] + res["sizes"]:
+        assert not p["eos_reachable"] and p["max_new_tokens"] == p["length"]  # random init: no margin needed
+        raw = p["raw"]
+        assert all(lengths == [p["length"]] * rows for lengths in raw["decode"]["creditrl"]["lengths"])
+        assert raw["decode"]["hf"]["tokens"] == [p["length"] * rows] * opts.repeats
+        assert all(r["response/length"] == p["length"] for r in raw["iterations"]["creditrl"])
+        assert all(r["tokens"] == p["length"] * rows for r in raw["iterations"]["trl"])
+
+
+def test_never_eos_model_cannot_stop_in_either_engine(tmp_path):
+    path = save_never_eos_model(SMALL, tmp_path / "m")
+    model, tok = load_policy(str(path))
+    model.eval()
+    assert tok.eos_token_id == model.config.vocab_size == model.get_output_embeddings().weight.shape[0]
+    assert tok.pad_token_id == 0 and tok.bos_token_id == 1  # the character tokenizer's ids are unchanged
+    prompts = [
+        encode_prompt(tok, p.prompt)
+        for p in make_task("chain", min_steps=2, max_steps=2).sample(2, split="train", seed=0)
+    ]
+    g = StaticEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id).generate(
+        prompts, 3, SamplingParams(max_new_tokens=12), generator=torch.Generator().manual_seed(0)
+    )
+    assert [len(t) for t in g.tokens] == [12] * 6 and not any(g.finished)
+    hf = hf_generate_throughput(model, prompts, 3, 12, temperature=1.0, pad_id=0, eos_id=tok.eos_token_id, seed=0)
+    assert hf["new_tokens"] == 12 * 6
+
+
+def test_decode_bytes_match_a_hand_computation(tmp_path):
+    model, _ = load_policy(str(save_never_eos_model(SMALL, tmp_path / "m")))
+    geo = model_geometry(model)
+    # 2 layers of q, k, v, o (32 x 32), gate, up, down (32 x 64) and 2 norms (32); the final norm (32)
+    n = 2 * (4 * 32 * 32 + 3 * 32 * 64 + 2 * 32) + 32
+    assert geo == {
+        "parameters": n + 99 * 32,  # + the tied embedding
+        "non_embedding_parameters": n,
+        "layers": 2,
+        "kv_heads": 2,
+        "head_dim": 16,
+    }
+    # two rows: prompt 3, 4 tokens generated; prompt 5, 2 generated -> 4 steps
+    out = decode_bytes(geo, [3, 5], [4, 2])
+    kv = 2 * 2 * 2 * 16 * 4  # layers x (k, v) x kv heads x head dim x fp32
+    positions = (3 + 4 + 5 + 6) + (5 + 6)  # row 1 reads 3, 4, 5, 6 positions; row 2 reads 5, 6
+    assert out["kv_bytes_per_position"] == kv and out["kv_positions_read"] == positions and out["steps"] == 4
+    assert out["bytes_per_token"] == pytest.approx((4 * n * 4 + kv * positions) / 6)
+
+
+def test_ratios_are_peer_over_creditrl_medians(quick):
+    res, _ = quick
+    for p in res["lengths"] + res["sizes"]:
+        raw, it, d = p["raw"], p["iteration"], p["decode"]
+        trl = statistics.median(r["time_s"] for r in raw["iterations"]["trl"])
+        ours = statistics.median(r["time/iter_s"] for r in raw["iterations"]["creditrl"])
+        assert it["ratio_trl_vs_creditrl"] == pytest.approx(trl / ours)
+        hf = statistics.median(s / n for s, n in zip(raw["decode"]["hf"]["s"], raw["decode"]["hf"]["tokens"]))
+        cr = raw["decode"]["creditrl"]
+        assert d["ratio_hf_vs_creditrl"] == pytest.approx(
+            hf / statistics.median(s / n for s, n in zip(cr["s"], cr["tokens"]))
+        )
+        gbs = statistics.median(t / s / 1e9 for t, s in zip([d["traffic"]["total_bytes"]] * len(cr["s"]), cr["s"]))
+        assert d["bandwidth_share"] == pytest.approx(gbs / res["limits"]["copy_gbs"])
+        assert it["update_peak_share"] == pytest.approx(it["update_gflops"]["median"] / res["limits"]["peak_gflops"])
+    assert res["flags"] == flags(res)
+
+
+def test_flags_name_each_point_below_a_threshold(quick):
+    res, _ = quick
+    fast = json.loads(json.dumps(res))
+    for p in fast["lengths"] + fast["sizes"]:
+        p["iteration"].update(ratio_trl_vs_creditrl=5.0, update_peak_share=0.9)
+        p["decode"].update(ratio_hf_vs_creditrl=5.0, bandwidth_share=0.9)
+    assert flags(fast) == []
+    p = fast["sizes"][1]
+    p["iteration"]["ratio_trl_vs_creditrl"] = 2.5
+    p["decode"]["bandwidth_share"] = 0.25
+    assert [f.split(":")[0] for f in flags(fast)] == ["b. size 0.3M"] * 2
+    assert "2.50x TRL" in flags(fast)[0] and "25% of the" in flags(fast)[1]
+
+
+def test_summarise_run_splits_the_time_outside_iterations():
+    times = {"time/rollout_s": 1.0, "time/update_s": 1.0, "time/iter_s": 2.0}
+    rows = [
+        {"iteration": 0, "samples/total": 0, "eval/accuracy": 0.5},
+        {"iteration": 1, "samples/total": 4, **times, "reward/mean": 0.25},
+        {"iteration": 2, "samples/total": 8, **times, "reward/mean": 0.5},
+        {"iteration": 3, "samples/total": 12, **times, "reward/mean": 0.5, "eval/accuracy": 0.75},
+    ]
+    # row 0 at 5 s (start-up + first evaluation), then gaps of 2.1, 2.1 and 2.1 + 3 (an evaluation)
+    out = summarise_run(rows, wall=16.0, stamps=[5.0, 7.1, 9.2, 14.3])
+    assert out["samples_per_s"] == 12 / 16 and out["samples_per_iteration_s"] == 2.0
+    assert out["stages_s"] == {"rollout": 3.0, "update": 3.0} and out["outside_iterations_s"] == 10.0
+    assert out["until_first_row_s"] == 5.0 and out["later_evals_s"] == pytest.approx(3.0)
+    assert out["evaluations"] == 2 and out["eval_source"] == "row gaps"
+    other = [dict(r, **{"reward/mean": r.get("reward/mean", 0) + 0.125}) for r in rows]
+    other[3]["eval/accuracy"] = 0.5
+    agree = compare_rows(rows, other)
+    assert agree["reward/mean"] == {"max_abs_diff": 0.125, "compared": 3}
+    assert agree["eval/accuracy"] == {"max_abs_diff": 0.25, "compared": 2}
+
+
+def test_baseline_worktree_is_the_old_commit_and_is_removed():
+    with baseline_worktree(BASELINE) as tree:
+        assert (tree / "src/creditrl/cli.py").exists()  # d760505's command line was one module
+        assert (tree / "src/creditrl/configs/arith.yaml").exists()
+        head = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+        assert head.startswith(BASELINE)
+    assert not tree.exists()
+    listed = subprocess.run(["git", "-C", str(CREDITRL_SRC), "worktree", "list"], capture_output=True, text=True)
+    assert str(tree) not in listed.stdout
+
+
+def test_a_policy_that_can_stop_gets_the_length_margin(tmp_path):
+    """The SFT path of section a, with a stand-in: a plain random-init model (its eos is in the vocabulary)."""
+    from creditrl.bench.performance import measure_point
+    from creditrl.policy.model import build_tiny
+
+    model, tok = build_tiny(0, SMALL.preset())
+    model.save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    opts = replace(quick_options(PerformanceOptions()), length_margin=4, trl=False)
+    limits = {"copy_gbs": 10.0, "peak_gflops": 50.0}
+    p = measure_point(str(tmp_path / "m"), 8, opts, limits, lambda _: None, "stand-in")
+    assert p["eos_reachable"] and p["max_new_tokens"] == 12 and p["chain_steps"] == 1
+    lengths = p["raw"]["decode"]["creditrl"]["lengths"][0]
+    assert len(lengths) == 4 and all(1 <= n <= 12 for n in lengths)
+    assert "trl_iter_s" not in p["iteration"] and p["iteration"]["creditrl_iter_s"]["n"] == 1
+
+
+def test_a_saved_run_re_renders_with_its_own_command_and_the_explanations(quick, tmp_path):
+    from creditrl.bench.performance import render_saved
+    from creditrl.bench.performance_report import _attention_share
+
+    res, opts = quick
+    page = tmp_path / "again.md"
+    render_saved(opts.out / "performance.json", page)
+    text = page.read_text()
+    assert f"Written by `{res['command']}`" in text  # the measuring command, not the re-render's
+    assert "### What explains them" in text and "## f. The packed forward" in text
+    assert (tmp_path / "again_length.png").exists() and (tmp_path / "again_size.png").exists()
+    p = res["lengths"][0]
+    rows = opts.prompts * opts.group
+    att, lin = _attention_share(p, rows)
+    t = p["iteration"]["creditrl_length"]
+    assert att == pytest.approx(3 * p["layers"] * 4 * rows * p["kv_heads"] * p["head_dim"] * t * (t + 8))
+    assert lin == pytest.approx(6 * p["non_embedding_parameters"] * rows * (t + 8))
