@@ -11,15 +11,14 @@ import pytest
 import torch
 
 from creditrl.bench.hf_peer import hf_generate_throughput
+from creditrl.bench.perf_options import BASELINE, CREDITRL_SRC
+from creditrl.bench.perf_points import model_geometry
+from creditrl.bench.perf_study import baseline_worktree
 from creditrl.bench.performance import (
-    BASELINE,
-    CREDITRL_SRC,
     ModelSize,
     PerformanceOptions,
-    baseline_worktree,
     compare_rows,
     decode_bytes,
-    model_geometry,
     options_from_args,
     quick_options,
     run_performance,
@@ -202,7 +201,7 @@ def test_baseline_worktree_is_the_old_commit_and_is_removed():
 
 def test_a_policy_that_can_stop_gets_the_length_margin(tmp_path):
     """The SFT path of section a, with a stand-in: a plain random-init model (its eos is in the vocabulary)."""
-    from creditrl.bench.performance import measure_point
+    from creditrl.bench.perf_points import measure_point
     from creditrl.policy.model import build_tiny
 
     model, tok = build_tiny(0, SMALL.preset())

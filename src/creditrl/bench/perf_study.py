@@ -1,0 +1,335 @@
+"""Sections c, e and f of `creditrl bench --performance`: whole `creditrl train` runs (and the
+baseline commit's, back to back), the peak RSS of one large iteration, the packed forward against
+the HF pass and what the KL row-skipping approximation changes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from creditrl.bench.perf_options import CREDITRL_SRC, ModelSize, PerformanceOptions
+from creditrl.bench.perf_points import _median_ratio, save_never_eos_model
+from creditrl.config import Config, load_config
+from creditrl.config.loader import packaged_config
+from creditrl.tasks.chain import steps_for_tokens
+
+# -- (c): whole `creditrl train` runs -----------------------------------------------------------------------
+
+
+def _read_new_rows(path: Path, seen: int, stamps: list[float], start: float) -> int:
+    """Stamp the time each complete new line of ``path`` appeared; returns the bytes consumed."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return seen
+    if size <= seen:
+        return seen
+    with path.open("rb") as f:
+        f.seek(seen)
+        chunk = f.read(size - seen)
+    done = chunk.rfind(b"\n") + 1
+    now = time.perf_counter() - start
+    stamps.extend(now for _ in range(chunk[:done].count(b"\n")))
+    return seen + done
+
+
+def timed_train(src: Path, config: Path, overrides: list[str], run_dir: Path) -> dict[str, Any]:
+    """``python -m creditrl.cli train CONFIG --set ... --run-dir RUN_DIR`` with ``PYTHONPATH=src``
+    (a fresh run dir), timed end to end; each metrics row is stamped when it appears."""
+    run_dir = run_dir.resolve()  # the old tree's train runs in its own folder: a relative dir would land there
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "creditrl.cli", "train", str(config)]
+    cmd += [a for o in overrides for a in ("--set", o)] + ["--run-dir", str(run_dir)]
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    log_path = run_dir.parent / f"{run_dir.name}.log"
+    stamps: list[float] = []
+    seen = 0
+    with log_path.open("w") as log:
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=src.parent)
+        while proc.poll() is None:
+            seen = _read_new_rows(run_dir / "metrics.jsonl", seen, stamps, start)
+            time.sleep(0.02)
+        wall = time.perf_counter() - start
+    _read_new_rows(run_dir / "metrics.jsonl", seen, stamps, start)
+    if proc.returncode != 0:
+        tail = "\n".join(log_path.read_text().splitlines()[-20:])
+        raise RuntimeError(f"`{' '.join(cmd)}` exited {proc.returncode}; the end of {log_path}:\n{tail}")
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return {"command": cmd, "src": str(src), **summarise_run(rows, wall, stamps)}
+
+
+def summarise_run(rows: list[dict], wall: float, stamps: list[float] | None = None) -> dict[str, Any]:
+    """Samples/s and where the wall time went. The rows' stage times sum to ``time/iter_s``; the
+    rest of the wall time is outside the iterations. With ``stamps`` (when each row appeared) that
+    rest is split: until row 0 (start-up + the first evaluation), each evaluation row's gap beyond
+    its iteration and the other rows' median gap (later evaluations), and the remainder (checkpoints,
+    inspector records, logging, exit). Rows with a ``time/eval_s`` give the evaluations directly."""
+    its = [r for r in rows if "time/iter_s" in r]
+    stages: dict[str, float] = {}
+    for r in its:
+        for k, v in r.items():
+            if k.startswith("time/") and k.endswith("_s") and k not in ("time/iter_s", "time/total_s", "time/eval_s"):
+                stages[k[5:-2]] = stages.get(k[5:-2], 0.0) + v
+    in_iterations = sum(r["time/iter_s"] for r in its)
+    samples = rows[-1]["samples/total"] if rows else 0
+    out: dict[str, Any] = {
+        "wall_s": wall,
+        "iterations": len(its),
+        "samples": samples,
+        "samples_per_s": samples / wall,
+        "samples_per_iteration_s": samples / in_iterations if in_iterations else 0.0,
+        "stages_s": stages,
+        "iterations_s": in_iterations,
+        "outside_iterations_s": wall - in_iterations,
+        "evaluations": sum("eval/accuracy" in r for r in rows),
+        "rows": [{k: r[k] for k in ("iteration", "eval/accuracy", "reward/mean") if k in r} for r in rows],
+    }
+    if any("time/eval_s" in r for r in rows):
+        out["eval_s"] = sum(r.get("time/eval_s", 0.0) for r in rows)
+        out["eval_source"] = "time/eval_s"
+    elif stamps and len(stamps) == len(rows) and len(rows) > 1:
+        gaps = [stamps[i] - stamps[i - 1] - rows[i].get("time/iter_s", 0.0) for i in range(1, len(rows))]
+        plain = [g for g, r in zip(gaps, rows[1:]) if "eval/accuracy" not in r]
+        overhead = statistics.median(plain) if plain else 0.0
+        later = [g - overhead for g, r in zip(gaps, rows[1:]) if "eval/accuracy" in r]
+        out["until_first_row_s"] = stamps[0]
+        out["later_evals_s"] = sum(later)
+        out["mean_eval_s"] = statistics.mean(later) if later else 0.0
+        out["eval_source"] = "row gaps"
+    return out
+
+
+def compare_rows(a: list[dict], b: list[dict], keys: tuple[str, ...] = ("eval/accuracy", "reward/mean")) -> dict:
+    """Largest absolute difference of each of ``keys`` over the iterations both runs logged it at."""
+    by_it = {r["iteration"]: r for r in b}
+    out: dict[str, Any] = {}
+    for key in keys:
+        diffs = [
+            abs(r[key] - by_it[r["iteration"]][key]) for r in a if key in r and key in by_it.get(r["iteration"], {})
+        ]
+        out[key] = {"max_abs_diff": max(diffs) if diffs else None, "compared": len(diffs)}
+    return out
+
+
+@contextlib.contextmanager
+def baseline_worktree(commit: str) -> Iterator[Path]:
+    """A detached ``git worktree`` of ``commit`` in a temporary directory, removed afterwards."""
+    repo = subprocess.run(
+        ["git", "-C", str(CREDITRL_SRC), "rev-parse", "--show-toplevel"], capture_output=True, text=True
+    )
+    if repo.returncode != 0:
+        raise RuntimeError(f"the baseline comparison needs creditrl's git checkout ({repo.stderr.strip()})")
+    top = repo.stdout.strip()
+    tree = Path(tempfile.mkdtemp(prefix=f"creditrl-{commit}-")) / "tree"
+    subprocess.run(
+        ["git", "-C", top, "worktree", "add", "--detach", str(tree), commit], check=True, capture_output=True
+    )
+    try:
+        yield tree
+    finally:
+        subprocess.run(["git", "-C", top, "worktree", "remove", "--force", str(tree)], capture_output=True)
+        shutil.rmtree(tree.parent, ignore_errors=True)
+        subprocess.run(["git", "-C", top, "worktree", "prune"], capture_output=True)
+
+
+def _study_overrides(opts: PerformanceOptions, name: str, threads: int) -> list[str]:
+    iterations = opts.study_iterations.get(name)  # None: the config's own
+    return [
+        *([f"train.iterations={iterations}"] if iterations else []),
+        f"train.threads={threads}",
+        "train.progress=false",
+        f"train.seed={opts.seed}",
+        *opts.study_overrides.get(name, ()),
+    ]
+
+
+def _log_run(log: Callable[[str], None], label: str, r: dict) -> None:
+    log(
+        f"study {label}: {r['iterations']} iterations, {r['samples']:,} samples in {r['wall_s']:.1f} s = "
+        f"{r['samples_per_s']:.1f} samples/s end to end ({r['samples_per_iteration_s']:.1f} within iterations; "
+        f"{r['outside_iterations_s']:.1f} s outside them)"
+    )
+
+
+def _ensure_sft(name: str, overrides: list[str], log: Callable[[str], None]) -> None:
+    """Find (or train, untimed) the SFT warm start a study run of ``name`` starts from."""
+    cfg = load_config(packaged_config(name), overrides)
+    if cfg.train.init == "sft":
+        from creditrl.train.sft import cached_sft
+
+        path, _ = cached_sft(cfg, progress=True)
+        log(f"study {name}: starts from the cached SFT policy {path}")
+
+
+def bench_study(opts: PerformanceOptions, threads: int, log: Callable[[str], None]) -> dict[str, Any]:
+    runs_dir = opts.out / "study"
+    out: dict[str, Any] = {"threads": threads, "runs": {}}
+    for name in opts.study:
+        _ensure_sft(name, _study_overrides(opts, name, threads), log)
+        if name == "arith" and opts.baseline:
+            continue  # the baseline comparison's runs of the current code are the arith study runs
+        r = timed_train(CREDITRL_SRC, packaged_config(name), _study_overrides(opts, name, threads), runs_dir / name)
+        out["runs"][name] = [r]
+        _log_run(log, name, r)
+    if opts.baseline:
+        overrides = _study_overrides(opts, "arith", threads)
+        if "arith" not in opts.study:
+            _ensure_sft("arith", overrides, log)
+        old: list[dict] = []
+        new: list[dict] = []
+        with baseline_worktree(opts.baseline) as tree:
+            config = tree / "src/creditrl/configs/arith.yaml"
+            if opts.baseline_warmup:  # untimed: the worktree's numba cache and bytecode, and the current code's
+                warm = [*overrides, "train.iterations=1"]
+                timed_train(tree / "src", config, warm, runs_dir / f"warmup-{opts.baseline}")
+                timed_train(CREDITRL_SRC, packaged_config("arith"), warm, runs_dir / "warmup")
+                log(f"study baseline: warm-up runs of {opts.baseline} and of the current code done")
+            for i in range(opts.baseline_rounds):  # old, new, old, new
+                old.append(timed_train(tree / "src", config, overrides, runs_dir / f"arith-{opts.baseline}-{i}"))
+                _log_run(log, f"arith at {opts.baseline} #{i + 1}", old[-1])
+                new.append(timed_train(CREDITRL_SRC, packaged_config("arith"), overrides, runs_dir / f"arith-{i}"))
+                _log_run(log, f"arith, current code #{i + 1}", new[-1])
+        out["runs"]["arith"] = new
+        agree = compare_rows(old[0]["rows"], new[0]["rows"])
+        out["baseline"] = {
+            "commit": opts.baseline,
+            "warmup": opts.baseline_warmup,
+            "old": old,
+            "speedup": _median_ratio([r["wall_s"] for r in old], [r["wall_s"] for r in new]),
+            "speedup_iterations": _median_ratio([r["iterations_s"] for r in old], [r["iterations_s"] for r in new]),
+            "agreement": agree,
+            "same_code_agreement": compare_rows(new[0]["rows"], new[-1]["rows"]) if len(new) > 1 else None,
+        }
+        b = out["baseline"]
+        log(
+            f"study baseline: current code {b['speedup']:.2f}x the samples/s of {opts.baseline} end to end "
+            f"({b['speedup_iterations']:.2f}x within iterations); largest |difference| eval/accuracy "
+            f"{agree['eval/accuracy']['max_abs_diff']}, reward/mean {agree['reward/mean']['max_abs_diff']}"
+        )
+    return out
+
+
+# -- (f): the packed forward against the HF pass, and the KL row-skipping approximation --------------------------
+
+
+def _start_of(name: str, overrides: list[str]) -> tuple[Config, str]:
+    """A study config and the path its run starts from (the cached SFT policy, or policy.model)."""
+    from creditrl.train.build import start_policy
+
+    cfg = load_config(packaged_config(name), overrides)
+    return cfg, start_policy(cfg, progress=True)
+
+
+def bench_forward(opts: PerformanceOptions, threads: int, log: Callable[[str], None]) -> dict[str, Any]:
+    from creditrl.bench.forward_ab import forward_ab
+
+    out: dict[str, Any] = {}
+    for name in opts.forward:
+        cfg, start = _start_of(name, _study_overrides(opts, name, threads))
+        r = out[name] = forward_ab(cfg, start, opts.forward_repeats)
+        log(
+            f"forward/{name}: {r['rows']} rows, {r['response_tokens']:,} response tokens of {r['padded_positions']:,} "
+            f"padded positions; packed {r['speedup_infer']:.2f}x the HF pass without gradient, "
+            f"{r['speedup_train']:.2f}x forward + backward; max |d log p| {r['max_abs_logprob_diff']:.1e}, "
+            f"gradient distance {r['grad_relative_distance']:.1e}"
+        )
+    return out
+
+
+def bench_kl_skip(opts: PerformanceOptions, threads: int, log: Callable[[str], None]) -> dict[str, Any]:
+    from creditrl.bench.kl_skip import kl_skip_effect
+
+    overrides = [o for o in _study_overrides(opts, "arith", threads) if not o.startswith("train.iterations=")]
+    cfg, start = _start_of("arith", [*overrides, "train.eval_every=100000"])
+    out = kl_skip_effect(cfg, start, opts.kl_skip_iterations, opts.kl_skip_at)
+    m = out["median"]
+    log(
+        f"kl_skip: gradient cosine {m['cosine']:.4f}, relative distance {m['relative_distance']:.3f} with "
+        f"{100 * m['skipped_rows']:.0f}% of rows left out; update {m['update_s_exact']:.3f} s exact vs "
+        f"{m['update_s_approx']:.3f} s approximate (medians over iterations {list(opts.kl_skip_at)})"
+    )
+    return out
+
+
+# -- (e): peak RSS of one large iteration --------------------------------------------------------------------
+
+
+def rss_child(spec_json: str) -> None:
+    """(In a subprocess.) One creditrl iteration on chain.yaml (KL on) from a never-eos model of
+    ``spec["size"]``: prints one JSON line with its peak RSS (this process) and timings."""
+    import resource
+
+    from creditrl.train.rl import RLTrainer
+
+    spec = json.loads(spec_json)
+    if spec["threads"]:
+        torch.set_num_threads(spec["threads"])
+    steps = steps_for_tokens(spec["tokens"])
+    with tempfile.TemporaryDirectory(prefix="creditrl-rss-") as tmp:
+        path = save_never_eos_model(ModelSize(**spec["size"]), Path(tmp) / "model", spec["seed"])
+        cfg = load_config(
+            packaged_config("chain"),
+            [
+                f"rollout.prompts_per_iter={spec['prompts']}",
+                f"rollout.group_size={spec['group']}",
+                f"rollout.max_new_tokens={spec['tokens']}",
+                f"task.args={{min_steps: {steps}, max_steps: {steps}}}",
+                "optim.skip_zero_advantage=false",
+                "train.progress=false",
+                f"train.seed={spec['seed']}",
+            ],
+        )
+        trainer = RLTrainer.from_config(cfg, Path(tmp) / "run", init_path=str(path))
+        row = trainer.iteration(0)
+    print(
+        json.dumps(
+            {
+                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                "iter_s": row["time/iter_s"],
+                "rollout_s": row["time/rollout_s"],
+                "update_s": row["time/update_s"],
+                "response_length": row["response/length"],
+                "samples": spec["prompts"] * spec["group"],
+            }
+        )
+    )
+
+
+def bench_rss(opts: PerformanceOptions, threads: int, log: Callable[[str], None]) -> dict[str, Any]:
+    spec = {
+        "size": asdict(opts.rss_size),
+        "prompts": opts.rss_prompts,
+        "group": opts.rss_group,
+        "tokens": opts.rss_tokens,
+        "threads": threads,
+        "seed": opts.seed,
+    }
+    code = "import sys; from creditrl.bench.perf_study import rss_child; rss_child(sys.argv[1])"
+    env = {**os.environ, "PYTHONPATH": str(CREDITRL_SRC)}
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(spec)], capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the peak-RSS subprocess exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    res.update(spec=spec, target_mb=opts.rss_target_mb, within_target=res["peak_rss_mb"] <= opts.rss_target_mb)
+    log(
+        f"rss: one iteration of {res['samples']} samples x {opts.rss_tokens} tokens at {opts.rss_size.name} "
+        f"({res['response_length']:.0f} tokens/row, {res['iter_s']:.1f} s): peak RSS {res['peak_rss_mb']:,.0f} MB "
+        f"(target {opts.rss_target_mb:,.0f} MB)"
+    )
+    return res
