@@ -21,6 +21,7 @@ import dataclasses
 import hashlib
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -171,6 +172,26 @@ def _normalise(segment: str) -> str:
     return segment.strip().removesuffix(";").strip()
 
 
+def labels_in_order(expected: list[str], segments: list[str], answer_ok: Callable[[str], bool]) -> list[bool]:
+    """Stop-at-the-first-error step labels of ``segments`` against the canonical steps ``expected``
+    (each segment normalised as :meth:`ArithmeticTask.check_steps` says): a step is right iff it is
+    the next expected one, every earlier step was right and no answer came before it; an answer
+    segment (starting with ``"#"``) iff it is the first one and ``answer_ok(its text)``."""
+    labels: list[bool] = []
+    done, failed, seen_answer = 0, False, False
+    for segment in segments:
+        text = _normalise(segment)
+        if text.startswith("#"):
+            labels.append(not seen_answer and answer_ok(text))
+            seen_answer = True
+            continue
+        ok = not failed and not seen_answer and done < len(expected) and text == expected[done]
+        labels.append(ok)
+        done += ok
+        failed = failed or not ok
+    return labels
+
+
 def _stream_seed(seed: int, split: str) -> int:
     """Derive the RNG seed of one split from ``seed``, stably across processes."""
     digest = hashlib.sha256(f"arithmetic/{split}/{seed}".encode()).digest()
@@ -296,23 +317,7 @@ class ArithmeticTask:
           incorrect ("stop at the first error", as in PRM800K).
         """
         expected = [_format_step(s) for s in canonical_steps(problem.prompt)]
-        labels: list[bool] = []
-        n_done = 0
-        failed = False
-        seen_answer = False
-        for segment in segments:
-            text = _normalise(segment)
-            if text.startswith("#"):
-                labels.append(not seen_answer and self.check_outcome(problem, text))
-                seen_answer = True
-                continue
-            ok = not failed and not seen_answer and n_done < len(expected) and text == expected[n_done]
-            labels.append(ok)
-            if ok:
-                n_done += 1
-            else:
-                failed = True
-        return labels
+        return labels_in_order(expected, segments, lambda text: self.check_outcome(problem, text))
 
     error_kinds: tuple[str, ...] = (
         "correct",

@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from creditrl.tasks.arithmetic import split_completion
+from creditrl.tasks.arithmetic import labels_in_order, split_completion
 from creditrl.tasks.base import SPLITS, Problem, register_task
 
 __all__ = ["ChainConfig", "ChainTask", "chain_steps", "STEP_CHARS", "steps_for_tokens"]
@@ -182,19 +182,7 @@ class ChainTask:
         earlier one was right (stop at the first error); the answer segment iff it is the first
         answer segment and :meth:`check_outcome` holds."""
         expected, _ = chain_steps(problem.prompt, self.config.modulus)
-        labels: list[bool] = []
-        done, failed, seen_answer = 0, False, False
-        for segment in segments:
-            text = segment.strip().removesuffix(";").strip()
-            if text.startswith("#"):
-                labels.append(not seen_answer and self.check_outcome(problem, text))
-                seen_answer = True
-                continue
-            ok = not failed and not seen_answer and done < len(expected) and text == expected[done]
-            labels.append(ok)
-            done += ok
-            failed = failed or not ok
-        return labels
+        return labels_in_order(expected, segments, lambda text: self.check_outcome(problem, text))
 
     def label_completion(self, problem: Problem, completion: str) -> list[bool]:
         return self.check_steps(problem, split_completion(completion))
