@@ -51,17 +51,19 @@ def test_metrics_match_the_pre_redesign_fixtures(
     import creditrl.rollout.batch as batch
 
     monkeypatch.setattr(batch, "packed_reason", lambda *a: "policy.forward=hf")  # the HF pass, as the fixtures
-    _compare(name, generate.run_case(name, tmp_path), rel=1e-6, abs=1e-12)
+    assert _compare(name, generate.run_case(name, tmp_path), rel=1e-6, abs=1e-12) > 0
 
 
 @pytest.mark.slow
 def test_the_packed_forward_keeps_the_metrics_to_float_rounding(cache, tmp_path: Path) -> None:
-    _compare("arith_10", generate.run_case("arith_10", tmp_path), rel=1e-4, abs=1e-8)
+    assert _compare("arith_10", generate.run_case("arith_10", tmp_path), rel=1e-4, abs=1e-8) > 0
 
 
-def _compare(name: str, got: dict[str, str], *, rel: float, abs: float) -> None:
+def _compare(name: str, got: dict[str, str], *, rel: float, abs: float) -> int:
+    """Assert every fixture value of ``name`` is matched in ``got``; returns how many were compared."""
     want = {p.stem: p.read_text() for p in sorted((FIXTURES / name).glob("*.jsonl"))}
     assert sorted(got) == sorted(want)
+    compared = 0
     for arm, text in want.items():
         new, old = _rows(got[arm]), _rows(text)
         assert [r["iteration"] for r in new] == [r["iteration"] for r in old], arm
@@ -69,3 +71,5 @@ def _compare(name: str, got: dict[str, str], *, rel: float, abs: float) -> None:
             assert sorted(a) == sorted(b), (arm, b["iteration"], set(a) ^ set(b))
             for key, value in b.items():
                 assert a[key] == pytest.approx(value, rel=rel, abs=abs), (arm, b["iteration"], key)
+                compared += 1
+    return compared
