@@ -32,7 +32,9 @@ GROUPS, GROUP_SIZE = 6, 3
 # response lengths per group: groups 0-2 (rank 0) short, groups 3-5 (rank 1) long
 LENGTHS = [[3, 5, 2], [4, 1, 6], [2, 3, 2], [11, 14, 9], [13, 7, 12], [10, 8, 12]]
 PROMPT_LENGTHS = [3, 4, 3, 6, 4, 5]
-MICRO_POSITIONS = 50  # whole groups of at most 50 padded positions: 2 micro-batches on rank 0, 3 on rank 1
+# at most 50 padded positions: rank 0 packs whole groups into 2 micro-batches; rank 1's groups
+# (3 rows x 17-20 positions) are wider, so their rows split into 5
+MICRO_POSITIONS = 50
 CRITICS = ("none", "separate", "shared")
 
 

@@ -38,19 +38,54 @@ def _batch(model, tok, seed=0):
     return batch_from_generation(gen, gen.prompt_index, tok.pad_token_id)
 
 
-def test_micro_batches_keep_groups_whole_and_respect_the_budget():
+def _width(batch, rows) -> int:
+    return int(batch.prompt_mask[rows].sum(-1).max()) + int(batch.response_lengths[rows].max())
+
+
+def test_micro_batches_keep_groups_whole_where_they_fit_and_respect_the_budget():
     model, tok = build_tiny(0)
     batch = _batch(model, tok)
     rows = torch.randperm(batch.size, generator=torch.Generator().manual_seed(1))
     micro = micro_batches(batch, rows, 60)
     assert sorted(torch.cat(micro).tolist()) == sorted(rows.tolist())
+    assert max(3 * _width(batch, batch.group_ids == g) for g in range(4)) <= 60  # every group fits
     for m in micro:
         groups = set(batch.group_ids[m].tolist())
         assert all(int((batch.group_ids[rows] == g).sum()) == int((batch.group_ids[m] == g).sum()) for g in groups)
-        width = int(batch.prompt_mask[m].sum(-1).max()) + int(batch.response_lengths[m].max())
-        assert len(m) * width <= 60 or len(groups) == 1
+        assert len(m) * _width(batch, m) <= 60
     assert len(micro) > 1
     assert micro_batches(batch, rows, 0)[0].tolist() == rows.tolist()
+
+
+def test_a_group_wider_than_the_budget_splits_by_rows():
+    model, tok = build_tiny(0)
+    batch = _batch(model, tok)
+    rows = torch.arange(batch.size)
+    budget = 24
+    wide = [g for g in range(4) if 3 * _width(batch, batch.group_ids == g) > budget]
+    assert wide  # the case has groups that cannot stay whole
+    micro = micro_batches(batch, rows, budget)
+    assert sorted(torch.cat(micro).tolist()) == rows.tolist()  # every row exactly once
+    for m in micro:
+        assert len(m) * _width(batch, m) <= budget or len(m) == 1
+    for g in wide:  # a wide group's rows land in more than one micro-batch
+        assert sum(bool((batch.group_ids[m] == g).any()) for m in micro) > 1
+    assert [len(m) for m in micro_batches(batch, rows, 1)] == [1] * batch.size  # no row fits: one row each
+
+
+def test_chunked_log_probs_equal_one_pass_and_are_zero_at_padding():
+    from creditrl.rollout.batch import chunked_response_logprobs, response_logprobs
+
+    model, tok = build_tiny(0)
+    model.eval()
+    batch = _batch(model, tok)
+    with torch.no_grad():
+        whole = response_logprobs(model, batch, packed=False)
+        for budget in (0, 24, 60):
+            for packed in (True, False):
+                got = chunked_response_logprobs(model, batch, budget, packed=packed)
+                assert torch.allclose(got[batch.response_mask], whole[batch.response_mask], atol=1e-5)
+                assert bool((got[~batch.response_mask] == 0).all())
 
 
 @pytest.mark.parametrize("aggregation", sorted(AGGREGATIONS))
@@ -62,7 +97,7 @@ def test_micro_batched_update_equals_whole_minibatch(aggregation, critic_model):
     adv = torch.randn(batch.response_mask.shape, generator=g)
     ref = batch.old_logprobs + 0.1 * torch.randn(batch.response_mask.shape, generator=g)
     results = []
-    for positions in (0, 40):
+    for positions in (0, 40, 15):  # 15: every group is wider, so its rows split
         cfg = load_config(
             None,
             {
@@ -93,12 +128,13 @@ def test_micro_batched_update_equals_whole_minibatch(aggregation, critic_model):
         if target is not None:
             params = torch.cat([params, *[p.detach().flatten() for p in target.critic.parameters()]])
         results.append((params, logs))
-    (p0, l0), (p1, l1) = results
+    (p0, l0), (p1, l1), (p2, l2) = results
     before = torch.cat([p.detach().flatten() for p in model.parameters()])
     assert float((p0[: before.numel()] - before).abs().max()) > 1e-4  # the step moved the weights
-    assert torch.allclose(p0, p1, atol=2e-6, rtol=1e-4)
-    for key in ("loss/total", "grad/norm", "kl/ref", "policy/entropy"):
-        assert l1[key] == pytest.approx(l0[key], rel=1e-4, abs=1e-6)
+    for p, logs in ((p1, l1), (p2, l2)):
+        assert torch.allclose(p0, p, atol=2e-6, rtol=1e-4)
+        for key in ("loss/total", "grad/norm", "kl/ref", "policy/entropy"):
+            assert logs[key] == pytest.approx(l0[key], rel=1e-4, abs=1e-6)
 
 
 def test_make_optimizer_follows_the_config() -> None:

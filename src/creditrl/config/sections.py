@@ -267,7 +267,14 @@ class OptimConfig(Section):
     micro_batch_positions: int = Field(
         4096,
         ge=0,
-        description="gradient accumulation over whole groups up to this many padded positions; 0 = whole minibatch",
+        description="gradient accumulation over micro-batches of up to this many padded positions "
+        "(whole groups where they fit, else a group's rows in parts); 0 = whole minibatch",
+    )
+    inference_positions: int = Field(
+        16384,
+        ge=0,
+        description="the no-gradient passes (reference log-probs, recomputed old log-probs) run in chunks "
+        "of up to this many padded positions; 0 = one pass",
     )
     skip_zero_advantage: bool = Field(
         True,

@@ -90,9 +90,10 @@ def inference(device: torch.device | str, precision: str) -> Iterator[None]:
 
 
 def is_fsdp(module: torch.nn.Module) -> bool:
-    """Whether ``module`` is an FSDP2-sharded module (it all-gathers its weights in every call)."""
+    """Whether ``module`` is or holds an FSDP2-sharded module (it all-gathers weights in every call):
+    a sharded critic's backbone holds its sharded blocks although its own root is not sharded."""
     try:
         from torch.distributed.fsdp import FSDPModule
     except ImportError:  # pragma: no cover - torch without FSDP2
         return False
-    return isinstance(module, FSDPModule)
+    return any(isinstance(m, FSDPModule) for m in module.modules())

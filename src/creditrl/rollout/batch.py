@@ -82,29 +82,58 @@ class TrajectoryBatch:
 
 
 def micro_batches(batch: TrajectoryBatch, rows: torch.Tensor, max_positions: int) -> list[torch.Tensor]:
-    """Split ``rows`` into micro-batches of whole prompt groups (so a group's shared prompt is
-    computed once), groups ordered by length so each micro-batch pads to little more than its
-    own longest row, each holding at most ``max_positions`` padded positions (or one group).
-    ``max_positions <= 0`` keeps ``rows`` whole."""
+    """Split ``rows`` into micro-batches of at most ``max_positions`` padded positions (or one
+    row): whole prompt groups where they fit (so a group's shared prompt is computed once), a
+    group wider than the budget in parts of its rows. Units are ordered by length so each
+    micro-batch pads to little more than its own longest row. ``max_positions <= 0`` keeps
+    ``rows`` whole."""
     if max_positions <= 0:
         return [rows]
     prompt_len = batch.prompt_mask[rows].sum(-1)
-    total = prompt_len + batch.response_lengths[rows]
+    response_len = batch.response_lengths[rows]
+    total = prompt_len + response_len
+
+    def width(idx: list[int]) -> int:
+        return int(prompt_len[idx].max()) + int(response_len[idx].max())
+
     groups: dict[int, list[int]] = {}
     for i, g in enumerate(batch.group_ids[rows].tolist()):
         groups.setdefault(g, []).append(i)
-    ordered = sorted(groups.values(), key=lambda idx: int(total[idx].max()))
+    units: list[list[int]] = []
+    for idx in groups.values():
+        if len(idx) * width(idx) <= max_positions:
+            units.append(idx)
+            continue
+        part: list[int] = []
+        for i in sorted(idx, key=lambda j: int(total[j])):
+            if part and (len(part) + 1) * width(part + [i]) > max_positions:
+                units.append(part)
+                part = []
+            part.append(i)
+        units.append(part)
     out: list[list[int]] = []
     current: list[int] = []
-    for idx in ordered:
+    for idx in sorted(units, key=lambda u: int(total[u].max())):
         candidate = current + idx
-        width = int(prompt_len[candidate].max()) + int(batch.response_lengths[rows][candidate].max())
-        if current and len(candidate) * width > max_positions:
+        if current and len(candidate) * width(candidate) > max_positions:
             out.append(current)
             candidate = idx
         current = candidate
     out.append(current)
     return [rows[torch.tensor(c)] for c in out]
+
+
+def chunked_response_logprobs(
+    model: PreTrainedModel, batch: TrajectoryBatch, max_positions: int, *, packed: bool = True
+) -> torch.Tensor:
+    """:func:`response_logprobs` of every row, computed over :func:`micro_batches` of at most
+    ``max_positions`` padded positions (a no-gradient pass then holds one chunk's activations);
+    float (B, T) on ``batch``'s device, 0 at padding."""
+    out = torch.zeros(batch.response_ids.shape, dtype=torch.float32, device=batch.response_ids.device)
+    for rows in micro_batches(batch, torch.arange(batch.size), max_positions):
+        part = batch.select(rows).trimmed()
+        out[rows, : part.response_ids.shape[1]] = response_logprobs(model, part, packed=packed).to(out.device)
+    return torch.where(batch.response_mask.to(out.device), out, 0)
 
 
 def batch_from_generation(gen: Generation, group_ids: list[int], pad_id: int) -> TrajectoryBatch:

@@ -184,7 +184,11 @@ class RLTrainer:
             batch = self._rollout(it, gen)
         with timer("reference"):
             ref_logp = stages.reference_logprobs(
-                p.reference, batch, cfg.policy.precision, packed=cfg.policy.forward == "auto"
+                p.reference,
+                batch,
+                cfg.policy.precision,
+                packed=cfg.policy.forward == "auto",
+                max_positions=cfg.optim.inference_positions,
             )
         with timer("score"):
             scored = p.scorer(batch, progress=progress, generator=gen, ref_logprobs=ref_logp)

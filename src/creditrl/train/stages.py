@@ -18,7 +18,7 @@ from creditrl.policy.device import inference, module_device
 from creditrl.policy.engines import GenerationEngine, SamplingParams
 from creditrl.policy.tokenizer import decode_response, encode_prompt
 from creditrl.rewards.stage import Scored, Scorer
-from creditrl.rollout.batch import TrajectoryBatch, batch_from_generation, response_logprobs
+from creditrl.rollout.batch import TrajectoryBatch, batch_from_generation, chunked_response_logprobs
 from creditrl.tasks.base import Problem
 from creditrl.train.build import RunParts
 from creditrl.train.update import CriticTarget, update
@@ -72,14 +72,21 @@ def rollout(
 
 
 def reference_logprobs(
-    reference: torch.nn.Module | None, batch: TrajectoryBatch, precision: str, *, packed: bool = True
+    reference: torch.nn.Module | None,
+    batch: TrajectoryBatch,
+    precision: str,
+    *,
+    packed: bool = True,
+    max_positions: int = 0,
 ) -> torch.Tensor | None:
     """The frozen reference policy's log-probs of the response tokens, float (B, T) on the CPU like
-    the batch (None without a reference: no KL term); ``packed``: ``policy.forward=auto``."""
+    the batch, 0 at padding (None without a reference: no KL term); ``packed``:
+    ``policy.forward=auto``; computed in chunks of at most ``max_positions`` padded positions
+    (``optim.inference_positions``; 0 = one pass), so the pass holds one chunk's activations."""
     if reference is None:
         return None
     with inference(module_device(reference), precision):
-        return response_logprobs(reference, batch, packed=packed)
+        return chunked_response_logprobs(reference, batch, max_positions, packed=packed)
 
 
 def generated_tokens(batch: TrajectoryBatch) -> int:

@@ -37,9 +37,9 @@ from creditrl.losses import aggregate, aggregation_count, clipped_value_loss, kl
 from creditrl.policy.device import autocast, inference, module_device
 from creditrl.rollout.batch import (
     TrajectoryBatch,
+    chunked_response_logprobs,
     micro_batches,
     response_forward,
-    response_logprobs,
     token_entropy,
     token_logprobs,
 )
@@ -381,22 +381,18 @@ def _clip_and_step(
 
 def _old_logprobs(model: PreTrainedModel, batch: TrajectoryBatch, cfg: Config) -> tuple[TrajectoryBatch, float | None]:
     """The batch with old log-probs recomputed by ``model`` (no gradient, under autocast, in
-    micro-batches of whole groups) when ``loss.recompute_logprobs`` asks for it, and the mean
+    chunks of ``optim.inference_positions``) when ``loss.recompute_logprobs`` asks for it, and the mean
     absolute gap to the sampler's over the response tokens; else ``(batch, None)``."""
     mode = cfg.loss.recompute_logprobs
     if mode == "never" or (mode == "auto" and cfg.policy.precision == "fp32"):
         return batch, None
-    fresh = torch.zeros_like(batch.old_logprobs)
     was_training = model.training
     model.eval()
     with inference(batch.response_ids.device, cfg.policy.precision):
-        for rows in micro_batches(batch, torch.arange(batch.size), cfg.optim.micro_batch_positions):
-            part = batch.select(rows).trimmed()
-            fresh[rows, : part.response_ids.shape[1]] = response_logprobs(
-                model, part, packed=cfg.policy.forward == "auto"
-            )
+        fresh = chunked_response_logprobs(
+            model, batch, cfg.optim.inference_positions, packed=cfg.policy.forward == "auto"
+        )
     model.train(was_training)
-    fresh = torch.where(batch.response_mask, fresh, 0)
     valid = batch.response_mask
     gap = float((fresh - batch.old_logprobs).abs()[valid].mean()) if bool(valid.any()) else 0.0
     return replace(batch, old_logprobs=fresh), gap
