@@ -4,6 +4,7 @@ every row decode max_new_tokens, and the derived numbers follow from the raw one
 import json
 import statistics
 import subprocess
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -233,3 +234,60 @@ def test_a_saved_run_re_renders_with_its_own_command_and_the_explanations(quick,
     t = p["iteration"]["creditrl_length"]
     assert att == pytest.approx(3 * p["layers"] * 4 * rows * p["kv_heads"] * p["head_dim"] * t * (t + 8))
     assert lin == pytest.approx(6 * p["non_embedding_parameters"] * rows * (t + 8))
+
+
+def test_a_re_render_keeps_the_date_of_the_measurement(quick, tmp_path):
+    from creditrl.bench.performance import render_saved
+
+    res, opts = quick
+    saved = json.loads((opts.out / "performance.json").read_text())
+    saved["date"] = "2001-02-03 04:05 UTC"
+    (tmp_path / "performance.json").write_text(json.dumps(saved))
+    for name in ("performance_length.png", "performance_size.png"):
+        (tmp_path / name).write_bytes((opts.out / name).read_bytes())
+    render_saved(tmp_path / "performance.json", tmp_path / "p.md")
+    assert f"Written by `{res['command']}` on 2001-02-03 04:05 UTC;" in (tmp_path / "p.md").read_text()
+
+
+def test_a_section_measured_again_goes_into_the_saved_run_and_is_named(quick, tmp_path):
+    from creditrl.bench.performance import remeasure
+
+    res, opts = quick
+    saved = tmp_path / "performance.json"
+    saved.write_text((opts.out / "performance.json").read_text())
+    before = json.loads(saved.read_text())
+    again = remeasure(saved, ["rss"], replace(opts, out=tmp_path, results=tmp_path / "p.md"))
+    after = json.loads(saved.read_text())
+    assert after["lengths"] == before["lengths"] and after["date"] == before["date"]  # the rest stays the run's
+    assert after["rss"] == again["rss"] and set(after["remeasured"]) == {"rss"}
+    assert set(after["rss"]["stage_peak_mb"]) >= {"rollout", "update"}
+    assert all(0 < mb <= after["rss"]["peak_rss_mb"] + 1 for mb in after["rss"]["stage_peak_mb"].values())
+    page = (tmp_path / "p.md").read_text()
+    assert f"Written by `{res['command']}`" in page
+    assert "Section e (peak RSS) was measured again by `" in page and "largest resident set within each stage" in page
+    with pytest.raises(ValueError, match="--sections: unknown lengths; valid: study, rss, forward, kl_skip"):
+        remeasure(saved, ["lengths"], opts)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        with pytest.raises(ValueError, match=f"that run used {threads} threads and this one {threads + 1}"):
+            remeasure(saved, ["rss"], opts)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_the_rss_sampler_splits_its_samples_by_stage():
+    from creditrl.bench.perf_study import RssSampler
+
+    sampler = RssSampler()
+    sampler.start = 100.0
+    sampler.samples = [(100.5, 10.0), (101.2, 30.0), (101.9, 20.0), (103.5, 5.0), (104.0, 40.0)]
+    row = {"time/rollout_s": 1.0, "time/reference_s": 1.0, "time/score_s": 0.5, "time/update_s": 2.0}
+    assert sampler.stage_peaks(row) == {"rollout": 10.0, "reference": 30.0, "update": 40.0}
+    with RssSampler(every=0.005) as live:
+        time.sleep(0.03)
+        blob = bytearray(b"x" * (64 * 2**20))  # 64 MB written, so resident
+        time.sleep(0.05)
+    seen = [mb for _, mb in live.samples]
+    assert len(seen) >= 3 and max(seen) - seen[0] > 60
+    del blob

@@ -12,6 +12,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
@@ -270,6 +271,46 @@ def bench_kl_skip(opts: PerformanceOptions, threads: int, log: Callable[[str], N
 # -- (e): peak RSS of one large iteration --------------------------------------------------------------------
 
 
+class RssSampler:
+    """The resident set size of this process every ``every`` seconds while the block runs (from
+    ``/proc/self/statm``; empty where there is none), with the time of each sample."""
+
+    def __init__(self, every: float = 0.02) -> None:
+        self.every, self.samples, self._stop = every, [], threading.Event()
+
+    def _run(self) -> None:
+        page = os.sysconf("SC_PAGE_SIZE")
+        while not self._stop.is_set():
+            try:
+                resident = int(Path("/proc/self/statm").read_text().split()[1])
+            except OSError:
+                return
+            self.samples.append((time.perf_counter(), resident * page / 2**20))
+            self._stop.wait(self.every)
+
+    def __enter__(self) -> RssSampler:
+        self.start = time.perf_counter()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def stage_peaks(self, row: dict[str, float]) -> dict[str, float]:
+        """The largest sample (MB) within each stage of an iteration's metrics ``row``: the stages
+        run one after another from the block's start, for their ``time/<stage>_s``."""
+        out, t = {}, self.start
+        for stage in ("rollout", "reference", "score", "value", "credit", "update"):
+            end = t + row.get(f"time/{stage}_s", 0.0)
+            inside = [mb for at, mb in self.samples if t <= at <= end]
+            if inside:
+                out[stage] = max(inside)
+            t = end
+        return out
+
+
 def rss_child(spec_json: str) -> None:
     """(In a subprocess.) One creditrl iteration on chain.yaml (KL on) from a never-eos model of
     ``spec["size"]``: prints one JSON line with its peak RSS (this process) and timings."""
@@ -296,11 +337,13 @@ def rss_child(spec_json: str) -> None:
             ],
         )
         trainer = RLTrainer.from_config(cfg, Path(tmp) / "run", init_path=str(path))
-        row = trainer.iteration(0)
+        with RssSampler() as rss:
+            row = trainer.iteration(0)
     print(
         json.dumps(
             {
                 "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                "stage_peak_mb": rss.stage_peaks(row),
                 "iter_s": row["time/iter_s"],
                 "rollout_s": row["time/rollout_s"],
                 "update_s": row["time/update_s"],

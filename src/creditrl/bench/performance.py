@@ -61,7 +61,7 @@ from creditrl.bench.perf_study import (
 )
 from creditrl.bench.performance_report import flags, performance_report, plot_lengths, plot_sizes
 from creditrl.bench.run import matmul_peak
-from creditrl.experiments.report import command_line, peak_rss_mb, write_results
+from creditrl.experiments.report import command_line, peak_rss_mb, utc_stamp, write_results
 
 __all__ = [
     "ModelSize",
@@ -88,6 +88,7 @@ def run_performance(opts: PerformanceOptions) -> dict[str, Any]:
     options = json.loads(json.dumps(asdict(opts), default=str))  # paths as strings
     result: dict[str, Any] = {"options": options, "threads": threads, "torch": torch.__version__}
     result["command"] = command_line()
+    result["date"] = utc_stamp()
     copy, peak = copy_bandwidth(opts.copy_mb, opts.copy_repeats), matmul_peak(opts.matmul_n)
     result["limits"] = {"copy": copy, "matmul": peak, "copy_gbs": copy["max"], "peak_gflops": peak["max"]}
     log(
@@ -115,7 +116,8 @@ def run_performance(opts: PerformanceOptions) -> dict[str, Any]:
 
 
 def publish(result: dict[str, Any], out: Path, results: Path | None) -> str:
-    """The plots, the report (printed) and, with ``results``, the page of a finished run."""
+    """The plots, the report (printed) and, with ``results``, the page of a finished run (dated
+    when it was measured)."""
     plot_lengths(result, out / "performance_length.png")
     plot_sizes(result, out / "performance_size.png")
     report = performance_report(result)
@@ -129,21 +131,54 @@ def publish(result: dict[str, Any], out: Path, results: Path | None) -> str:
         body = report.replace("(performance_length.png)", f"({stem}_length.png)")
         body = body.replace("(performance_size.png)", f"({stem}_size.png)")
         title = "Performance: long outputs, model size and study settings"
-        write_results(results, title, body, command=result.get("command"), figures=figures)
+        write_results(results, title, body, command=result.get("command"), figures=figures, stamp=result.get("date"))
     return report
 
 
-def render_saved(path: Path, results: Path | None) -> str:
-    """Re-render a finished run's page from its ``performance.json`` (the command that measured it
-    stays the page's command); the flags are recomputed by today's report code."""
+def _load_saved(path: Path) -> dict[str, Any]:
     result = json.loads(Path(path).read_text())
     o = result["options"]
     result.setdefault(
         "command",
         f"creditrl bench --performance --threads {result['threads']} --out {o['out']} --results {o['results']}",
     )
+    result.setdefault("date", utc_stamp(Path(path).stat().st_mtime))  # a run saved before runs were dated
+    return result
+
+
+def render_saved(path: Path, results: Path | None) -> str:
+    """Re-render a finished run's page from its ``performance.json`` (the command that measured it
+    and its date stay the page's); the flags are recomputed by today's report code."""
+    result = _load_saved(path)
     result["flags"] = flags(result)
     return publish(result, Path(path).parent, results)
+
+
+# the sections that stand alone, so they can be measured again into a saved run
+REMEASURABLE = {"study": bench_study, "rss": bench_rss, "forward": bench_forward, "kl_skip": bench_kl_skip}
+
+
+def remeasure(path: Path, sections: list[str], opts: PerformanceOptions) -> dict[str, Any]:
+    """Measure ``sections`` (of :data:`REMEASURABLE`) again with ``opts`` and put them into the
+    saved run at ``path``: its ``performance.json`` is rewritten and its page republished; the page
+    names each re-measured section with its own command and date (the others keep the run's)."""
+    unknown = sorted(set(sections) - set(REMEASURABLE))
+    if unknown:
+        raise ValueError(f"--sections: unknown {', '.join(unknown)}; valid: {', '.join(REMEASURABLE)}")
+    result = _load_saved(path)
+    if result["threads"] != torch.get_num_threads():
+        raise ValueError(
+            f"--update {path}: that run used {result['threads']} threads and this one {torch.get_num_threads()}; "
+            "pass --threads to match"
+        )
+    log = _log_fn(time.time())
+    for name in sections:
+        result[name] = REMEASURABLE[name](opts, result["threads"], log)
+        result.setdefault("remeasured", {})[name] = {"command": command_line(), "date": utc_stamp()}
+    result["flags"] = flags(result)
+    Path(path).write_text(json.dumps(result, indent=2, default=str))
+    publish(result, Path(path).parent, opts.results)
+    return result
 
 
 def options_from_args(args: Any) -> PerformanceOptions:

@@ -11,6 +11,13 @@ MIN_SPEEDUP = 3.0  # creditrl's iteration vs TRL's, and its decode vs HF generat
 MIN_BANDWIDTH_SHARE = 0.5  # decode bytes/s against the measured copy bandwidth
 MIN_PEAK_SHARE = 0.5  # update model FLOP/s against the matmul peak
 STAGES = ("rollout", "reference", "score", "value", "credit", "update")
+_MEMORY_STAGES = ("rollout", "reference", "update")
+REMEASURED_TITLES = {
+    "study": "c (study settings)",
+    "rss": "e (peak RSS)",
+    "forward": "f (the packed forward)",
+    "kl_skip": "f (zero-advantage rows under a KL term)",
+}
 
 
 def _where(section: str, p: dict[str, Any]) -> str:
@@ -226,6 +233,11 @@ def performance_report(res: dict[str, Any]) -> str:
         "tiny": "the tiny preset, random init, with the never-sampled eos (every row decodes max new tokens)",
     }.get(o["policy"], f"`{o['policy']}`")
     lines = [
+        *(
+            f"Section {REMEASURED_TITLES[name]} was measured again by `{r['command']}` on {r['date']}, "
+            "into this run's saved results; the other sections are the run's."
+            for name, r in res.get("remeasured", {}).items()
+        ),
         f"Batch {o['prompts']} prompts x {o['group']} samples at temperature {o['temperature']}, {res['threads']} "
         f"threads, torch {res['torch']}. Every ratio is peer / creditrl median seconds (creditrl's speed-up), "
         "measured in this run with the peers interleaved: creditrl and TRL alternate rounds of "
@@ -297,6 +309,16 @@ def performance_report(res: dict[str, Any]) -> str:
             f"{'within' if r['within_target'] else 'over'} the {r['target_mb']:,.0f} MB target; the iteration took "
             f"{r['iter_s']:.1f} s (rollout {r['rollout_s']:.1f} s, update {r['update_s']:.1f} s).",
         ]
+        if r.get("stage_peak_mb"):
+            peaks = ", ".join(f"{k} {v:,.0f} MB" for k, v in r["stage_peak_mb"].items() if k in _MEMORY_STAGES)
+            lines += [
+                "",
+                f"The largest resident set within each stage (sampled every 20 ms): {peaks}. The rollout holds the "
+                "KV cache of every row (prompt + max new tokens positions, in float32); the update holds the "
+                "activations of one micro-batch (`optim.micro_batch_positions` padded positions, a group's rows "
+                "split where the whole group is wider); the reference pass one chunk of "
+                "`optim.inference_positions` positions, without gradients.",
+            ]
     lines += _exactness_lines(res)
     lines += ["", "## Flagged points", ""]
     lines += [f"- {f}" for f in res["flags"]] or ["None."]
@@ -378,12 +400,12 @@ def _study_explanation(res: dict[str, Any]) -> list[str]:
         )
     if "rss" in res and not res["rss"]["within_target"]:
         r = res["rss"]
+        worst = max(r.get("stage_peak_mb", {}).items(), key=lambda kv: kv[1], default=None)
+        where = f" (the largest stage: {worst[0]}, {worst[1]:,.0f} MB; section e)" if worst else ""
         out.append(
-            f"- **Peak RSS {r['peak_rss_mb']:,.0f} MB**: the decode's KV cache holds every row's prompt and "
-            "max new tokens positions (for 128 rows of 1,024 tokens at 10M, 6 layers x 2 x 384 floats = 18,432 bytes "
-            "per position, about 2.4 GB), and the update's micro-batches hold whole prompt groups (8 rows x "
-            "1,032 positions of activations); micro-batches that split a group's rows, or a KV cache in 16-bit "
-            "floats, would bring it under 4 GB."
+            f"- **Peak RSS {r['peak_rss_mb']:,.0f} MB**{where}: smaller `optim.micro_batch_positions` (the "
+            "update) or `optim.inference_positions` (the reference) lower those stages; the rollout's KV cache "
+            "is rows x (prompt + max new tokens) x layers x 2 x the KV width in float32."
         )
     return out
 

@@ -24,6 +24,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
             render_saved(Path(args.render), Path(args.results) if args.results else None)
             return 0
+        if args.sections or args.update:
+            from pathlib import Path
+
+            from creditrl.bench.performance import remeasure
+
+            if not (args.sections and args.update):
+                raise SystemExit("creditrl bench --performance: --sections and --update go together")
+            remeasure(Path(args.update), args.sections.split(","), options_from_args(args))
+            return 0
         run_performance(options_from_args(args))
         return 0
     from creditrl.bench.run import options_from_args, run_bench
@@ -55,6 +64,18 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "--render",
         metavar="JSON",
         help="with --performance: re-render a finished run's page from its performance.json (no measuring)",
+    )
+    p.add_argument(
+        "--sections",
+        metavar="LIST",
+        help="with --performance and --update: measure only these sections again (comma-separated: study, rss, "
+        "forward, kl_skip)",
+    )
+    p.add_argument(
+        "--update",
+        metavar="JSON",
+        help="with --performance --sections: the saved run (performance.json) the sections go into; its page is "
+        "republished",
     )
     p.add_argument("--out", default="runs/bench", help="where bench.json (or performance.json) and plots go")
     p.add_argument(

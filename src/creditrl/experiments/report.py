@@ -53,16 +53,27 @@ def machine() -> str:
     )
 
 
-def results_page(title: str, body: str, command: str | None = None) -> str:
-    """A results page: its title, then once the command that wrote it, the machine and the date."""
-    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+def utc_stamp(seconds: float | None = None) -> str:
+    """``seconds`` since the epoch (now by default) as a results page dates it."""
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(seconds))
+
+
+def results_page(title: str, body: str, command: str | None = None, stamp: str | None = None) -> str:
+    """A results page: its title, then once the command that wrote it, the machine and the date
+    (``stamp``: when it was measured, for a page re-rendered from a saved run; else now)."""
+    stamp = stamp or utc_stamp()
     return (
         f"# {title}\n\nWritten by `{command or command_line()}` on {stamp}; machine: {machine()}.\n\n{body.strip()}\n"
     )
 
 
 def write_results(
-    path: str | Path | None, title: str, body: str, command: str | None = None, figures: dict[str, Path] | None = None
+    path: str | Path | None,
+    title: str,
+    body: str,
+    command: str | None = None,
+    figures: dict[str, Path] | None = None,
+    stamp: str | None = None,
 ) -> Path | None:
     """Write :func:`results_page` to ``path`` (nothing when ``path`` is None), and copy each of
     ``figures`` (``{file name: source}``, which ``body`` links by name) next to it; returns the path."""
@@ -72,7 +83,7 @@ def write_results(
     path.parent.mkdir(parents=True, exist_ok=True)
     for name, source in (figures or {}).items():
         shutil.copyfile(source, path.parent / name)
-    path.write_text(results_page(title, body, command))
+    path.write_text(results_page(title, body, command, stamp))
     print(f"results page: {path}", flush=True)
     return path
 
