@@ -238,6 +238,7 @@ def performance_report(res: dict[str, Any]) -> str:
             "into this run's saved results; the other sections are the run's."
             for name, r in res.get("remeasured", {}).items()
         ),
+        *([""] if res.get("remeasured") else []),
         f"Batch {o['prompts']} prompts x {o['group']} samples at temperature {o['temperature']}, {res['threads']} "
         f"threads, torch {res['torch']}. Every ratio is peer / creditrl median seconds (creditrl's speed-up), "
         "measured in this run with the peers interleaved: creditrl and TRL alternate rounds of "
