@@ -25,6 +25,7 @@ from creditrl.bench.perf_options import CREDITRL_SRC, ModelSize, PerformanceOpti
 from creditrl.bench.perf_points import _median_ratio, save_never_eos_model
 from creditrl.config import Config, load_config
 from creditrl.config.loader import packaged_config
+from creditrl.inspect.data import load_metrics
 from creditrl.tasks.chain import steps_for_tokens
 
 # -- (c): whole `creditrl train` runs -----------------------------------------------------------------------
@@ -71,7 +72,7 @@ def timed_train(src: Path, config: Path, overrides: list[str], run_dir: Path) ->
     if proc.returncode != 0:
         tail = "\n".join(log_path.read_text().splitlines()[-20:])
         raise RuntimeError(f"`{' '.join(cmd)}` exited {proc.returncode}; the end of {log_path}:\n{tail}")
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    rows = load_metrics(run_dir)
     return {"command": cmd, "src": str(src), **summarise_run(rows, wall, stamps)}
 
 

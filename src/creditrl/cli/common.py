@@ -8,13 +8,23 @@ from pathlib import Path
 
 
 def quiet_libraries() -> None:
+    """transformers at error verbosity and without progress bars. Before transformers is imported
+    this only sets its environment variables (``TRANSFORMERS_VERBOSITY``,
+    ``HF_HUB_DISABLE_PROGRESS_BARS``, read at its import), so a command that fails early (a run
+    directory in use) does not pay for importing torch."""
+    import os
+    import sys
     import warnings
 
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    if "transformers" not in sys.modules:
+        os.environ["TRANSFORMERS_VERBOSITY"] = "error"
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+        return
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    warnings.filterwarnings("ignore", category=FutureWarning)
 
 
 def run_dir(given: str | None, kind: str) -> Path:

@@ -6,18 +6,18 @@ import argparse
 import sys
 from pathlib import Path
 
-from creditrl.inspect.data import InspectError
-from creditrl.inspect.report import MAX_ITERATIONS, build_report
-
 
 def cmd_inspect(args: argparse.Namespace) -> int:
+    from creditrl.inspect.data import InspectError  # imported here: parsing any command stays light
+    from creditrl.inspect.report import MAX_ITERATIONS, build_report
+
     try:
         report = build_report(
             Path(args.run_dir),
             iteration=args.iteration,
             estimators=args.estimators,
             out=Path(args.out) if args.out else None,
-            max_iterations=args.max_iterations,
+            max_iterations=MAX_ITERATIONS if args.max_iterations is None else args.max_iterations,
             png=not args.no_png,
         )
     except InspectError as exc:
@@ -61,9 +61,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--max-iterations",
         type=int,
-        default=MAX_ITERATIONS,
+        default=None,
         metavar="K",
-        help=f"saved iterations inlined into the page, evenly spaced (default {MAX_ITERATIONS})",
+        help="saved iterations inlined into the page, evenly spaced (default 30)",
     )
     p.add_argument("--no-png", action="store_true", help="write only the HTML page")
     p.add_argument("--screenshot", metavar="PNG", help="also save the page as headless Chromium renders it at 1280x800")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -23,20 +24,28 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from creditrl.distributed import ddp
-    from creditrl.train.rl import RLTrainer
+    from creditrl.train import rundir  # light: the lock is taken before torch is imported
 
-    if args.resume:
-        if args.config or args.set:
-            raise ConfigError("--resume continues a run with its saved config.yaml; do not pass CONFIG or --set")
-        trainer = RLTrainer.resume(Path(args.resume))
-    else:
-        trainer = RLTrainer.from_config(load_config(args.config, args.set), run_dir(args.run_dir, "train"))
-    main = ddp.is_main()  # rank 0 of a torchrun launch (or the only process) reports
-    try:
-        result = trainer.run()
-    finally:
-        ddp.shutdown()  # leave the data-parallel process group of a torchrun launch (no-op otherwise)
+    if args.resume and (args.config or args.set or args.overwrite):
+        raise ConfigError(
+            "--resume continues a run with its saved config.yaml; do not pass CONFIG, --set or --overwrite"
+        )
+    where = Path(args.resume) if args.resume else run_dir(args.run_dir, "train")
+    main = rundir.launch_rank() == 0  # rank 0 of a torchrun launch (or the only process) owns the run directory
+    with rundir.hold(where) if main else contextlib.nullcontext():  # before the (long) build: one run per directory
+        if main and not args.resume:
+            rundir.check_fresh(where, overwrite=args.overwrite)
+        from creditrl.distributed import ddp
+        from creditrl.train.rl import RLTrainer
+
+        if args.resume:
+            trainer = RLTrainer.resume(where)
+        else:
+            trainer = RLTrainer.from_config(load_config(args.config, args.set), where, overwrite=args.overwrite)
+        try:
+            result = trainer.run()
+        finally:
+            ddp.shutdown()  # leave the data-parallel process group of a torchrun launch (no-op otherwise)
     if not main:
         return 0
     last_eval = next((r for r in reversed(result.history) if "eval/accuracy" in r), {})
@@ -95,7 +104,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="RL training")
     add_config_args(p)
     p.add_argument("--run-dir", help="where to write (default runs/train-TIMESTAMP)")
-    p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its latest checkpoint")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest intact checkpoint")
+    p.add_argument(
+        "--overwrite", action="store_true", help="start afresh in a --run-dir that already holds a run (its files go)"
+    )
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("config", help="print the checked config (or, with --reference, every key documented)")

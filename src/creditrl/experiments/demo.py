@@ -86,7 +86,7 @@ def run_demo(
             f"{cfg.rollout.prompts_per_iter} prompts x {cfg.rollout.group_size} samples",
             flush=True,
         )
-        result = RLTrainer.from_config(cfg, run_dir / _slug(name), init_path=str(sft_path)).run()
+        result = RLTrainer.from_config(cfg, run_dir / _slug(name), init_path=str(sft_path), overwrite=True).run()
         histories[name] = result.history
     target = sft_metrics["eval/accuracy"] + TARGET_GAIN
     arms = [summarise(name, h, target) for name, h in histories.items()]

@@ -201,7 +201,8 @@ def run_prm_report(
         "credit.normaliser=batch",
         f"train.iterations={sizes.rl_iterations}",
     ]
-    history = RLTrainer.from_config(load_config(base, rl_over), run_dir / "rl_prm", init_path=init).run().history
+    trainer = RLTrainer.from_config(load_config(base, rl_over), run_dir / "rl_prm", init_path=init, overwrite=True)
+    history = trainer.run().history
     evals = [(r["iteration"], r["eval/accuracy"]) for r in history if "eval/accuracy" in r]
 
     probe_md, probe_numbers = "(not enough labelled steps of both kinds for the probe)", {}

@@ -268,7 +268,7 @@ def run_value_report(
                 f"train.seed={seed}",
             ],
         )
-        trainer = RLTrainer.from_config(tcfg, out / kind, init_path=init)
+        trainer = RLTrainer.from_config(tcfg, out / kind, init_path=init, overwrite=True)
         if not truth:  # the states and their true values, once, with the (fixed) policy of the first trainer
             task, tok, engine = trainer.parts.task, trainer.parts.tokenizer, trainer.parts.engine
             problems = task.sample(sizes["problems"], split="heldout", seed=seed + 777)

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 from pathlib import Path
 from typing import Any
 
+from creditrl.errors import ConfigError
 from creditrl.inspect.record import INSPECT_DIR
+
+log = logging.getLogger("creditrl")
 
 _NAME = re.compile(r"iter_(\d{6})\.json")
 
@@ -40,11 +44,33 @@ def load_iteration(run_dir: Path, iteration: int) -> dict[str, Any]:
 
 
 def load_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """The rows of ``metrics.jsonl`` (empty when the file is missing)."""
-    path = Path(run_dir) / "metrics.jsonl"
+    """The rows of ``run_dir/metrics.jsonl`` (:func:`read_metrics`)."""
+    return read_metrics(Path(run_dir) / "metrics.jsonl")
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The rows of a ``metrics.jsonl`` (empty when the file is missing). A last line that does not
+    parse (a write cut by a kill) is dropped with a warning; a bad line before the last is a
+    :class:`ConfigError` naming it."""
+    path = Path(path)
     if not path.exists():
         return []
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    rows = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict) or "iteration" not in row:
+                raise ValueError("not a metrics row")
+        except ValueError:
+            if n == len(lines):
+                log.warning("creditrl: %s line %d is a partial row (a write was cut); dropped", path, n)
+                break
+            raise ConfigError(f"{path} line {n}: not a metrics row (a JSON object with 'iteration')") from None
+        rows.append(row)
+    return rows
 
 
 def spread(saved: list[int], keep: int, must: int | None = None) -> list[int]:

@@ -1,15 +1,22 @@
-"""Checkpoints written atomically: a temporary directory first, then a rename.
+"""Checkpoints written atomically and verified when read.
 
 A checkpoint directory holds the HF model and tokenizer (``save_pretrained``), the optimizer
-state, the RNG states and ``trainer_state.json``. A crash while writing leaves at most a
-``*.tmp`` directory behind, never a half-written checkpoint under the final name.
+state, the RNG states, ``trainer_state.json`` and, written last, ``manifest.json``: the size and
+SHA-256 of every other file. It is written in a temporary directory first, then renamed, so a
+crash while writing leaves at most a ``*.tmp`` directory behind, never a half-written checkpoint
+under the final name. :func:`verify_checkpoint` checks a checkpoint against its manifest and
+:func:`resume_checkpoint` picks the newest intact one (flipped bytes, truncation or a missing
+file in a newer one: a one-line warning naming the damaged file, then the next older one).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import random
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -19,7 +26,11 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from creditrl.errors import ConfigError
+
 LATEST = "latest"
+MANIFEST = "manifest.json"
+log = logging.getLogger("creditrl")
 
 
 def rng_state() -> dict[str, Any]:
@@ -56,9 +67,10 @@ def save_checkpoint(
     torch.save(rng_state(), tmp / "rng.pt")
     if extra:
         torch.save(extra, tmp / "extra.pt")
-    (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
+    (tmp / "trainer_state.json").write_text(json.dumps({**state, "checksums": MANIFEST}, indent=2))
     for name, text in (files or {}).items():
         (tmp / name).write_text(text)
+    write_manifest(tmp)
     if path.exists():
         old = path.with_name(path.name + ".old")
         shutil.rmtree(old, ignore_errors=True)
@@ -77,12 +89,88 @@ def mark_latest(checkpoints_dir: Path, name: str) -> None:
     os.replace(tmp, checkpoints_dir / LATEST)
 
 
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_manifest(path: Path) -> None:
+    """``manifest.json`` in checkpoint ``path``: the size and SHA-256 of each of its other files,
+    written last (to a temporary name, then renamed)."""
+    files = sorted(f for f in Path(path).rglob("*") if f.is_file() and f.name not in (MANIFEST, MANIFEST + ".tmp"))
+    entries = {str(f.relative_to(path)): {"bytes": f.stat().st_size, "sha256": _sha256(f)} for f in files}
+    tmp = Path(path) / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps({"files": entries}, indent=1))
+    os.replace(tmp, Path(path) / MANIFEST)
+
+
+def verify_checkpoint(path: Path) -> str | None:
+    """``None`` when every file of checkpoint ``path`` matches its manifest, else what is wrong
+    with the first damaged file (a checkpoint from before manifests is taken as it is)."""
+    path = Path(path)
+    manifest = path / MANIFEST
+    if not path.is_dir():
+        return "missing"
+    if not manifest.exists():  # a checkpoint from before manifests has a state file that names none
+        try:
+            names_one = "checksums" in json.loads((path / "trainer_state.json").read_text())
+        except (OSError, ValueError, TypeError):
+            return f"no {MANIFEST} and no readable trainer_state.json"
+        return f"{MANIFEST}: missing" if names_one else None
+    try:
+        entries = json.loads(manifest.read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{MANIFEST}: unreadable"
+    for name, want in entries.items():
+        f = path / name
+        if not f.is_file():
+            return f"{name}: missing"
+        size = f.stat().st_size
+        if size != want["bytes"]:
+            return f"{name}: {size:,} bytes, the manifest says {want['bytes']:,}"
+        if _sha256(f) != want["sha256"]:
+            return f"{name}: checksum mismatch"
+    return None
+
+
+def _iteration_of(path: Path) -> int:
+    """N of a checkpoint folder ``iter_N``; -1 for any other name (``*.tmp``, ``*.old``)."""
+    m = re.fullmatch(r"iter_(\d+)", path.name)
+    return int(m.group(1)) if m else -1
+
+
 def latest_checkpoint(checkpoints_dir: Path) -> Path | None:
+    """The folder ``checkpoints/latest`` names, when it exists (unverified)."""
     marker = Path(checkpoints_dir) / LATEST
     if not marker.exists():
         return None
     path = Path(checkpoints_dir) / marker.read_text().strip()
     return path if path.exists() else None
+
+
+def resume_checkpoint(checkpoints_dir: Path) -> Path | None:
+    """The newest intact checkpoint in ``checkpoints_dir``: the one ``latest`` names, else the
+    newest ``iter_*``; each damaged one passed over with a one-line warning naming the damaged
+    file. ``None`` when there is no checkpoint at all; :class:`ConfigError` when none is intact."""
+    ckpts = Path(checkpoints_dir)
+    found = sorted((p for p in ckpts.glob("iter_*") if p.is_dir() and _iteration_of(p) >= 0), key=_iteration_of)
+    latest = latest_checkpoint(ckpts)
+    candidates = ([latest] if latest is not None else []) + [p for p in reversed(found) if p != latest]
+    if not candidates:
+        return None
+    damaged = []
+    for path in candidates:
+        problem = verify_checkpoint(path)
+        if problem is None:
+            if damaged:
+                log.warning("creditrl: resuming from %s instead", path.name)
+            return path
+        damaged.append(f"{path.name} ({problem})")
+        log.warning("creditrl: checkpoint %s is damaged: %s", path, problem)
+    raise ConfigError(f"{ckpts}: no intact checkpoint to resume from: {'; '.join(damaged)}")
 
 
 def load_training_state(path: Path, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:

@@ -17,6 +17,7 @@ evaluates and writes ``metrics.jsonl``, the inspector's records and the checkpoi
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,12 +34,13 @@ from creditrl.inspect.record import record_iteration
 from creditrl.policy.model import LORA_BASE_FILE, is_lora
 from creditrl.rewards.sources import score_batch
 from creditrl.tasks import Task
-from creditrl.train import stages
+from creditrl.train import rundir, stages
 from creditrl.train.build import RunParts, build_run
-from creditrl.train.checkpoint import latest_checkpoint, load_extra, load_training_state, mark_latest, save_checkpoint
+from creditrl.train.checkpoint import load_extra, load_training_state, mark_latest, resume_checkpoint, save_checkpoint
 from creditrl.train.evaluate import evaluate
 from creditrl.train.metrics import IterationRecord, StageTimer, iteration_row
 
+log = logging.getLogger("creditrl")
 RANK_SEED_STRIDE = 2**32  # data-parallel rank r samples its rollouts from iteration_seed + r * stride
 
 
@@ -55,10 +57,13 @@ class RLResult:
 class RLTrainer:
     """Runs the iterations of a built run (:class:`~creditrl.train.build.RunParts`)."""
 
-    def __init__(self, parts: RunParts, run_dir: Path) -> None:
+    def __init__(self, parts: RunParts, run_dir: Path, *, overwrite: bool = False) -> None:
+        """``overwrite``: a new run may replace one already in ``run_dir`` (else :meth:`run` refuses)."""
         self.parts = parts
         self.cfg = parts.config
         self.run_dir = Path(run_dir)
+        self.overwrite = overwrite
+        self.resumed = False
         if ddp.is_main():  # only rank 0 writes (a default timestamped name may differ on other ranks)
             self.run_dir.mkdir(parents=True, exist_ok=True)
         self.start_iteration = 0
@@ -66,10 +71,16 @@ class RLTrainer:
 
     @classmethod
     def from_config(
-        cls, cfg: Config, run_dir: Path, *, init_path: str | None = None, task: Task | None = None
+        cls,
+        cfg: Config,
+        run_dir: Path,
+        *,
+        init_path: str | None = None,
+        task: Task | None = None,
+        overwrite: bool = False,
     ) -> RLTrainer:
         """Build the run of ``cfg`` (:func:`~creditrl.train.build.build_run`) and a trainer for it."""
-        return cls(build_run(cfg, init_path=init_path, task=task), run_dir)
+        return cls(build_run(cfg, init_path=init_path, task=task), run_dir, overwrite=overwrite)
 
     # -- persistence -------------------------------------------------------------------------
     @property
@@ -100,9 +111,15 @@ class RLTrainer:
                 f"{run_dir}: resuming a backend.learner=fsdp run is not supported (its checkpoints hold "
                 "the weights but not the sharded optimizer state)"
             )
-        ckpt = latest_checkpoint(run_dir / "checkpoints")
-        if ckpt is None:
-            raise FileNotFoundError(f"{run_dir}: no checkpoints/latest to resume from")
+        rundir.remove_partial_checkpoints(run_dir)
+        ckpt = resume_checkpoint(run_dir / "checkpoints")
+        if ckpt is None:  # killed before its first checkpoint: the run starts again from iteration 0
+            log.warning("creditrl: %s has no checkpoint yet; the run starts again from iteration 0", run_dir)
+            started = run_dir / rundir.RUN_STATE
+            init_path = json.loads(started.read_text())["init_path"] if started.exists() else None
+            trainer = cls(build_run(cfg, init_path=init_path), run_dir)
+            trainer._restart()
+            return trainer
         state = json.loads((ckpt / "trainer_state.json").read_text())
         trainer = cls(build_run(cfg, init_path=state["init_path"], checkpoint=ckpt), run_dir)
         trainer._restore(ckpt)
@@ -119,11 +136,15 @@ class RLTrainer:
             p.scaler.load_state_dict(extra["grad_scaler"])
         self.start_iteration = state["iteration"]
         self.totals = state["totals"]
-        # drop metric rows written after the checkpoint (the iterations are replayed)
+        self._restart()
+
+    def _restart(self) -> None:
+        """Resume at ``start_iteration``: drop the metric rows written after it (those iterations
+        are replayed), rewriting ``metrics.jsonl`` atomically."""
+        self.resumed = True
         if ddp.is_main() and self.metrics_path.exists():
-            rows = [json.loads(x) for x in self.metrics_path.read_text().splitlines() if x.strip()]
-            kept = [r for r in rows if r["iteration"] <= self.start_iteration]
-            self.metrics_path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            rows = rundir.read_metrics(self.metrics_path)
+            rundir.write_metrics(self.metrics_path, [r for r in rows if r["iteration"] <= self.start_iteration])
 
     # -- evaluation ----------------------------------------------------------------------------
     def _evaluate_on_main(self) -> dict[str, float]:
@@ -244,12 +265,22 @@ class RLTrainer:
         self.totals["time_s"] += seconds
 
     def run(self) -> RLResult:
+        """Train to ``train.iterations`` (or the token budget), holding the run directory's lock
+        (:mod:`creditrl.train.rundir`); a new run refuses a directory that holds one unless
+        ``overwrite``."""
+        if not ddp.is_main():  # data-parallel: rank 0 writes the run directory, evaluates and checkpoints
+            return self._run()
+        with rundir.hold(self.run_dir):
+            if not self.resumed:
+                rundir.check_fresh(self.run_dir, overwrite=self.overwrite)
+            rundir.remove_partial_checkpoints(self.run_dir)
+            self.cfg.dump(self.run_dir / "config.yaml")
+            (self.run_dir / rundir.RUN_STATE).write_text(json.dumps({"init_path": self.parts.init_path}))
+            return self._run()
+
+    def _run(self) -> RLResult:
         cfg = self.cfg
-        if ddp.is_main():  # data-parallel: rank 0 writes the run directory, evaluates and checkpoints
-            cfg.dump(self.run_dir / "config.yaml")
-        history: list[dict[str, Any]] = []
-        if self.metrics_path.exists():
-            history = [json.loads(x) for x in self.metrics_path.read_text().splitlines() if x.strip()]
+        history = rundir.read_metrics(self.metrics_path) if self.resumed else []
         if self.start_iteration == 0 and not history:
             row = {
                 "iteration": 0,
