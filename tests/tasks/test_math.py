@@ -161,20 +161,20 @@ def test_heldout_file_columns_template_and_parquet(tmp_path):
 @pytest.mark.parametrize(
     "rows, message",
     [
-        ([{"question": "a?"}], r"row 1: field 'answer' is missing \(columns: question\)"),
+        ([{"question": "a?"}], r"line 1: field 'answer' is missing \(fields: question\)"),
         (
             [{"question": "a?", "answer": "1"}, {"question": "b?", "answer": None}],
-            "row 2: field 'answer' is missing or not text",
+            "line 2: field 'answer' is missing or not text",
         ),
-        ([{"question": "a?", "answer": "1"}, {"question": "b?", "answer": "  "}], "row 2: field 'answer' is empty"),
-        ([{"question": "", "answer": "1"}], "row 1: field 'question' is empty"),
+        ([{"question": "a?", "answer": "1"}, {"question": "b?", "answer": "  "}], "line 2: field 'answer' is empty"),
+        ([{"question": "", "answer": "1"}], "line 1: field 'question' is empty"),
         (
             [{"question": "a?", "answer": "1"}, {"question": "b?", "answer": "\\foo{3}"}],
-            "row 2: field 'answer' is not a usable gold answer: math-verify finds no mathematical value",
+            "line 2: field 'answer' is not a usable gold answer: math-verify finds no mathematical value",
         ),
         (
             [{"question": "a?", "answer": "1/0"}],
-            "row 1: field 'answer' is not a usable gold answer: '1/0' is not a number",
+            "line 1: field 'answer' is not a usable gold answer: '1/0' is not a number",
         ),
     ],
 )
@@ -188,7 +188,9 @@ def test_bad_files_and_arguments(tmp_path):
     with pytest.raises(ValueError, match="nope.jsonl: no such file"):
         MathTask(train_file=str(tmp_path / "nope.jsonl"))
     (tmp_path / "p.csv").write_text("question,answer\n")
-    with pytest.raises(ValueError, match=r"p.csv: unknown file type; expected one of .jsonl, .json, .parquet"):
+    with pytest.raises(
+        ValueError, match=r"p.csv: unsupported file extension '.csv'; expected one of .jsonl, .json, .parquet"
+    ):
         MathTask(train_file=str(tmp_path / "p.csv"))
     with pytest.raises(ValueError, match="prompt_template must contain '{question}'"):
         MathTask(prompt_template="Q:")

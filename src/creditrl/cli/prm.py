@@ -41,9 +41,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     from creditrl.prm.train import train_prm_from_examples
     from creditrl.train.resolve import checked
 
+    examples = load_stepwise(args.data)  # a bad file fails in one line, before the policy is built or trained
+    if all(label is None for ex in examples for label in ex.labels):
+        raise ConfigError(f"{args.data}: no labelled step (every label is null); expected at least one label in [0, 1]")
     cfg = checked(load_config(args.config, args.set))
     init_path, _, _ = _policy(cfg)
-    metrics = train_prm_from_examples(cfg, init_path, load_stepwise(args.data), Path(args.out), cfg.train.progress)
+    metrics = train_prm_from_examples(cfg, init_path, examples, Path(args.out), cfg.train.progress)
     print(json.dumps({"out": args.out, **{k: v for k, v in metrics.items() if k != "prm/loss_curve"}}, indent=2))
     return 0
 
@@ -53,12 +56,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from creditrl.prm.pipeline import evaluate_prm, reference_likelihood_auroc
     from creditrl.prm.source import load_prm
 
-    prm, tok = load_prm(args.prm)
-    examples = load_stepwise(args.data)
+    examples = load_stepwise(args.data)  # a bad file fails in one line, before the PRM is loaded
     if any("oracle" not in ex.meta for ex in examples):
         raise ConfigError(
             f"{args.data}: every row needs meta.oracle (true step labels), as `creditrl prm label` writes"
         )
+    prm, tok = load_prm(args.prm)
     score, probe = evaluate_prm(prm, tok, examples)
     print(f"step AUROC against the oracle labels: {score:.4f}")
     base = reference_likelihood_auroc(prm, tok, examples)

@@ -19,8 +19,10 @@ Importers turn two public layouts into this format: PRM800K (Lightman et al., 20
 arXiv:2305.20050; human ratings -1/0/1 per step) and Math-Shepherd (Wang et al., 2024,
 arXiv:2312.08935; a marker after each step, replaced by ``+``/``-`` in the label text).
 
-Every malformed row fails with a ``ValueError`` that names the file, the 1-based line (JSONL)
-or row (Parquet), the field and what was expected.
+Files are read by :func:`creditrl.tasks.datafile.read_rows`, the reader of every user data file:
+every bad file or malformed row fails with one :class:`~creditrl.tasks.datafile.DataFileError`
+line (a ``ValueError``) that names the file, the 1-based line (JSONL) or row (Parquet), the field
+and what was expected.
 """
 
 from __future__ import annotations
@@ -28,13 +30,15 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from creditrl.tasks.datafile import DataFileError, DataRows, read_rows, type_name
+
 __all__ = [
+    "DataFileError",
     "StepwiseExample",
     "load_stepwise",
     "save_stepwise",
@@ -43,6 +47,7 @@ __all__ = [
 ]
 
 _EXTENSIONS = (".jsonl", ".parquet")
+_IMPORT_EXTENSIONS = (".jsonl", ".json")  # the public files are JSON Lines (a .json one may be an array)
 
 
 class _FieldError(ValueError):
@@ -76,8 +81,7 @@ class StepwiseExample:
         )
 
 
-def _type_name(value: Any) -> str:
-    return "null" if value is None else type(value).__name__
+_type_name = type_name
 
 
 def _check_label(value: Any, k: int) -> float | None:
@@ -121,8 +125,6 @@ def _check_fields(
 
 def _example_from_row(row: Any) -> StepwiseExample:
     """Build an example from a decoded row (a dict); keys other than the four fields are ignored."""
-    if not isinstance(row, dict):
-        raise _FieldError("", f"expected a JSON object, got {_type_name(row)}")
     for key in ("prompt", "completions", "labels"):
         if key not in row:
             raise _FieldError(key, "missing (a row needs 'prompt', 'completions' and 'labels')")
@@ -141,22 +143,10 @@ def _example_from_row(row: Any) -> StepwiseExample:
 def _check_extension(path: Path) -> str:
     suffix = path.suffix.lower()
     if suffix not in _EXTENSIONS:
-        raise ValueError(
+        raise DataFileError(
             f"{path}: unsupported file extension {path.suffix!r}; expected one of {', '.join(_EXTENSIONS)}"
         )
     return suffix
-
-
-def _jsonl_rows(path: Path) -> Iterator[tuple[int, Any]]:
-    """``(line number, decoded object)`` for every non-blank line; invalid JSON names the line."""
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield number, json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}, line {number}: invalid JSON: {exc}") from exc
 
 
 def _datasets() -> Any:
@@ -167,53 +157,43 @@ def _datasets() -> Any:
     return datasets
 
 
-def _parquet_rows(path: Path) -> Iterator[tuple[int, Any]]:
-    """``(row number, row dict)`` of a Parquet file, read through ``datasets``.
-
-    The Arrow cache ``datasets`` builds is written to a temporary folder and removed, so reading
-    a file leaves nothing behind in the user's cache.
-    """
-    import pyarrow.parquet
-
-    if pyarrow.parquet.ParquetFile(path).metadata.num_rows == 0:
-        return  # datasets refuses to build a split with no rows
-    datasets = _datasets()
-    with tempfile.TemporaryDirectory() as cache_dir:
-        table = datasets.load_dataset("parquet", data_files=str(path), split="train", cache_dir=cache_dir)
-        rows = table.to_list()
-    yield from enumerate(rows, start=1)
+def _examples(rows: DataRows, build: Callable[[dict[str, Any]], StepwiseExample | None]) -> list[StepwiseExample]:
+    """``build(row)`` for every row (a ``None`` result is dropped); a :class:`_FieldError` becomes
+    a :class:`DataFileError` naming the file and the line or row."""
+    examples = []
+    for number, row in rows.rows:
+        try:
+            example = build(row)
+        except _FieldError as exc:
+            raise DataFileError(f"{rows.where(number)}, {exc}") from None
+        if example is not None:
+            examples.append(example)
+    return examples
 
 
-def _read_rows(path: Path) -> tuple[str, Iterator[tuple[int, Any]]]:
-    """The unit of a location ("line" / "row") and the numbered rows of a stepwise file."""
-    if _check_extension(path) == ".jsonl":
-        return "line", _jsonl_rows(path)
-    return "row", _parquet_rows(path)
-
-
-def load_stepwise(path: str | os.PathLike[str]) -> list[StepwiseExample]:
+def load_stepwise(path: str | os.PathLike[str], *, allow_empty: bool = False) -> list[StepwiseExample]:
     """Read stepwise examples from a ``.jsonl`` or ``.parquet`` file (module doc for the format).
 
     JSONL is read line by line (so errors give exact line numbers; blank lines are skipped);
-    Parquet through ``datasets.load_dataset("parquet", ...)``. Each row needs ``prompt`` (str),
-    ``completions`` (non-empty list of str) and ``labels`` (one per step: bool, 0/1, a number in
-    [0, 1] or null); an optional ``meta`` object (or its JSON text) is kept, other keys are
-    ignored. An empty file gives an empty list.
+    Parquet row by row with ``pyarrow``. Each row needs ``prompt`` (str), ``completions``
+    (non-empty list of str) and ``labels`` (one per step: bool, 0/1, a number in [0, 1] or
+    null); an optional ``meta`` object (or its JSON text) is kept, other keys are ignored.
+
+    Args:
+        path: The file.
+        allow_empty: Whether a file without rows (0 bytes, only blank lines, a table with no
+            rows) gives an empty list; by default it is an error.
 
     Raises:
-        ValueError: On an unknown extension, invalid JSON or a malformed row, naming the file,
-            the line/row (1-based), the field and what was expected, e.g.
-            ``data/x.jsonl, line 3, field 'labels': expected a list of 4 labels (one per step), got 3``.
+        DataFileError: (a ValueError) One line naming the file, the line/row (1-based), the
+            field and what was expected, e.g.
+            ``data/x.jsonl, line 3, field 'labels': expected a list of 4 labels (one per step), got 3``;
+            or what is wrong with the file itself (an unknown extension, no such file, invalid
+            UTF-8 or JSON, not Parquet or truncated, no rows): :func:`~creditrl.tasks.datafile.read_rows`.
     """
     path = Path(path)
-    unit, rows = _read_rows(path)
-    examples = []
-    for number, row in rows:
-        try:
-            examples.append(_example_from_row(row))
-        except _FieldError as exc:
-            raise ValueError(f"{path}, {unit} {number}, {exc}") from None
-    return examples
+    rows = read_rows(path, suffixes=_EXTENSIONS, allow_empty=allow_empty)
+    return _examples(rows, _example_from_row)
 
 
 def save_stepwise(examples: Sequence[StepwiseExample], path: str | os.PathLike[str]) -> None:
@@ -225,7 +205,7 @@ def save_stepwise(examples: Sequence[StepwiseExample], path: str | os.PathLike[s
     back to equal examples.
 
     Raises:
-        ValueError: On an unknown extension.
+        DataFileError: (a ValueError) On an unknown extension.
     """
     path = Path(path)
     suffix = _check_extension(path)
@@ -327,20 +307,13 @@ def import_prm800k(path: str | os.PathLike[str], *, neutral_as: float | None = 1
     ``source``, ``finish_reason`` and ``ground_truth_answer`` when present.
 
     Raises:
-        ValueError: On a bad ``neutral_as``, invalid JSON or a malformed row (file, line, field).
+        ValueError: On a bad ``neutral_as``.
+        DataFileError: (a ValueError) On a bad file (:func:`~creditrl.tasks.datafile.read_rows`:
+            no such file, invalid UTF-8 or JSON, no rows ...) or a malformed row (file, line, field).
     """
     if neutral_as not in _PRM800K_NEUTRAL:
         raise ValueError(f"neutral_as must be 1.0, 0.0 or None, got {neutral_as!r}")
-    path = Path(path)
-    examples = []
-    for number, row in _jsonl_rows(path):
-        try:
-            example = _prm800k_example(row, neutral_as)
-        except _FieldError as exc:
-            raise ValueError(f"{path}, line {number}, {exc}") from None
-        if example is not None:
-            examples.append(example)
-    return examples
+    return _examples(read_rows(path, suffixes=_IMPORT_EXTENSIONS), lambda row: _prm800k_example(row, neutral_as))
 
 
 # ----------------------------------------------------------------------------- Math-Shepherd
@@ -413,18 +386,15 @@ def import_math_shepherd(
     and ``task`` when present.
 
     Raises:
-        ValueError: On invalid JSON or a malformed row, naming file, line and field: ``input``
-            without ``first_step`` or markers, a ``label`` whose length or text does not match
-            ``input`` with each marker replaced by one character (so the marker counts differ),
-            or a label character other than ``+``/``-``.
+        ValueError: On an empty ``marker``.
+        DataFileError: (a ValueError) On a bad file (:func:`~creditrl.tasks.datafile.read_rows`:
+            no such file, invalid UTF-8 or JSON, no rows ...) or a malformed row, naming file, line
+            and field: ``input`` without ``first_step`` or markers, a ``label`` whose length or
+            text does not match ``input`` with each marker replaced by one character (so the
+            marker counts differ), or a label character other than ``+``/``-``.
     """
     if not marker:
         raise ValueError("marker must be a non-empty string")
-    path = Path(path)
-    examples = []
-    for number, row in _jsonl_rows(path):
-        try:
-            examples.append(_shepherd_example(row, marker, first_step))
-        except _FieldError as exc:
-            raise ValueError(f"{path}, line {number}, {exc}") from None
-    return examples
+    return _examples(
+        read_rows(path, suffixes=_IMPORT_EXTENSIONS), lambda row: _shepherd_example(row, marker, first_step)
+    )

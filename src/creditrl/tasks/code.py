@@ -22,16 +22,17 @@ isolation (:mod:`creditrl.sandbox.process`); the task then warns once. A complet
 from __future__ import annotations
 
 import ast
-import json
 import threading
 import warnings
 from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from creditrl.sandbox import Limits, run_tests
 from creditrl.tasks.base import SPLITS, Problem, draw_from_pool, register_task
+from creditrl.tasks.datafile import DataRows, read_rows, short_repr, type_name
 
 __all__ = ["SPLITS", "DEFAULT_PROBLEMS", "CodeTask", "load_problems"]
 
@@ -39,34 +40,62 @@ DEFAULT_PROBLEMS = Path(__file__).with_name("data") / "code_problems.jsonl"
 _FIELDS = ("name", "split", "entry", "prompt", "solution", "tests")
 
 
+def _problem(rows: DataRows, number: int, row: dict[str, Any]) -> Problem:
+    """One problem row as a :class:`Problem`; a missing or mistyped field names its line."""
+    for key in _FIELDS:
+        if key not in row:
+            raise rows.field_error(number, key, f"missing (a problem needs {', '.join(_FIELDS)})")
+    for key in ("name", "entry", "prompt", "solution"):
+        if not isinstance(row[key], str) or not row[key]:
+            raise rows.field_error(
+                number, key, f"expected a non-empty string, got {short_repr(row[key])} ({type_name(row[key])})"
+            )
+    if row["split"] not in SPLITS:
+        raise rows.field_error(number, "split", f"expected one of {', '.join(SPLITS)}, got {short_repr(row['split'])}")
+    tests = row["tests"]
+    if not isinstance(tests, list) or not tests:
+        raise rows.field_error(
+            number, "tests", f'expected a non-empty list of {{"args": [...], "expected": ...}}, got {short_repr(tests)}'
+        )
+    for k, test in enumerate(tests):
+        if not isinstance(test, dict) or "expected" not in test or not isinstance(test.get("args"), list):
+            raise rows.field_error(
+                number, f"tests[{k}]", f'expected an object {{"args": [...], "expected": ...}}, got {short_repr(test)}'
+            )
+    meta = {
+        "name": row["name"],
+        "split": row["split"],
+        "entry": row["entry"],
+        "inputs": [t["args"] for t in tests],
+        "expected": [t["expected"] for t in tests],
+    }
+    return Problem(prompt=row["prompt"], answer=row["solution"], solution=row["solution"], meta=meta)
+
+
 def load_problems(path: str | Path) -> list[Problem]:
-    """Read a problem file (module docstring) into :class:`Problem` objects.
+    """Read a problem file (module docstring; ``.jsonl``, or ``.json``: JSON Lines or an array of
+    objects) into :class:`Problem` objects, with :func:`~creditrl.tasks.datafile.read_rows`.
 
     ``answer`` and ``solution`` are the reference completion; ``meta`` holds ``name``,
     ``split``, ``entry``, ``inputs`` (the test arguments) and ``expected`` (their results).
 
     Raises:
-        ValueError: On a malformed line (named by number), a duplicate name or an unknown split.
+        DataFileError: (a ValueError) One line naming the file and the line: a bad file (no
+            such file, invalid UTF-8 or JSON, no rows ...), a missing field, one of the wrong
+            type, a split not in ``SPLITS``, no tests, or a duplicate name.
     """
+    rows = read_rows(path, suffixes=(".jsonl", ".json"))
     problems: list[Problem] = []
-    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        row = json.loads(line)
-        missing = [k for k in _FIELDS if k not in row]
-        if missing or row["split"] not in SPLITS or not row["tests"]:
-            raise ValueError(f"{path}:{number}: need fields {_FIELDS}, a split in {SPLITS} and tests; got {row}")
-        meta = {
-            "name": row["name"],
-            "split": row["split"],
-            "entry": row["entry"],
-            "inputs": [t["args"] for t in row["tests"]],
-            "expected": [t["expected"] for t in row["tests"]],
-        }
-        problems.append(Problem(prompt=row["prompt"], answer=row["solution"], solution=row["solution"], meta=meta))
-    names = [p.meta["name"] for p in problems]
-    if len(set(names)) != len(names):
-        raise ValueError(f"{path}: duplicate problem names")
+    first_line: dict[str, int] = {}
+    for number, row in rows.rows:
+        problem = _problem(rows, number, row)
+        name = problem.meta["name"]
+        if name in first_line:
+            raise rows.field_error(
+                number, "name", f"duplicate problem name {name!r} (first at {rows.unit} {first_line[name]})"
+            )
+        first_line[name] = number
+        problems.append(problem)
     return problems
 
 

@@ -1,8 +1,9 @@
 """Math word problems from JSONL or Parquet files, answers checked with math-verify.
 
 A problem file holds one question and one gold answer per row (the column names are
-arguments); it is read with Hugging Face ``datasets`` (``load_dataset("json" | "parquet",
-data_files=...)``, local files only). The prompt is a template with ``{question}`` in it, and
+arguments); it is a JSON Lines, JSON or Parquet file read by
+:func:`creditrl.tasks.datafile.read_rows`, so a bad file or row is one error line naming the
+file, the line or row and the field. The prompt is a template with ``{question}`` in it, and
 a completion is correct when `math-verify <https://github.com/huggingface/Math-Verify>`_ finds
 its final answer equal to the gold one::
 
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from creditrl.tasks.base import SPLITS, Problem, draw_from_pool, register_task
+from creditrl.tasks.datafile import DataRows, read_rows, short_repr
 from creditrl.tasks.math_verify import answers_match, extract_math_answer, gold_problem, gold_text, same_math_answer
 
 __all__ = [
@@ -41,7 +43,7 @@ __all__ = [
 
 DEFAULT_TRAIN_FILE = Path(__file__).with_name("data") / "math_sample.jsonl"
 DEFAULT_TEMPLATE = "Q: {question} A: "
-_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+_FORMATS = (".jsonl", ".json", ".parquet")
 
 
 # ----------------------------------------------------------------------------- files
@@ -56,43 +58,38 @@ def _text(value: Any) -> str | None:
     return None
 
 
+def _cells(rows: DataRows, number: int, row: dict[str, Any], keys: list[str], answer_key: str) -> dict[str, str]:
+    """The text of each of ``keys`` in ``row``; the answer stripped of surrounding whitespace."""
+    cells = {}
+    for key in keys:
+        if key not in row:
+            raise rows.error(number, f"field {key!r} is missing (fields: {', '.join(map(str, row)) or 'none'})")
+        text = _text(row[key])
+        if text is None:
+            raise rows.error(
+                number,
+                f"field {key!r} is missing or not text (got {short_repr(row[key])}); expected a string or a number",
+            )
+        if not text.strip():
+            raise rows.error(number, f"field {key!r} is empty")
+        cells[key] = text.strip() if key == answer_key else text
+    return cells
+
+
 @functools.lru_cache(maxsize=16)
 def _load_cached(
     path: str, stamp: tuple[int, int], question_key: str, answer_key: str, solution_key: str | None, timeout_s: float
 ) -> tuple[tuple[str, str, str | None], ...]:
-    import datasets
-
-    fmt = _FORMATS.get(Path(path).suffix.lower())
-    if fmt is None:
-        raise ValueError(f"{path}: unknown file type; expected one of {', '.join(_FORMATS)}")
-    quiet = datasets.are_progress_bars_disabled()
-    datasets.disable_progress_bars()
-    try:
-        table = datasets.load_dataset(fmt, data_files=path, split="train")
-    except Exception as exc:  # noqa: BLE001 - any reader failure is a problem with the file
-        raise ValueError(f"{path}: datasets cannot read it as {fmt}: {exc}") from exc
-    finally:
-        if not quiet:
-            datasets.enable_progress_bars()
+    data = read_rows(path, suffixes=_FORMATS)
     keys = [question_key, answer_key] + ([solution_key] if solution_key else [])
-    for key in keys:
-        if key not in table.column_names:
-            raise ValueError(f"{path}, row 1: field {key!r} is missing (columns: {', '.join(table.column_names)})")
     rows: list[tuple[str, str, str | None]] = []
-    for number, row in enumerate(table, start=1):
-        cells = {}
-        for key in keys:
-            text = _text(row[key])
-            if text is None:
-                raise ValueError(f"{path}, row {number}: field {key!r} is missing or not text (got {row[key]!r})")
-            if not text.strip():
-                raise ValueError(f"{path}, row {number}: field {key!r} is empty")
-            cells[key] = text.strip() if key == answer_key else text
+    for number, row in data.rows:
+        cells = _cells(data, number, row, keys, answer_key)
         why = gold_problem(cells[answer_key], timeout_s=timeout_s)
         if why is None:
             why = f"parsing it took over {timeout_s}s"
         if why:
-            raise ValueError(f"{path}, row {number}: field {answer_key!r} is not a usable gold answer: {why}")
+            raise data.error(number, f"field {answer_key!r} is not a usable gold answer: {why}")
         rows.append((cells[question_key], cells[answer_key], cells.get(solution_key) if solution_key else None))
     return tuple(rows)
 
@@ -105,20 +102,23 @@ def load_math_rows(
     solution_key: str | None = None,
     timeout_s: float = 5.0,
 ) -> list[tuple[str, str, str | None]]:
-    """Read ``(question, answer, solution or None)`` rows of a JSONL (``.jsonl``/``.json``) or
-    Parquet file with ``datasets``; answers are stripped of surrounding whitespace.
+    """Read ``(question, answer, solution or None)`` rows of a JSONL (``.jsonl``, or ``.json``:
+    JSON Lines or an array of objects) or Parquet file with
+    :func:`~creditrl.tasks.datafile.read_rows`; answers are stripped of surrounding whitespace.
 
     Numbers in a text column are written out (``3`` -> ``"3"``). Results are cached per file
     path, modification time and size.
 
     Raises:
-        ValueError: Naming the file, the row (counted from 1) and the field: the file is missing,
-            of an unknown type or unreadable, a column is missing, a cell is null, not text or
-            empty, or math-verify cannot parse a gold answer (or takes over ``timeout_s``).
+        DataFileError: (a ValueError) One line naming the file, the line (JSONL) or row (a JSON
+            array, Parquet), counted from 1, and the field: the file is missing, of an unknown
+            type, not UTF-8, not JSON or not Parquet (or truncated), holds no rows, a field is
+            missing, a cell is null, not text or empty, or math-verify cannot parse a gold
+            answer (or takes over ``timeout_s``).
     """
     p = Path(path)
     if not p.is_file():
-        raise ValueError(f"{p}: no such file")
+        read_rows(p, suffixes=_FORMATS)  # raises: no such file, a directory
     st = p.stat()
     return list(
         _load_cached(str(p.resolve()), (st.st_mtime_ns, st.st_size), question_key, answer_key, solution_key, timeout_s)
