@@ -10,8 +10,9 @@ through the reward harness. After each one the test checks containment:
 * a loopback listener got no connection;
 * the run ended within the time limit (plus slack for a loaded machine).
 
-Containment that needs root (uid switch, read-only mounts, network namespace) is what CI and
-this suite run with; without root the suite is skipped (see test_process.py for the fallback).
+Containment that needs root (uid switch, minimal read-only root, network namespace) is what CI
+and this suite run with; without root the suite is skipped (see test_process.py for the
+fallback). test_confinement.py probes the minimal root and the seccomp filter one by one.
 """
 
 from __future__ import annotations
@@ -234,7 +235,7 @@ def test_hostile_program_is_contained(source: str, fraction: float, sentinel, li
         assert report.fraction == fraction, (report.passed, report.reason, report.sandbox.stderr[-500:])
         result = report.sandbox
         assert result is not None and result.wall_s < LIMITS.timeout_s + 3
-        assert set(result.isolation) >= {"uid", "net", "pid", "readonly", "tmpfs", "hidden"}
+        assert set(result.isolation) >= {"uid", "net", "pid", "readonly", "tmpfs", "hidden", "minroot", "seccomp"}
         for text in (result.stdout, result.stderr, result.channel.decode("latin-1")):
             assert token not in text
         assert sentinel.poll() is None

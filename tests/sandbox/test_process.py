@@ -14,7 +14,7 @@ import pytest
 from creditrl.sandbox import Limits, execute, run_python
 
 ROOT = os.geteuid() == 0
-FULL = {"hidden", "ipc", "net", "pid", "proc", "readonly", "tmpfs", "uid"}
+FULL = {"hidden", "ipc", "minroot", "net", "pid", "proc", "readonly", "seccomp", "tmpfs", "uid"}
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 
@@ -89,23 +89,29 @@ def test_limits_are_validated() -> None:
 
 @pytest.mark.skipif(not ROOT, reason="needs root to switch to an unprivileged user")
 def test_non_root_fallback_runs_as_the_caller(tmp_path: Path) -> None:
-    """Not root: same limits and clean environment, no uid switch; network isolation only
-    where unprivileged user namespaces are allowed. Runs under a system interpreter because
-    the test's own may live under /root (0700)."""
+    """Not root: same limits, clean environment and seccomp filter, no uid switch nor minimal
+    root; network isolation only where unprivileged user namespaces are allowed. Runs under a
+    system interpreter because the test's own may live under /root (0700); pyseccomp (one
+    module) is copied beside the package for it."""
     found = [p for p in ("/usr/bin/python3.11", "/usr/local/bin/python3.11", "/usr/bin/python3") if os.path.exists(p)]
     if not found:
         pytest.skip("no system interpreter that the user nobody can run")
     python = found[0]
+    import pyseccomp  # a dependency; only this test needs its file
+
     work = Path(tempfile.mkdtemp())
     shutil.copytree(SRC / "creditrl" / "sandbox", work / "creditrl" / "sandbox")
     (work / "creditrl" / "__init__.py").write_text("")
+    shutil.copy(pyseccomp.__file__, work)
     os.chmod(work, 0o755)
     code = (
         f"import sys, json; sys.path.insert(0, {str(work)!r})\n"
         "from creditrl.sandbox import run_python\n"
         "r = run_python('import os; print(os.getuid(), sorted(os.environ))', timeout_s=3)\n"
         "t = run_python('while True: pass', timeout_s=0.5)\n"
-        "print(json.dumps([r.stdout, r.isolation, t.reason]))"
+        "u = run_python('import ctypes, errno; libc = ctypes.CDLL(None, use_errno=True);'\n"
+        "               'print(libc.unshare(0x10000000), errno.errorcode[ctypes.get_errno()])')\n"
+        "print(json.dumps([r.stdout, r.isolation, t.reason, u.stdout]))"
     )
     try:
         out = subprocess.run(
@@ -124,10 +130,11 @@ def test_non_root_fallback_runs_as_the_caller(tmp_path: Path) -> None:
         shutil.rmtree(work)
     if out.returncode != 0 and "ModuleNotFoundError" in out.stderr:
         pytest.skip(f"system interpreter cannot run the sandbox: {out.stderr[-200:]}")
-    stdout, isolation, reason = json.loads(out.stdout.strip().splitlines()[-1])
+    stdout, isolation, reason, unshared = json.loads(out.stdout.strip().splitlines()[-1])
     assert stdout.startswith("65534 ") and "SECRET" not in stdout
-    assert "uid" not in isolation and "pid" not in isolation
+    assert "uid" not in isolation and "pid" not in isolation and "minroot" not in isolation
     assert reason == "timeout"
+    assert "seccomp" in isolation and unshared == "-1 EPERM\n"  # the filter needs no root
 
 
 def test_the_sandbox_works_from_a_thread() -> None:

@@ -2,23 +2,26 @@
 
 Started by :func:`creditrl.sandbox.process.execute` as ``python -I -S _launcher.py CONFIG`` with
 the program text on stdin. It is its own single-threaded process, not a ``preexec_fn`` (which
-can deadlock in a multi-threaded parent such as the trainer), and imports only the stdlib.
+can deadlock in a multi-threaded parent such as the trainer), and imports only the stdlib and
+its two stdlib-only siblings :mod:`._rootfs` (the minimal root) and :mod:`._seccomp` (the filter).
 
 Steps, in order (each namespace step is best-effort; what succeeded is reported):
 
 1. read the program from stdin, point stdin at ``/dev/null``;
 2. as root: new network (only a down loopback: no connect anywhere), IPC and UTS namespaces;
-3. as root: a private mount namespace where every mount is re-mounted read-only, the
-   interpreter is made reachable for an unprivileged uid (:func:`_expose`), the ``hidden``
-   directories are covered by empty read-only tmpfs, and the working directory is a fresh
-   size-capped tmpfs owned by the run's uid (it vanishes with the namespace);
+3. as root: a private mount namespace and in it a minimal root (:func:`._rootfs.build`): a
+   read-only tmpfs holding the interpreter, its stdlib, the shared libraries, a few devices, an empty
+   ``/proc`` and the working directory, a fresh size-capped tmpfs owned by the run's uid (it
+   vanishes with the namespace); the launcher pivots into it, so nothing else of the host exists;
    not root: a user namespace with a network namespace when the kernel allows it;
 4. rlimits (CPU, address space, file size, open files, processes, core = 0);
-5. as root: a new PID namespace whose init (still root, see :func:`_init`) runs the program as
-   PID 2; when the program exits the init exits and the kernel kills all that is left;
+5. as root: a new PID namespace whose init (still root, see :func:`_init`) mounts its ``/proc``
+   and runs the program as PID 2; when the program exits the init exits and the kernel kills all
+   that is left;
 6. the program's process drops to ``uid``/``gid`` with no supplementary groups and
-   ``no_new_privs`` (so RLIMIT_NPROC applies and it cannot signal its parent or other runs)
-   and execs ``python -I -B main.py`` with a clean environment.
+   ``no_new_privs`` (so RLIMIT_NPROC applies and it cannot signal its parent or other runs),
+   loads the seccomp filter that the parent compiled (``seccomp`` in the config, hex; with or
+   without root) and execs ``python -I -B main.py`` with a clean environment.
 
 The status fd 4 (close-on-exec in the program) gets JSON lines: ``{"isolation": [...]}`` just
 before the exec, ``{"error": "..."}`` if setup failed (exit 125), and ``{"wait_status": N}``
@@ -27,129 +30,31 @@ once the program has exited (written by whoever reaped it: the init, or the laun
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import json
 import os
-import re
 import resource
 import select
 import signal
 import sys
 
-CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
+STDLIB = [p for p in sys.path if os.path.isabs(p)]  # under -I -S: the stdlib, the program's too
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # its stdlib-only siblings
+import _rootfs  # noqa: E402
+import _seccomp  # noqa: E402
+
+CLONE_NEWUTS, CLONE_NEWIPC = 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
-MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
-# per-mount flags a read-only re-mount must keep (a bind re-mount resets the ones it omits)
-KEPT_FLAGS = {
-    "nosuid": MS_NOSUID,
-    "nodev": MS_NODEV,
-    "noexec": MS_NOEXEC,
-    "noatime": 1024,
-    "nodiratime": 2048,
-    "relatime": 1 << 21,
-}
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
 CHANNEL_FD, STATUS_FD = 3, 4
 MAX_PROGRAM_BYTES, SETUP_FAILED = 1 << 20, 125  # SETUP_FAILED: the exit status of a failed setup
 _program_pid = 0  # the child that the launcher waits for, once forked (see _on_sigterm)
 
-libc = ctypes.CDLL(None, use_errno=True)
-libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
-
-
-def _call(ret: int, what: str) -> None:
-    if ret != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def _mount(source, target, fstype, flags, data=None) -> None:
-    enc = lambda s: None if s is None else s.encode()  # noqa: E731
-    _call(libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
+libc = _rootfs.libc
 
 
 def _unshare(flags: int) -> bool:
     return libc.unshare(flags) == 0
-
-
-def _unescape(path: str) -> str:
-    """mountinfo writes space, tab, newline and backslash as ``\\ooo`` octal escapes."""
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), path)
-
-
-def _read_only_everywhere() -> bool:
-    """Re-mount every mount of this (private) namespace read-only; True if ``/`` became so."""
-    with open("/proc/self/mountinfo") as f:
-        mounts = [line.split() for line in f]
-    root_done = False
-    for fields in mounts:
-        target, options = _unescape(fields[4]), fields[5].split(",")
-        flags = MS_REMOUNT | MS_BIND | MS_RDONLY
-        for opt in options:
-            flags |= KEPT_FLAGS.get(opt, 0)
-        try:
-            _mount(None, target, None, flags)
-            root_done = root_done or target == "/"
-        except OSError:
-            pass  # e.g. a mount hidden under another one; "/" is what matters
-    return root_done
-
-
-def _blocked_ancestor(path: str) -> str | None:
-    """The outermost directory on ``path`` that other users may not enter (``/root`` is 0700)."""
-    parts = os.path.abspath(path).split("/")
-    for i in range(2, len(parts) + 1):
-        prefix = "/".join(parts[:i])
-        if not os.stat(prefix).st_mode & 0o001:
-            return prefix
-    return None
-
-
-def _expose(paths: list[str]) -> None:
-    """Make the interpreter reachable for the unprivileged uid when it lives under, say, /root.
-
-    Each blocking ancestor is covered by a read-only tmpfs that holds nothing but bind mounts of
-    the exposed paths below it, so the rest of it (a home directory's secrets) stays out of sight.
-    """
-    plan: dict[str, list[str]] = {}
-    for path in sorted(set(paths)):
-        ancestor = _blocked_ancestor(path)
-        if ancestor is not None and ancestor != path:
-            inside = plan.setdefault(ancestor, [])
-            if not any(path.startswith(p + "/") for p in inside):
-                inside.append(path)
-    for ancestor, inside in plan.items():
-        fds = [os.open(p, os.O_PATH) for p in inside]  # handles that survive the covering mount
-        _mount("none", ancestor, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
-        for path, fd in zip(inside, fds):
-            os.makedirs(path, mode=0o755, exist_ok=True)
-            _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
-            os.close(fd)
-        _mount(None, ancestor, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
-
-
-def _isolate_files(cfg: dict) -> list[str]:
-    """Mount namespace: read-only world, hidden paths, tmpfs working dir. Returns what held."""
-    if not _unshare(CLONE_NEWNS):
-        return []
-    _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    done = ["readonly"] if _read_only_everywhere() else []
-    _expose(cfg["expose"])
-    for path in cfg["hidden"]:
-        if os.path.isdir(path):
-            _mount("none", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0555")
-    done.append("hidden")
-    uid = cfg["uid"]
-    _mount(
-        "none",
-        cfg["workdir"],
-        "tmpfs",
-        MS_NOSUID | MS_NODEV,
-        f"size={cfg['disk_bytes']},nr_inodes=4096,mode=0700,uid={uid},gid={uid}",
-    )
-    return done + ["tmpfs"]
 
 
 def _set_limits(limits: dict) -> None:
@@ -192,12 +97,18 @@ def _program(cfg: dict, isolation: list[str], lifeline: int | None) -> None:
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
         isolation.append("uid")
-    _call(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    _rootfs.check(libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     if lifeline is not None:  # no PID namespace to take it down: die with the launcher instead
-        _call(libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0), "pdeathsig")  # after setuid, which clears it
+        _rootfs.check(libc.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0), "pdeathsig")  # after setuid, which clears it
         if select.select([lifeline], [], [], 0)[0]:  # EOF: the launcher died before PDEATHSIG was set
             os._exit(SETUP_FAILED)
         os.close(lifeline)
+    if cfg["seccomp"]:
+        try:
+            _seccomp.install(bytes.fromhex(cfg["seccomp"]))
+            isolation.append("seccomp")
+        except OSError:
+            pass  # the kernel has no seccomp filters: the run goes on without, and says so
     _report({"isolation": sorted(isolation)})
     env = {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -225,8 +136,8 @@ def _init(cfg: dict, isolation: list[str]) -> None:
     """PID 1 of the new PID namespace (stays root, so the program cannot signal it): mount its
     /proc, run the program as PID 2 (ordinary signal semantics, unlike an init), reap orphans.
     When it exits after the program, the kernel kills everything left in the namespace."""
-    if "tmpfs" in isolation:  # a mount namespace of our own to mount it in
-        _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    if "minroot" in isolation:  # a root of our own, with an empty /proc to mount it on
+        _rootfs.mount_proc()
         isolation.append("proc")
     pid = os.fork()
     if pid == 0:
@@ -278,7 +189,7 @@ def main() -> None:
                 isolation.append("net")
             if _unshare(CLONE_NEWIPC | CLONE_NEWUTS):
                 isolation.append("ipc")
-            isolation += _isolate_files(cfg)
+            isolation += _rootfs.build(cfg, [cfg["python"], *STDLIB])
         else:
             cfg["uid"] = None  # only root can switch uid: the program runs as the caller
             if _unshare(CLONE_NEWUSER | CLONE_NEWNET):

@@ -23,17 +23,32 @@ net         own network namespace with only a down loopback: no connect at all  
                                                                                 user namespaces
 pid         own PID namespace; everything in it dies with the program           root
 proc        a /proc that shows only the sandbox's processes                     root
-readonly    every mount read-only except the working directory                  root
+minroot     its root is a fresh tmpfs holding only the interpreter and its      root
+            stdlib (site-packages empty), the shared libraries (/lib, /lib64,
+            /usr/lib, /usr/lib64, /etc/ld.so.cache), /usr/share/zoneinfo,
+            /dev/null, zero, random, urandom, its /proc and the working
+            directory, all read-only but that: no other host file exists for
+            it, the project and its virtual environment included (:mod:`._rootfs`)
+readonly    all it sees is read-only except the working directory               root
 tmpfs       the working directory is a size-capped tmpfs (``disk_mb``)          root
 hidden      the creditrl package (its bundled tests) and ``hidden_paths`` are   root
-            covered by empty directories
+            out of its root, or covered by empty directories where an exposed
+            tree holds them
 ipc         own IPC / UTS namespaces                                            root
+seccomp     a syscall filter refuses (EPERM) sockets other than AF_INET/6,      pyseccomp and
+            namespaces, mounts, pivot_root/chroot, ptrace, keyrings, bpf,       libseccomp
+            io_uring, module loading and more (:mod:`._seccomp`)                >= 2.5.0, any
+                                                                                user
 ==========  ==================================================================  ==============
 
 Not root (the documented fallback): the program runs as the caller's uid under the same
-rlimits, in a network namespace when unprivileged user namespaces are enabled (``net`` absent
-otherwise); it can then read the caller's files, write where the caller may, and signal the
-caller. The environment is always clean (no inherited variables), whatever the privileges.
+rlimits and the same ``seccomp`` filter, in a network namespace when unprivileged user namespaces
+are enabled (``net`` absent otherwise); it can then read the caller's files, write where the
+caller may, and signal the caller. Where the filter cannot be built (pyseccomp or libseccomp
+missing), the first run warns and ``seccomp`` is absent from every run's isolation. The
+environment is always clean (no inherited variables), whatever the privileges, and the program
+runs the base interpreter of a virtual environment (``sys._base_executable``), never the
+environment itself.
 """
 
 from __future__ import annotations
@@ -44,22 +59,33 @@ import secrets
 import selectors
 import shutil
 import signal
+import site
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from creditrl.sandbox import _seccomp
 from creditrl.sandbox.result import Limits, SandboxResult, reason_for
 
 __all__ = ["Limits", "SandboxResult", "execute", "run_python"]
 
 _LAUNCHER = Path(__file__).with_name("_launcher.py")
 _PACKAGE_DIR = str(Path(__file__).resolve().parents[1])  # creditrl/: holds the bundled tests
+# the base installation's third-party packages (and their .pth start-up hooks): empty in the minimal root
+_SITE_PACKAGES = site.getsitepackages([sys.base_prefix, sys.base_exec_prefix])
 _UID_BASE, _UID_SPAN = 2_000_000_000, 100_000_000  # per-run uids, far from any real account
 _KILL_FACTOR = 8  # kill once an output exceeds this many times what is kept of it
 _GRACE_S = 0.5  # after the launcher exits, how long to wait for pipes held by stragglers
 _STOP_WAIT_S = 2.0  # how long the launcher gets to empty the namespace before the group is killed
+
+
+def _interpreter() -> str:
+    """The base interpreter (that of a virtual environment's home), symlinks resolved: the
+    program runs it, so its root needs the Python installation but never the environment."""
+    base = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+    return base if os.access(base, os.X_OK) else os.path.realpath(sys.executable)
 
 
 def _exited(pid: int) -> bool:
@@ -109,10 +135,9 @@ def execute(source: str, limits: Limits, *, hidden_paths: tuple[str, ...] = (), 
     status_r, status_w = os.pipe()
     chan_r, chan_w = os.pipe() if channel else (None, None)
     cfg = {
-        "python": sys.executable,
-        "expose": sorted(
-            {sys.prefix, sys.base_prefix, sys.base_exec_prefix, str(Path(sys.executable).resolve().parent)}
-        ),
+        "python": _interpreter(),
+        "site_packages": _SITE_PACKAGES,
+        "seccomp": None if (bpf := _seccomp.filter_program()) is None else bpf.hex(),
         "workdir": workdir,
         "uid": uid,
         "hidden": [_PACKAGE_DIR, *map(str, hidden_paths)],
