@@ -21,6 +21,7 @@ from creditrl.policy.model import apply_lora, build_tiny, sharpen
 from creditrl.rewards.sources import make_source, score_batch
 from creditrl.rewards.stage import Scorer
 from creditrl.tasks import make_task
+from creditrl.tasks.bounded import UserFunctionError
 from creditrl.train.resolve import checked
 from creditrl.train.rl import RLTrainer
 
@@ -348,9 +349,9 @@ def test_scoring_workers_keep_the_error_policy_and_counts(score_pool) -> None:
         there = score_pool.score(source, task, problems, completions, spans, on_error=on_error)
         assert there == here
         assert here.errors == 2 and "failed on response 3" in here.first_error
-    with pytest.raises(RuntimeError) as local_err:
+    with pytest.raises(UserFunctionError) as local_err:
         score_batch(source, task, problems, completions, spans, on_error="raise")
-    with pytest.raises(RuntimeError) as remote_err:
+    with pytest.raises(UserFunctionError) as remote_err:
         score_pool.score(source, task, problems, completions, spans, on_error="raise")
     assert str(remote_err.value) == str(local_err.value)
     assert "reward source 'unit_tests' failed on response 3" in str(local_err.value)

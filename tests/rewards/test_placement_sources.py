@@ -26,6 +26,7 @@ from creditrl.rewards import (
 )
 from creditrl.rollout.segment import TokenTexts, segment
 from creditrl.tasks import make_task
+from creditrl.tasks.bounded import UserFunctionError
 
 
 def bool_mask(rows):
@@ -416,11 +417,11 @@ DETAIL = {
 @pytest.mark.parametrize("kind", BAD)
 def test_raise_policy_names_response_and_prompt(task, problem, kind):
     problems = [problem, task.make_problem("1+2="), problem]
-    with pytest.raises(RuntimeError) as info:
+    with pytest.raises(UserFunctionError) as info:
         run(failing_on_second(kind), task, problems, on_error="raise")
     msg = str(info.value)
-    assert "reward source 'probe' failed on response 1" in msg
-    assert "(prompt '1+2=')" in msg
+    assert "\n" not in msg and "reward source 'probe' failed on response 1" in msg
+    assert "prompt '1+2=')" in msg
     assert DETAIL[kind] in msg
 
 

@@ -126,8 +126,14 @@ class RewardConfig(Section):
     )
     on_error: OnError = Field(
         "raise",
-        description="what a failing or non-finite reward does: `raise`, `zero` "
-        "(the row gets 0), `skip` (the row leaves the batch)",
+        description="what a failing, timed-out or non-finite user function (reward source, checker) does: "
+        "`raise` (one line naming it), `zero` (the row gets 0), `skip` (the row leaves the batch)",
+    )
+    timeout_s: float = Field(
+        30.0,
+        ge=0,
+        description="time limit of each call of a user function (checkers, reward sources): they run in a "
+        "killable worker process, and a call over the limit is an error under `on_error`; 0 = no limit, in process",
     )
     step_separator: str | None = Field(
         None, description="text that ends a reasoning step; null resolves to the task's separator"

@@ -19,6 +19,7 @@ and must not block the rollout workers' reservation on a small machine.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -29,6 +30,7 @@ from creditrl.config import Config
 from creditrl.distributed.workers import WorkerPool, split_rows
 from creditrl.rewards.sources import RewardSource, ScoreResult, score_batch
 from creditrl.tasks.base import Problem, Task
+from creditrl.tasks.bounded import BoundedCalls
 
 
 def source_names(cfg: Config) -> list[str]:
@@ -47,6 +49,9 @@ class ScoreWorker:
         self.task = make_task(cfg.task.name, **cfg.task.args)
         self.options = {"prm": cfg.reward.prm}
         self.sources = {name: make_source(name, self.options) for name in source_names(cfg)}
+        self.bounded = BoundedCalls(cfg.reward.timeout_s)  # each call of a source's fn, as in one process
+        for name, source in self.sources.items():
+            self._bound(name, source)
         self.calls = 0
         self.crash_at: int | None = None
 
@@ -67,6 +72,8 @@ class ScoreWorker:
             from creditrl.rewards.sources import make_source
 
             self.sources[name] = make_source(name, self.options)
+            self._bound(name, self.sources[name])
+        bounded = {"run": functools.partial(self.bounded.map, name)} if name in self.bounded.names else {}
         return score_batch(
             self.sources[name],
             self.task,
@@ -76,7 +83,12 @@ class ScoreWorker:
             granularity=granularity,
             on_error=on_error,
             first_index=first_index,
+            **bounded,
         )
+
+    def _bound(self, name: str, source: RewardSource) -> None:
+        if source.batch_fn is None:  # a model-backed source runs here (creditrl.tasks.bounded)
+            self.bounded.register(name, functools.partial(source.fn, self.task))
 
     def crash_on_call(self, k: int) -> None:
         """Test hook: exit the process at the start of the k-th score call from now."""
@@ -129,6 +141,7 @@ class ScorePool:
             keep=[k for p in parts for k in p.keep],
             errors=sum(p.errors for p in parts),
             first_error=next((p.first_error for p in parts if p.first_error), None),
+            timeouts=sum(p.timeouts for p in parts),
         )
 
 

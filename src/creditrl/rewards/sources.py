@@ -15,9 +15,10 @@ granularities it can score and a default one; at ``sequence`` granularity there 
 (the whole response) and the score may not be ``None``.
 
 The scoring stage runs a source over a batch under an explicit error policy: a source that
-raises, returns NaN/inf, or the wrong number of scores is never silently used (``raise`` stops,
-``zero`` scores it 0.0, ``skip`` drops the response from the loss); each such response is
-counted in ``reward/errors``.
+raises, returns NaN/inf, the wrong number of scores, or runs over ``reward.timeout_s`` is never
+silently used (``raise`` stops with one line naming it, ``zero`` scores it 0.0, ``skip`` drops the
+response from the loss); each such response is counted in ``reward/errors`` and per source in
+``reward/errors/<source>`` / ``reward/timeouts/<source>``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 from creditrl.config.types import OnError
 from creditrl.rewards.placement import GRANULARITIES
 from creditrl.tasks.base import Problem, Task
+from creditrl.tasks.bounded import Outcome, UserFunctionError, finite_number, shorten
 
 SourceFn = Callable[[Task, Problem, str, Sequence[str]], list[float | None]]
 BatchFn = Callable[[Task, Sequence[Problem], Sequence[str], Sequence[Sequence[str]]], list[list[float | None]]]
@@ -142,7 +144,7 @@ def check_granularity(source: RewardSource | SourceFactory, granularity: str) ->
 @register_source("outcome", granularities=("sequence",))
 def outcome_reward(task: Task, problem: Problem, completion: str, spans: Sequence[str]) -> list[float]:
     """1.0 when the task's outcome checker accepts the completion, else 0.0."""
-    return [1.0 if task.check_outcome(problem, completion) else 0.0]
+    return [1.0 if finite_number(task.check_outcome(problem, completion)) else 0.0]  # NaN is an error, not True
 
 
 def first_error_labels(labels: Iterable[bool]) -> list[float | None]:
@@ -246,31 +248,24 @@ def step_format_reward(task: Task, problem: Problem, completion: str, spans: Seq
 class ScoreResult:
     scores: list[list[float | None]]  # per response, ready for placement
     keep: list[bool]  # False for responses dropped by the ``skip`` policy
-    errors: int
+    errors: int  # failed responses, timeouts included
     first_error: str | None
+    timeouts: int = 0  # of ``errors``, the calls over ``reward.timeout_s``
 
 
-def score_batch(
+# runs ``fn(problem, completion, spans)`` of a source on each argument tuple (a bounded worker)
+CallRunner = Callable[[Sequence[tuple[Problem, str, Sequence[str]]]], list[Outcome]]
+
+
+def _check_arguments(
     source: RewardSource,
-    task: Task,
+    granularity: str,
+    on_error: str,
     problems: Sequence[Problem],
     completions: Sequence[str],
     spans: Sequence[Sequence[str]],
-    *,
-    granularity: str | None = None,
-    on_error: str = "raise",
-    first_index: int = 0,
-) -> ScoreResult:
-    """Score every response's spans with ``source`` under the ``on_error`` policy (module doc).
-
-    ``granularity`` (default: the source's default) must be one the source supports
-    (ValueError otherwise, whatever the policy). Every response needs ``len(spans[i])`` scores
-    (``sequence``: one span, one score, never ``None``). A response without spans (empty) has
-    nothing to place: its score list is empty and the source is not called. ``first_index``:
-    the index of ``problems[0]`` in a larger batch split among workers (error messages name
-    the response by its index in that batch).
-    """
-    granularity = granularity or source.default_granularity
+) -> None:
+    """The errors of a call of :func:`score_batch` itself (whatever the policy)."""
     check_granularity(source, granularity)
     if on_error not in ERROR_POLICIES:
         raise ValueError(f"unknown reward error policy '{on_error}'; valid: {', '.join(ERROR_POLICIES)}")
@@ -283,25 +278,75 @@ def score_batch(
                     f"sequence granularity has one span per response (the last_token segmenter); "
                     f"response {i} has {len(row_spans)}"
                 )
-    batched: list[list[float | None]] | None = None
-    if source.batch_fn is not None:
-        try:
-            batched = source.batch_fn(task, problems, completions, spans)
-            if len(batched) != len(problems):
-                raise ValueError(f"batch_fn returned {len(batched)} score lists for {len(problems)} responses")
-        except Exception:  # noqa: BLE001 - fall back to fn per response, under the error policy
-            batched = None
+
+
+def _batch_scores(
+    source: RewardSource,
+    task: Task,
+    problems: Sequence[Problem],
+    completions: Sequence[str],
+    spans: Sequence[Sequence[str]],
+) -> list[list[float | None]] | None:
+    """The source's ``batch_fn`` scores, or None (no batch_fn, or it failed: ``fn`` per response then)."""
+    if source.batch_fn is None:
+        return None
+    try:
+        batched = source.batch_fn(task, problems, completions, spans)
+    except Exception:  # noqa: BLE001 - fall back to fn per response, under the error policy
+        return None
+    return batched if len(batched) == len(problems) else None
+
+
+def score_batch(
+    source: RewardSource,
+    task: Task,
+    problems: Sequence[Problem],
+    completions: Sequence[str],
+    spans: Sequence[Sequence[str]],
+    *,
+    granularity: str | None = None,
+    on_error: str = "raise",
+    first_index: int = 0,
+    run: CallRunner | None = None,
+) -> ScoreResult:
+    """Score every response's spans with ``source`` under the ``on_error`` policy (module doc).
+
+    ``granularity`` (default: the source's default) must be one the source supports
+    (ValueError otherwise, whatever the policy). Every response needs ``len(spans[i])`` scores
+    (``sequence``: one span, one score, never ``None``). A response without spans (empty) has
+    nothing to place: its score list is empty and the source is not called. ``first_index``:
+    the index of ``problems[0]`` in a larger batch split among workers (error messages name
+    the response by its index in that batch). ``run``: where the per-response ``fn`` calls run
+    (a :class:`~creditrl.tasks.bounded.BoundedCalls` worker bounded by ``reward.timeout_s``: a
+    call over it is an error of that response); default here, unbounded.
+    """
+    granularity = granularity or source.default_granularity
+    _check_arguments(source, granularity, on_error, problems, completions, spans)
+    batched = _batch_scores(source, task, problems, completions, spans)
+    called: dict[int, Outcome] = {}
+    if batched is None and run is not None:
+        rows = [i for i, row_spans in enumerate(spans) if len(row_spans)]
+        called = dict(zip(rows, run([(problems[i], completions[i], spans[i]) for i in rows])))
     scores: list[list[float | None]] = []
     keep: list[bool] = []
-    errors, first = 0, None
+    errors, timeouts, first = 0, 0, None
     for i, (prob, comp, row_spans) in enumerate(zip(problems, completions, spans)):
         expected = len(row_spans)
         if expected == 0:
             scores.append([])
             keep.append(True)
             continue
+        timed_out = i in called and called[i].timed_out
         try:
-            raw = batched[i] if batched is not None else source.fn(task, prob, comp, row_spans)
+            if i in called and called[i].error is not None:
+                raise ValueError(called[i].error + (" (reward.timeout_s)" if timed_out else ""))
+            raw = (
+                batched[i]
+                if batched is not None
+                else called[i].value
+                if i in called
+                else source.fn(task, prob, comp, row_spans)
+            )
             out = [None if x is None else float(x) for x in raw]
             if len(out) != expected:
                 raise ValueError(f"returned {len(out)} scores, expected {expected}")
@@ -310,14 +355,18 @@ def score_batch(
             if not all(x is None or math.isfinite(x) for x in out):
                 raise ValueError(f"returned a non-finite score {out}")
         except Exception as exc:  # noqa: BLE001 - any failure of user code is subject to the policy
-            msg = f"reward source '{source.name}' failed on response {first_index + i} (prompt {prob.prompt!r}): {exc}"
+            msg = (
+                f"reward source '{source.name}' failed on response {first_index + i} "
+                f"({shorten(comp)!r}, prompt {shorten(prob.prompt)!r}): {exc}"
+            )
             if on_error == "raise":
-                raise RuntimeError(msg) from exc
+                raise UserFunctionError(msg) from exc
             errors += 1
+            timeouts += int(timed_out)
             first = first or msg
             out = [0.0] * expected
             keep.append(on_error != "skip")
         else:
             keep.append(True)
         scores.append(out)
-    return ScoreResult(scores=scores, keep=keep, errors=errors, first_error=first)
+    return ScoreResult(scores=scores, keep=keep, errors=errors, first_error=first, timeouts=timeouts)

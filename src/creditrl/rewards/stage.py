@@ -13,6 +13,7 @@ for a run (sources, segmenters, the calibrator's running state) and wires them.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -22,10 +23,11 @@ from creditrl.config import Config
 from creditrl.rewards.hybrid import Calibrator, apply_filter, dense_verdict, mix_rewards, mix_weights
 from creditrl.rewards.placement import get_granularity, make_segmenter, place
 from creditrl.rewards.shaping import add_shaping, kl_penalty, length_penalty, overlong_penalty
-from creditrl.rewards.sources import RewardSource, make_source, score_batch
+from creditrl.rewards.sources import RewardSource, ScoreResult, make_source, score_batch
 from creditrl.rollout.batch import TrajectoryBatch
 from creditrl.rollout.segment import Segmentation, SegmentFn, TokenTexts, segment
-from creditrl.tasks.base import Task
+from creditrl.tasks.base import Problem, Task
+from creditrl.tasks.bounded import BoundedCalls, CallCounts, covered, finite_number, shorten, step_labels
 
 
 @dataclass
@@ -39,13 +41,14 @@ class Scored:
     errors: int  # responses whose reward source failed (see reward.on_error)
     filtered: int = 0  # responses the hybrid filter dropped
     stats: dict[str, float] = field(default_factory=dict)  # mix weights, calibration
+    counts: CallCounts = field(default_factory=CallCounts)  # failed user-function calls, per function
 
 
 class _Placed:
     """One reward source at one granularity: segment, score the kept rows, place."""
 
-    def __init__(self, source: RewardSource, granularity: str, segmenter: SegmentFn) -> None:
-        self.source, self.granularity, self.segmenter = source, granularity, segmenter
+    def __init__(self, source: RewardSource, granularity: str, segmenter: SegmentFn, calls: BoundedCalls) -> None:
+        self.source, self.granularity, self.segmenter, self.calls = source, granularity, segmenter, calls
         # with score_batch's signature; the Ray backend swaps in one that scores on its workers
         self.score_fn = score_batch
 
@@ -57,10 +60,11 @@ class _Placed:
         keep: list[bool],
         on_error: str,
         outcome: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor, list[bool], int, Segmentation]:
+    ) -> tuple[torch.Tensor, torch.Tensor, list[bool], ScoreResult, Segmentation]:
         seg = segment(batch.response_ids, batch.response_lengths, texts_of, self.segmenter)
         problems, completions = batch.extras["problems"], batch.extras["completions"]
         rows = [i for i, k in enumerate(keep) if k]
+        bounded = {"run": functools.partial(self.calls.map, self.source.name)} if self.score_fn is score_batch else {}
         result = self.score_fn(
             self.source,
             task,
@@ -69,6 +73,7 @@ class _Placed:
             [seg.texts[i] for i in rows],
             granularity=self.granularity,
             on_error=on_error,
+            **bounded,
         )
         scores: list[list[float | None]] = [[None] * len(t) for t in seg.texts]  # dropped rows: nothing placed
         ok = list(keep)
@@ -78,7 +83,39 @@ class _Placed:
         rewards, reward_mask = place(
             scores, end_mask=seg.end_mask, response_mask=batch.response_mask, fallback=fallback
         )
-        return rewards, reward_mask, ok, result.errors, seg
+        return rewards, reward_mask, ok, result, seg
+
+
+class _BoundedSegmenter:
+    """A segmenter built on the user's ``cut_fn`` / ``key_fn``, each response's call bounded by
+    ``reward.timeout_s`` and under ``reward.on_error``: ``raise`` stops with one line; ``zero``
+    and ``skip`` both leave a failed response without spans (nothing is placed on it, or the
+    granularity's fallback), counted under ``name``."""
+
+    def __init__(self, calls: BoundedCalls, name: str, segmenter: SegmentFn, on_error: str) -> None:
+        self.calls, self.name, self.on_error = calls, name, on_error
+        self.counts = CallCounts()  # the Scorer sets each iteration's
+        calls.register(name, segmenter)
+
+    def __call__(self, texts: list[str]) -> list[int]:
+        ends, _ = covered(
+            self.name,
+            self.calls.map(self.name, [(list(texts),)]),
+            self.on_error,
+            self.counts,
+            check=_span_ends,
+            describe=lambda _: f"a response ({shorten(''.join(texts))!r})",
+        )
+        return ends[0] or []
+
+
+def _span_ends(value: object) -> list[int]:
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise ValueError(f"returned {shorten(repr(value), 40)}, expected a list of token indices")
+    try:
+        return [int(i) for i in value]
+    except (TypeError, ValueError):
+        raise ValueError(f"returned {shorten(repr(value), 40)}, expected a list of token indices") from None
 
 
 class Scorer:
@@ -89,9 +126,12 @@ class Scorer:
         self.texts_of = TokenTexts(tokenizer)
         rc = cfg.reward
         separator = rc.step_separator
+        # every user function this stage calls, bounded by reward.timeout_s (creditrl.tasks.bounded)
+        self.calls = BoundedCalls(rc.timeout_s)
+        self.bounded_segmenters: list[_BoundedSegmenter] = []
 
         def segmenter(granularity: str) -> SegmentFn:
-            return make_segmenter(
+            made = make_segmenter(
                 granularity,
                 step_separator=separator,
                 cut_fn=rc.cut_fn,
@@ -99,11 +139,22 @@ class Scorer:
                 key_after=rc.key_after,
                 key_fn=rc.key_fn,
             )
+            user = "key_fn" if granularity == "key_token" and rc.key_fn else "cut_fn" if rc.cut_fn else None
+            if user is None or granularity not in ("step", "segment", "key_token"):
+                return made
+            bounded = _BoundedSegmenter(self.calls, f"{user}:{granularity}", made, rc.on_error)
+            self.bounded_segmenters.append(bounded)
+            return bounded
+
+        self.calls.register("check_outcome", task.check_outcome)
+        if callable(getattr(task, "check_steps", None)):
+            self.calls.register("check_steps", task.check_steps)
 
         def placed(source: str, granularity: str) -> _Placed:
-            return _Placed(
-                make_source(source, {"prm": rc.prm, "device": cfg.policy.device}), granularity, segmenter(granularity)
-            )
+            made = make_source(source, {"prm": rc.prm, "device": cfg.policy.device})
+            if made.batch_fn is None:  # a model-backed source (batch_fn) runs here: see creditrl.tasks.bounded
+                self.calls.register(made.name, functools.partial(made.fn, task))
+            return _Placed(made, granularity, segmenter(granularity), self.calls)
 
         self.primary = placed(rc.source, rc.granularity)
         h = cfg.hybrid
@@ -121,22 +172,24 @@ class Scorer:
     ) -> Scored:
         """Score one batch at training ``progress`` in [0, 1]; ``ref_logprobs`` (B, T) feed the
         KL-in-reward shaping term (required when ``shaping.kl_coef > 0``)."""
-        cfg, task, h = self.cfg, self.task, self.cfg.hybrid
+        task, h, on_error = self.task, self.cfg.hybrid, self.cfg.reward.on_error
         problems, completions = batch.extras["problems"], batch.extras["completions"]
-        outcome = torch.tensor([float(task.check_outcome(p, c)) for p, c in zip(problems, completions)])
+        counts = CallCounts.zeros(self.calls.names)  # every function's count in every row, 0 or not
+        for bounded in self.bounded_segmenters:
+            bounded.counts = counts
+        outcome, checked = self._outcomes(problems, completions, counts)
         passed = apply_filter(
             h.filter, outcome, batch.group_ids, q=h.filter_q, lo=h.filter_lo, hi=h.filter_hi, generator=generator
         )
-        keep = passed.tolist()
-        rewards, reward_mask, keep, errors, primary_seg = self.primary(
-            batch, task, self.texts_of, keep, cfg.reward.on_error, outcome
+        keep = [p and (c or on_error != "skip") for p, c in zip(passed.tolist(), checked)]
+        rewards, reward_mask, keep, result, primary_seg = self.primary(
+            batch, task, self.texts_of, keep, on_error, outcome
         )
+        errors = self._count(self.primary, result, counts)
         stats: dict[str, float] = {}
         if self.dense is not None:
-            d_rewards, d_mask, keep, d_errors, _ = self.dense(
-                batch, task, self.texts_of, keep, cfg.reward.on_error, outcome
-            )
-            errors += d_errors
+            d_rewards, d_mask, keep, d_result, _ = self.dense(batch, task, self.texts_of, keep, on_error, outcome)
+            errors += self._count(self.dense, d_result, counts)
             w_seq, w_dense = mix_weights(h.schedule, progress, switch_at=h.switch_at, weight=h.dense_weight)
             if self.calibrator is not None:
                 verdict, valid = dense_verdict(d_rewards, d_mask, batch.response_mask)
@@ -148,7 +201,9 @@ class Scorer:
         terms = self._shaping(batch, ref_logprobs)
         if terms:
             rewards, reward_mask = add_shaping(rewards, reward_mask, terms)
-        step_ends, step_correct = self._steps(batch, primary_seg, outcome)
+        step_ends, step_correct, steps_ok = self._steps(batch, primary_seg, outcome, counts)
+        if on_error == "skip":
+            keep = [k and s for k, s in zip(keep, steps_ok)]
         keep_t = torch.tensor(keep, dtype=torch.bool)
         rewards = torch.where(keep_t[:, None], rewards, 0.0)
         reward_mask = reward_mask & keep_t[:, None]
@@ -162,7 +217,34 @@ class Scorer:
             errors=errors,
             filtered=int((~passed).sum()),
             stats=stats,
+            counts=counts,
         )
+
+    def _outcomes(
+        self, problems: list[Problem], completions: list[str], counts: CallCounts
+    ) -> tuple[torch.Tensor, list[bool]]:
+        """The task's outcome checker on every response (1.0 accepted, 0.0 not, 0.0 where it failed
+        under ``zero``/``skip``: see :func:`creditrl.tasks.bounded.covered`) and which calls succeeded."""
+        values, ok = covered(
+            "check_outcome",
+            self.calls.map("check_outcome", list(zip(problems, completions))),
+            self.cfg.reward.on_error,
+            counts,
+            check=finite_number,
+            describe=lambda i: f"response {i} ({shorten(completions[i])!r})",
+        )
+        return torch.tensor([v if good else 0.0 for v, good in zip(values, ok)]), ok
+
+    @staticmethod
+    def _count(placed: _Placed, result: ScoreResult, counts: CallCounts) -> int:
+        """Add a source's failed responses to ``counts`` under its name; returns them all."""
+        counts.timeouts[placed.source.name] += result.timeouts
+        counts.errors[placed.source.name] += result.errors - result.timeouts
+        return result.errors
+
+    def close(self) -> None:
+        """End the worker process of the bounded calls."""
+        self.calls.close()
 
     def _shaping(self, batch: TrajectoryBatch, ref_logprobs: torch.Tensor | None) -> list:
         """The shaping terms (``shaping.*``) to add onto the placed rewards, each (rewards, mask) (B, T)."""
@@ -185,18 +267,26 @@ class Scorer:
         return terms
 
     def _steps(
-        self, batch: TrajectoryBatch, primary_seg: Segmentation, outcome: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The task's step ends (B, T) and each response's share of steps the step checker accepts
-        (B,); without steps, no ends and the outcome."""
+        self, batch: TrajectoryBatch, primary_seg: Segmentation, outcome: torch.Tensor, counts: CallCounts
+    ) -> tuple[torch.Tensor, torch.Tensor, list[bool]]:
+        """The task's step ends (B, T), each response's share of steps the step checker accepts
+        (B,; 0 where it failed) and which checks succeeded; without steps, no ends and the outcome."""
         if self.steps is None:
-            return torch.zeros_like(batch.response_mask), outcome.clone()
+            return torch.zeros_like(batch.response_mask), outcome.clone(), [True] * batch.size
         # the primary source's spans are the steps when it scores at step granularity: reuse them
         seg = (
             primary_seg
             if self.primary.granularity == "step"
             else segment(batch.response_ids, batch.response_lengths, self.texts_of, self.steps)
         )
-        labels = [self.task.check_steps(p, texts) for p, texts in zip(batch.extras["problems"], seg.texts)]
-        step_correct = torch.tensor([sum(lab) / len(lab) if lab else 0.0 for lab in labels])
-        return seg.end_mask & batch.response_mask, step_correct
+        completions = batch.extras["completions"]
+        labels, ok = covered(
+            "check_steps",
+            self.calls.map("check_steps", list(zip(batch.extras["problems"], seg.texts))),
+            self.cfg.reward.on_error,
+            counts,
+            check=step_labels,
+            describe=lambda i: f"response {i} ({shorten(completions[i])!r})",
+        )
+        step_correct = torch.tensor([sum(lab) / len(lab) if lab else 0.0 for lab in (x or [] for x in labels)])
+        return seg.end_mask & batch.response_mask, step_correct, ok

@@ -1,4 +1,9 @@
-"""Held-out evaluation: greedy decoding, exact match of the final answer and step accuracy."""
+"""Held-out evaluation: greedy decoding, exact match of the final answer and step accuracy.
+
+The task's checkers run as in training (:mod:`creditrl.tasks.bounded`): bounded by the run's
+``reward.timeout_s`` and under ``reward.on_error`` -- ``raise`` stops with one line, ``zero``
+counts a failed check as wrong, ``skip`` leaves that problem out of the averages; the failures
+are counted (``eval/errors``, ``eval/timeouts``)."""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from creditrl.policy.engines import SamplingParams, make_engine
 from creditrl.policy.tokenizer import decode_response, encode_prompt
 from creditrl.tasks.base import Problem, Task
+from creditrl.tasks.bounded import BoundedCalls, CallCounts, covered, finite_number, shorten, step_labels
 
 
 @dataclass
@@ -19,9 +25,11 @@ class EvalResult:
     mean_length: float  # generated tokens per response
     completions: list[str]
     correct: list[bool]  # per problem: the final answer is right
+    errors: int = 0  # checker calls that failed (timeouts included), under reward.on_error
+    timeouts: int = 0
 
 
-def step_labels(task: Task, problem: Problem, completion: str) -> list[bool]:
+def completion_step_labels(task: Task, problem: Problem, completion: str) -> list[bool]:
     """Step checker labels of a completion split at the task's separator."""
     if task.step_separator is None:
         return []
@@ -41,6 +49,8 @@ def evaluate(
     engine: str = "auto",
     precision: str = "fp32",
     kernels: str = "auto",
+    calls: BoundedCalls | None = None,
+    on_error: str = "raise",
 ) -> EvalResult:
     """Greedy exact match and step accuracy on ``problems`` (``engine``, ``precision``,
     ``kernels``: see ``policy.engine``, ``policy.precision``, ``policy.kernels``), decoded in
@@ -64,16 +74,53 @@ def evaluate(
         gen = gen_engine.generate(prompts[start : start + rows], 1, params)
         completions += [decode_response(tokenizer, t) for t in gen.tokens]
         lengths += [len(t) for t in gen.tokens]
-    correct = [task.check_outcome(p, c) for p, c in zip(problems, completions)]
-    step_acc = []
-    for p, c in zip(problems, completions):
-        labels = step_labels(task, p, c)
-        step_acc.append(sum(labels) / len(labels) if labels else float(task.check_outcome(p, c)))
-    n = max(1, len(problems))
+    checks = _checks(task, problems, completions, calls, on_error)
+    n = max(1, len(checks.counted))
     return EvalResult(
-        accuracy=sum(correct) / n,
-        step_accuracy=sum(step_acc) / n,
-        mean_length=sum(lengths) / n,
+        accuracy=sum(checks.correct[i] for i in checks.counted) / n,
+        step_accuracy=sum(checks.step_acc[i] for i in checks.counted) / n,
+        mean_length=sum(lengths) / max(1, len(problems)),
+        errors=sum(checks.counts.errors.values()) + sum(checks.counts.timeouts.values()),
+        timeouts=sum(checks.counts.timeouts.values()),
         completions=completions,
-        correct=correct,
+        correct=checks.correct,
     )
+
+
+@dataclass
+class _Checks:
+    correct: list[bool]
+    step_acc: list[float]
+    counted: list[int]  # the problems in the averages (all but those skipped under on_error=skip)
+    counts: CallCounts
+
+
+def _checks(
+    task: Task, problems: list[Problem], completions: list[str], calls: BoundedCalls | None, on_error: str
+) -> _Checks:
+    """The outcome and step checks of every completion, bounded and under ``on_error``."""
+    if calls is None:  # a caller without a run (an SFT report): in process, unbounded
+        calls = BoundedCalls(0)
+        calls.register("check_outcome", task.check_outcome)
+        if callable(getattr(task, "check_steps", None)):
+            calls.register("check_steps", task.check_steps)
+    counts = CallCounts()
+
+    def describe(i: int) -> str:
+        return f"held-out problem {i} ({shorten(completions[i])!r})"
+
+    pairs = list(zip(problems, completions))
+    outcome, ok = covered(
+        "check_outcome", calls.map("check_outcome", pairs), on_error, counts, check=finite_number, describe=describe
+    )
+    correct = [bool(v) if good else False for v, good in zip(outcome, ok)]
+    step_acc = [float(c) for c in correct]
+    if task.step_separator is not None and "check_steps" in calls.names:
+        items = [(p, c.split(task.step_separator)) for p, c in pairs]
+        labels, steps_ok = covered(
+            "check_steps", calls.map("check_steps", items), on_error, counts, check=step_labels, describe=describe
+        )
+        step_acc = [sum(lab) / len(lab) if lab else acc for lab, acc in zip((x or [] for x in labels), step_acc)]
+        ok = [a and b for a, b in zip(ok, steps_ok)]
+    counted = [i for i, good in enumerate(ok) if good or on_error != "skip"]
+    return _Checks(correct, step_acc, counted, counts)

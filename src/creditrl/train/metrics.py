@@ -98,6 +98,8 @@ def _batch_metrics(rec: IterationRecord) -> dict[str, Any]:
         "reward/std": float(seq_reward.std()) if batch.size > 1 else 0.0,
         "reward/placed_per_response": float(scored.reward_mask.sum(-1).float().mean()),
         "reward/errors": scored.errors,
+        **{f"reward/errors/{name}": n for name, n in sorted(scored.counts.errors.items())},
+        **{f"reward/timeouts/{name}": n for name, n in sorted(scored.counts.timeouts.items())},
         "reward/filtered": scored.filtered,
         **scored.stats,
         "train/accuracy": float(scored.outcome.mean()),
@@ -151,6 +153,7 @@ def reduce_row(row: dict[str, Any], upd: dict[str, float], rows: int, tokens: in
         counts={"": rows, "adv": tokens, "return": tokens, "value": tokens},
         sums={
             "reward/errors",
+            *(k for k in row if k.startswith(("reward/errors/", "reward/timeouts/"))),
             "reward/filtered",
             "tokens/generated",
             "tokens/padded",

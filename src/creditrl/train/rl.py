@@ -168,8 +168,11 @@ class RLTrainer:
             engine=cfg.policy.engine,
             precision=cfg.policy.precision,
             kernels=cfg.policy.kernels,
+            calls=p.scorer.calls,
+            on_error=cfg.reward.on_error,
         )
         out = {"eval/accuracy": res.accuracy, "eval/step_accuracy": res.step_accuracy, "eval/length": res.mean_length}
+        out.update({"eval/errors": res.errors, "eval/timeouts": res.timeouts})
         source = p.scorer.primary.source
         if "sequence" in source.granularities:  # the reward's own measure, e.g. BLEU where exact match is rare
             scores = score_batch(
@@ -322,6 +325,7 @@ class RLTrainer:
         :func:`creditrl.distributed.ddp.shutdown` can leave the process group cleanly)."""
         if hasattr(self.parts.engine, "shutdown"):
             self.parts.engine.shutdown()
+        self.parts.scorer.close()  # the worker process of the bounded user-function calls
         self.parts.learners.close()
 
     def _log(self, row: dict[str, Any], history: list[dict[str, Any]]) -> None:

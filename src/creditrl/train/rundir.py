@@ -47,6 +47,16 @@ log = logging.getLogger("creditrl")
 _held: dict[Path, tuple[int, int]] = {}  # this process's locks: resolved run dir -> (fd, depth)
 
 
+def _drop_in_child() -> None:
+    """A forked child (a worker process) must not hold the run's lock: it would outlive a killed run."""
+    for fd, _ in _held.values():
+        os.close(fd)
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_drop_in_child)
+
+
 class RunDirBusy(ConfigError):
     """Another process holds the run directory's lock."""
 
