@@ -40,7 +40,7 @@ def cache(tmp_path_factory: pytest.TempPathFactory):
 
 
 # counts of failed user-function calls (reward and held-out checks), newer than the fixtures
-COUNTS_ADDED_LATER = ("reward/errors/", "reward/timeouts/", "eval/errors", "eval/timeouts")
+COUNTS_ADDED_LATER = ("reward/errors/", "reward/timeouts/", "eval/errors", "eval/timeouts", "value/check_")
 
 
 def _rows(text: str) -> list[dict]:

@@ -117,6 +117,15 @@ def test_a_checker_that_hangs_once_times_out_and_the_run_goes_on(hostile, monkey
     assert timeouts == 1 and (hostile / "hung.marker").exists()
 
 
+def test_monte_carlo_value_targets_check_outcomes_under_the_same_policy(hostile, monkeypatch) -> None:
+    monkeypatch.setenv("HOSTILE_MODE", "raises")
+    over = ["value.source=mc", "value.mc_samples=2", "credit.estimator=gae", "credit.lam=0.0", "reward.on_error=zero"]
+    RLTrainer.from_config(load_config(overrides=TINY + over), hostile / "run").run()
+    got = rows(hostile / "run")[1:]
+    assert len(got) == 2 and sum(r["value/check_errors"] for r in got) > 0
+    assert all(r["value/check_timeouts"] == 0 for r in got)
+
+
 @pytest.mark.parametrize("mode", ["raises", "hangs"])
 def test_a_failing_cut_function_is_bounded_and_counted(hostile, monkeypatch, mode: str) -> None:
     monkeypatch.setenv("HOSTILE_MODE", mode)

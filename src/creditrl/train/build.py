@@ -187,7 +187,7 @@ def build_run(
     params = SamplingParams(
         max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p
     )
-    value_stage = ValueStage(cfg, critic_source, engine, tokenizer, task, params)
+    value_stage = ValueStage(cfg, critic_source, engine, tokenizer, task, params, calls=scorer.calls)
     stop_ids = step_stop_ids(tokenizer, cfg.reward.step_separator) if value_stage.tree else ()
     return RunParts(
         config=cfg,

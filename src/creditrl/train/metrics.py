@@ -158,6 +158,8 @@ def reduce_row(row: dict[str, Any], upd: dict[str, float], rows: int, tokens: in
             "tokens/generated",
             "tokens/padded",
             "value/mc_states",
+            "value/check_errors",
+            "value/check_timeouts",
             "value/mc_tokens",
             "value/tree_nodes",
         },

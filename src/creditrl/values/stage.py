@@ -23,6 +23,7 @@ from creditrl.policy.device import autocast, module_device
 from creditrl.policy.engines import GenerationEngine, SamplingParams
 from creditrl.rollout.batch import TrajectoryBatch, response_forward
 from creditrl.tasks.base import Task
+from creditrl.tasks.bounded import BoundedCalls, CallCounts, covered, finite_number, shorten
 from creditrl.values.critic import Critic, build_critic
 from creditrl.values.mc import mc_values
 from creditrl.values.registry import VALUE_SOURCES
@@ -37,6 +38,14 @@ class ValueOut:
     step_ends: torch.Tensor | None = None  # bool (B, T): replaces the task's step ends in credit
 
 
+def _failures(counts: CallCounts) -> dict[str, float]:
+    """The value targets' failed outcome checks (``value/check_errors``, ``value/check_timeouts``)."""
+    return {
+        "value/check_errors": float(sum(counts.errors.values())),
+        "value/check_timeouts": float(sum(counts.timeouts.values())),
+    }
+
+
 class ValueStage:
     """Holds the critic (and its optimizer) or the MC settings of a run."""
 
@@ -48,7 +57,10 @@ class ValueStage:
         tokenizer: PreTrainedTokenizerBase,
         task: Task,
         params: SamplingParams,
+        calls: BoundedCalls | None = None,
     ) -> None:
+        """``calls``: where the task's outcome checker runs for Monte-Carlo and tree values (the
+        score stage's bounded calls, :mod:`creditrl.tasks.bounded`); default in process."""
         self.cfg, self.policy, self.engine, self.tokenizer, self.task, self.params = (
             cfg,
             policy,
@@ -57,6 +69,10 @@ class ValueStage:
             task,
             params,
         )
+        if calls is None:
+            calls = BoundedCalls(0)
+            calls.register("check_outcome", task.check_outcome)
+        self.calls = calls
         self.info = VALUE_SOURCES[cfg.value.source]
         self.tree = TreeShape(cfg.value.tree_branching, cfg.value.tree_depth) if self.info.kind == "tree" else None
         self.critic: Critic | None = None
@@ -89,29 +105,43 @@ class ValueStage:
                 self.critic.eval()
                 members = self.critic.member_values(batch, states).cpu()  # (M, B, T); credit runs on the CPU
             return ValueOut(self.critic.combine(members), members)
-        problems = batch.extras["problems"]
+        problems, counts = batch.extras["problems"], CallCounts()
         if self.tree is not None:
-            outcomes = [float(self.task.check_outcome(p, c)) for p, c in zip(problems, batch.extras["completions"])]
+            outcomes = self._outcomes(list(zip(problems, batch.extras["completions"])), counts)
             tv = tree_values(
                 batch.extras["tree_paths"], batch.extras["tree_segment_ends"], outcomes, batch.response_mask
             )
             stats = {
                 "value/tree_nodes": float(len(tv.node_values)),
                 "value/tree_segments": float(tv.segment_ends.sum(-1).float().mean()),
+                **_failures(counts),
             }
             return ValueOut(tv.values, None, stats, step_ends=tv.segment_ends)
         out = mc_values(
             self.engine,
             batch,
             step_ends,
-            lambda row, text: float(self.task.check_outcome(problems[row], text)),
+            lambda row, text: self._outcomes([(problems[row], text)], counts)[0],
             samples=self.cfg.value.mc_samples,
             params=self.params,
             generator=generator,
             decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
         )
-        stats = {"value/mc_states": float(out.n_states), "value/mc_tokens": float(out.n_tokens)}
+        stats = {"value/mc_states": float(out.n_states), "value/mc_tokens": float(out.n_tokens), **_failures(counts)}
         return ValueOut(out.values, None, stats)
+
+    def _outcomes(self, pairs: list[tuple[Any, str]], counts: CallCounts) -> list[float]:
+        """The outcome checker on ``(problem, text)`` pairs, bounded and under ``reward.on_error``
+        (a failed check under ``zero`` or ``skip`` is a failed continuation: 0)."""
+        values, _ = covered(
+            "check_outcome",
+            self.calls.map("check_outcome", pairs),
+            self.cfg.reward.on_error,
+            counts,
+            check=finite_number,
+            describe=lambda i: f"a value rollout ({shorten(pairs[i][1])!r})",
+        )
+        return [0.0 if v is None else v for v in values]
 
     # -- checkpointing -----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
