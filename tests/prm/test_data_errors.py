@@ -178,3 +178,11 @@ def test_prm_train_on_unlabelled_data_and_prm_eval_on_a_located_error(tmp_path):
     assert_one_line(
         run, f"{bad}, line 2, field 'labels': label 0 must be a bool, a number in [0, 1] or null, got 2 (int)"
     )
+
+
+def test_prm_train_prints_an_error_found_while_training_in_one_line(tmp_path):
+    """An empty step is found when the PRM tokenises it (after the policy is built), still one line."""
+    row = {"prompt": "1+2=", "completions": ["1+2=3;", ""], "labels": [1, 0]}
+    data = write(tmp_path / "e.jsonl", json.dumps(row) + "\n")
+    run = creditrl("prm", "train", str(data), "--out", "prm", "--set", "train.init=policy", cwd=tmp_path)
+    assert_one_line(run, "creditrl prm train: step 1 of prompt '1+2=' is empty: a step needs a token to be scored at")

@@ -3,12 +3,30 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from creditrl.cli.common import add_config_args, run_dir, set_threads
 from creditrl.config import Config, load_config
 from creditrl.errors import ConfigError
+
+
+def _one_line(cmd: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A ``creditrl prm`` command whose ValueErrors (bad data or settings found while labelling or
+    training: an empty step, a prompt over the PRM's length) print as one line, like a config error."""
+
+    @functools.wraps(cmd)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return cmd(args)
+        except ConfigError:
+            raise
+        except ValueError as exc:
+            raise ConfigError(f"creditrl prm {args.prm_command}: {exc}") from exc
+
+    return run
 
 
 def _policy(cfg: Config):
@@ -100,25 +118,25 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = psub.add_parser("label", help="sample policy solutions and label their steps (prm.labeler)")
     add_config_args(p)
     p.add_argument("--out", required=True, help="stepwise JSONL or Parquet file to write")
-    p.set_defaults(func=cmd_label)
+    p.set_defaults(func=_one_line(cmd_label))
 
     p = psub.add_parser("train", help="train a PRM on a stepwise file, starting from the policy (train.init)")
     p.add_argument("data", help="stepwise JSONL/Parquet file")
     add_config_args(p)
     p.add_argument("--out", required=True, help="directory to write the PRM to")
-    p.set_defaults(func=cmd_train)
+    p.set_defaults(func=_one_line(cmd_train))
 
     p = psub.add_parser("eval", help="step AUROC against oracle labels and the shortcut probe")
     p.add_argument("prm", help="PRM directory")
     p.add_argument("data", help="stepwise file written by `creditrl prm label` (meta.oracle holds the truth)")
-    p.set_defaults(func=cmd_eval)
+    p.set_defaults(func=_one_line(cmd_eval))
 
     p = psub.add_parser("score", help="score the steps of one completion")
     p.add_argument("prm", help="PRM directory")
     p.add_argument("--prompt", required=True)
     p.add_argument("--completion", required=True)
     p.add_argument("--separator", default=";")
-    p.set_defaults(func=cmd_score)
+    p.set_defaults(func=_one_line(cmd_score))
 
     p = psub.add_parser(
         "report",
@@ -132,4 +150,4 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "--results", metavar="PAGE", help="also write the report as a results page (e.g. docs/results/prm.md)"
     )
     add_config_args(p)
-    p.set_defaults(func=cmd_report)
+    p.set_defaults(func=_one_line(cmd_report))
