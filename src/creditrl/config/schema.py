@@ -50,9 +50,10 @@ class TrainConfig(Section):
     seed: int = Field(0, description="seed of every iteration's prompts and samples")
     max_tokens: int = Field(0, ge=0, description="stop once this many tokens were generated; 0 = run all iterations")
     init: str = Field(
-        "sft",
-        description="the start policy: `sft` (the cached warm start, resolved to its "
-        "checkpoint directory), `policy` (`policy.model` as is) or a checkpoint directory",
+        "auto",
+        description="the start policy: `sft` (the cached supervised warm start on the task's solutions), "
+        "`policy` (`policy.model` as is) or a checkpoint directory; `auto` resolves to `sft` for the "
+        "embedded `tiny` preset and to `policy` for any other model",
     )
     threads: int = Field(0, ge=0, description="torch intra-op threads; 0 = torch's default")
     progress: bool = Field(True, description="progress bars")

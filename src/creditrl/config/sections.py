@@ -68,7 +68,11 @@ class PolicyConfig(Section):
     )
     lora_alpha: float = Field(16.0, description="LoRA alpha")
     lora_dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout")
-    lora_targets: str = Field("q_proj,k_proj,v_proj,o_proj", description="comma-separated module names LoRA adapts")
+    lora_targets: str = Field(
+        "all-linear",
+        description="the modules LoRA adapts: `all-linear` (every linear layer but the output head, any "
+        "architecture) or comma-separated module names (e.g. `q_proj,v_proj`, GPT-2's `c_attn`)",
+    )
     gradient_checkpointing: bool = Field(
         False, description="recompute activations in the backward pass of the RL update"
     )

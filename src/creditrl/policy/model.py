@@ -25,6 +25,7 @@ from transformers import (
 
 from creditrl.config import Config
 from creditrl.config.types import ChatTemplate, Dtype
+from creditrl.errors import ConfigError
 from creditrl.policy.tokenizer import build_char_tokenizer
 
 
@@ -145,9 +146,20 @@ def _in_hub_cache(name: str) -> bool:
     return isinstance(try_to_load_from_cache(name, "config.json"), str)
 
 
+def linear_module_names(model: torch.nn.Module) -> list[str]:
+    """The distinct last names of ``model``'s linear layers (``nn.Linear`` and GPT-2's ``Conv1D``)."""
+    from transformers.pytorch_utils import Conv1D
+
+    return sorted(
+        {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, (torch.nn.Linear, Conv1D))}
+    )
+
+
 def apply_lora(model: PreTrainedModel, *, r: int, alpha: float, dropout: float, targets: str) -> PreTrainedModel:
-    """Wrap ``model`` with LoRA adapters (``peft``) on the comma-separated ``targets`` modules:
-    only the adapters train (B starts at 0, so the wrapped model equals the base at first)."""
+    """Wrap ``model`` with LoRA adapters (``peft``) on ``targets``: ``all-linear`` (PEFT's option:
+    every linear layer but the output head, whatever the architecture names them) or
+    comma-separated module names, each of which must name one of the model's linear layers. Only
+    the adapters train (B starts at 0, so the wrapped model equals the base at first)."""
     from peft import LoraConfig, get_peft_model
 
     names = [t.strip() for t in targets.split(",") if t.strip()]
@@ -155,7 +167,16 @@ def apply_lora(model: PreTrainedModel, *, r: int, alpha: float, dropout: float, 
         raise ValueError(
             f"policy.lora_r must be >= 1 and policy.lora_targets non-empty; got r={r}, targets='{targets}'"
         )
-    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=names, task_type="CAUSAL_LM")
+    if names != ["all-linear"]:
+        linear = linear_module_names(model)
+        unknown = [n for n in names if n not in linear]
+        if unknown:
+            raise ConfigError(
+                f"policy.lora_targets: {', '.join(unknown)} not among this model's linear modules "
+                f"({', '.join(linear)}); or use all-linear"
+            )
+    target: str | list[str] = "all-linear" if names == ["all-linear"] else names
+    config = LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target, task_type="CAUSAL_LM")
     return get_peft_model(model, config)
 
 

@@ -29,7 +29,7 @@ from creditrl.rewards.stage import Scorer
 from creditrl.rollout.segment import step_stop_ids
 from creditrl.tasks import Problem, Task
 from creditrl.train.optim import make_optimizer
-from creditrl.train.resolve import build_task, check
+from creditrl.train.resolve import build_task, check, start_kind
 from creditrl.train.sft import cached_sft
 from creditrl.values.registry import VALUE_SOURCES
 from creditrl.values.stage import ValueStage
@@ -88,13 +88,14 @@ class RunParts:
 def start_policy(cfg: Config, task: Task | None = None, *, progress: bool) -> str:
     """The path RL starts from for ``train.init``: the cached SFT warm start, ``policy.model``, or a
     checkpoint directory (``task``: the run's task, built here when needed and not given)."""
-    if cfg.train.init == "sft":
+    init = start_kind(cfg)
+    if init == "sft":
         task = task or build_task(cfg.task.name, cfg.task.args)
         sft_task = task if not cfg.sft.task_args else build_task(cfg.task.name, cfg.sft.task_args, "sft.task_args")
         with ddp.main_first():  # data-parallel ranks: rank 0 trains (or finds) the cache, the rest reuse it
             path, _ = cached_sft(cfg, progress=progress, task=task, sft_task=sft_task)
         return str(path)
-    return cfg.policy.model if cfg.train.init == "policy" else cfg.train.init
+    return cfg.policy.model if init == "policy" else init
 
 
 def resolve_policy_choices(

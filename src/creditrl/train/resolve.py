@@ -235,6 +235,14 @@ def _critic_and_tree(cfg: Config, task: Task, kind: str) -> None:
         raise ConfigError("value.warmup_iterations: only a learned critic has a warm-up; set it to 0")
 
 
+def start_kind(cfg: Config) -> str:
+    """``train.init`` resolved: ``auto`` is ``sft`` for the embedded ``tiny`` preset (random weights
+    that need the warm start) and ``policy`` for a model of the user's (RL starts from it at once)."""
+    if cfg.train.init != "auto":
+        return cfg.train.init
+    return "sft" if cfg.policy.model == "tiny" else "policy"
+
+
 def check(cfg: Config, task: Task) -> Config:
     """``cfg`` checked against the registries and ``task``, with its light defaults resolved.
 
@@ -269,7 +277,7 @@ def check(cfg: Config, task: Task) -> Config:
                 "clip_eps_high": cfg.loss.clip_eps if cfg.loss.clip_eps_high is None else cfg.loss.clip_eps_high,
             },
             "value": {"backbone": cfg.value.backbone or "policy"},
-            "train": {"threads": cfg.train.threads or torch.get_num_threads()},
+            "train": {"threads": cfg.train.threads or torch.get_num_threads(), "init": start_kind(cfg)},
         }
     )
 

@@ -30,6 +30,7 @@ from creditrl.train.checkpoint import save_checkpoint
 from creditrl.train.evaluate import evaluate
 
 CACHE_VERSION = 1
+ESTIMATE_AFTER = 10  # SFT steps timed before the log estimates the whole warm start
 
 
 # Fields the SFT checkpoint does not depend on (generation engine, RL-only switches), and fields
@@ -152,6 +153,13 @@ def train_sft(
         loss_value = float(loss.detach())
         loss_ema = loss_value if loss_ema is None else 0.95 * loss_ema + 0.05 * loss_value
         bar.set_postfix(loss=f"{loss_ema:.3f}")
+        if progress and step + 1 == min(ESTIMATE_AFTER, s.steps) < s.steps:
+            per_step = (time.time() - start) / (step + 1)
+            print(
+                f"creditrl: sft: {per_step:.2f} s per step, about {per_step * s.steps / 60:.1f} min for "
+                f"{s.steps} steps (sft.steps)",
+                flush=True,
+            )
     elapsed = time.time() - start
     metrics = {"sft/steps": s.steps, "sft/final_loss": loss_ema, "sft/time_s": elapsed}
     metrics.update(heldout_report(cfg, model, tokenizer, task))
@@ -225,7 +233,11 @@ def cached_sft(
                 _link_entry(source, path)
                 return path, _report_on(cfg, path, task)
             if progress:
-                print(f"creditrl: supervised warm start, {cfg.sft.steps} steps (train.init=sft)", flush=True)
+                print(
+                    f"creditrl: supervised warm start of {cfg.policy.model}, {cfg.sft.steps} steps "
+                    f"(train.init={cfg.train.init}; train.init=policy starts RL from the model as it is)",
+                    flush=True,
+                )
             _, _, metrics = train_sft(cfg, path, progress=progress, task=task, sft_task=sft_task)
             recipe.parent.mkdir(parents=True, exist_ok=True)
             recipe.write_text(path.name)

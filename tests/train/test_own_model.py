@@ -1,0 +1,99 @@
+"""RL on the model you name: a GPT-2 and a Qwen2 built from configs and saved locally start RL at
+once (no supervised warm start), and LoRA's default targets fit both."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, GPT2Config, Qwen2Config
+
+from creditrl.config import load_config
+from creditrl.errors import ConfigError
+from creditrl.policy.model import apply_lora, build_tiny, linear_module_names
+from creditrl.train import build as build_module
+from creditrl.train.resolve import checked
+from creditrl.train.rl import RLTrainer
+
+RUN = [
+    "task.args={min_ops: 1, max_ops: 2, operand_max: 3}",
+    "rollout.prompts_per_iter=2",
+    "rollout.group_size=2",
+    "rollout.max_new_tokens=8",
+    "train.eval_size=4",
+    "train.progress=false",
+    "train.threads=1",
+    "train.iterations=1",
+    "train.checkpoint_every=1",
+]
+
+
+def _config(kind: str, vocab: int, tok) -> object:
+    ids = {"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id}
+    if kind == "gpt2":
+        return GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=2, n_positions=128, **ids)
+    return Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=128,
+        **ids,
+    )
+
+
+@pytest.fixture(scope="module", params=["gpt2", "qwen2"])
+def model_dir(request, tmp_path_factory) -> Path:
+    """A small random-init model of the family, saved with the embedded preset's tokenizer."""
+    _, tok = build_tiny(0)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(_config(request.param, len(tok), tok))
+    out = tmp_path_factory.mktemp(request.param) / "model"
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+def test_a_named_model_starts_rl_at_once(model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_sft(*a, **k):
+        raise AssertionError("the supervised warm start ran")
+
+    monkeypatch.setattr(build_module, "cached_sft", no_sft)
+    cfg = load_config(overrides=RUN + [f"policy.model={model_dir}"])
+    assert cfg.train.init == "auto" and checked(cfg).train.init == "policy"
+    assert checked(load_config(overrides=RUN)).train.init == "sft"  # the embedded tiny preset needs it
+    trainer = RLTrainer.from_config(cfg, tmp_path / "run")
+    trainer.run()
+    assert trainer.parts.init_path == str(model_dir)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in rows] == [0, 1]
+
+
+def test_lora_with_the_default_targets_fits_the_architecture(model_dir: Path, tmp_path: Path) -> None:
+    # an entropy term: a gradient whatever the rewards of a random model (all 0, so no advantage)
+    over = [f"policy.model={model_dir}", "policy.lora_r=2", "loss.entropy_coef=0.01", "optim.lr=0.01"]
+    cfg = load_config(overrides=RUN + over)
+    assert cfg.policy.lora_targets == "all-linear"
+    trainer = RLTrainer.from_config(cfg, tmp_path / "run")
+    before = {n: p.detach().clone() for n, p in trainer.parts.model.named_parameters()}
+    trainer.run()
+    changed = {n for n, p in trainer.parts.model.named_parameters() if not torch.equal(p.detach(), before[n])}
+    assert changed and all("lora_" in n for n in changed)  # only adapters train
+    adapted = {n.split(".lora_")[0].rsplit(".", 1)[-1] for n in changed}
+    linear = set(linear_module_names(AutoModelForCausalLM.from_pretrained(model_dir)))
+    assert adapted and adapted <= linear and "lm_head" not in adapted
+
+
+def test_unknown_lora_targets_name_the_models_linear_modules(model_dir: Path) -> None:
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    linear = linear_module_names(model)
+    with pytest.raises(ConfigError) as err:
+        apply_lora(model, r=2, alpha=4, dropout=0.0, targets="q_proj,nope")
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("policy.lora_targets: ")
+    assert f"not among this model's linear modules ({', '.join(linear)}); or use all-linear" in message
+    assert ("c_attn" in linear) == ("gpt2" in str(model_dir))
