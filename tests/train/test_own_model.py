@@ -97,3 +97,26 @@ def test_unknown_lora_targets_name_the_models_linear_modules(model_dir: Path) ->
     assert "\n" not in message and message.startswith("policy.lora_targets: ")
     assert f"not among this model's linear modules ({', '.join(linear)}); or use all-linear" in message
     assert ("c_attn" in linear) == ("gpt2" in str(model_dir))
+
+
+@pytest.mark.parametrize("lora", ["none", "adapters", "merged"])
+def test_the_run_leaves_a_final_model_and_a_latest_checkpoint_that_load(
+    model_dir: Path, tmp_path: Path, lora: str
+) -> None:
+    over = [f"policy.model={model_dir}", "loss.entropy_coef=0.01", "optim.lr=0.01"]
+    if lora != "none":
+        over += ["policy.lora_r=2", f"train.merge_lora={str(lora == 'merged').lower()}"]
+    trainer = RLTrainer.from_config(load_config(overrides=RUN + over), tmp_path / "run")
+    trainer.run()
+    ids = torch.tensor([[1, 5, 6, 7, 8]])
+    trainer.parts.model.eval()
+    with torch.no_grad():
+        want = trainer.parts.model(input_ids=ids).logits
+        for where in ("final", "checkpoints/latest"):
+            if where != "final" and lora != "none":
+                continue  # a LoRA checkpoint holds the adapters and its resume state
+            loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / where).eval()
+            assert torch.allclose(loaded(input_ids=ids).logits, want, atol=1e-5), where
+    final = tmp_path / "run" / "final"
+    assert (final / "adapter_config.json").exists() == (lora == "adapters")
+    assert (final / "tokenizer.json").exists() and (tmp_path / "run" / "checkpoints" / "latest").is_symlink()

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from creditrl.config import load_config
+from creditrl.train.checkpoint import latest_name
 from creditrl.train.rl import RLTrainer
 from creditrl.train.sft import cached_sft
 
@@ -100,7 +101,7 @@ def test_run_directory_contents(sft_dir: str, tmp_path: Path) -> None:
     ):
         assert key in metrics[-1]
     ckpts = run / "checkpoints"
-    assert (ckpts / "latest").read_text() == "iter_000002"
+    assert latest_name(ckpts) == "iter_000002"
     for name in ("iter_000001", "iter_000002"):
         for f in ("model.safetensors", "tokenizer.json", "optimizer.pt", "rng.pt", "trainer_state.json"):
             assert (ckpts / name / f).exists()
@@ -132,7 +133,7 @@ def test_token_budget_stops_the_run_with_a_final_evaluation(sft_dir: str, tmp_pa
     assert last["tokens/total"] >= 600 > history[-2]["tokens/total"]  # stopped at the first iteration past it
     assert last["iteration"] < 50 and "eval/accuracy" in last
     assert sum(r["tokens/generated"] for r in history[1:]) == last["tokens/total"]
-    assert (tmp_path / "run" / "checkpoints" / "latest").read_text() == f"iter_{last['iteration']:06d}"
+    assert latest_name(tmp_path / "run" / "checkpoints") == f"iter_{last['iteration']:06d}"
 
 
 def test_pass_at_k_metrics_match_hand_counts() -> None:

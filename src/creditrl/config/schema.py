@@ -47,6 +47,11 @@ class TrainConfig(Section):
     )
     eval_size: int = Field(256, gt=0, description="held-out problems per evaluation")
     checkpoint_every: int = Field(50, gt=0, description="checkpoint every N iterations (and at the end)")
+    merge_lora: bool = Field(
+        False,
+        description="`RUN_DIR/final` (the trained policy, written at the end) with LoRA adapters merged into "
+        "plain weights; else it holds the adapters (both load with `from_pretrained`)",
+    )
     seed: int = Field(0, description="seed of every iteration's prompts and samples")
     max_tokens: int = Field(0, ge=0, description="stop once this many tokens were generated; 0 = run all iterations")
     init: str = Field(

@@ -83,10 +83,22 @@ def save_checkpoint(
 
 
 def mark_latest(checkpoints_dir: Path, name: str) -> None:
-    """Point ``checkpoints/latest`` at ``name`` (an atomic file replace)."""
-    tmp = checkpoints_dir / (LATEST + ".tmp")
-    tmp.write_text(name)
-    os.replace(tmp, checkpoints_dir / LATEST)
+    """Point ``checkpoints/latest`` at ``name``: a relative symlink (so ``from_pretrained`` loads
+    ``checkpoints/latest``), replaced atomically."""
+    tmp = Path(checkpoints_dir) / (LATEST + ".tmp")
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    os.symlink(name, tmp)
+    os.replace(tmp, Path(checkpoints_dir) / LATEST)
+
+
+def latest_name(checkpoints_dir: Path) -> str | None:
+    """The folder name ``checkpoints/latest`` points at: its symlink's target, or, in a run from
+    before the symlink, the name the file holds; None without one."""
+    marker = Path(checkpoints_dir) / LATEST
+    if marker.is_symlink():
+        return os.readlink(marker)
+    return marker.read_text().strip() if marker.is_file() else None
 
 
 def _sha256(path: Path) -> str:
@@ -144,10 +156,10 @@ def _iteration_of(path: Path) -> int:
 
 def latest_checkpoint(checkpoints_dir: Path) -> Path | None:
     """The folder ``checkpoints/latest`` names, when it exists (unverified)."""
-    marker = Path(checkpoints_dir) / LATEST
-    if not marker.exists():
+    name = latest_name(checkpoints_dir)
+    if name is None:
         return None
-    path = Path(checkpoints_dir) / marker.read_text().strip()
+    path = Path(checkpoints_dir) / name
     return path if path.exists() else None
 
 

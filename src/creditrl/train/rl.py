@@ -16,8 +16,11 @@ evaluates and writes ``metrics.jsonl``, the inspector's records and the checkpoi
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
+import os
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +44,7 @@ from creditrl.train.evaluate import evaluate
 from creditrl.train.metrics import IterationRecord, StageTimer, iteration_row
 
 log = logging.getLogger("creditrl")
+FINAL = "final"  # RUN_DIR/final: the trained policy, loadable with from_pretrained
 RANK_SEED_STRIDE = 2**32  # data-parallel rank r samples its rollouts from iteration_seed + r * stride
 
 
@@ -317,8 +321,25 @@ class RLTrainer:
             bar.set_postfix(reward=f"{row['reward/mean']:.2f}", acc=f"{row['train/accuracy']:.2f}", eval=last_eval)
             if spent:  # the token budget (train.max_tokens) is used up
                 break
+        if ddp.is_main():
+            self.export_final()
         self.close()
         return RLResult(self.run_dir, history)
+
+    def export_final(self) -> Path:
+        """The trained policy as a plain HF folder, ``RUN_DIR/final`` (``train.merge_lora``: LoRA
+        adapters merged into the weights), written atomically; ``from_pretrained`` loads it."""
+        p, final = self.parts, self.run_dir / FINAL
+        model = p.model
+        if is_lora(model) and self.cfg.train.merge_lora:
+            model = copy.deepcopy(model).merge_and_unload()
+        tmp = self.run_dir / (FINAL + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        model.save_pretrained(tmp)
+        p.tokenizer.save_pretrained(tmp)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        return final
 
     def close(self) -> None:
         """Stop the Ray workers (backend.name=ray) and drop the data-parallel wrappers (so that

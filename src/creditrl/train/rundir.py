@@ -41,7 +41,7 @@ __all__ = [
 
 LOCK = ".lock"
 RUN_STATE = "run.json"  # what a run started from (its init path), for a resume before any checkpoint
-RUN_FILES = ("config.yaml", RUN_STATE, "metrics.jsonl", "checkpoints", "inspect", "launch.json")  # clear_run
+RUN_FILES = ("config.yaml", RUN_STATE, "metrics.jsonl", "checkpoints", "inspect", "launch.json", "final")
 log = logging.getLogger("creditrl")
 
 _held: dict[Path, tuple[int, int]] = {}  # this process's locks: resolved run dir -> (fd, depth)
@@ -135,7 +135,7 @@ def remove_partial_checkpoints(run_dir: Path) -> list[Path]:
     ckpts = Path(run_dir) / "checkpoints"
     removed = sorted(ckpts.glob("*.tmp")) if ckpts.is_dir() else []
     for path in removed:
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
     if removed:
         log.warning("creditrl: removed %d partial checkpoint write(s) in %s", len(removed), ckpts)
     return removed
