@@ -3,6 +3,7 @@
 import hashlib
 import json
 import typing
+from pathlib import Path
 
 import pytest
 
@@ -453,6 +454,21 @@ def test_config_command_prints_the_checked_config(capsys):
     assert main(["config", "--set", "credit.estimater=gae"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "did you mean 'estimator'?" in err and "Traceback" not in err
+
+
+def test_config_show_prints_yaml_that_train_takes_back_unchanged(capsys, tmp_path):
+    from creditrl.cli import main
+    from creditrl.train.resolve import checked
+
+    packaged = Path(__file__).resolve().parents[1] / "src/creditrl/configs/arith.yaml"
+    assert main(["config", "show", str(packaged), "--set", "credit.estimator=rloo"]) == 0
+    shown = tmp_path / "shown.yaml"
+    shown.write_text(capsys.readouterr().out)
+    again = load_config(shown)  # what `creditrl train shown.yaml` loads
+    assert again == checked(load_config(packaged, ["credit.estimator=rloo"])) and checked(again) == again
+    assert again.train.init == "sft" and again.credit.estimator == "rloo"
+    assert main(["config", "show", "a.yaml", "b.yaml"]) == 2
+    assert "one config file, got a.yaml b.yaml" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -77,7 +77,11 @@ def cmd_config(args: argparse.Namespace) -> int:
         return 0
     import yaml
 
-    sys.stdout.write(yaml.safe_dump(checked(load_config(args.config, args.set)).to_dict(), sort_keys=False))
+    words = args.words[1:] if args.words[:1] == ["show"] else args.words
+    if len(words) > 1:
+        raise ConfigError(f"creditrl config [show] [CONFIG]: one config file, got {' '.join(words)}")
+    cfg = checked(load_config(words[0] if words else None, args.set))
+    sys.stdout.write(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     return 0
 
 
@@ -101,7 +105,15 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     add_config_args(p)
     p.set_defaults(func=cmd_sft)
 
-    p = sub.add_parser("train", help="RL training")
+    from creditrl.config import Config
+
+    sections = ", ".join(Config.model_fields)
+    p = sub.add_parser(
+        "train",
+        help="RL training",
+        epilog=f"Config sections: {sections}. `creditrl config show [CONFIG] [--set ...]` prints the resolved "
+        "config as YAML (which train accepts back); `creditrl config --reference` documents every key.",
+    )
     add_config_args(p)
     p.add_argument("--run-dir", help="where to write (default runs/train-TIMESTAMP)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest intact checkpoint")
@@ -110,7 +122,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("config", help="print the checked config (or, with --reference, every key documented)")
-    add_config_args(p)
+    p = sub.add_parser("config", help="show the resolved config as YAML (or, with --reference, every key documented)")
+    p.add_argument("words", nargs="*", metavar="[show] [CONFIG]", help="`show` (optional) and a YAML config file")
+    add_config_args(p, positional=False)
     p.add_argument("--reference", action="store_true", help="the config reference (Markdown) generated from the schema")
     p.set_defaults(func=cmd_config)
