@@ -26,6 +26,7 @@ from creditrl.experiments.report import (
     publish_report,
     summarise,
 )
+from creditrl.experiments.report_setup import task_phrase
 from creditrl.tasks import make_task
 from creditrl.train.rl import RLTrainer
 from creditrl.train.sft import cached_sft
@@ -110,7 +111,7 @@ def run_demo(
     plot_accuracy(
         histories,
         run_dir / "plots" / "accuracy_vs_samples.png",
-        f"arithmetic {base.task.args}: RL from the same SFT start",
+        f"{task_phrase(base)}: RL from the same SFT start",
     )
     elapsed = time.time() - start
     rss = peak_rss_mb()

@@ -201,18 +201,32 @@ def markdown_table(arms: list[ArmSummary], target: float) -> str:
     return head + "\n".join(rows) + "\n"
 
 
+# one style per arm, so coinciding lines stay distinguishable (hollow markers over filled ones)
+ARM_STYLES = [("o", "-", "full"), ("s", "--", "none"), ("^", ":", "none"), ("D", "-.", "none")]
+
+
+def accuracy_limits(values: list[float]) -> tuple[float, float]:
+    """A percentage axis within [0, 100]: from 0 up to a little above the largest value (at least 5)."""
+    return 0.0, min(100.0, max(5.0, 1.1 * max(values, default=0.0)))
+
+
 def plot_accuracy(histories: dict[str, list[dict[str, Any]]], path: Path, title: str) -> None:
-    """Held-out exact match and step accuracy against RL samples, one line per arm."""
+    """Held-out exact match and step accuracy against RL samples, one line (style) per arm."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=120)
-    for name, history in histories.items():
+    seen: list[list[float]] = [[], []]
+    for k, (name, history) in enumerate(histories.items()):
         evals = eval_rows(history)
         xs = [r["samples/total"] for r in evals]
-        axes[0].plot(xs, [100 * r["eval/accuracy"] for r in evals], marker="o", label=name)
-        axes[1].plot(xs, [100 * r["eval/step_accuracy"] for r in evals], marker="o", label=name)
-    for ax, ylabel in zip(axes, ("held-out exact match (%)", "held-out step accuracy (%)")):
+        marker, line, fill = ARM_STYLES[k % len(ARM_STYLES)]
+        for ax, key, values in zip(axes, ("eval/accuracy", "eval/step_accuracy"), seen):
+            ys = [100 * r[key] for r in evals]
+            values += ys
+            ax.plot(xs, ys, marker=marker, linestyle=line, fillstyle=fill, markersize=7 - k, label=name)
+    for ax, ylabel, values in zip(axes, ("held-out exact match (%)", "held-out step accuracy (%)"), seen):
         ax.set_xlabel("RL samples")
         ax.set_ylabel(ylabel)
+        ax.set_ylim(*accuracy_limits(values))
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle(title)
