@@ -124,3 +124,23 @@ def test_the_engine_choice_is_logged_with_its_reason(tmp_path: Path, caplog) -> 
     assert lines[2].startswith(
         "creditrl: engine hf (auto: the static engine cannot run this model: the model carries peft"
     )
+
+
+def test_a_held_out_file_smaller_than_eval_size_is_a_one_line_warning(tmp_path, caplog) -> None:
+    import json
+
+    for name, n in (("train.jsonl", 8), ("held.jsonl", 5)):
+        rows = [{"question": f"{i}+{i}", "answer": str(2 * i)} for i in range(n)]
+        (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = f"{{train_file: {tmp_path / 'train.jsonl'}, heldout_file: {tmp_path / 'held.jsonl'}}}"
+    over = ["task.name=math", f"task.args={args}", "train.init=policy", "train.eval_size=32", "train.progress=false"]
+    with caplog.at_level(logging.INFO, logger="creditrl"):
+        parts = build_run(load_config(overrides=over))
+    warned = [r.getMessage() for r in caplog.records if "eval_size" in r.getMessage()]
+    assert warned == [
+        "creditrl: train.eval_size=32 but the held-out set has 5 problems: evaluation draws them with "
+        "replacement (lower train.eval_size to 5 to score each once)"
+    ]
+    assert len(parts.heldout) == 32
+    starts = [r.getMessage() for r in caplog.records if r.getMessage().startswith("creditrl: start policy")]
+    assert starts == ["creditrl: start policy tiny on cpu"]

@@ -157,6 +157,20 @@ def _engine(cfg: Config, init_path: str, model: PreTrainedModel, tokenizer, scor
     return engine_for(model, tokenizer, cfg.policy)
 
 
+def _warn_small_heldout(cfg: Config, task: Task) -> None:
+    """One line when the held-out set of a task read from files is smaller than ``train.eval_size``
+    (evaluation then draws its problems with replacement)."""
+    pool = getattr(task, "pools", {}).get("heldout") if isinstance(getattr(task, "pools", None), dict) else None
+    if pool is not None and 0 < len(pool) < cfg.train.eval_size:
+        log.warning(
+            "creditrl: train.eval_size=%d but the held-out set has %d problems: evaluation draws them with "
+            "replacement (lower train.eval_size to %d to score each once)",
+            cfg.train.eval_size,
+            len(pool),
+            len(pool),
+        )
+
+
 def build_run(
     cfg: Config, *, init_path: str | None = None, checkpoint: Path | None = None, task: Task | None = None
 ) -> RunParts:
@@ -174,7 +188,9 @@ def build_run(
         torch.cuda.set_device(device)
     model, tokenizer, reference, critic_source = _policy(cfg, init_path, checkpoint, device)
     cfg, choices = resolve_policy_choices(cfg, model, tokenizer)
+    log.info("creditrl: start policy %s on %s", init_path, device)
     log.info("creditrl: engine %s", choices["engine"])
+    _warn_small_heldout(cfg, task)
     sharded = cfg.backend.learner == "fsdp" and ddp.is_distributed()
     learners = Learners(sharded)
     if sharded:
