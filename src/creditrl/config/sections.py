@@ -121,7 +121,16 @@ class RewardConfig(Section):
     source: str = Field(
         "outcome",
         description="a registered reward source: `outcome`, `oracle_steps`, "
-        "`step_format`, `prm`, `bleu`, `chrf`, `rouge`, `unit_tests`",
+        "`step_format`, `prm`, `bleu`, `chrf`, `rouge`, `unit_tests`, or `module:function` "
+        "(a TRL-signature reward function)",
+    )
+    sources: list[str] = Field(
+        [],
+        description="more sources (names or `module:function`), each at its own default granularity, "
+        "added to `source`'s rewards; each one's mean is logged as `reward/by_source/<name>`",
+    )
+    weights: list[float] = Field(
+        [], description="weights of `[source, *sources]` in the sum (empty: all 1), as TRL's reward_weights"
     )
     granularity: str = Field(
         "",
@@ -153,6 +162,15 @@ class RewardConfig(Section):
         description="a trained PRM directory (`creditrl prm train`) for the `prm` "
         "source; `auto` resolves to a PRM trained once on the start policy's samples and cached",
     )
+
+    @model_validator(mode="after")
+    def _weights(self) -> RewardConfig:
+        if self.weights and len(self.weights) != 1 + len(self.sources):
+            raise ValueError(
+                f"reward.weights: {len(self.weights)} weights for {1 + len(self.sources)} sources "
+                "(reward.source and reward.sources)"
+            )
+        return self
 
 
 class ShapingConfig(Section):

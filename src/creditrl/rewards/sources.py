@@ -111,12 +111,54 @@ def source_names() -> list[str]:
 
 
 def get_source(name: str) -> RewardSource | SourceFactory:
-    """The static source ``name``, or the factory of a source built from options."""
+    """The static source ``name``, the factory of a source built from options, or, for a
+    ``"module:function"`` import path, :func:`function_source` of that function."""
     if name in REWARD_SOURCES:
         return REWARD_SOURCES[name]
     if name in SOURCE_FACTORIES:
         return SOURCE_FACTORIES[name]
-    raise ValueError(f"unknown reward source '{name}'; valid: {', '.join(source_names())}")
+    if ":" in name:
+        return function_source(name)
+    raise ValueError(f"unknown reward source '{name}'; valid: {', '.join(source_names())} or module:function")
+
+
+def reward_function(granularity: str = "sequence") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Declare the granularity of a TRL-style reward function (:func:`function_source`): with
+    ``step``, ``segment``, ``token`` or ``key_token`` it is also given ``spans`` (each completion's
+    span texts) and returns one list of scores per completion, one score (or None) per span."""
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"unknown granularity '{granularity}'; valid: {', '.join(GRANULARITIES)}")
+
+    def mark(fn: Callable[..., Any]) -> Callable[..., Any]:
+        fn.granularity = granularity  # type: ignore[attr-defined]
+        return fn
+
+    return mark
+
+
+def function_source(spec: str) -> RewardSource:
+    """A reward source from a function with TRL's reward signature, named by import path:
+    ``f(prompts, completions, **kwargs) -> list[float | None]``, one score per completion. The
+    keyword arguments are lists parallel to ``completions``, as TRL passes a dataset's columns:
+    ``answer``, ``solution``, ``problem`` (the :class:`Problem`) and every field of its ``meta``.
+    A function marked with :func:`reward_function` at a dense granularity also gets ``spans`` and
+    returns a list of per-span scores per completion; placement follows that granularity."""
+    from creditrl.rollout.segment import load_callable
+
+    fn = load_callable(spec)
+    granularity = getattr(fn, "granularity", "sequence")
+
+    def score(task: Task, problem: Problem, completion: str, spans: Sequence[str]) -> list[float | None]:
+        columns = {"answer": [problem.answer], "solution": [problem.solution], "problem": [problem]}
+        columns.update({k: [v] for k, v in problem.meta.items() if k not in columns})
+        if granularity != "sequence":
+            columns["spans"] = [list(spans)]
+        out = fn(prompts=[problem.prompt], completions=[completion], **columns)
+        if len(out) != 1:
+            raise ValueError(f"returned {len(out)} scores for 1 completion")
+        return [out[0]] if granularity == "sequence" else list(out[0])
+
+    return RewardSource(name=spec, granularities=frozenset({granularity}), default_granularity=granularity, fn=score)
 
 
 def make_source(name: str, options: dict[str, Any] | None = None) -> RewardSource:

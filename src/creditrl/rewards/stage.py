@@ -23,7 +23,7 @@ from creditrl.config import Config
 from creditrl.rewards.hybrid import Calibrator, apply_filter, dense_verdict, mix_rewards, mix_weights
 from creditrl.rewards.placement import get_granularity, make_segmenter, place
 from creditrl.rewards.shaping import add_shaping, kl_penalty, length_penalty, overlong_penalty
-from creditrl.rewards.sources import RewardSource, ScoreResult, make_source, score_batch
+from creditrl.rewards.sources import RewardSource, ScoreResult, get_source, make_source, score_batch
 from creditrl.rollout.batch import TrajectoryBatch
 from creditrl.rollout.segment import Segmentation, SegmentFn, TokenTexts, segment
 from creditrl.tasks.base import Problem, Task
@@ -157,6 +157,8 @@ class Scorer:
             return _Placed(made, granularity, segmenter(granularity), self.calls)
 
         self.primary = placed(rc.source, rc.granularity)
+        self.extra = [placed(name, get_source(name).default_granularity) for name in rc.sources]
+        self.weights = list(rc.weights) or [1.0] * (1 + len(self.extra))
         h = cfg.hybrid
         self.dense = placed(h.dense_source, h.dense_granularity) if h.dense_source else None
         self.steps = segmenter("step") if separator or rc.cut_fn else None
@@ -187,6 +189,11 @@ class Scorer:
         )
         errors = self._count(self.primary, result, counts)
         stats: dict[str, float] = {}
+        if self.extra:
+            rewards, reward_mask, keep, extra_errors, stats = self._sum(
+                batch, rewards, reward_mask, keep, outcome, counts
+            )
+            errors += extra_errors
         if self.dense is not None:
             d_rewards, d_mask, keep, d_result, _ = self.dense(batch, task, self.texts_of, keep, on_error, outcome)
             errors += self._count(self.dense, d_result, counts)
@@ -234,6 +241,27 @@ class Scorer:
             describe=lambda i: f"response {i} ({shorten(completions[i])!r})",
         )
         return torch.tensor([v if good else 0.0 for v, good in zip(values, ok)]), ok
+
+    def _sum(
+        self,
+        batch: TrajectoryBatch,
+        rewards: torch.Tensor,
+        reward_mask: torch.Tensor,
+        keep: list[bool],
+        outcome: torch.Tensor,
+        counts: CallCounts,
+    ) -> tuple[torch.Tensor, torch.Tensor, list[bool], int, dict[str, float]]:
+        """``weights[0] * source + sum_i weights[i] * sources[i]`` (``reward.sources``), each source
+        placed at its own granularity; its mean summed reward per response is logged by name."""
+        mask = batch.response_mask
+        stats = {f"reward/by_source/{self.primary.source.name}": float((rewards * mask).sum(-1).mean())}
+        total, total_mask, errors = self.weights[0] * rewards, reward_mask.clone(), 0
+        for placed, weight in zip(self.extra, self.weights[1:]):
+            r, m, keep, result, _ = placed(batch, self.task, self.texts_of, keep, self.cfg.reward.on_error, outcome)
+            errors += self._count(placed, result, counts)
+            stats[f"reward/by_source/{placed.source.name}"] = float((r * mask).sum(-1).mean())
+            total, total_mask = total + weight * r, total_mask | m
+        return total, total_mask, keep, errors, stats
 
     @staticmethod
     def _count(placed: _Placed, result: ScoreResult, counts: CallCounts) -> int:

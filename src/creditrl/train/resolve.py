@@ -148,8 +148,12 @@ def _source(section: str, source_name: str, granularity: str, cfg: Config, task:
         if section == "reward"
         else ("hybrid.dense_source", "hybrid.dense_granularity")
     )
-    one_of(key, source_name, source_names())
-    source = get_source(source_name)
+    if ":" not in source_name:  # a module:function is checked by importing it
+        one_of(key, source_name, source_names())
+    try:
+        source = get_source(source_name)
+    except ValueError as exc:
+        raise ConfigError(f"{key}: {exc}") from exc
     for option in getattr(source, "requires", ()):
         value = getattr(cfg.reward, option)
         if not value:
@@ -251,6 +255,8 @@ def check(cfg: Config, task: Task) -> Config:
     _names(cfg)
     _device(cfg)
     granularity = _source("reward", cfg.reward.source, cfg.reward.granularity, cfg, task)
+    for extra in cfg.reward.sources:
+        _source("reward", extra, "", cfg, task)
     dense = ""
     if cfg.hybrid.dense_source:
         dense = _source("hybrid", cfg.hybrid.dense_source, cfg.hybrid.dense_granularity, cfg, task)
