@@ -157,7 +157,7 @@ policy: {{model: {root / "small"}}}
 task: {{name: running_sum}}
 sft: {{steps: 200, batch_size: 16, warmup_steps: 5, lr: 0.01}}
 rollout: {{max_new_tokens: 24}}
-train: {{progress: false, eval_size: 4}}
+train: {{init: sft, progress: false, eval_size: 4}}  # a model of ours: RL would start from it as it is
 prm: {{problems: 6, samples: 2, steps: 4, batch_size: 4}}
 search: {{problems: 4, max_new_tokens: 24, budget: 160, n: 6, width: 2, expansions: 2, simulations: 6,
           min_request_tokens: 4}}
