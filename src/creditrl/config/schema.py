@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from creditrl.config.sections import (
     CreditConfig,
@@ -61,7 +61,23 @@ class TrainConfig(Section):
         "embedded `tiny` preset and to `policy` for any other model",
     )
     threads: int = Field(0, ge=0, description="torch intra-op threads; 0 = torch's default")
-    progress: bool = Field(True, description="progress bars")
+    progress: bool = Field(
+        True, description="progress: a bar on a terminal, one plain line per iteration when stdout is not one"
+    )
+    report_to: list[str] = Field(
+        [],
+        description="experiment trackers, as TRL's report_to: any of `tensorboard`, `wandb` (follows "
+        "WANDB_MODE, e.g. offline), `mlflow`, `trackio` (their libraries: the `trackers` extra); [] or `none`: none",
+    )
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _report_to(cls, value: Any) -> Any:
+        """TRL's forms too: one name, or several comma-separated."""
+        if isinstance(value, str):
+            return [v.strip() for v in value.split(",") if v.strip() and v.strip() != "none"]
+        return value
+
     inspect_every: int = Field(
         10, ge=0, description="save groups for `creditrl inspect` every N iterations (+ first, last); 0 = off"
     )

@@ -166,3 +166,16 @@ def reduce_row(row: dict[str, Any], upd: dict[str, float], rows: int, tokens: in
         mins={"train/pass_k"},
         same={*upd, "iteration", "credit/lam", "optim/lr", "policy/updated", "samples/total", "tokens/total"},
     )
+
+
+def progress_line(row: dict[str, Any], iterations: int) -> str:
+    """One plain line per iteration, for a log that is not a terminal (no carriage returns)."""
+    parts = [
+        f"iteration {row['iteration']}/{iterations}",
+        f"reward {row['reward/mean']:.3f}",
+        f"train accuracy {row.get('train/accuracy', float('nan')):.3f}",
+    ]
+    if "eval/accuracy" in row:
+        parts.append(f"held-out accuracy {row['eval/accuracy']:.3f}")
+    parts.append(f"{row.get('time/iter_s', 0.0):.2f} s")
+    return "creditrl: " + ", ".join(parts)

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +42,8 @@ from creditrl.train import rundir, stages
 from creditrl.train.build import RunParts, build_run
 from creditrl.train.checkpoint import load_extra, load_training_state, mark_latest, resume_checkpoint, save_checkpoint
 from creditrl.train.evaluate import evaluate
-from creditrl.train.metrics import IterationRecord, StageTimer, iteration_row
+from creditrl.train.metrics import IterationRecord, StageTimer, iteration_row, progress_line
+from creditrl.train.trackers import Tracker, make_trackers
 
 log = logging.getLogger("creditrl")
 FINAL = "final"  # RUN_DIR/final: the trained policy, loadable with from_pretrained
@@ -68,6 +70,7 @@ class RLTrainer:
         self.run_dir = Path(run_dir)
         self.overwrite = overwrite
         self.resumed = False
+        self.trackers: list[Tracker] = []  # train.report_to, on rank 0 while the run lives
         if ddp.is_main():  # only rank 0 writes (a default timestamped name may differ on other ranks)
             self.run_dir.mkdir(parents=True, exist_ok=True)
         self.start_iteration = 0
@@ -283,6 +286,7 @@ class RLTrainer:
             rundir.remove_partial_checkpoints(self.run_dir)
             self.cfg.dump(self.run_dir / "config.yaml")
             (self.run_dir / rundir.RUN_STATE).write_text(json.dumps({"init_path": self.parts.init_path}))
+            self.trackers = make_trackers(self.cfg.train.report_to, self.run_dir, self.cfg.to_dict())
             return self._run()
 
     def _run(self) -> RLResult:
@@ -302,7 +306,7 @@ class RLTrainer:
             initial=self.start_iteration,
             total=cfg.train.iterations,
             desc=f"rl {cfg.credit.estimator}/{cfg.reward.source}",
-            disable=not cfg.train.progress or not ddp.is_main(),
+            disable=not cfg.train.progress or not ddp.is_main() or not sys.stdout.isatty(),  # else plain lines
             dynamic_ncols=True,
         )
         last_eval = history[-1].get("eval/accuracy") if history else None
@@ -347,6 +351,9 @@ class RLTrainer:
         if hasattr(self.parts.engine, "shutdown"):
             self.parts.engine.shutdown()
         self.parts.scorer.close()  # the worker process of the bounded user-function calls
+        for tracker in self.trackers:
+            tracker.close()
+        self.trackers = []
         self.parts.learners.close()
 
     def _log(self, row: dict[str, Any], history: list[dict[str, Any]]) -> None:
@@ -354,3 +361,7 @@ class RLTrainer:
         if ddp.is_main():
             with self.metrics_path.open("a") as f:
                 f.write(json.dumps(row) + "\n")
+            for tracker in self.trackers:
+                tracker.log(row)
+            if self.cfg.train.progress and not sys.stdout.isatty() and "reward/mean" in row:
+                print(progress_line(row, self.cfg.train.iterations), flush=True)
