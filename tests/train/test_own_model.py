@@ -120,3 +120,16 @@ def test_the_run_leaves_a_final_model_and_a_latest_checkpoint_that_load(
     final = tmp_path / "run" / "final"
     assert (final / "adapter_config.json").exists() == (lora == "adapters")
     assert (final / "tokenizer.json").exists() and (tmp_path / "run" / "checkpoints" / "latest").is_symlink()
+
+
+def test_creditrl_sft_out_writes_a_loadable_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from creditrl.cli import main
+
+    monkeypatch.setenv("CREDITRL_CACHE", str(tmp_path / "cache"))
+    sets = ["sft.steps=3", "sft.batch_size=4", "sft.warmup_steps=1", "train.eval_size=4", "train.progress=false"]
+    argv = ["sft", *[x for kv in sets + [RUN[0]] for x in ("--set", kv)], "--out", str(tmp_path / "warm")]
+    assert main(argv) == 0
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "warm")
+    assert model.config.model_type == "llama" and (tmp_path / "warm" / "tokenizer.json").exists()
+    assert not (tmp_path / "warm" / "trainer_state.json").exists()
+    assert main(argv) == 2  # not empty now: refused, nothing overwritten

@@ -19,6 +19,17 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
     cfg = checked(load_config(args.config, args.set))
     path, metrics = cached_sft(cfg, progress=cfg.train.progress)
+    if args.out:  # a plain HF folder of the warm start (the cache entry without its state file)
+        import shutil
+
+        out = Path(args.out)
+        if out.exists() and any(out.iterdir()):
+            raise ConfigError(f"--out {out}: not empty; name a new or empty directory")
+        out.mkdir(parents=True, exist_ok=True)
+        for f in path.iterdir():
+            if f.is_file() and f.name not in ("trainer_state.json", "manifest.json"):
+                shutil.copy2(f, out / f.name)
+        path = out
     print(json.dumps({"checkpoint": str(path), **metrics}, indent=2))
     return 0
 
@@ -103,6 +114,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("sft", help="supervised warm start (cached by config hash)")
     add_config_args(p)
+    p.add_argument("--out", metavar="DIR", help="also write the warm start there, as a plain HF model folder")
     p.set_defaults(func=cmd_sft)
 
     from creditrl.config import Config
