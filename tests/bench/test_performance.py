@@ -283,7 +283,8 @@ def test_the_rss_sampler_splits_its_samples_by_stage():
     sampler.start = 100.0
     sampler.samples = [(100.5, 10.0), (101.2, 30.0), (101.9, 20.0), (103.5, 5.0), (104.0, 40.0)]
     row = {"time/rollout_s": 1.0, "time/reference_s": 1.0, "time/score_s": 0.5, "time/update_s": 2.0}
-    assert sampler.stage_peaks(row) == {"rollout": 10.0, "reference": 30.0, "update": 40.0}
+    # score (102.0-102.5 s) holds no sample: it gets the next one, at 103.5 s
+    assert sampler.stage_peaks(row) == {"rollout": 10.0, "reference": 30.0, "score": 5.0, "update": 40.0}
     with RssSampler(every=0.005) as live:
         time.sleep(0.03)
         blob = bytearray(b"x" * (64 * 2**20))  # 64 MB written, so resident

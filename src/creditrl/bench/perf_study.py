@@ -301,11 +301,15 @@ class RssSampler:
 
     def stage_peaks(self, row: dict[str, float]) -> dict[str, float]:
         """The largest sample (MB) within each stage of an iteration's metrics ``row``: the stages
-        run one after another from the block's start, for their ``time/<stage>_s``."""
+        run one after another from the block's start, for their ``time/<stage>_s``; a stage shorter
+        than the sampling interval gets the first sample after it."""
         out, t = {}, self.start
         for stage in ("rollout", "reference", "score", "value", "credit", "update"):
-            end = t + row.get(f"time/{stage}_s", 0.0)
+            seconds = row.get(f"time/{stage}_s", 0.0)
+            end = t + seconds
             inside = [mb for at, mb in self.samples if t <= at <= end]
+            if not inside and seconds > 0:  # shorter than the sampling interval: the next sample after it
+                inside = [mb for at, mb in self.samples if at > end][:1] or [mb for _, mb in self.samples][-1:]
             if inside:
                 out[stage] = max(inside)
             t = end
