@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from creditrl.bench.hf_peer import hf_generate_throughput
+from creditrl.bench.perf_flags import flags
 from creditrl.bench.perf_options import BASELINE, CREDITRL_SRC
 from creditrl.bench.perf_points import model_geometry
 from creditrl.bench.perf_study import baseline_worktree
@@ -26,7 +27,6 @@ from creditrl.bench.performance import (
     save_never_eos_model,
     summarise_run,
 )
-from creditrl.bench.performance_report import flags
 from creditrl.cli import build_parser
 from creditrl.policy.engines import SamplingParams, StaticEngine
 from creditrl.policy.model import load_policy
@@ -218,8 +218,8 @@ def test_a_policy_that_can_stop_gets_the_length_margin(tmp_path):
 
 
 def test_a_saved_run_re_renders_with_its_own_command_and_the_explanations(quick, tmp_path):
+    from creditrl.bench.perf_flags import _attention_share
     from creditrl.bench.performance import render_saved
-    from creditrl.bench.performance_report import _attention_share
 
     res, opts = quick
     page = tmp_path / "again.md"

@@ -28,7 +28,8 @@ Results go to ``OUT/performance.json`` and the plots ``OUT/performance_length.pn
 
 The code follows the sections: :mod:`~creditrl.bench.perf_options` (the sizes),
 :mod:`~creditrl.bench.perf_points` (a, b, d), :mod:`~creditrl.bench.perf_study` (c, e, f),
-:mod:`~creditrl.bench.performance_report` (the page); this module runs them in order.
+:mod:`~creditrl.bench.performance_report` (the page), :mod:`~creditrl.bench.perf_flags` (the flagged points
+and what explains them), :mod:`~creditrl.bench.perf_plots` (the plots); this module runs them in order.
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ from typing import Any
 
 import torch
 
+from creditrl.bench.perf_flags import flags
 from creditrl.bench.perf_options import ModelSize, PerformanceOptions, quick_options
+from creditrl.bench.perf_plots import plot_lengths, plot_sizes
 from creditrl.bench.perf_points import (
     _log_fn,
     bench_lengths,
@@ -59,7 +62,7 @@ from creditrl.bench.perf_study import (
     compare_rows,
     summarise_run,
 )
-from creditrl.bench.performance_report import flags, performance_report, plot_lengths, plot_sizes
+from creditrl.bench.performance_report import performance_report
 from creditrl.bench.run import matmul_peak
 from creditrl.experiments.report import command_line, peak_rss_mb, utc_stamp, write_results
 

@@ -15,7 +15,7 @@ import math
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from creditrl.errors import ConfigError
 
@@ -46,17 +46,15 @@ def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-class Tracker:
+class Tracker(Protocol):
     """One tracker of a run: ``log(row)`` per metrics row, ``close()`` at the end."""
 
-    def log(self, row: dict[str, Any]) -> None:
-        raise NotImplementedError
+    def log(self, row: dict[str, Any]) -> None: ...
 
-    def close(self) -> None:
-        pass
+    def close(self) -> None: ...
 
 
-class TensorBoard(Tracker):
+class TensorBoard:
     def __init__(self, run_dir: Path, config: dict[str, Any]) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
@@ -72,7 +70,7 @@ class TensorBoard(Tracker):
         self.writer.close()
 
 
-class Wandb(Tracker):
+class Wandb:
     def __init__(self, run_dir: Path, config: dict[str, Any]) -> None:
         import wandb
 
@@ -92,7 +90,7 @@ class Wandb(Tracker):
         self.run.finish()
 
 
-class Mlflow(Tracker):
+class Mlflow:
     def __init__(self, run_dir: Path, config: dict[str, Any]) -> None:
         import mlflow
 
@@ -109,7 +107,7 @@ class Mlflow(Tracker):
         self.mlflow.end_run()
 
 
-class Trackio(Tracker):
+class Trackio:
     def __init__(self, run_dir: Path, config: dict[str, Any]) -> None:
         import trackio
 
