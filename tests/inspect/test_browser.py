@@ -6,6 +6,7 @@ the ``selenium`` package (the ``test`` extra); skips, saying so, only when they 
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import shutil
@@ -15,6 +16,7 @@ import pytest
 
 from creditrl.cli import main
 from creditrl.config import load_config
+from creditrl.inspect.report import build_report
 from creditrl.train.rl import RLTrainer
 from creditrl.train.sft import cached_sft
 
@@ -209,3 +211,101 @@ def test_cli_screenshot_is_a_1280x800_png(report: dict, tmp_path) -> None:
     head = png.read_bytes()[:24]
     assert head[:8] == b"\x89PNG\r\n\x1a\n"
     assert (int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")) == (1280, 800)
+
+
+def without_spread(g: dict, group_id: int, *, kept: bool = True) -> dict:
+    """``g`` with every completion scored 0 (or dropped), as the run's grpo would credit it: all 0."""
+    out = copy.deepcopy(g)
+    out["group_id"] = group_id
+    for r in out["responses"]:
+        n = len(r["tokens"])
+        r.update(rewards=[0.0] * n, adv=[0.0] * n, ret=[0.0] * n, outcome=0.0, kept=kept)
+    return out
+
+
+@pytest.fixture(scope="module")
+def spread_pages(report: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The run's last saved iteration plus a group without reward spread and an all-dropped one,
+    and an iteration 4 with only those two; pages opening at iteration 3, filter off and on."""
+    root = tmp_path_factory.mktemp("spread")
+    (root / "run" / "inspect").mkdir(parents=True)
+    rec = json.loads((report["run"] / "inspect" / "iter_000003.json").read_text())
+    flat = [without_spread(rec["groups"][0], 900), without_spread(rec["groups"][0], 901, kept=False)]
+    rec["groups"] += flat
+    later = dict(rec, iteration=4, groups=flat)
+    for r in (rec, later):
+        (root / "run" / "inspect" / f"iter_{r['iteration']:06d}.json").write_text(json.dumps(r))
+    pages = {}
+    for only in (False, True):
+        out = root / f"report_{only}"
+        build_report(root / "run", iteration=3, estimators="grpo,reinforce", out=out, png=False, only_spread=only)
+        pages[only] = (out / "index.html").as_uri()
+    blob = re.search(r'id="inspector-data">(.*?)</script>', (root / "report_False" / "index.html").read_text(), re.S)
+    return {"pages": pages, "data": json.loads(blob.group(1))}
+
+
+def group_options(d) -> list[tuple[str, str]]:
+    return [
+        (o.get_attribute("value"), o.get_attribute("data-spread"))
+        for o in d.find_elements(By.CSS_SELECTOR, "#group-select option")
+    ]
+
+
+def test_reward_spread_notes_counts_and_filter(browser, spread_pages: dict) -> None:
+    d, view = browser, spread_pages["data"]["iterations"][0]
+    d.get(spread_pages["pages"][False])
+    groups = view["groups"]
+    spread = [str(i) for i, g in enumerate(groups) if g["spread"]]
+    n, flat, dropped = len(groups), str(len(groups) - 2), str(len(groups) - 1)
+    assert not d.find_element(By.ID, "spread-filter").is_selected() and len(group_options(d)) == n
+    count = d.find_element(By.ID, "spread-count")
+    assert (count.get_attribute("data-none"), count.get_attribute("data-groups")) == (str(n - len(spread)), str(n))
+    assert count.text.startswith(view["spread"]["text"] + " (") and "over all 2 iterations" in count.text
+
+    # the group without spread says why, where its credit precision is
+    Select(d.find_element(By.ID, "group-select")).select_by_value(flat)
+    assert d.find_element(By.ID, "credit-precision").text == "n/a"
+    assert d.find_element(By.ID, "credit-why").text == (
+        "(no reward spread: all 4 completions scored 0, so every advantage is 0)"
+    )
+    assert d.find_element(By.ID, "spread-note").text == "no reward spread: all 4 completions scored 0"
+    assert "grpo n/a (no reward spread)" in d.find_element(By.ID, "precision-table").text
+    Select(d.find_element(By.ID, "group-select")).select_by_value(dropped)
+    assert d.find_element(By.ID, "credit-why").text == (
+        "(no credit: all 4 completions were dropped, so every advantage is 0)"
+    )
+    # and a group with spread does not
+    Select(d.find_element(By.ID, "group-select")).select_by_value(spread[0])
+    assert not d.find_elements(By.ID, "spread-note")
+    why = d.find_elements(By.ID, "credit-why")
+    expected = view["estimators"]["trained"]["precision"]["groups"][int(spread[0])]["why"]
+    assert [w.text for w in why] == ([f"({expected})"] if expected else [])
+    assert all("reward spread" not in w.text for w in why)
+
+    # the filter: only groups with spread are listed and stepped through; a hidden selection moves
+    Select(d.find_element(By.ID, "group-select")).select_by_value(flat)
+    d.find_element(By.ID, "spread-filter").click()
+    assert group_options(d) == [(i, "1") for i in spread]
+    assert d.find_element(By.ID, "group-select").get_attribute("value") == spread[0]
+    body = d.find_element(By.TAG_NAME, "body")
+    seen = []
+    for _ in range(len(spread)):
+        body.send_keys(Keys.ARROW_DOWN)
+        seen.append(d.find_element(By.ID, "group-select").get_attribute("value"))
+        assert not d.find_elements(By.ID, "spread-note")
+    assert seen == spread[1:] + spread[:1]  # every shown group once, cyclically, none hidden
+    body.send_keys(Keys.ARROW_RIGHT)  # iteration 4: no group with spread at all
+    assert group_options(d) == [("-1", None)]
+    assert d.find_element(By.ID, "spread-note").text.startswith("no saved group of iteration 4 has reward spread")
+    assert not d.find_elements(By.CSS_SELECTOR, "#columns .response")
+    body.send_keys("s")  # the key turns the filter off again
+    assert not d.find_element(By.ID, "spread-filter").is_selected() and len(group_options(d)) == 2
+    body.send_keys(Keys.ARROW_LEFT)
+    d.find_element(By.ID, "spread-filter").click()
+    d.find_element(By.ID, "spread-filter").click()
+    assert len(group_options(d)) == n and len(d.find_elements(By.CSS_SELECTOR, "#column-left .response")) > 0
+
+    # build_report(only_spread=True): the page opens with the filter on
+    d.get(spread_pages["pages"][True])
+    assert d.find_element(By.ID, "spread-filter").is_selected()
+    assert group_options(d) == [(i, "1") for i in spread]

@@ -14,6 +14,7 @@ from creditrl.inspect.compare import TRAINED, compare_iteration, parse_estimator
 from creditrl.inspect.data import InspectError, load_iteration, saved_iterations, spread
 from creditrl.inspect.html import iteration_view, render_page
 from creditrl.inspect.record import choose_groups, iteration_record, record_iteration, should_record, step_spans
+from creditrl.inspect.report import build_report
 from creditrl.policy.engines import Generation
 from creditrl.policy.tokenizer import build_char_tokenizer
 from creditrl.rollout.batch import batch_from_generation
@@ -179,3 +180,59 @@ def test_page_is_self_contained_and_escapes_token_text() -> None:
     assert page.count("</script>") == 2  # the data block's and the code block's own
     assert "http://" not in page.replace("http://www.w3.org/2000/svg", "") and "https://" not in page
     assert "<link" not in page and " src=" not in page
+
+
+def test_a_group_without_reward_spread_says_why() -> None:
+    cfg, task, tok, batch, scored, values, adv, ret = scored_batch([])  # group 0: four right completions
+    cfg = cfg.updated({"train": {"inspect_groups": 3}})
+    rec = json.loads(json.dumps(iteration_record(1, batch, scored, adv, ret, cfg, tok, task)))
+    view = iteration_view(rec, ["grpo", "reinforce"])
+    assert [(g["group_id"], g["spread"]) for g in view["groups"]] == [(1, True), (2, True), (0, False)]
+    assert view["groups"][2]["spread_note"] == "no reward spread: all 4 completions scored 1"
+    assert [g["spread_note"] for g in view["groups"][:2]] == ["", ""]
+    assert view["spread"] == {"none": 1, "groups": 3, "text": "1 of 3 saved groups has no reward spread"}
+    for key in (TRAINED, "grpo"):
+        *mixed, flat = view["estimators"][key]["precision"]["groups"]
+        assert flat == {
+            "value": None,
+            "text": "n/a",
+            "why": "no reward spread: all 4 completions scored 1, so every advantage is 0",
+            "short": "no reward spread",
+            "note": "",
+        }
+        assert all(p["value"] is not None and p["why"] == p["short"] == p["note"] == "" for p in mixed)
+    flat = view["estimators"]["reinforce"]["precision"]["groups"][2]  # A = 1 on every token: credit, none negative
+    assert flat["why"] == "no negative credit on a labelled step"
+    assert flat["note"] == (
+        "no reward spread: all 4 completions scored 1; every advantage is 1, so the credit does not tell them apart"
+    )
+    # batch whitening moves the group's zeros to one shared value, which tells nothing apart either
+    cfg, task, tok, batch, scored, values, adv, ret = scored_batch(["credit.normaliser=batch"])
+    cfg = cfg.updated({"train": {"inspect_groups": 3}})
+    rec = json.loads(json.dumps(iteration_record(1, batch, scored, adv, ret, cfg, tok, task)))
+    note = iteration_view(rec, [])["estimators"][TRAINED]["precision"]["groups"][2]["note"]
+    assert note.startswith("no reward spread: all 4 completions scored 1; every advantage is -")
+
+
+def test_report_can_open_on_groups_with_spread(tmp_path: Path) -> None:
+    cfg, task, tok, batch, scored, values, adv, ret = scored_batch([])
+    cfg = cfg.updated({"train": {"inspect_groups": 3}})
+    record_iteration(tmp_path, 1, batch, scored, adv, ret, cfg, tok, task)
+    for only in (False, True):
+        report = build_report(tmp_path, estimators="grpo", out=tmp_path / f"r{only}", png=False, only_spread=only)
+        page = report.html.read_text()
+        blob = page.split('id="inspector-data">', 1)[1].split("</script>", 1)[0]
+        data = json.loads(blob)
+        assert data["only_spread"] is only and data["spread"] == {"none": 1, "groups": 3}
+        assert 'id="spread-filter"' in page and 'id="spread-count"' in page
+
+
+def test_cli_only_spread_opens_the_page_filtered(tmp_path: Path) -> None:
+    from creditrl.cli import main
+
+    cfg, task, tok, batch, scored, values, adv, ret = scored_batch([])
+    record_iteration(tmp_path, 1, batch, scored, adv, ret, cfg.updated({"train": {"inspect_groups": 3}}), tok, task)
+    assert main(["inspect", str(tmp_path), "--out", str(tmp_path / "r"), "--no-png", "--only-spread"]) == 0
+    page = (tmp_path / "r" / "index.html").read_text()
+    data = json.loads(page.split('id="inspector-data">', 1)[1].split("</script>", 1)[0])
+    assert data["only_spread"] is True

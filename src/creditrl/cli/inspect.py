@@ -19,6 +19,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             out=Path(args.out) if args.out else None,
             max_iterations=MAX_ITERATIONS if args.max_iterations is None else args.max_iterations,
             png=not args.no_png,
+            only_spread=args.only_spread,
         )
     except InspectError as exc:
         print(f"creditrl inspect: error: {exc}", file=sys.stderr)
@@ -66,5 +67,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="saved iterations inlined into the page, evenly spaced (default 30)",
     )
     p.add_argument("--no-png", action="store_true", help="write only the HTML page")
+    p.add_argument(
+        "--only-spread",
+        action="store_true",
+        help="open the page showing only groups with reward spread (the PNGs: the first such group)",
+    )
     p.add_argument("--screenshot", metavar="PNG", help="also save the page as headless Chromium renders it at 1280x800")
     p.set_defaults(func=cmd_inspect)

@@ -20,6 +20,7 @@ import torch
 from creditrl.credit import ESTIMATORS, estimate_at, normalise, requires
 from creditrl.inspect.data import InspectError
 from creditrl.inspect.precision import NegativeCredit, negative_credit, percent, pooled
+from creditrl.inspect.spread import credit_notes
 
 TRAINED = "trained"  # the key of the advantages the run itself used
 
@@ -115,7 +116,8 @@ def _rows(adv: torch.Tensor, lengths: list[int]) -> list[list[float]]:
 
 
 def _precision(record: dict[str, Any], adv_rows: list[list[float]]) -> dict[str, Any]:
-    """Credit precision per response, per group and over the iteration (numbers and texts)."""
+    """Credit precision per response, per group and over the iteration (numbers and texts);
+    a group's also says why it is undefined (:func:`creditrl.inspect.spread.credit_notes`)."""
     per_group, i = [], 0
     for g in record["groups"]:
         parts = []
@@ -132,7 +134,10 @@ def _precision(record: dict[str, Any], adv_rows: list[list[float]]) -> dict[str,
 
     return {
         "responses": [[show(p) for p in parts] for parts in per_group],
-        "groups": [show(g) for g in groups],
+        "groups": [
+            show(nc) | credit_notes(g, adv, nc.precision)
+            for g, adv, nc in zip(record["groups"], _split(adv_rows, record), groups)
+        ],
         "all": show(total),
     }
 

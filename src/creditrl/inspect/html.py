@@ -9,7 +9,12 @@ DOM carries stable hooks for tests and scripts: ``#iteration-select``, ``#group-
 (``data-adv``, ``data-index``, ``data-reward`` on placed rewards, class ``step-end``),
 ``.step-label`` (``data-label`` 1/0), ``#credit-precision`` / ``#credit-precision-all``
 (``-right`` for the compare column; ``data-value`` the number, the text ``percent(value)``),
-``#legend-max`` (``data-value`` = the colour scale's max |A|).
+``#legend-max`` (``data-value`` = the colour scale's max |A|). Reward spread
+(:mod:`creditrl.inspect.spread`): ``#credit-why`` (``-right``) says why the group's credit
+precision is undefined, ``#credit-note`` flags credit equal on every token, ``#spread-note`` the
+group's missing spread, ``#spread-count`` (``data-none``, ``data-groups``) how many saved groups
+lack it, ``#spread-filter`` (a checkbox) shows only groups with spread, and ``#group-select``'s
+options carry ``data-spread`` (1/0).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any
 
 from creditrl.inspect.compare import TRAINED, compare_iteration
 from creditrl.inspect.data import load_iteration, load_metrics
+from creditrl.inspect.spread import has_spread, spread_counts, spread_note
 
 
 # The per-iteration charts: title, the metrics.jsonl keys drawn, what shows when none exist.
@@ -56,7 +62,8 @@ _SHOWN = (
 
 
 def iteration_view(record: dict[str, Any], estimators: list[str]) -> dict[str, Any]:
-    """One iteration as the page holds it: settings, groups, and every estimator's credit."""
+    """One iteration as the page holds it: settings, groups (with their reward spread), how
+    many lack spread, and every estimator's credit."""
     results = compare_iteration(record, estimators)
     return {
         "iteration": record["iteration"],
@@ -67,24 +74,33 @@ def iteration_view(record: dict[str, Any], estimators: list[str]) -> dict[str, A
                 "group_id": g["group_id"],
                 "prompt": g["prompt"],
                 "answer": g["answer"],
+                "spread": has_spread(g),
+                "spread_note": spread_note(g),
                 "responses": [{k: r[k] for k in _SHOWN} for r in g["responses"]],
             }
             for g in record["groups"]
         ],
+        "spread": spread_counts(record["groups"]),
         "order": [TRAINED] + estimators,
         "estimators": results,
     }
 
 
-def page_data(run_dir: Path, iterations: list[int], estimators: list[str], initial: int) -> dict[str, Any]:
-    """Everything the page shows; ``initial`` is the iteration selected when it opens."""
+def page_data(
+    run_dir: Path, iterations: list[int], estimators: list[str], initial: int, *, only_spread: bool = False
+) -> dict[str, Any]:
+    """Everything the page shows; ``initial`` is the iteration selected when it opens, and
+    ``only_spread`` whether it opens showing only the groups with reward spread."""
     run_dir = Path(run_dir)
     keys = {"iteration"} | {s["key"] for c in CHARTS for s in c["series"]}
     metrics = [{k: v for k, v in row.items() if k in keys} for row in load_metrics(run_dir)]
+    views = [iteration_view(load_iteration(run_dir, i), estimators) for i in iterations]
     return {
         "run": run_dir.resolve().name,
         "initial": iterations.index(initial),
-        "iterations": [iteration_view(load_iteration(run_dir, i), estimators) for i in iterations],
+        "only_spread": only_spread,
+        "iterations": views,
+        "spread": {k: sum(v["spread"][k] for v in views) for k in ("none", "groups")},
         "metrics": metrics,
         "charts": CHARTS,
     }

@@ -3,7 +3,8 @@
 :func:`build_report` (``creditrl inspect RUN_DIR``) writes into ``--out`` (default ``RUN_DIR/inspect_report``):
 ``index.html`` (self-contained:
 open it in any browser, offline), ``metrics.png`` and, for the shown iteration's first saved
-group, ``credit_iter_NNNNNN_<estimator>.png`` per estimator (and ``_trained`` for the run's own
+group (with ``only_spread``: its first group with reward spread, when it has one),
+``credit_iter_NNNNNN_<estimator>.png`` per estimator (and ``_trained`` for the run's own
 advantages).
 """
 
@@ -36,11 +37,14 @@ def build_report(
     out: Path | None = None,
     max_iterations: int = MAX_ITERATIONS,
     png: bool = True,
+    only_spread: bool = False,
 ) -> Report:
     """Write the page (and the PNGs with ``png``) for ``run_dir``; ``iteration`` is the one the
     page opens at (default: the last saved), ``estimators`` a comma-separated list (default:
-    every registered one). InspectError for a run without inspector data, an unsaved iteration
-    (listing the saved ones) or an unknown estimator (listing the valid ones)."""
+    every registered one); ``only_spread`` opens the page with its "only groups with reward
+    spread" filter on and draws the PNGs of a group with spread. InspectError for a run without
+    inspector data, an unsaved iteration (listing the saved ones) or an unknown estimator
+    (listing the valid ones)."""
     run_dir = Path(run_dir)
     saved = saved_iterations(run_dir)
     shown = saved[-1] if iteration is None else iteration
@@ -51,33 +55,36 @@ def build_report(
     inlined = spread(saved, max_iterations, must=shown)
     out = Path(out) if out else run_dir / "inspect_report"
     out.mkdir(parents=True, exist_ok=True)
-    data = page_data(run_dir, inlined, names, shown)
+    data = page_data(run_dir, inlined, names, shown, only_spread=only_spread)
     report = Report(
         out / "index.html", iterations=inlined, shown=shown, left_out=[i for i in saved if i not in inlined]
     )
     report.html.write_text(render_page(data), encoding="utf-8")
     if png:
-        report.pngs = _figures(data, out)
+        report.pngs = _figures(data, out, only_spread)
     return report
 
 
-def _figures(data: dict, out: Path) -> list[Path]:
+def _figures(data: dict, out: Path, only_spread: bool = False) -> list[Path]:
     from creditrl.inspect.figures import credit_figure, metrics_figure
 
     view = data["iterations"][data["initial"]]
     paths = [metrics_figure(data["metrics"], CHARTS, out / "metrics.png", [v["iteration"] for v in data["iterations"]])]
     if not view["groups"]:
         return paths
-    group = view["groups"][0]
+    with_spread = [i for i, g in enumerate(view["groups"]) if g["spread"]]
+    gi = with_spread[0] if only_spread and with_spread else 0
+    group = view["groups"][gi]
     available = [k for k in view["order"] if view["estimators"][k]["available"]]
-    max_abs = max([0.0] + [abs(a) for k in available for row in view["estimators"][k]["adv"][0] for a in row])
+    max_abs = max([0.0] + [abs(a) for k in available for row in view["estimators"][k]["adv"][gi] for a in row])
     for key in available:
         e = view["estimators"][key]
-        p = e["precision"]["groups"][0]["text"]
+        p = e["precision"]["groups"][gi]
+        why = f" ({p['why']})" if p["why"] else ""
         title = (
             f"iteration {view['iteration']}, {group['prompt']} (group {group['group_id']}): "
-            f"{e['label']}; credit precision {p}"
+            f"{e['label']}; credit precision {p['text']}{why}"
         )
         name = f"credit_iter_{view['iteration']:06d}_{'trained' if key == TRAINED else key}.png"
-        paths.append(credit_figure(group, e["adv"][0], title, out / name, max_abs))
+        paths.append(credit_figure(group, e["adv"][gi], title, out / name, max_abs))
     return paths

@@ -2,7 +2,8 @@
 (function () {
   "use strict";
   const D = JSON.parse(document.getElementById("inspector-data").textContent);
-  const S = { it: D.initial, group: 0, resp: 0, est: "trained", cmp: "" };
+  // group -1: none shown (the reward-spread filter hides every group of the iteration)
+  const S = { it: D.initial, group: 0, resp: 0, est: "trained", cmp: "", only: !!D.only_spread };
   const NEG = [33, 102, 172], POS = [178, 24, 43];
   const $ = (id) => document.getElementById(id);
 
@@ -17,6 +18,9 @@
   const fmt = (x) => (x === null || x === undefined ? "-" : Number(x).toFixed(3));
   const cur = () => D.iterations[S.it];
   const group = () => cur().groups[S.group];
+  // indices of the groups shown: all, or with the filter on only those with reward spread
+  const visible = () => cur().groups.map((g, i) => i).filter((i) => !S.only || cur().groups[i].spread);
+  const nResp = () => (S.group < 0 ? 1 : group().responses.length);
 
   // Diverging scale, symmetric around 0: blue < 0, white at 0, red > 0, full at |a| = max.
   function colour(a, max) {
@@ -41,8 +45,8 @@
   }
 
   function options(select, items, value) {
-    select.replaceChildren(...items.map(([v, label]) => {
-      const o = el("option", { value: v }, label);
+    select.replaceChildren(...items.map(([v, label, attrs]) => {
+      const o = el("option", Object.assign({ value: v }, attrs), label);
       if (String(v) === String(value)) o.selected = true;
       return o;
     }));
@@ -51,7 +55,13 @@
   function renderControls() {
     const it = cur();
     options($("iteration-select"), D.iterations.map((x, i) => [i, String(x.iteration)]), S.it);
-    options($("group-select"), it.groups.map((g, i) => [i, "group " + g.group_id + ": " + g.prompt]), S.group);
+    const groups = visible().map((i) => {
+      const g = it.groups[i];
+      return [i, "group " + g.group_id + ": " + g.prompt + (g.spread ? "" : " (no reward spread)"),
+        { "data-spread": g.spread ? "1" : "0" }];
+    });
+    options($("group-select"), groups.length ? groups : [[-1, "(no group with reward spread)"]], S.group);
+    renderSpreadCount(it);
     options($("estimator-select"), it.order.map((k) => [k, it.estimators[k].label]), S.est);
     options($("compare-select"), [["", "(none)"]].concat(it.order.map((k) => [k, it.estimators[k].label])), S.cmp);
     const s = it.settings;
@@ -59,6 +69,17 @@
       s.normaliser + ", resolution " + s.resolution + ", gamma " + s.gamma + ", lambda " + fmt(s.lam) +
       " | reward " + s.reward_source + (s.granularity ? "/" + s.granularity : "") + ", values " + s.value_source +
       " | " + it.groups.length + " of " + it.groups_in_batch + " groups saved";
+  }
+
+  function renderSpreadCount(it) {
+    $("spread-filter").checked = S.only;
+    if (!it.spread) return;
+    const all = D.spread && D.iterations.length > 1 ? " (" + D.spread.none + " of " + D.spread.groups + " over all " +
+      D.iterations.length + " iterations)" : "";
+    const c = $("spread-count");
+    c.textContent = it.spread.text + all;
+    c.setAttribute("data-none", String(it.spread.none));
+    c.setAttribute("data-groups", String(it.spread.groups));
   }
 
   function renderLegend(max) {
@@ -124,10 +145,12 @@
       return col;
     }
     if (e.note) col.append(el("div", { class: "note" }, e.note));
-    const p = e.precision;
+    const p = e.precision, pg = p.groups[S.group];
+    if (pg.note) col.append(el("div", { class: "note", id: "credit-note" + suffix }, pg.note));
     const meta = el("div", { class: "meta" });
     meta.append("credit precision: this group ",
-      el("b", { id: "credit-precision" + suffix, "data-value": String(p.groups[S.group].value) }, p.groups[S.group].text),
+      el("b", { id: "credit-precision" + suffix, "data-value": String(pg.value) }, pg.text),
+      ...(pg.why ? [" ", el("span", { class: "why", id: "credit-why" + suffix }, "(" + pg.why + ")")] : []),
       ", all saved groups ",
       el("b", { id: "credit-precision-all" + suffix, "data-value": String(p.all.value) }, p.all.text));
     col.append(meta);
@@ -154,16 +177,24 @@
     row.replaceChildren(el("span", { class: "label" }, "credit precision (group / all saved):"));
     for (const key of it.order) {
       const e = it.estimators[key];
-      const text = e.available ? e.precision.groups[S.group].text + " / " + e.precision.all.text : "unavailable";
+      const pg = e.available ? e.precision.groups[S.group] : null;
+      const text = pg ? pg.text + (pg.short ? " (" + pg.short + ")" : "") + " / " + e.precision.all.text : "unavailable";
       row.append(el("span", { class: "cell", "data-estimator": key }, e.label + " " + text));
     }
   }
 
   function renderColumns() {
+    if (S.group < 0) {
+      $("prompt").replaceChildren(el("span", { class: "no-spread", id: "spread-note" }, "no saved group of iteration " +
+        cur().iteration + " has reward spread; untick \u201conly groups with reward spread\u201d to see them all"));
+      for (const id of ["legend", "precision-table", "columns", "detail"]) $(id).replaceChildren();
+      return;
+    }
     const g = group(), max = maxAbs();
     const right = g.responses.filter((r) => r.outcome > 0.5).length;
     $("prompt").replaceChildren(el("span", {}, g.prompt),
-      el("span", { class: "answer" }, "answer " + g.answer + " | " + right + " of " + g.responses.length + " right"));
+      el("span", { class: "answer" }, "answer " + g.answer + " | " + right + " of " + g.responses.length + " right"),
+      ...(g.spread_note ? [el("span", { class: "no-spread", id: "spread-note" }, g.spread_note)] : []));
     renderLegend(max);
     renderPrecisionTable();
     const cols = $("columns");
@@ -230,17 +261,33 @@
     $("charts").replaceChildren(...D.charts.map(chart));
   }
 
+  // keep the selected group one that is shown (the first shown when it is hidden), or -1
+  function fixGroup() {
+    const v = visible();
+    S.group = Math.max(0, Math.min(S.group, cur().groups.length - 1));
+    if (!v.includes(S.group)) S.group = v.length ? v[0] : -1;
+    S.resp = Math.max(0, Math.min(S.resp, nResp() - 1));
+  }
   function setIteration(i) {
     S.it = Math.max(0, Math.min(D.iterations.length - 1, i));
-    S.group = Math.min(S.group, cur().groups.length - 1);
-    S.resp = Math.min(S.resp, group().responses.length - 1);
+    fixGroup();
     if (!cur().estimators[S.est]) S.est = "trained";
     if (S.cmp && !cur().estimators[S.cmp]) S.cmp = "";
     render();
   }
   function setGroup(i) {
-    S.group = (i + cur().groups.length) % cur().groups.length;
-    S.resp = Math.min(S.resp, group().responses.length - 1);
+    if (i < 0) return;
+    S.group = i;
+    fixGroup();
+    render();
+  }
+  function stepGroup(step) {  // the previous / next shown group, cyclically
+    const v = visible();
+    if (v.length) setGroup(v[(v.indexOf(S.group) + step + v.length) % v.length]);
+  }
+  function setFilter(only) {
+    S.only = only;
+    fixGroup();
     render();
   }
   function cycle(list, value, step) {
@@ -251,13 +298,15 @@
   $("group-select").addEventListener("change", (ev) => setGroup(Number(ev.target.value)));
   $("estimator-select").addEventListener("change", (ev) => { S.est = ev.target.value; render(); });
   $("compare-select").addEventListener("change", (ev) => { S.cmp = ev.target.value; render(); });
+  $("spread-filter").addEventListener("change", (ev) => setFilter(ev.target.checked));
 
   const KEYS = {
     ArrowLeft: ["previous iteration", () => setIteration(S.it - 1)],
     ArrowRight: ["next iteration", () => setIteration(S.it + 1)],
-    ArrowUp: ["previous prompt", () => setGroup(S.group - 1)],
-    ArrowDown: ["next prompt", () => setGroup(S.group + 1)],
-    j: ["next response", () => { S.resp = Math.min(S.resp + 1, group().responses.length - 1); render(); }],
+    ArrowUp: ["previous prompt", () => stepGroup(-1)],
+    ArrowDown: ["next prompt", () => stepGroup(1)],
+    s: ["only groups with reward spread (on/off)", () => setFilter(!S.only)],
+    j: ["next response", () => { S.resp = Math.min(S.resp + 1, nResp() - 1); render(); }],
     k: ["previous response", () => { S.resp = Math.max(S.resp - 1, 0); render(); }],
     e: ["next estimator", () => { S.est = cycle(cur().order, S.est, 1); render(); }],
     E: ["previous estimator", () => { S.est = cycle(cur().order, S.est, -1); render(); }],
@@ -278,5 +327,6 @@
   }
   help.append("| mouse: click a response or token to select it, a chart to jump to the nearest saved iteration");
   $("run-name").textContent = D.run;
+  fixGroup();
   render();
 })();
