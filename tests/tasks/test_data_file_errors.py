@@ -206,7 +206,10 @@ def test_math_file_errors_name_file_line_and_field(tmp_path):
         f"{path}, line 2: field 'answer' is missing or not text (got ['2']); expected a string or a number"
     )
     path = write_jsonl(tmp_path / "m4.jsonl", [MATH_ROW, {"answer": "2"}])
-    assert message(load_math_rows, path) == f"{path}, line 2: field 'question' is missing (fields: answer)"
+    assert message(load_math_rows, path) == (
+        f"{path}, line 2: field 'question' is missing (fields: answer); expected 'question' (filled into the prompt "
+        "template), 'prompt' (text or a list of {role, content} turns) or 'messages'"
+    )
 
 
 def test_math_parquet_errors_name_the_row(tmp_path):
@@ -228,7 +231,7 @@ def test_math_parquet_errors_name_the_row(tmp_path):
 def test_math_reads_a_json_array(tmp_path):
     path = tmp_path / "m.json"
     path.write_text(json.dumps([MATH_ROW, {"question": "Two?", "answer": 2}]))
-    assert load_math_rows(path) == [("What is 1 + 1?", "2", None), ("Two?", "2", None)]
+    assert [row[:3] for row in load_math_rows(path)] == [("What is 1 + 1?", "2", None), ("Two?", "2", None)]
 
 
 # ----------------------------------------------------------------------------- code task files

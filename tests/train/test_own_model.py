@@ -133,3 +133,49 @@ def test_creditrl_sft_out_writes_a_loadable_folder(tmp_path: Path, monkeypatch: 
     assert model.config.model_type == "llama" and (tmp_path / "warm" / "tokenizer.json").exists()
     assert not (tmp_path / "warm" / "trainer_state.json").exists()
     assert main(argv) == 2  # not empty now: refused, nothing overwritten
+
+
+def test_push_to_hub_uploads_the_final_folder(model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tested up to the hub client's calls: the repo is created and ``final/`` is what is uploaded."""
+    import huggingface_hub
+
+    calls = []
+
+    def create_repo(self, repo_id, repo_type, exist_ok):
+        calls.append(("create", repo_id, repo_type, exist_ok))
+
+    def upload_folder(self, folder_path, repo_id, repo_type):
+        calls.append(("upload", Path(folder_path).name, sorted(p.name for p in Path(folder_path).iterdir()), repo_id))
+        return huggingface_hub.CommitInfo(
+            commit_url=f"https://huggingface.co/{repo_id}/commit/0", commit_message="", commit_description="", oid="0"
+        )
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", upload_folder)
+    over = [f"policy.model={model_dir}", "train.push_to_hub=me/tiny-rl"]
+    with pytest.raises(ConfigError, match="^train.push_to_hub: uploading to 'me/tiny-rl' needs the network; set "):
+        checked(load_config(overrides=RUN + over))
+    RLTrainer.from_config(load_config(overrides=RUN + over + ["policy.local_files_only=false"]), tmp_path / "run").run()
+    assert calls[0] == ("create", "me/tiny-rl", "model", True)
+    assert calls[1][0:2] == ("upload", "final") and calls[1][3] == "me/tiny-rl"
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(calls[1][2])
+
+
+def test_a_failed_push_is_one_line_and_keeps_the_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import huggingface_hub
+
+    from creditrl.train.checkpoint import push_folder
+
+    def offline(self, *a, **k):
+        raise OSError("We couldn't connect to 'https://huggingface.co'.\nCheck your connection.")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", offline)
+    (tmp_path / "final").mkdir()
+    (tmp_path / "final" / "config.json").write_text("{}")
+    with pytest.raises(ConfigError) as err:
+        push_folder(tmp_path / "final", "me/x")
+    assert str(err.value) == (
+        f"train.push_to_hub: cannot upload {tmp_path / 'final'} to 'me/x': We couldn't connect to "
+        "'https://huggingface.co'. Check your connection."
+    )
+    assert (tmp_path / "final" / "config.json").exists()

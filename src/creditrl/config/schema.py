@@ -52,6 +52,11 @@ class TrainConfig(Section):
         description="`RUN_DIR/final` (the trained policy, written at the end) with LoRA adapters merged into "
         "plain weights; else it holds the adapters (both load with `from_pretrained`)",
     )
+    push_to_hub: str = Field(
+        "",
+        description="a hub repo id that `RUN_DIR/final` is uploaded to at the end (needs "
+        "`policy.local_files_only=false`); empty: never",
+    )
     seed: int = Field(0, description="seed of every iteration's prompts and samples")
     max_tokens: int = Field(0, ge=0, description="stop once this many tokens were generated; 0 = run all iterations")
     init: str = Field(

@@ -59,7 +59,7 @@ class PolicyConfig(Section):
     local_files_only: bool = Field(True, description="hub names from the local HF cache only; false allows downloads")
     chat_template: ChatTemplate = Field(
         "auto",
-        description="`template` renders prompts as one user turn "
+        description="`template` renders prompts (one user turn, or the problem's conversation) "
         "through the tokenizer's chat template, `none` writes bos + prompt; "
         "`auto` resolves to `template` when the tokenizer has one",
     )
@@ -91,7 +91,8 @@ class TaskConfig(Section):
         "`toy_translate`, `toy_summarise`, or `module:Class`",
     )
     args: FrozenArgs = Field(
-        default_factory=lambda: {"min_ops": 4, "max_ops": 6}, description="keyword arguments of the task's constructor"
+        default_factory=lambda: {"min_ops": 4, "max_ops": 6},
+        description="keyword arguments of the task's constructor; `system_prompt` (any task) adds a system turn",
     )
 
 

@@ -27,7 +27,7 @@ from creditrl.experiments.report import (
     summarise,
 )
 from creditrl.experiments.report_setup import task_phrase
-from creditrl.tasks import make_task
+from creditrl.train.resolve import run_task
 from creditrl.train.rl import RLTrainer
 from creditrl.train.sft import cached_sft
 
@@ -93,7 +93,7 @@ def run_demo(
     arms = [summarise(name, h, target) for name, h in histories.items()]
     table = markdown_table(arms, target)
     size = FINAL_EVAL_SIZE[quick]
-    classified = hasattr(make_task(base.task.name, **base.task.args), "first_error")  # where solutions go wrong
+    classified = hasattr(run_task(base), "first_error")  # where solutions go wrong
     print(
         f"[creditrl demo] final check: the SFT start and both arms' last checkpoints on {size} held-out problems",
         flush=True,

@@ -79,9 +79,9 @@ def evaluate_checkpoints(
     import torch
 
     from creditrl.policy.model import load_policy, policy_options
-    from creditrl.tasks import make_task
     from creditrl.train.build import EVAL_SEED
     from creditrl.train.evaluate import evaluate
+    from creditrl.train.resolve import run_task
 
     if size < 1:
         raise ConfigError(f"--size: must be > 0, got {size}")
@@ -90,7 +90,7 @@ def evaluate_checkpoints(
     if not paths:
         raise ConfigError("give at least one checkpoint")
     resolved = [resolve_checkpoint(p) for p in paths]  # fail on a bad path before evaluating any
-    task = make_task(cfg.task.name, **cfg.task.args)
+    task = run_task(cfg)
     if errors and not hasattr(task, "first_error"):
         raise ConfigError(f"--errors: task {cfg.task.name!r} has no first_error classifier (arithmetic has)")
     problems = task.sample(size, split="heldout", seed=EVAL_SEED)

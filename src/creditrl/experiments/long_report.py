@@ -44,7 +44,7 @@ from creditrl.errors import ConfigError
 from creditrl.policy.device import resolve_device
 from creditrl.policy.engines import SamplingParams, make_engine
 from creditrl.policy.model import load_policy, policy_options
-from creditrl.policy.tokenizer import decode_response, encode_prompt
+from creditrl.policy.tokenizer import decode_response, encode_problem
 from creditrl.tasks.arithmetic import split_completion
 from creditrl.tasks.base import Problem
 from creditrl.tasks.chain import MAX_STEPS, ChainTask
@@ -215,7 +215,7 @@ def sampled_stats(
     )
     params = SamplingParams(max_new_tokens=limit, temperature=temperature)
     gen = engine.generate(
-        [encode_prompt(tokenizer, p.prompt) for p in problems], 1, params, generator=torch.Generator().manual_seed(seed)
+        [encode_problem(tokenizer, p) for p in problems], 1, params, generator=torch.Generator().manual_seed(seed)
     )
     completions = [decode_response(tokenizer, t) for t in gen.tokens]
     return decode_stats(task, problems, completions, [len(t) for t in gen.tokens], gen.finished, n=n)

@@ -17,7 +17,7 @@ from creditrl.config import Config
 from creditrl.config.loader import arith_config_path
 from creditrl.errors import ConfigError
 from creditrl.tasks import Task
-from creditrl.train.resolve import build_task
+from creditrl.train.resolve import run_task
 
 
 def base_config(config: str | Path | None, quick: bool) -> Path:
@@ -41,7 +41,7 @@ def step_task(cfg: Config, report: str) -> Task:
         ConfigError: Naming ``task.name`` when the task cannot be built, or has no step separator
             or no step checker (``check_steps``).
     """
-    task = build_task(cfg.task.name, cfg.task.args)
+    task = run_task(cfg)
     missing = (
         "a step separator"
         if task.step_separator is None

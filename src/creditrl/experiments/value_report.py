@@ -39,7 +39,7 @@ from creditrl.config import config_hash, load_config
 from creditrl.experiments.report_setup import base_config, step_task, task_phrase
 from creditrl.experiments.seeds import mean_ci95
 from creditrl.policy.engines import SamplingParams
-from creditrl.policy.tokenizer import decode_response, encode_prompt
+from creditrl.policy.tokenizer import decode_response, encode_problem
 from creditrl.rollout.segment import step_stop_ids
 from creditrl.train import stages
 from creditrl.train.build import start_policy
@@ -292,7 +292,7 @@ def run_value_report(
             states = inner_states(
                 batch.extras["tree_paths"], batch.extras["tree_segment_ends"], tokens, problem_of, outcomes
             )
-            prompts = [encode_prompt(tok, p.prompt) for p in problems]
+            prompts = [encode_problem(tok, p) for p in problems]
             log(f"{len(problems)} trees, {len(states)} inner states; truth from {sizes['truth']} continuations each")
             t_out, _ = continuation_outcomes(
                 engine, tok, task, problems, prompts, states, sizes["truth"], params, seed + 1

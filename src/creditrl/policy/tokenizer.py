@@ -10,6 +10,8 @@ credit that lands on a token lands on a visible character. It saves and loads wi
 from __future__ import annotations
 
 import string
+from collections.abc import Sequence
+from typing import Any
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
@@ -42,17 +44,35 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
     )
 
 
-def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str) -> list[int]:
-    """The prompt's token ids: rendered through the tokenizer's chat template as one user turn
-    plus the generation prompt when the tokenizer has a template (``policy.chat_template=auto``;
-    the template writes its own special tokens), else bos + the prompt's tokens."""
+def encode_prompt(
+    tokenizer: PreTrainedTokenizerBase, prompt: str, messages: Sequence[tuple[str, str]] = ()
+) -> list[int]:
+    """The prompt's token ids. With a chat template (``policy.chat_template=auto`` finds one, and
+    the template writes its own special tokens): the conversation ``messages`` (``(role,
+    content)`` turns; none: one user turn holding ``prompt``) rendered with the generation prompt.
+    Without one: bos + the tokens of the turns' contents joined by a blank line, or by a space
+    when the tokenizer has no newline (the character tokenizer); ``prompt`` itself when there
+    are no messages."""
+    turns = list(messages) or [("user", prompt)]
     if getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+            [{"role": role, "content": content} for role, content in turns], add_generation_prompt=True, tokenize=False
         )
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    ids = tokenizer(_separator(tokenizer).join(content for _, content in turns), add_special_tokens=False)["input_ids"]
     return ([tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []) + list(ids)
+
+
+def _separator(tokenizer: PreTrainedTokenizerBase) -> str:
+    """A blank line, or a space when the tokenizer reads a newline as its unknown token."""
+    unknown = tokenizer.unk_token_id
+    newline = tokenizer("\n", add_special_tokens=False)["input_ids"]
+    return " " if unknown is not None and unknown in newline else "\n\n"
+
+
+def encode_problem(tokenizer: PreTrainedTokenizerBase, problem: Any) -> list[int]:
+    """:func:`encode_prompt` of a :class:`~creditrl.tasks.base.Problem`'s prompt and conversation."""
+    return encode_prompt(tokenizer, problem.prompt, getattr(problem, "messages", ()))
 
 
 def decode_response(tokenizer: PreTrainedTokenizerBase, tokens: list[int]) -> str:

@@ -24,7 +24,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from creditrl.policy.engines import GenerationEngine, SamplingParams
-from creditrl.policy.tokenizer import decode_response, encode_prompt
+from creditrl.policy.tokenizer import decode_response, encode_problem
 from creditrl.rewards.sources import first_error_labels
 from creditrl.rollout.continuations import PrefixSet, continue_prefixes
 from creditrl.tasks.base import Problem, Task
@@ -151,7 +151,7 @@ def mc_labels(
     :func:`creditrl.rewards.sources.split_steps` cuts them). For step k of a solution with
     steps 0..K-1, the prefix is the prompt plus the text through the end of step k::
 
-        ids_k = encode_prompt(tokenizer, prompt) + tokenizer(steps[0] + ... + steps[k]).input_ids
+        ids_k = encode_problem(tokenizer, problem) + tokenizer(steps[0] + ... + steps[k]).input_ids
         f_k   = (1/N) sum_{j=1..N} check_outcome(problem, decode(step tokens + c_j)),
         c_j ~ engine( . | ids_k),  N = n
 
@@ -180,7 +180,7 @@ def mc_labels(
     prefixes = PrefixSet()
     plans: list[tuple[list[int], list[float]]] = []  # per item: prefixes of steps 0..K-2, outcome of step K-1
     for problem, steps in items:
-        prompt_ids = encode_prompt(tokenizer, problem.prompt)
+        prompt_ids = encode_problem(tokenizer, problem)
         sampled, text = [], ""
         for step in steps[:-1]:
             text += step

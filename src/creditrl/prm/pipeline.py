@@ -21,7 +21,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from creditrl.policy.engines import SamplingParams, make_engine
-from creditrl.policy.tokenizer import decode_response, encode_prompt
+from creditrl.policy.tokenizer import decode_response, encode_problem, encode_prompt
 from creditrl.prm.data import StepwiseExample
 from creditrl.prm.labels import mc_labels, oracle_labels, outcome_heuristic_labels, vote_labels
 from creditrl.prm.metrics import auroc, false_positive_rate
@@ -63,7 +63,7 @@ def sample_solutions(
         raise ValueError(f"task '{task.name}' has no step separator; a PRM needs steps")
     engine = make_engine(model, eos_id=tokenizer.eos_token_id, pad_id=tokenizer.pad_token_id)
     gen = engine.generate(
-        [encode_prompt(tokenizer, p.prompt) for p in problems],
+        [encode_problem(tokenizer, p) for p in problems],
         samples,
         params,
         generator=torch.Generator().manual_seed(seed),

@@ -32,7 +32,7 @@ from transformers import PreTrainedTokenizerBase
 from creditrl.config import SearchConfig
 from creditrl.errors import ConfigError, unknown_choice
 from creditrl.policy.engines import GenerationEngine
-from creditrl.policy.tokenizer import encode_prompt
+from creditrl.policy.tokenizer import encode_problem
 from creditrl.prm.metrics import AGGREGATIONS, SELECTORS, Candidate, select
 from creditrl.rollout.segment import step_stop_ids
 from creditrl.search.beam import run_beam
@@ -207,7 +207,7 @@ def make_context(
     verify = Verifier(task, problems, prm=prm, orm=orm)
     gen = BudgetedGenerator(
         engine,
-        [encode_prompt(tokenizer, p.prompt) for p in problems],
+        [encode_problem(tokenizer, p) for p in problems],
         config.budget,
         stop_ids=step_stop_ids(tokenizer, task.step_separator) if task.step_separator else (),
         temperature=config.temperature,

@@ -11,12 +11,12 @@ from creditrl.policy.model import load_policy, policy_options
 from creditrl.prm.source import load_prm
 from creditrl.search.methods import SearchResult, require_models, require_steps, search
 from creditrl.train.build import start_policy
-from creditrl.train.resolve import build_task, check
+from creditrl.train.resolve import check, run_task
 
 
 def run_search(cfg: Config) -> tuple[SearchResult, str]:
     """Run ``cfg.search`` on its problems; returns the result and a phrase naming what was searched."""
-    task = build_task(cfg.task.name, cfg.task.args)
+    task = run_task(cfg)
     cfg = check(cfg, task)
     s = cfg.search
     require_steps(s, task)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import inspect
 import random
 import typing
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from creditrl.config.types import Split
 from creditrl.errors import did_you_mean
+from creditrl.tasks.prompts import SystemPrompted
 
 __all__ = [
     "Problem",
@@ -26,6 +28,8 @@ __all__ = [
     "TaskNameError",
     "register_task",
     "make_task",
+    "task_factory",
+    "takes_argument",
     "answer_of",
     "same_answer",
     "votes_on_answers",
@@ -44,12 +48,16 @@ class Problem:
             e.g. ``"3*2=6;7+6=13;13-5=8;#8"``.
         meta: Free-form task-specific data, e.g. ``{"n_ops": 3}``. It takes part
             in equality but not in hashing, so problems can live in sets.
+        messages: The conversation shown to the model before its completion, as
+            ``(role, content)`` turns ending in a user turn; empty means one user turn
+            holding ``prompt`` (:mod:`creditrl.tasks.prompts`).
     """
 
     prompt: str
     answer: str
     solution: str
     meta: dict[str, Any] = field(default_factory=dict, hash=False)
+    messages: tuple[tuple[str, str], ...] = ()
 
 
 @runtime_checkable
@@ -218,6 +226,27 @@ def _import_factory(path: str) -> Callable[..., Any]:
     return obj
 
 
+def task_factory(name: str) -> Callable[..., Any]:
+    """The factory :func:`make_task` calls for ``name`` (a registered class, or an import path's
+    callable); TaskNameError as there."""
+    for module in _BUILTIN_TASK_MODULES:
+        importlib.import_module(module)
+    if ":" in name:
+        return _import_factory(name)
+    if name not in TASKS:
+        valid = ", ".join(sorted(TASKS))
+        raise TaskNameError(f"unknown task {name!r}; valid tasks: {valid}{did_you_mean(name, TASKS)}")
+    return TASKS[name]
+
+
+def takes_argument(name: str, argument: str) -> bool:
+    """Whether the factory of task ``name`` has a parameter ``argument``."""
+    try:
+        return argument in inspect.signature(task_factory(name)).parameters
+    except (TypeError, ValueError):  # a callable without a signature
+        return False
+
+
 def make_task(name: str, **kwargs: Any) -> Task:
     """Build a task from a registry name or an import path, passing ``kwargs`` to its factory.
 
@@ -234,7 +263,9 @@ def make_task(name: str, **kwargs: Any) -> Task:
       ``"custom_task:CountTask"`` (examples/custom_task.py).
 
     The result of an import path is checked against the :class:`Task` protocol (``name``,
-    ``step_separator``, ``sample``, ``check_outcome``, ``check_steps``).
+    ``step_separator``, ``sample``, ``check_outcome``, ``check_steps``). A ``system_prompt``
+    argument is any task's: its problems get that system turn
+    (:class:`~creditrl.tasks.prompts.SystemPrompted`).
 
     Raises:
         TaskNameError: (a ValueError) If an unregistered name is given (the message lists the
@@ -243,18 +274,14 @@ def make_task(name: str, **kwargs: Any) -> Task:
             message names the members missing).
         TypeError, ValueError: From the factory itself (e.g. an unexpected keyword argument).
     """
-    for module in _BUILTIN_TASK_MODULES:
-        importlib.import_module(module)
-    if ":" not in name:
-        if name not in TASKS:
-            valid = ", ".join(sorted(TASKS))
-            raise TaskNameError(f"unknown task {name!r}; valid tasks: {valid}{did_you_mean(name, TASKS)}")
-        return TASKS[name](**kwargs)
-    task = _import_factory(name)(**kwargs)
-    missing = _missing_members(task)
-    if missing:
-        raise TaskNameError(
-            f"task {name!r}: the factory returned a {type(task).__name__} that does not implement the "
-            f"Task protocol: missing {', '.join(missing)} (see creditrl.tasks.base.Task)"
-        )
-    return task
+    own = "system_prompt" not in kwargs or takes_argument(name, "system_prompt")  # a task may render it itself
+    system_prompt = None if own else kwargs.pop("system_prompt")
+    task = task_factory(name)(**kwargs)
+    if ":" in name:
+        missing = _missing_members(task)
+        if missing:
+            raise TaskNameError(
+                f"task {name!r}: the factory returned a {type(task).__name__} that does not implement the "
+                f"Task protocol: missing {', '.join(missing)} (see creditrl.tasks.base.Task)"
+            )
+    return task if system_prompt is None else SystemPrompted(task, system_prompt)

@@ -17,6 +17,10 @@ Formats, chosen by the file's extension (each caller says which it accepts):
 - ``.json``: a JSON array of objects (rows counted from 1), or JSON Lines as in ``.jsonl``;
 - ``.parquet``: one object per row, read with ``pyarrow`` (nothing is cached on disk).
 
+Where a caller reads with :func:`read_dataset`, a source may also be a folder written by
+``datasets``' ``save_to_disk``, or (allowed only when ``local_files_only`` is false) a hub dataset
+name, both read with ``datasets``; their rows are counted from 1.
+
 :class:`DataFileError` is a :class:`~creditrl.errors.ConfigError` (so a ``ValueError``): the
 command line prints it as one line and exits with status 2, without a traceback.
 """
@@ -32,7 +36,7 @@ from typing import Any
 
 from creditrl.errors import ConfigError
 
-__all__ = ["FORMATS", "DataFileError", "DataRows", "read_rows", "short_repr", "type_name"]
+__all__ = ["FORMATS", "DataFileError", "DataRows", "read_dataset", "read_rows", "short_repr", "type_name"]
 
 FORMATS: dict[str, str] = {".jsonl": "JSON Lines", ".json": "JSON", ".parquet": "Parquet"}
 """The extensions :func:`read_rows` can read, and the name of each format."""
@@ -249,3 +253,54 @@ def read_rows(path: str | Path, *, suffixes: Iterable[str] = tuple(FORMATS), all
     if not rows.rows and not allow_empty:
         raise _empty(path, data, suffix)
     return rows
+
+
+def _datasets_rows(source: str, split: str, config: str | None, local_files_only: bool) -> DataRows:
+    """The rows of ``split`` of a ``save_to_disk`` folder or (``local_files_only`` false) a hub dataset."""
+    import datasets
+
+    path = Path(source)
+    try:
+        if path.is_dir():
+            data = datasets.load_from_disk(str(path))
+        else:
+            data = datasets.load_dataset(source, config, split=split)
+    except Exception as exc:  # noqa: BLE001 - datasets raises many types (missing folder, no such hub repo, offline)
+        raise _error(path, f"cannot load it with datasets: {type(exc).__name__}: {exc}") from None
+    if isinstance(data, datasets.DatasetDict):
+        if split not in data:
+            raise _error(path, f"no split {split!r} (splits: {', '.join(data)})")
+        data = data[split]
+    if not isinstance(data, datasets.Dataset):
+        raise _error(path, f"expected a datasets Dataset, got {type(data).__name__}")
+    if len(data) == 0:
+        raise _error(path, f"split {split!r} has no rows")
+    return DataRows(path, "row", list(enumerate(data.to_list(), start=1)))
+
+
+def read_dataset(
+    source: str | Path,
+    *,
+    suffixes: Iterable[str] = tuple(FORMATS),
+    split: str = "train",
+    config: str | None = None,
+    local_files_only: bool = True,
+) -> DataRows:
+    """The rows of a data source a user names: a data file (:func:`read_rows`), a folder written by
+    ``datasets``' ``save_to_disk`` (a dataset, or a dataset dict whose ``split`` is read), or, when
+    ``local_files_only`` is false, a hub dataset name read with
+    ``datasets.load_dataset(source, config, split=split)``.
+
+    Raises:
+        DataFileError: :func:`read_rows`'s errors; a source that is no file or folder (naming
+            ``local_files_only`` when it would be taken for a hub name); a folder or hub dataset
+            ``datasets`` cannot load, without ``split`` or with no rows.
+    """
+    path = Path(source)
+    if path.is_dir():
+        return _datasets_rows(str(path), split, config, True)
+    if path.exists() or path.suffix.lower() in FORMATS:
+        return read_rows(path, suffixes=suffixes)
+    if local_files_only:
+        raise _error(path, "no such file or dataset folder; a hub dataset name needs local_files_only=false")
+    return _datasets_rows(str(source), split, config, False)

@@ -1,10 +1,12 @@
-"""Math word problems from JSONL or Parquet files, answers checked with math-verify.
+"""Math word problems from files or datasets, answers checked with math-verify.
 
-A problem file holds one question and one gold answer per row (the column names are
-arguments); it is a JSON Lines, JSON or Parquet file read by
-:func:`creditrl.tasks.datafile.read_rows`, so a bad file or row is one error line naming the
-file, the line or row and the field. The prompt is a template with ``{question}`` in it, and
-a completion is correct when `math-verify <https://github.com/huggingface/Math-Verify>`_ finds
+A problem source holds a prompt and a gold answer per row (the column names are arguments): a
+JSON Lines, JSON or Parquet file read by :func:`creditrl.tasks.datafile.read_rows` (a bad file
+or row is one error line naming the file, the line or row and the field), a ``datasets``
+``save_to_disk`` folder, or a hub dataset name. The prompt is a ``question`` filled into a
+template with ``{question}`` in it, or TRL's ``prompt`` column (text, or conversational turns
+rendered with the chat template; :mod:`creditrl.tasks.prompts`) or ``messages`` column. A
+completion is correct when `math-verify <https://github.com/huggingface/Math-Verify>`_ finds
 its final answer equal to the gold one::
 
     question: "What is 1/2 + 1/4?"   answer: "\\frac{3}{4}"
@@ -23,16 +25,18 @@ from __future__ import annotations
 import functools
 import hashlib
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from creditrl.tasks.base import SPLITS, Problem, draw_from_pool, register_task
-from creditrl.tasks.datafile import DataRows, read_rows, short_repr
+from creditrl.tasks.datafile import DataRows, read_dataset, short_repr
 from creditrl.tasks.math_verify import answers_match, extract_math_answer, gold_problem, gold_text, same_math_answer
+from creditrl.tasks.prompts import Prompt, Turns, read_prompt, read_turns
 
 __all__ = [
     "SPLITS",
     "DEFAULT_TRAIN_FILE",
     "DEFAULT_TEMPLATE",
+    "MathRow",
     "MathTask",
     "answers_match",
     "extract_math_answer",
@@ -49,6 +53,25 @@ _FORMATS = (".jsonl", ".json", ".parquet")
 # ----------------------------------------------------------------------------- files
 
 
+class MathRow(NamedTuple):
+    """One problem row of a math file."""
+
+    question: str  # the question (filled into the template), or a prompt column's final user turn
+    answer: str  # the gold answer, stripped of surrounding whitespace
+    solution: str | None  # a reference completion: the solution column, a final assistant turn, a completion
+    messages: Turns = ()  # a conversation prompt's turns; () for a question or a text prompt
+    templated: bool = True  # whether ``question`` goes into the prompt template
+    columns: tuple[tuple[str, Any], ...] = ()  # the row's other columns (reward functions' keyword arguments)
+
+
+class _Keys(NamedTuple):
+    question: str
+    answer: str
+    solution: str | None
+    prompt: str
+    messages: str
+
+
 def _text(value: Any) -> str | None:
     """A cell as text: strings as they are, numbers (not bools) written out, else None."""
     if isinstance(value, str):
@@ -58,40 +81,76 @@ def _text(value: Any) -> str | None:
     return None
 
 
-def _cells(rows: DataRows, number: int, row: dict[str, Any], keys: list[str], answer_key: str) -> dict[str, str]:
-    """The text of each of ``keys`` in ``row``; the answer stripped of surrounding whitespace."""
-    cells = {}
-    for key in keys:
-        if key not in row:
-            raise rows.error(number, f"field {key!r} is missing (fields: {', '.join(map(str, row)) or 'none'})")
-        text = _text(row[key])
-        if text is None:
-            raise rows.error(
-                number,
-                f"field {key!r} is missing or not text (got {short_repr(row[key])}); expected a string or a number",
-            )
-        if not text.strip():
-            raise rows.error(number, f"field {key!r} is empty")
-        cells[key] = text.strip() if key == answer_key else text
-    return cells
+def _cell(rows: DataRows, number: int, row: dict[str, Any], key: str) -> str:
+    """The text of ``row[key]``, which must be present, text or a number, and not blank."""
+    if key not in row:
+        raise rows.error(number, f"field {key!r} is missing (fields: {', '.join(map(str, row)) or 'none'})")
+    text = _text(row[key])
+    if text is None:
+        raise rows.error(
+            number, f"field {key!r} is missing or not text (got {short_repr(row[key])}); expected a string or a number"
+        )
+    if not text.strip():
+        raise rows.error(number, f"field {key!r} is empty")
+    return text
+
+
+def _prompt(rows: DataRows, number: int, row: dict[str, Any], keys: _Keys) -> tuple[Prompt, bool, str]:
+    """The row's prompt, whether it goes into the template, and its column: the question column,
+    else a ``prompt`` column (text or turns), else a ``messages`` column (turns)."""
+    if keys.question in row:
+        return Prompt(_cell(rows, number, row, keys.question), (), None), True, keys.question
+    for key in (keys.prompt, keys.messages):
+        if key in row:
+            try:
+                return read_prompt(row[key]), False, key
+            except ValueError as exc:
+                raise rows.error(number, f"field {key!r}: {exc}") from None
+    fields = ", ".join(map(str, row)) or "none"
+    raise rows.error(
+        number,
+        f"field {keys.question!r} is missing (fields: {fields}); expected {keys.question!r} (filled into the "
+        f"prompt template), {keys.prompt!r} (text or a list of {{role, content}} turns) or {keys.messages!r}",
+    )
+
+
+def _completion(rows: DataRows, number: int, value: Any) -> str:
+    """A TRL ``completion`` cell: text, or assistant turns (their contents joined)."""
+    if isinstance(value, str) and value.strip():
+        return value
+    try:
+        turns = read_turns(value)
+    except ValueError as exc:
+        raise rows.error(number, f"field 'completion': {exc}") from None
+    if any(role != "assistant" for role, _ in turns):
+        raise rows.error(number, "field 'completion': expected text or assistant turns only")
+    return "".join(content for _, content in turns)
+
+
+def _row(rows: DataRows, number: int, row: dict[str, Any], keys: _Keys, timeout_s: float) -> MathRow:
+    prompt, templated, prompt_key = _prompt(rows, number, row, keys)
+    answer = _cell(rows, number, row, keys.answer).strip()
+    why = gold_problem(answer, timeout_s=timeout_s)
+    if why is None:
+        why = f"parsing it took over {timeout_s}s"
+    if why:
+        raise rows.error(number, f"field {keys.answer!r} is not a usable gold answer: {why}")
+    solution = prompt.solution
+    if keys.solution:
+        solution = _cell(rows, number, row, keys.solution)
+    elif solution is None and "completion" in row:
+        solution = _completion(rows, number, row["completion"])
+    messages = prompt.messages if prompt.messages != (("user", prompt.text),) else ()
+    used = {prompt_key, keys.answer, keys.solution, "completion"}
+    columns = tuple((k, v) for k, v in row.items() if k not in used)
+    return MathRow(prompt.text, answer, solution, messages, templated, columns)
 
 
 @functools.lru_cache(maxsize=16)
-def _load_cached(
-    path: str, stamp: tuple[int, int], question_key: str, answer_key: str, solution_key: str | None, timeout_s: float
-) -> tuple[tuple[str, str, str | None], ...]:
-    data = read_rows(path, suffixes=_FORMATS)
-    keys = [question_key, answer_key] + ([solution_key] if solution_key else [])
-    rows: list[tuple[str, str, str | None]] = []
-    for number, row in data.rows:
-        cells = _cells(data, number, row, keys, answer_key)
-        why = gold_problem(cells[answer_key], timeout_s=timeout_s)
-        if why is None:
-            why = f"parsing it took over {timeout_s}s"
-        if why:
-            raise data.error(number, f"field {answer_key!r} is not a usable gold answer: {why}")
-        rows.append((cells[question_key], cells[answer_key], cells.get(solution_key) if solution_key else None))
-    return tuple(rows)
+def _load_cached(source: str, stamp: tuple[int, int] | None, keys: _Keys, options: tuple) -> tuple[MathRow, ...]:
+    timeout_s, split, config, local_files_only = options
+    data = read_dataset(source, suffixes=_FORMATS, split=split, config=config, local_files_only=local_files_only)
+    return tuple(_row(data, number, row, keys, timeout_s) for number, row in data.rows)
 
 
 def load_math_rows(
@@ -100,29 +159,41 @@ def load_math_rows(
     question_key: str = "question",
     answer_key: str = "answer",
     solution_key: str | None = None,
+    prompt_key: str = "prompt",
+    messages_key: str = "messages",
     timeout_s: float = 5.0,
-) -> list[tuple[str, str, str | None]]:
-    """Read ``(question, answer, solution or None)`` rows of a JSONL (``.jsonl``, or ``.json``:
-    JSON Lines or an array of objects) or Parquet file with
-    :func:`~creditrl.tasks.datafile.read_rows`; answers are stripped of surrounding whitespace.
+    split: str = "train",
+    dataset_config: str | None = None,
+    local_files_only: bool = True,
+) -> list[MathRow]:
+    """Read the :class:`MathRow` rows of a JSONL (``.jsonl``, or ``.json``: JSON Lines or an
+    array of objects) or Parquet file with :func:`~creditrl.tasks.datafile.read_rows`, of a
+    ``save_to_disk`` folder, or of a hub dataset (``local_files_only=False``; ``split`` and
+    ``dataset_config`` pick what ``datasets.load_dataset`` reads).
 
-    Numbers in a text column are written out (``3`` -> ``"3"``). Results are cached per file
-    path, modification time and size.
+    A row's prompt is its ``question_key`` cell (text, filled into the task's template), else its
+    ``prompt_key`` cell (text, or TRL's conversational list of ``{role, content}`` turns), else
+    its ``messages_key`` cell (turns; a final assistant turn is the solution). The reference
+    solution is the ``solution_key`` cell when set, else a final assistant turn, else a TRL
+    ``completion`` cell (text or assistant turns). Numbers in a text column are written out
+    (``3`` -> ``"3"``); answers are stripped. Results are cached per source, modification time
+    and size.
 
     Raises:
         DataFileError: (a ValueError) One line naming the file, the line (JSONL) or row (a JSON
-            array, Parquet), counted from 1, and the field: the file is missing, of an unknown
-            type, not UTF-8, not JSON or not Parquet (or truncated), holds no rows, a field is
-            missing, a cell is null, not text or empty, or math-verify cannot parse a gold
-            answer (or takes over ``timeout_s``).
+            array, Parquet, a dataset), counted from 1, and the field: the file is missing, of an
+            unknown type, not UTF-8, not JSON or not Parquet (or truncated), holds no rows, a
+            field is missing, a cell is null, not text or empty, a conversation is malformed, or
+            math-verify cannot parse a gold answer (or takes over ``timeout_s``).
     """
-    p = Path(path)
-    if not p.is_file():
-        read_rows(p, suffixes=_FORMATS)  # raises: no such file, a directory
-    st = p.stat()
-    return list(
-        _load_cached(str(p.resolve()), (st.st_mtime_ns, st.st_size), question_key, answer_key, solution_key, timeout_s)
-    )
+    p, stamp, source = Path(path), None, str(path)
+    if p.is_file():
+        st = p.stat()
+        stamp, source = (st.st_mtime_ns, st.st_size), str(p.resolve())
+    elif p.is_dir():  # a save_to_disk folder: re-saving it rewrites its files
+        stamp, source = (max((f.stat().st_mtime_ns for f in p.rglob("*")), default=0), 0), str(p.resolve())
+    keys = _Keys(question_key, answer_key, solution_key, prompt_key, messages_key)
+    return list(_load_cached(source, stamp, keys, (timeout_s, split, dataset_config, local_files_only)))
 
 
 # ----------------------------------------------------------------------------- task
@@ -133,19 +204,28 @@ class MathTask:
     """Math word problems from files, checked with math-verify (registry name ``"math"``).
 
     Args:
-        train_file: JSONL or Parquet file of training problems (default: the bundled sample).
-        heldout_file: File of held-out problems; None splits ``train_file`` instead: a row is
-            held out iff ``int(sha256(question).hexdigest(), 16) % heldout_mod == 0``.
+        train_file: JSONL or Parquet file of training problems (default: the bundled sample), a
+            ``datasets`` ``save_to_disk`` folder, or a hub dataset name (``local_files_only=false``).
+        heldout_file: Source of held-out problems (the same kinds); None splits ``train_file``
+            instead: a row is held out iff ``int(sha256(question).hexdigest(), 16) % heldout_mod == 0``.
         question_key, answer_key: Column names of the question and the gold answer.
-        solution_key: Column of reference completions for supervised warm starts; None uses
+        solution_key: Column of reference completions for supervised warm starts; None uses a
+            conversation's final assistant turn or a ``completion`` column, else
             ``" " + gold_text(answer)`` (e.g. ``" \\boxed{7}"``).
+        prompt_key, messages_key: Columns read when a row has no question column: TRL's
+            ``prompt`` (text as it is, or ``{role, content}`` turns rendered with the chat
+            template) and ``messages`` (turns; :func:`load_math_rows`).
         prompt_template: Every ``{question}`` in it is replaced by the question (other braces
-            are literal, so LaTeX needs no escaping).
+            are literal, so LaTeX needs no escaping); prompt columns are used as they are.
         heldout_mod: Modulus of the hash split (>= 2), about 1 in ``heldout_mod`` held out.
         step_separator: None (default): no steps, math has no step-level ground truth. A string
             (e.g. ``". "``) cuts completions into steps for step-level credit (Monte-Carlo or
             tree values, a PRM); :meth:`check_steps` then labels every step with the outcome.
         timeout_s: Wall-clock limit of one math-verify check (module docstring).
+        train_split, heldout_split, dataset_config: The splits and configuration read from a
+            dataset folder or hub dataset.
+        local_files_only: Whether hub dataset names are refused (the default follows
+            ``policy.local_files_only``).
     """
 
     name: str = "math"
@@ -162,6 +242,12 @@ class MathTask:
         heldout_mod: int = 5,
         step_separator: str | None = None,
         timeout_s: float = 5.0,
+        prompt_key: str = "prompt",
+        messages_key: str = "messages",
+        train_split: str = "train",
+        heldout_split: str = "test",
+        dataset_config: str | None = None,
+        local_files_only: bool = True,
     ) -> None:
         if "{question}" not in prompt_template:
             raise ValueError(f"prompt_template must contain '{{question}}', got {prompt_template!r}")
@@ -173,19 +259,23 @@ class MathTask:
             raise ValueError("step_separator must be a non-empty string or None")
         self.step_separator = step_separator
         self.prompt_template, self.heldout_mod, self.timeout_s = prompt_template, heldout_mod, timeout_s
-        keys = {
+        keys: dict[str, Any] = {
             "question_key": question_key,
             "answer_key": answer_key,
             "solution_key": solution_key,
+            "prompt_key": prompt_key,
+            "messages_key": messages_key,
             "timeout_s": timeout_s,
+            "dataset_config": dataset_config,
+            "local_files_only": local_files_only,
         }
         train_path = str(train_file) if train_file else str(DEFAULT_TRAIN_FILE)
         self.pools: dict[str, list[Problem]] = {s: [] for s in SPLITS}
-        for number, row in enumerate(load_math_rows(train_path, **keys), start=1):
-            split = "train" if heldout_file else self.split_of(row[0])
+        for number, row in enumerate(load_math_rows(train_path, split=train_split, **keys), start=1):
+            split = "train" if heldout_file else self.split_of(row.question)
             self.pools[split].append(self._problem(row, train_path, number, split))
         if heldout_file:
-            for number, row in enumerate(load_math_rows(heldout_file, **keys), start=1):
+            for number, row in enumerate(load_math_rows(heldout_file, split=heldout_split, **keys), start=1):
                 self.pools["heldout"].append(self._problem(row, str(heldout_file), number, "heldout"))
 
     def split_of(self, question: str) -> str:
@@ -193,13 +283,15 @@ class MathTask:
         digest = int(hashlib.sha256(question.encode()).hexdigest(), 16)
         return "heldout" if digest % self.heldout_mod == 0 else "train"
 
-    def _problem(self, row: tuple[str, str, str | None], file: str, number: int, split: str) -> Problem:
-        question, answer, solution = row
+    def _problem(self, row: MathRow, file: str, number: int, split: str) -> Problem:
+        prompt = self.prompt_template.replace("{question}", row.question) if row.templated else row.question
+        columns = {k: v for k, v in row.columns if k not in ("file", "row", "split", "question")}
         return Problem(
-            prompt=self.prompt_template.replace("{question}", question),
-            answer=answer,
-            solution=solution if solution is not None else f" {gold_text(answer)}",
-            meta={"file": file, "row": number, "split": split, "question": question},
+            prompt=prompt,
+            answer=row.answer,
+            solution=row.solution if row.solution is not None else f" {gold_text(row.answer)}",
+            meta={**columns, "file": file, "row": number, "split": split, "question": row.question},
+            messages=row.messages,
         )
 
     def sample(self, n: int, *, split: str, seed: int) -> list[Problem]:

@@ -29,7 +29,7 @@ from creditrl.rewards.stage import Scorer
 from creditrl.rollout.segment import step_stop_ids
 from creditrl.tasks import Problem, Task
 from creditrl.train.optim import make_optimizer
-from creditrl.train.resolve import build_task, check, start_kind
+from creditrl.train.resolve import check, run_task, start_kind
 from creditrl.train.sft import cached_sft
 from creditrl.values.registry import VALUE_SOURCES
 from creditrl.values.stage import ValueStage
@@ -90,8 +90,8 @@ def start_policy(cfg: Config, task: Task | None = None, *, progress: bool) -> st
     checkpoint directory (``task``: the run's task, built here when needed and not given)."""
     init = start_kind(cfg)
     if init == "sft":
-        task = task or build_task(cfg.task.name, cfg.task.args)
-        sft_task = task if not cfg.sft.task_args else build_task(cfg.task.name, cfg.sft.task_args, "sft.task_args")
+        task = task or run_task(cfg)
+        sft_task = task if not cfg.sft.task_args else run_task(cfg, "sft.task_args")
         with ddp.main_first():  # data-parallel ranks: rank 0 trains (or finds) the cache, the rest reuse it
             path, _ = cached_sft(cfg, progress=progress, task=task, sft_task=sft_task)
         return str(path)
@@ -178,7 +178,7 @@ def build_run(
     checked and resolved, the policy starts from ``init_path`` (default: ``train.init``) or, when
     resuming, from ``checkpoint``'s weights."""
     ddp.join_learner_group(cfg)  # a torchrun / accelerate launch: data-parallel ranks (no-op otherwise)
-    task = task or build_task(cfg.task.name, cfg.task.args)
+    task = task or run_task(cfg)
     cfg = check(cfg, task)
     torch.set_num_threads(cfg.train.threads)
     init_path = init_path or start_policy(cfg, task, progress=cfg.train.progress)

@@ -198,3 +198,23 @@ def load_extra(path: Path) -> dict[str, Any]:
     """The ``extra`` state saved with a checkpoint ({} when there was none)."""
     f = Path(path) / "extra.pt"
     return torch.load(f, weights_only=False) if f.exists() else {}
+
+
+def push_folder(folder: Path, repo_id: str) -> str:
+    """Upload ``folder`` (a run's ``final`` model) to the hub model repo ``repo_id``, creating it
+    when missing (``train.push_to_hub``); returns the commit's URL.
+
+    Raises:
+        ConfigError: One line naming the repo and the hub's reason (no token, no access, offline);
+            the folder stays where it is.
+    """
+    from huggingface_hub import HfApi
+
+    api = HfApi()
+    try:
+        api.create_repo(repo_id, repo_type="model", exist_ok=True)
+        info = api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type="model")
+    except Exception as exc:  # noqa: BLE001 - the hub client raises HTTP, auth and connection errors
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise ConfigError(f"train.push_to_hub: cannot upload {folder} to {repo_id!r}: {reason}") from None
+    return str(getattr(info, "commit_url", info))

@@ -13,7 +13,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from creditrl.policy.engines import SamplingParams, make_engine
-from creditrl.policy.tokenizer import decode_response, encode_prompt
+from creditrl.policy.tokenizer import decode_response, encode_problem
 from creditrl.tasks.base import Problem, Task
 from creditrl.tasks.bounded import BoundedCalls, CallCounts, covered, finite_number, shorten, step_labels
 
@@ -67,7 +67,7 @@ def evaluate(
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
     completions: list[str] = []
     lengths: list[int] = []
-    prompts = [encode_prompt(tokenizer, p.prompt) for p in problems]
+    prompts = [encode_problem(tokenizer, p) for p in problems]
     longest = max((len(x) for x in prompts), default=0) + max_new_tokens
     rows = max(1, min(batch_size, max_positions // max(1, longest)))
     for start in range(0, len(problems), rows):

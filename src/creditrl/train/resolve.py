@@ -33,6 +33,7 @@ from creditrl.rewards.hybrid import FILTERS, SCHEDULES
 from creditrl.rewards.placement import GRANULARITIES
 from creditrl.rewards.sources import check_granularity, get_source, source_names
 from creditrl.tasks import Task, TaskNameError, make_task
+from creditrl.tasks.base import takes_argument
 from creditrl.train.optim import OPTIMIZERS
 from creditrl.values.registry import VALUE_SOURCES
 
@@ -41,6 +42,21 @@ def one_of(key: str, value: str, valid: Any) -> None:
     """ConfigError naming ``key`` and the valid names unless ``value`` is one of them."""
     if value not in valid:
         raise unknown_choice(key, value, valid)
+
+
+def task_args(cfg: Config, key: str = "task.args") -> dict[str, Any]:
+    """The arguments of the task of ``cfg`` at ``key`` (``task.args`` or ``sft.task_args``; the
+    latter empty means the former), with ``local_files_only`` from ``policy.local_files_only``
+    for a task that takes it (hub datasets) and is not given it."""
+    args = dict(cfg.sft.task_args if key == "sft.task_args" and cfg.sft.task_args else cfg.task.args)
+    if "local_files_only" not in args and takes_argument(cfg.task.name, "local_files_only"):
+        args["local_files_only"] = cfg.policy.local_files_only
+    return args
+
+
+def run_task(cfg: Config, key: str = "task.args") -> Task:
+    """:func:`build_task` of ``cfg``'s task with :func:`task_args`."""
+    return build_task(cfg.task.name, task_args(cfg, key), key)
 
 
 def build_task(name: str, args: Any, key: str = "task.args") -> Task:
@@ -254,6 +270,11 @@ def check(cfg: Config, task: Task) -> Config:
     to itself (a run directory's ``config.yaml`` loads back to the run's config)."""
     _names(cfg)
     _device(cfg)
+    if cfg.train.push_to_hub and cfg.policy.local_files_only:
+        raise ConfigError(
+            f"train.push_to_hub: uploading to {cfg.train.push_to_hub!r} needs the network; set "
+            "policy.local_files_only=false too"
+        )
     granularity = _source("reward", cfg.reward.source, cfg.reward.granularity, cfg, task)
     for extra in cfg.reward.sources:
         _source("reward", extra, "", cfg, task)
@@ -284,6 +305,8 @@ def check(cfg: Config, task: Task) -> Config:
             },
             "value": {"backbone": cfg.value.backbone or "policy"},
             "train": {"threads": cfg.train.threads or torch.get_num_threads(), "init": start_kind(cfg)},
+            "task": {"args": task_args(cfg)},
+            "sft": {"task_args": task_args(cfg, "sft.task_args") if cfg.sft.task_args else {}},
         }
     )
 
@@ -291,7 +314,7 @@ def check(cfg: Config, task: Task) -> Config:
 def checked(cfg: Config) -> Config:
     """:func:`check` with the task built here, and the SFT task's arguments checked too (a caller
     that builds a run passes its own task to :func:`check`)."""
-    task = build_task(cfg.task.name, cfg.task.args)
+    task = run_task(cfg)
     if cfg.sft.task_args:
-        build_task(cfg.task.name, cfg.sft.task_args, "sft.task_args")
+        run_task(cfg, "sft.task_args")
     return check(cfg, task)

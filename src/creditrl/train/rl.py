@@ -40,7 +40,14 @@ from creditrl.rewards.sources import score_batch
 from creditrl.tasks import Task
 from creditrl.train import rundir, stages
 from creditrl.train.build import RunParts, build_run
-from creditrl.train.checkpoint import load_extra, load_training_state, mark_latest, resume_checkpoint, save_checkpoint
+from creditrl.train.checkpoint import (
+    load_extra,
+    load_training_state,
+    mark_latest,
+    push_folder,
+    resume_checkpoint,
+    save_checkpoint,
+)
 from creditrl.train.evaluate import evaluate
 from creditrl.train.metrics import IterationRecord, StageTimer, iteration_row, progress_line
 from creditrl.train.trackers import Tracker, make_trackers
@@ -326,7 +333,9 @@ class RLTrainer:
             if spent:  # the token budget (train.max_tokens) is used up
                 break
         if ddp.is_main():
-            self.export_final()
+            final = self.export_final()
+            if cfg.train.push_to_hub:
+                log.info("creditrl: %s uploaded to %s", final, push_folder(final, cfg.train.push_to_hub))
         self.close()
         return RLResult(self.run_dir, history)
 

@@ -23,11 +23,11 @@ from creditrl.config import Config, config_hash
 from creditrl.credit.schedule import lr_at
 from creditrl.policy.device import autocast, grad_scaler, resolve_device
 from creditrl.policy.model import load_policy, policy_options
-from creditrl.policy.tokenizer import encode_prompt
-from creditrl.tasks import make_task
+from creditrl.policy.tokenizer import encode_problem
 from creditrl.tasks.base import Problem, Task
 from creditrl.train.checkpoint import save_checkpoint
 from creditrl.train.evaluate import evaluate
+from creditrl.train.resolve import run_task, task_args
 
 CACHE_VERSION = 1
 ESTIMATE_AFTER = 10  # SFT steps timed before the log estimates the whole warm start
@@ -68,8 +68,9 @@ def sft_key(cfg: Config) -> str:
             "v": CACHE_VERSION,
             # the generation engine does not change the checkpoint (greedy evaluation agrees)
             "policy": sft_policy_fields(cfg),
-            "sft": cfg.sft.model_dump(),
-            "task": cfg.task.model_dump(),  # the held-out report is on the RL task
+            # the task arguments as a run resolves them (checked or not, one key)
+            "sft": {**cfg.sft.model_dump(), "task_args": task_args(cfg, "sft.task_args") if cfg.sft.task_args else {}},
+            "task": {"name": cfg.task.name, "args": task_args(cfg)},  # the held-out report is on the RL task
             "eval": [cfg.train.eval_size, cfg.rollout.max_new_tokens],
         }
     )
@@ -81,7 +82,7 @@ def sft_batch(
     """Right-padded (ids, attention_mask, labels) with labels = -100 outside solution + eos."""
     rows, targets = [], []
     for p in problems:
-        prompt = encode_prompt(tokenizer, p.prompt)
+        prompt = encode_problem(tokenizer, p)
         answer = tokenizer(p.solution, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         rows.append(prompt + answer)
         targets.append([-100] * len(prompt) + answer)
@@ -125,8 +126,8 @@ def train_sft(
     device, precision = resolve_device(cfg.policy.device), cfg.policy.precision
     model.to(device)
     scaler = grad_scaler(device, precision)
-    task = task or make_task(cfg.task.name, **cfg.task.args)
-    sft_task = sft_task or (make_task(cfg.task.name, **s.task_args) if s.task_args else task)
+    task = task or run_task(cfg)
+    sft_task = sft_task or (run_task(cfg, "sft.task_args") if s.task_args else task)
     opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=s.weight_decay, betas=(0.9, 0.98))
     model.train()
     start = time.time()
@@ -205,7 +206,7 @@ def _report_on(cfg: Config, path: Path, task: Task | None) -> dict[str, Any]:
     state_file = path / "trainer_state.json"
     state = json.loads(state_file.read_text())
     metrics = {k: v for k, v in state["metrics"].items() if k.startswith("sft/")}
-    metrics.update(heldout_report(cfg, model, tokenizer, task or make_task(cfg.task.name, **cfg.task.args)))
+    metrics.update(heldout_report(cfg, model, tokenizer, task or run_task(cfg)))
     state["metrics"] = metrics
     state_file.write_text(json.dumps(state))
     return metrics

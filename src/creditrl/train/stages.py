@@ -16,7 +16,7 @@ from creditrl.credit.estimators import EPS
 from creditrl.distributed import ddp
 from creditrl.policy.device import inference, module_device
 from creditrl.policy.engines import GenerationEngine, SamplingParams
-from creditrl.policy.tokenizer import decode_response, encode_prompt
+from creditrl.policy.tokenizer import decode_response, encode_problem
 from creditrl.rewards.stage import Scored, Scorer
 from creditrl.rollout.batch import TrajectoryBatch, batch_from_generation, chunked_response_logprobs
 from creditrl.tasks.base import Problem
@@ -56,7 +56,7 @@ def rollout(
     ends (``stop_ids``), see :mod:`creditrl.values.tree`; the rows then carry their node paths
     and segment ends in ``extras["tree_paths"]`` / ``extras["tree_segment_ends"]``.
     """
-    prompts = [encode_prompt(tokenizer, p.prompt) for p in problems]
+    prompts = [encode_problem(tokenizer, p) for p in problems]
     extras = {}
     if tree is None:
         gen = engine.generate(prompts, group_size, params, generator=generator)
