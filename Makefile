@@ -10,10 +10,11 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 # torch first, pinned: the local CPU wheel; an unpinned torch would pull a multi-GB CUDA build.
-$(STAMP): $(BIN)/python pyproject.toml
+# Then the package within its ranges (pyproject.toml) at the tested exact versions (constraints.txt).
+$(STAMP): $(BIN)/python pyproject.toml constraints.txt
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[test,bench]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,bench]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -54,6 +55,7 @@ results: $(STAMP)
 	$(BIN)/creditrl search report --out runs/search-report --results docs/results/search.md
 	$(BIN)/python benchmarks/credit_speed.py --results docs/results/credit_speed.md
 	$(BIN)/python benchmarks/ray_overhead.py --results docs/results/scale_out.md
+	$(BIN)/python benchmarks/dependency_check.py --results docs/results/dependencies.md
 	$(BIN)/creditrl long-report --results docs/results/long_outputs.md
 	$(MAKE) bench
 	$(MAKE) performance

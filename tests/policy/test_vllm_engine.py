@@ -31,9 +31,8 @@ from creditrl.policy.engines.vllm import VLLMEngine, VLLMUnavailableError
 from creditrl.train.resolve import checked
 
 HINT = (
-    "policy.engine=vllm needs vLLM and a CUDA GPU; vLLM is not a creditrl dependency (vllm 0.33.0 pins torch "
-    "2.14.0 and transformers<5.21, creditrl torch 2.13.0 and transformers 5.24.0): install a vLLM that matches your "
-    "environment on the GPU machine"
+    "policy.engine=vllm needs vLLM and a CUDA GPU: pip install 'creditrl[vllm]' (without the constraints file; "
+    "vllm 0.33 brings torch 2.14 and transformers < 5.21, inside creditrl's ranges) on the GPU machine"
 )
 PROMPTS = [[1, 5, 6], [1], [1, 20, 30, 40, 50, 60, 70], [1, 14, 15, 16]]
 

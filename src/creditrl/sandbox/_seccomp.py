@@ -1,7 +1,7 @@
 """The sandbox's system-call filter: compiled with libseccomp in the parent, loaded by the launcher.
 
 Engine: **libseccomp** (the library behind the filters of runc, crun, systemd and QEMU), through
-**pyseccomp**, a small ctypes binding that mirrors libseccomp's own Python API (pinned in
+**pyseccomp**, a small ctypes binding that mirrors libseccomp's own Python API (a dependency in
 ``pyproject.toml``; it needs ``libseccomp.so.2`` >= 2.5.0 on the machine). libseccomp knows every
 architecture's syscall numbers, adds the architecture check (a syscall made through another ABI,
 such as a 32-bit ``int 0x80`` or an x32 number, kills the process instead of slipping past the

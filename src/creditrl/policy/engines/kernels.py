@@ -47,7 +47,7 @@ def _lib() -> ModuleType | None:
     """The compiled kernels' module, or None where numba cannot be imported."""
     try:
         from creditrl.policy.engines import _numba_kernels as lib
-    except ImportError:  # pragma: no cover - numba is a pinned dependency
+    except ImportError:  # pragma: no cover - numba is a dependency
         return None
     # numba's first parallel call starts its OpenMP pool, which resets the process's OpenMP
     # thread count (torch's intra-op threads) to the machine's; start it now and restore it

@@ -80,9 +80,8 @@ from transformers import PreTrainedModel
 from creditrl.policy.engines.base import Generation, SamplingParams, expand_requests
 
 INSTALL_HINT = (
-    "policy.engine=vllm needs vLLM and a CUDA GPU; vLLM is not a creditrl dependency (vllm 0.33.0 pins "
-    "torch 2.14.0 and transformers<5.21, creditrl torch 2.13.0 and transformers 5.24.0): install a vLLM that matches "
-    "your environment on the GPU machine"
+    "policy.engine=vllm needs vLLM and a CUDA GPU: pip install 'creditrl[vllm]' (without the constraints file; "
+    "vllm 0.33 brings torch 2.14 and transformers < 5.21, inside creditrl's ranges) on the GPU machine"
 )
 VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")
 VLLM_MAX_TEMPERATURE = 2.0  # vLLM's SamplingParams refuses temperatures above this
