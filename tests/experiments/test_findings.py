@@ -94,9 +94,11 @@ def test_committed_findings_name_existing_grids_and_arms():
             assert "{" not in fill(finding["reading"], fake), f
             continue
         grid = load_grid(root / finding["grid"])
-        fake = [{**ROWS[0], "arm": name} for name in grid.arms]
+        diff = {"mean": 0.01, "lo": -0.01, "hi": 0.03, "se": 0.01, "mde": 0.028, "seeds": 5, "problems": 1024}
+        fake = [{**ROWS[0], "arm": name, "diff": diff, "verdict": "inconclusive"} for name in grid.arms]
         assert "{" not in fill(finding["reading"], fake), f  # every placeholder names a real arm and field
         assert {slug(a) for a in grid.arms}
+        assert set(finding.get("expect", {})) <= set(grid.arms) - {grid.reference}, f
 
 
 def test_quick_findings_write_the_file_with_filled_numbers(tmp_path: Path, monkeypatch):
@@ -138,3 +140,69 @@ def test_a_report_finding_runs_the_value_report(tmp_path: Path, monkeypatch):
     )
     with pytest.raises(ConfigError, match="one of grid or report"):
         run_findings(tmp_path, quick=True)
+
+
+GRID = (
+    "name: g\nbase: demo_quick\nseeds: [0, 1]\nbudget: {samples: 32}\nreference: grpo\n"
+    "set: [train.eval_every=1, train.checkpoint_every=1000, train.inspect_every=0]\n"
+    "arms:\n  grpo: [credit.estimator=grpo]\n  rloo: [credit.estimator=rloo]\n"
+)
+FINDING = (
+    "id: C9\nclaim_id: C4\ntitle: a test\ngrid: grids/g.yaml\nregime: tiny\ntask: arithmetic\n"
+    "question: which?\nexpect: {rloo: better by 5}\n"
+    "reading: rloo moved {rloo.diff} ({rloo.verdict}); grpo is {grpo.diff}.\n"
+)
+
+
+def test_findings_persist_run_summaries_and_rebuild_from_them_alone(tmp_path: Path, monkeypatch):
+    """Each finished run leaves a committed-size summary; --no-train rebuilds FINDINGS.md from the
+    summaries alone, byte for byte, after the run directories are gone; a grid with runs missing
+    is shown in progress; the verdict table opens the file."""
+    from creditrl.cli import main
+    from creditrl.experiments import seeds
+
+    monkeypatch.setenv("CREDITRL_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "grids").mkdir()
+    (tmp_path / "findings").mkdir()
+    (tmp_path / "grids" / "g.yaml").write_text(GRID)
+    (tmp_path / "findings" / "C9.yaml").write_text(FINDING)
+    (tmp_path / "findings" / "legacy.md").write_text("## Earlier findings\n\nAs they were.\n")
+    pending = tmp_path / "pending.md"
+    assert main(["findings", "--root", str(tmp_path), "--no-train", "--out", str(pending)]) == 0
+    assert "*In progress:* 0 of 4 runs finished and summarised" in pending.read_text()
+    assert "Not measured yet: C1 (length" in pending.read_text()
+    first = run_findings(tmp_path, runs=tmp_path / "runs").read_text()
+    files = sorted((tmp_path / "findings" / "runs" / "g").glob("*/seed*.json"))
+    assert [f.relative_to(tmp_path / "findings" / "runs" / "g").as_posix() for f in files] == [
+        "grpo/seed0.json",
+        "grpo/seed1.json",
+        "rloo/seed0.json",
+        "rloo/seed1.json",
+    ]
+    assert all(f.stat().st_size < 20_000 for f in files)
+    import json
+
+    summary = json.loads(files[0].read_text())
+    assert summary["budget"] == 32 and summary["unit"] == "samples" and summary["seed"] == 0
+    assert [e["iteration"] for e in summary["evals"]] == [0, 1, 2] and "eval/correct" in summary["evals"][-1]
+    row = next(x for x in first.splitlines() if x.startswith("| [C4](#c9) | rloo vs grpo | better by 5 points |"))
+    assert row.split("|")[4].strip() in ("**supported**", "**contradicted**", "**inconclusive**")
+    assert "rloo moved " in first and "grpo is the reference." in first and "## Earlier findings" in first
+    import shutil
+
+    shutil.rmtree(tmp_path / "runs")
+
+    def no_training(*a, **k):
+        raise AssertionError("a run trained")
+
+    monkeypatch.setattr(seeds, "_run_one", no_training)
+    again = tmp_path / "again.md"
+    assert main(["findings", "--root", str(tmp_path), "--no-train", "--out", str(again)]) == 0
+    assert again.read_text() == first
+
+
+def test_the_committed_findings_rebuild_from_their_summaries(tmp_path: Path) -> None:
+    """FINDINGS.md is exactly what `creditrl findings --no-train` writes from the committed summaries."""
+    root = Path(__file__).resolve().parents[2]
+    out = run_findings(root, out=tmp_path / "FINDINGS.md", runs=tmp_path / "runs", train=False)
+    assert out.read_text() == (root / "FINDINGS.md").read_text()

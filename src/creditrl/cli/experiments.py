@@ -33,7 +33,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_findings(args: argparse.Namespace) -> int:
     from creditrl.experiments.findings import run_findings
 
-    run_findings(Path(args.root), quick=args.quick, out=Path(args.out) if args.out else None, jobs=args.jobs)
+    out = Path(args.out) if args.out else None
+    run_findings(Path(args.root), quick=args.quick, out=out, jobs=args.jobs, train=not args.no_train)
     return 0
 
 
@@ -107,6 +108,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--root", default=".", help="the repository root (holds findings/ and grids/)")
     p.add_argument("--quick", action="store_true", help="tiny grids (numbers meaningless); writes runs/findings-quick")
     p.add_argument("--out", help="where to write (default ROOT/FINDINGS.md)")
+    p.add_argument(
+        "--no-train", action="store_true", help="only the committed run summaries (findings/runs/): nothing trains"
+    )
     add_jobs_arg(p)
     p.set_defaults(func=cmd_findings)
 

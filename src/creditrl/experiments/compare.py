@@ -41,10 +41,11 @@ import yaml
 from creditrl.config import ConfigError, load_config
 from creditrl.config.loader import arith_config_path, demo_config_path, packaged_config
 from creditrl.experiments.report import eval_rows
-from creditrl.experiments.seeds import launch_settings, mean_ci95, plot_seed_curves, run_arms
+from creditrl.experiments.seeds import launch_settings, mean_ci95, plot_seed_curves, run_arms, slug
+from creditrl.experiments.summaries import read_summary
 from creditrl.train.resolve import checked
 
-KEYS = {"name", "base", "set", "seeds", "budget", "target", "init", "arms", "grid"}
+KEYS = {"name", "base", "set", "seeds", "budget", "target", "init", "arms", "grid", "reference"}
 PACKAGED = ("demo", "demo_quick", "arith")  # configs shipped in creditrl/configs, named in a grid's base
 TOKEN_ITERATIONS = 1_000_000
 # --quick: demo_quick sizes on any base, a tiny budget, 2 seeds (numbers meaningless)
@@ -74,6 +75,7 @@ class Grid:
     gain: float | None  # target = the arm's start accuracy + gain
     init: str
     arms: dict[str, list[str]]
+    reference: str | None = None  # the arm every other is compared with, problem by problem
 
 
 def _value_text(v: Any) -> str:
@@ -173,6 +175,9 @@ def load_grid(path: str | Path, *, quick: bool = False, seeds: int | None = None
             checked(load_config(base, common + over))
         except ConfigError as exc:
             raise ConfigError(f"{path}: arm '{name}': {exc}") from exc
+    reference = data.get("reference")
+    if reference is not None and reference not in arms:
+        raise ConfigError(f"{path}: key 'reference': no arm {reference!r}; arms: {', '.join(arms)}")
     return Grid(
         name=str(data.get("name", path.stem)),
         base=base,
@@ -184,6 +189,7 @@ def load_grid(path: str | Path, *, quick: bool = False, seeds: int | None = None
         gain=gain,
         init=init,
         arms=arms,
+        reference=reference,
     )
 
 
@@ -279,6 +285,56 @@ def results_csv(rows: list[CompareRow]) -> str:
     return buf.getvalue()
 
 
+def difference_rows(results: dict[str, list[list[dict[str, Any]]]], reference: str) -> list[dict[str, Any]]:
+    """Every arm against ``reference`` at the last evaluation, problem by problem and seed by seed
+    (:func:`creditrl.experiments.verdicts.paired_difference`), with whether each arm (the
+    reference too) was still improving at the end and its wall-time ratio to the reference."""
+    from creditrl.experiments.verdicts import outcome_matrix, paired_difference, still_improving
+
+    ref = outcome_matrix(results[reference])
+    ref_wall = float(np.mean([h[-1]["time/total_s"] for h in results[reference]]))
+    rows = []
+    for arm, hs in results.items():
+        diff = None if arm == reference else paired_difference(outcome_matrix(hs), ref)
+        late = still_improving(hs)
+        wall = float(np.mean([h[-1]["time/total_s"] for h in hs]))
+        rows.append(
+            {
+                "arm": arm,
+                "difference": None if diff is None else asdict(diff),
+                "improving": None if late is None else asdict(late),
+                "cost": wall / ref_wall if ref_wall > 0 else None,
+            }
+        )
+    return rows
+
+
+def _points(x: float) -> str:
+    return f"{100 * x:+.1f}"
+
+
+def differences_markdown(rows: list[dict[str, Any]], reference: str) -> str:
+    """The table of :func:`difference_rows`: accuracy points, 95% intervals, the minimum
+    detectable effect, the late change and the cost ratio."""
+    out = [
+        f"Against **{reference}**: paired difference in held-out exact match at the last evaluation "
+        "(points, 95% two-level bootstrap interval over seeds and problems), the smallest difference the run "
+        "could detect (80% power), and each arm's change over the last third of its evaluations.\n",
+        "| arm | difference | 95% interval | detectable | last third | still improving | wall time vs reference |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        d, late = r["difference"], r["improving"]
+        diff = "reference" if d is None else _points(d["mean"])
+        ci = "–" if d is None else f"[{_points(d['lo'])}, {_points(d['hi'])}]"
+        mde = "–" if d is None else f"{100 * d['mde']:.1f}"
+        change = "–" if late is None else f"{_points(late['mean'])} [{_points(late['lo'])}, {_points(late['hi'])}]"
+        going = "–" if late is None else ("yes" if late["lo"] > 0 else "no")
+        cost = "–" if r["cost"] is None else f"{r['cost']:.2f}x"
+        out.append(f"| {r['arm']} | {diff} | {ci} | {mde} | {change} | {going} | {cost} |")
+    return "\n".join(out) + "\n"
+
+
 def launch_text(launches: list[dict[str, int]]) -> str:
     """How the runs were launched, for the reports: iteration and wall times depend on it."""
 
@@ -299,24 +355,46 @@ def run_compare(
     quick: bool = False,
     seeds: int | None = None,
     jobs: int = 1,
+    summaries: Path | None = None,
 ) -> dict[str, Any]:
+    """Run (resumably) and report a grid. ``summaries``: a folder of committed run summaries
+    (:func:`creditrl.experiments.seeds.run_arms`); when every run has one, nothing trains."""
     grid = load_grid(grid_path, quick=quick, seeds=seeds)
     out = Path(out or Path("runs") / f"compare-{grid.name}")
     out.mkdir(parents=True, exist_ok=True)
     start = time.time()
     log = lambda msg: print(f"[creditrl compare] {time.time() - start:6.0f} s  {msg}", flush=True)  # noqa: E731
     init = grid.init
-    if init == "sft":
+    if init == "sft" and summaries is None:
         from creditrl.train.sft import cached_sft
 
         cfg = load_config(grid.base, grid.common)
         init = str(cached_sft(cfg, progress=cfg.train.progress)[0])
     common = ([f"train.iterations={TOKEN_ITERATIONS}"] if grid.unit == "tokens" else []) + grid.common
     log(f"{len(grid.arms)} arms x {len(grid.seeds)} seeds, {grid.budget:,} generated {grid.unit} per run -> {out}")
-    results = run_arms(grid.base, grid.arms, grid.seeds, grid.budget, out, init, common, log, unit=grid.unit, jobs=jobs)
+    results = run_arms(
+        grid.base,
+        grid.arms,
+        grid.seeds,
+        grid.budget,
+        out,
+        init,
+        common,
+        log,
+        unit=grid.unit,
+        jobs=jobs,
+        summaries=summaries,
+    )
     launches = launch_settings(out)
+    if summaries is not None:
+        found = [read_summary(summaries / slug(a) / f"seed{s}.json") for a in grid.arms for s in grid.seeds]
+        init = found[0]["init"]
+        launches = [x for i, x in enumerate(f["launch"] for f in found) if x not in [f["launch"] for f in found[:i]]]
     rows = [summarise_arm(name, hs, grid.target, grid.gain) for name, hs in results.items()]
     table = results_markdown(rows)
+    differences = difference_rows(results, grid.reference) if grid.reference else []
+    if differences:
+        table += "\n" + differences_markdown(differences, grid.reference)
     title = f"{grid.name}: {grid.budget:,} generated {grid.unit} per run, mean ± 95% CI over {len(grid.seeds)} seeds"
     plot_seed_curves(
         results, out / "plots" / "accuracy_vs_samples.png", title, "samples/total", "generated samples", "ci95"
@@ -352,6 +430,7 @@ def run_compare(
         "grid": {**asdict(grid), "base": str(grid.base)},
         "init": init,
         "rows": [asdict(r) for r in rows],
+        "differences": differences,
         "launches": launches,
         "wall_s": time.time() - start,
     }

@@ -12,25 +12,71 @@ placeholders filled from the grid's results, so no number in FINDINGS.md is type
   ("2/3"), ``samples_to_target``, ``wall_to_target``;
 - ``{ratio:ARM_A/ARM_B.FIELD}``: the ratio of the two means ("2.4x").
 
+- ``{ARM.diff}`` (the paired difference to the grid's ``reference`` arm, "+2.3 points [-0.4,
+  +5.0]") and ``{ARM.verdict}``.
+
 Each finding gets its question, setting (the grid's base, overrides, budget, seeds and arms), the
 results table, the plots (copied to ``docs/findings/``) and the filled reading.
+
+**Verdicts.** A finding that tests a claim names it (``claim_id``: C1 ... C7, :data:`CLAIMS`), its
+``regime`` and ``task`` (words for the table), and in ``expect`` what the claim predicts for each
+arm against the grid's ``reference``: ``better``, ``worse`` or ``same``, or ``better by 5`` (a
+claimed size in points). Each arm gets a verdict by the rule of :mod:`creditrl.experiments.verdicts`;
+FINDINGS.md opens with the table of every verdict.
+
+**Persistence.** Every finished run's summary is committed under ``findings/runs/<grid>/``
+(:mod:`creditrl.experiments.summaries`). ``creditrl findings --no-train`` builds FINDINGS.md from
+them alone; a finding whose runs are not all summarised shows how many are, without numbers.
+The findings of the protocol before verdicts (three seeds, no per-problem outcomes) are kept as
+they were written, from ``findings/legacy.md``.
 """
 
 from __future__ import annotations
 
 import re
 import shutil
-import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from creditrl.config import ConfigError
-from creditrl.experiments.compare import CompareRow, launch_text, load_grid, results_markdown, run_compare
-from creditrl.experiments.seeds import slug
+from creditrl.experiments.compare import (
+    TOKEN_ITERATIONS,
+    CompareRow,
+    differences_markdown,
+    launch_text,
+    load_grid,
+    results_markdown,
+    run_compare,
+)
+from creditrl.experiments.seeds import slug, summarised_runs
+from creditrl.experiments.summaries import read_summary
+from creditrl.experiments.verdicts import EXPECTATIONS, Difference, verdict
 
-FINDING_KEYS = {"id", "title", "grid", "report", "question", "claim", "reading", "plots"}
+FINDING_KEYS = {
+    "id",
+    "title",
+    "grid",
+    "report",
+    "question",
+    "claim",
+    "reading",
+    "plots",
+    "claim_id",
+    "expect",
+    "regime",
+    "task",
+}
+CLAIMS = {
+    "C1": "length: sequence reward + GAE suffices below ~100 tokens; above ~500 token-level rewards or MCTS are needed",
+    "C2": "cost-benefit: token-level (PRM) rewards give about +15% for about 3x the training time",
+    "C3": "hybrids: 80% sequence-level then 20% token-level gives about +10%; filter by outcome, then dense rewards",
+    "C4": "critic: a GAE lambda schedule (0.5 to 0.95) helps by about 30%; dual critics (min) train better",
+    "C5": "value sources: Monte-Carlo values vs a learned critic vs tree values, per sample and per second",
+    "C6": "automatic labels: outcome and MC step labels are noisy; voting and calibration repair them",
+    "C7": "tree search: MCTS / tree credit in training vs GRPO at equal generated tokens",
+}
 REPORTS = ("values",)  # a finding measured by a report instead of a compare grid: creditrl value-report
 PLOTS = ("accuracy_vs_samples", "accuracy_vs_wall_time", "length_vs_samples")  # what run_compare draws
 DEFAULT_PLOTS = PLOTS[:2]
@@ -56,7 +102,24 @@ def load_finding(path: Path) -> dict[str, Any]:
     plots = data.setdefault("plots", list(DEFAULT_PLOTS))
     if not isinstance(plots, list) or not plots or any(p not in PLOTS for p in plots):
         raise ConfigError(f"{path}: key 'plots' must be a non-empty list of {', '.join(PLOTS)}; got {plots!r}")
+    if "expect" in data:
+        if data.get("claim_id") not in CLAIMS:
+            raise ConfigError(f"{path}: key 'claim_id' must be one of {', '.join(CLAIMS)} with 'expect'")
+        if not isinstance(data["expect"], dict) or not data["expect"]:
+            raise ConfigError(f"{path}: key 'expect' must map arms to better, worse or same")
+        data["expect"] = {str(arm): _expectation(path, arm, e) for arm, e in data["expect"].items()}
     return data
+
+
+def _expectation(path: Path, arm: str, text: Any) -> tuple[str, float | None]:
+    """``better`` -> ("better", None); ``better by 5`` -> ("better", 0.05)."""
+    words = str(text).split()
+    if words and words[0] in EXPECTATIONS and (len(words) == 1 or (len(words) == 3 and words[1] == "by")):
+        try:
+            return words[0], float(words[2]) / 100 if len(words) == 3 else None
+        except ValueError:
+            pass
+    raise ConfigError(f"{path}: expect '{arm}': expected better, worse or same, optionally 'by N' points; got {text!r}")
 
 
 def _mean(stat: Any) -> float | None:
@@ -65,6 +128,10 @@ def _mean(stat: Any) -> float | None:
 
 
 def _fmt(field: str, value: Any) -> str:
+    if field == "diff":
+        return "the reference" if value is None else _diff_text(value)
+    if field == "verdict":
+        return str(value)
     if value is None:
         return "not reached"
     if field == "start":
@@ -116,11 +183,71 @@ def fill(template: str, rows: list[dict[str, Any]]) -> str:
     return _PLACEHOLDER.sub(sub, template)
 
 
-def _section(finding: dict[str, Any], grid, summary: dict[str, Any], plots: list[Path], root: Path) -> str:
-    rows = summary["rows"]
+def _diff_text(d: dict[str, float]) -> str:
+    """A paired difference in points with its 95% interval: ``+2.3 points [-0.4, +5.0]``."""
+    return f"{100 * d['mean']:+.1f} points [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}]"
+
+
+def verdict_rows(finding: dict[str, Any], summary: dict[str, Any], reference: str) -> list[dict[str, Any]]:
+    """One row per arm ``expect`` names: the claim, the arm's paired difference to ``reference``,
+    its verdict, the cost ratio and the regime (for FINDINGS.md's opening table)."""
+    by_arm = {r["arm"]: r for r in summary.get("differences", [])}
+    rows = []
+    for arm, (expect, size) in finding.get("expect", {}).items():
+        if arm not in by_arm or by_arm[arm]["difference"] is None:
+            raise ConfigError(
+                f"finding {finding['id']}: expect names '{arm}', which is no arm compared with {reference!r}"
+            )
+        d = by_arm[arm]["difference"]
+        rows.append(
+            {
+                "claim": finding["claim_id"],
+                "finding": finding["id"],
+                "arm": arm,
+                "reference": reference,
+                "expect": expect + (f" by {100 * size:g} points" if size is not None else ""),
+                "verdict": verdict(Difference(**d), expect, size=size),
+                "difference": d,
+                "cost": by_arm[arm]["cost"],
+                "regime": finding.get("regime", ""),
+                "task": finding.get("task", ""),
+            }
+        )
+    return rows
+
+
+def verdicts_table(rows: list[dict[str, Any]]) -> str:
+    """FINDINGS.md's opening table: every verdict, then the claims not measured yet."""
+    lines = [
+        "| claim | arm vs reference | predicted | verdict | difference, 95% interval | detectable | wall time | "
+        "regime | task |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        d = r["difference"]
+        cost = "–" if r["cost"] is None else f"{r['cost']:.2f}x"
+        lines.append(
+            f"| [{r['claim']}](#{r['finding'].lower()}) | {r['arm']} vs {r['reference']} | {r['expect']} "
+            f"| **{r['verdict']}** | {_diff_text(d)} | {100 * d['mde']:.1f} points | {cost} | {r['regime']} "
+            f"| {r['task']} |"
+        )
+    measured = {r["claim"] for r in rows}
+    waiting = [f"{c} ({text})" for c, text in CLAIMS.items() if c not in measured]
+    tail = f"Not measured yet: {'; '.join(waiting)}.\n" if waiting else ""
+    return ("\n".join(lines) + "\n\n" if rows else "No verdict yet.\n\n") + tail
+
+
+def _section(
+    finding: dict[str, Any], grid, summary: dict[str, Any], plots: list[Path], root: Path, verdicts: list[dict]
+) -> str:
+    diffs = {r["arm"]: r["difference"] for r in summary.get("differences", [])}
+    judged = {r["arm"]: r["verdict"] for r in verdicts}
+    rows = [{**r, "diff": diffs.get(r["arm"]), "verdict": judged.get(r["arm"], "not judged")} for r in summary["rows"]]
     table = results_markdown(
-        [CompareRow(**{k: tuple(v) if isinstance(v, list) else v for k, v in r.items()}) for r in rows]
+        [CompareRow(**{k: tuple(v) if isinstance(v, list) else v for k, v in r.items()}) for r in summary["rows"]]
     )
+    if summary.get("differences"):
+        table += "\n" + differences_markdown(summary["differences"], grid.reference)
     arms = "; ".join(f"**{name}**: `{' '.join(over) or '(base)'}`" for name, over in grid.arms.items())
     images = "\n".join(f"![{p.stem}]({p.relative_to(root).as_posix()})" for p in plots)
     claim = f"\n*Folk claim:* {finding['claim'].strip()}\n" if finding.get("claim") else ""
@@ -131,6 +258,19 @@ def _section(finding: dict[str, Any], grid, summary: dict[str, Any], plots: list
         f"{launch_text(summary.get('launches', [{}]))}. Arms: {arms}. "
         f"Regenerate: `creditrl compare {finding['grid']}` (then `creditrl findings`).\n\n"
         f"{table}\n{images}\n\n*Reading.* {fill(finding['reading'].strip(), rows)}\n"
+    )
+
+
+def _pending_section(finding: dict[str, Any], grid, done: int, total: int) -> str:
+    """A finding whose runs are not all summarised: what it asks and how far its grid is."""
+    claim = f"\n*Folk claim:* {finding['claim'].strip()}\n" if finding.get("claim") else ""
+    arms = "; ".join(f"**{name}**: `{' '.join(over) or '(base)'}`" for name, over in grid.arms.items())
+    return (
+        f"## {finding['id']}: {finding['title']}\n\n*Question:* {finding['question'].strip()}\n{claim}\n"
+        f"*Setting:* base `{grid.base.name}` with `{' '.join(grid.common) or '-'}`; {grid.budget:,} generated "
+        f"{grid.unit} per run; seeds {grid.seeds}. Arms: {arms}.\n\n"
+        f"*In progress:* {done} of {total} runs finished and summarised; `creditrl findings` runs the rest "
+        f"(`creditrl compare {finding['grid']}`).\n"
     )
 
 
@@ -161,11 +301,41 @@ def _report_section(finding: dict[str, Any], runs: Path, docs: Path, root: Path,
     )
 
 
+def _grid_section(
+    finding: dict[str, Any], root: Path, runs: Path, docs: Path, out: Path, quick: bool, jobs: int, train: bool
+) -> tuple[str, list[dict[str, Any]], list[str]]:
+    """A grid finding's section, its verdict rows and the days its runs were summarised."""
+    grid_path = root / finding["grid"]
+    grid = load_grid(grid_path, quick=quick)
+    summaries = None if quick else root / "findings" / "runs" / grid.name
+    if summaries is not None and not train:
+        common = ([f"train.iterations={TOKEN_ITERATIONS}"] if grid.unit == "tokens" else []) + grid.common
+        done, total = summarised_runs(grid.base, grid.arms, grid.seeds, grid.budget, common, grid.unit, summaries)
+        if done < total:
+            return _pending_section(finding, grid, done, total), [], []
+    where = runs / grid.name
+    summary = run_compare(grid_path, where, quick=quick, jobs=jobs, summaries=summaries)
+    plots = []
+    for name in finding["plots"]:
+        dest = docs / f"{finding['id']}_{name}.png"
+        shutil.copyfile(where / "plots" / f"{name}.png", dest)
+        plots.append(dest)
+    verdicts = verdict_rows(finding, summary, grid.reference) if finding.get("expect") else []
+    days = [] if summaries is None else [read_summary(p)["date"] for p in sorted(summaries.glob("*/seed*.json"))]
+    return _section(finding, grid, summary, plots, out.parent, verdicts), verdicts, days
+
+
 def run_findings(
-    root: Path, *, quick: bool = False, out: Path | None = None, runs: Path | None = None, jobs: int = 1
+    root: Path,
+    *,
+    quick: bool = False,
+    out: Path | None = None,
+    runs: Path | None = None,
+    jobs: int = 1,
+    train: bool = True,
 ) -> Path:
-    """Run every finding's grid (resumably; ``jobs`` runs at a time) and write FINDINGS.md
-    (``out``) with its plots."""
+    """Run every finding's grid (resumably, from the committed summaries; ``jobs`` runs at a
+    time; ``train=False``: nothing trains) and write FINDINGS.md (``out``) with its plots."""
     root = Path(root)
     files = sorted((root / "findings").glob("*.yaml"))
     if not files:
@@ -174,27 +344,29 @@ def run_findings(
     runs = Path(runs or root / "runs" / ("findings-quick" if quick else "findings"))
     docs = out.parent / "docs" / "findings"
     docs.mkdir(parents=True, exist_ok=True)
-    sections = []
+    sections, verdicts, days = [], [], []
     for f in files:
         finding = load_finding(f)
         if "report" in finding:
             sections.append(_report_section(finding, runs, docs, out.parent, quick))
             continue
-        grid_path = root / finding["grid"]
-        grid = load_grid(grid_path, quick=quick)
-        where = runs / grid.name
-        summary = run_compare(grid_path, where, quick=quick, jobs=jobs)
-        plots = []
-        for name in finding["plots"]:
-            dest = docs / f"{finding['id']}_{name}.png"
-            shutil.copyfile(where / "plots" / f"{name}.png", dest)
-            plots.append(dest)
-        sections.append(_section(finding, grid, summary, plots, out.parent))
+        section, judged, when = _grid_section(finding, root, runs, docs, out, quick, jobs, train)
+        sections.append(section)
+        verdicts += judged
+        days += when
+    legacy = root / "findings" / "legacy.md"
+    if legacy.is_file() and not quick:
+        sections.append(legacy.read_text().strip() + "\n")
     note = "\n**Quick mode: smoke test only, the numbers mean nothing.**\n" if quick else ""
+    when = f"runs summarised up to {max(days)}" if days else "no run summarised yet"
     out.write_text(
-        f"# Findings\n{note}\nEvery number below was measured on this machine (2 CPU cores) and is filled in from the "
-        f"runs by `creditrl findings` ({time.strftime('%Y-%m-%d')}); `make findings` reruns whatever is missing "
-        "(finished runs are read back) and rewrites this file. Intervals are 95% Student-t intervals over seeds.\n\n"
+        f"# Findings\n{note}\nEvery number below was measured on this machine (2 CPU cores) and is filled in from "
+        f"the runs' committed summaries by `creditrl findings` ({when}); `make findings` runs "
+        "whatever is missing and rewrites this file, `creditrl findings --no-train` rebuilds it from the summaries "
+        "alone. Differences to a claim's reference arm are paired over seeds and problems, with 95% bootstrap "
+        "intervals (creditrl.experiments.verdicts); the per-arm tables give 95% Student-t intervals over seeds.\n\n"
+        + verdicts_table(verdicts)
+        + "\n"
         + "\n".join(sections)
     )
     print(f"[creditrl findings] wrote {out} ({len(sections)} findings)")

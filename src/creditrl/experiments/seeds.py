@@ -20,6 +20,7 @@ import torch
 
 from creditrl.config import load_config
 from creditrl.experiments.report import eval_rows, plt
+from creditrl.experiments.summaries import history, read_summary, run_summary, summary_matches, write_summary
 from creditrl.inspect.data import load_metrics
 from creditrl.train.rl import RLTrainer
 
@@ -62,6 +63,92 @@ def samples_iterations(cfg, samples: int) -> int:
     return max(1, math.ceil(samples / (cfg.rollout.prompts_per_iter * cfg.rollout.group_size)))
 
 
+@dataclass
+class _Run:
+    arm: str
+    seed: int
+    overrides: list[str]
+    where: Path  # the run directory
+    summary: Path | None  # its committed summary (None: no summaries kept)
+    identity: dict[str, Any]
+
+
+def _plan(
+    base: Path,
+    arms: dict[str, list[str]],
+    seeds: list[int],
+    budget: int,
+    run_dir: Path,
+    init_path: str,
+    common: list[str],
+    unit: str,
+    summaries: Path | None,
+) -> list[_Run]:
+    """Every (arm, seed) run of the grid, with its overrides and the budget's stopping rule."""
+    runs = []
+    for name, over in arms.items():
+        if unit == "tokens":
+            extra = [f"train.max_tokens={budget}"]
+        else:
+            stop = samples_iterations(load_config(base, common + over), budget)
+            extra = [f"train.iterations={stop}", "train.max_tokens=0"]
+        for seed in seeds:
+            overrides = common + over + [f"train.seed={seed}"] + extra
+            identity = {
+                "arm": name,
+                "seed": seed,
+                "base": base.name,
+                "overrides": overrides,
+                "budget": budget,
+                "unit": unit,
+                "init": init_path,
+            }
+            where = run_dir / slug(name) / f"seed{seed}"
+            summary = summaries / slug(name) / f"seed{seed}.json" if summaries else None
+            runs.append(_Run(name, seed, overrides, where, summary, identity))
+    return runs
+
+
+def _done(run: _Run, budget: int, unit: str) -> list[dict[str, Any]] | None:
+    """The run's history when it is finished: its committed summary, else its run directory's
+    metrics (summarised then, when summaries are kept)."""
+    if run.summary is not None:
+        found = read_summary(run.summary)
+        if summary_matches(found, run.identity):
+            return history(found)
+    key, stop = ("tokens/total", budget) if unit == "tokens" else ("iteration", _stop(run.overrides))
+    rows = _finished(run.where / "metrics.jsonl", stop, key)
+    if rows is not None and run.summary is not None:
+        _summarise(run, rows)
+    return rows
+
+
+def _stop(overrides: list[str]) -> int:
+    """The ``train.iterations`` a samples budget set (the last such override)."""
+    return int([o for o in overrides if o.startswith("train.iterations=")][-1].split("=", 1)[1])
+
+
+def _summarise(run: _Run, rows: list[dict[str, Any]] | None = None) -> None:
+    rows = rows if rows is not None else load_metrics(run.where)
+    f = run.where / "launch.json"
+    launch = json.loads(f.read_text()) if f.exists() else {}
+    write_summary(run.summary, run_summary(rows, run.identity, launch))
+
+
+def summarised_runs(
+    base: Path,
+    arms: dict[str, list[str]],
+    seeds: list[int],
+    budget: int,
+    common: list[str],
+    unit: str,
+    summaries: Path,
+) -> tuple[int, int]:
+    """How many of the grid's runs have a matching committed summary, of how many (nothing runs)."""
+    runs = _plan(base, arms, seeds, budget, Path("."), "sft", common, unit, summaries)
+    return sum(summary_matches(read_summary(r.summary), r.identity) for r in runs), len(runs)
+
+
 def run_arms(
     base: Path,
     arms: dict[str, list[str]],
@@ -73,12 +160,18 @@ def run_arms(
     log=print,
     unit: str = "tokens",
     jobs: int = 1,
+    summaries: Path | None = None,
 ) -> dict[str, list[list[dict[str, Any]]]]:
     """``{arm: [history per seed]}``; each run is ``base`` + ``common`` + the arm's overrides +
     ``train.seed=s`` + the budget, written to ``run_dir/<arm>/seed<s>``. The budget is
     ``train.max_tokens=budget`` for ``unit="tokens"``; for ``unit="samples"`` it is
     ``train.iterations`` = :func:`samples_iterations` (and ``train.max_tokens=0``), and a run is
     finished when its last row is that iteration.
+
+    ``summaries``: a folder of committed run summaries (:mod:`creditrl.experiments.summaries`),
+    ``<arm>/seed<s>.json``; a run with a matching summary is read from it and not rerun, and
+    every finished run gets one. ``init_path`` is only resolved (``"sft"``: the cached warm start
+    of ``base`` + ``common``) when some run is still to do.
 
     ``jobs > 1`` runs that many at once, each in its own (spawned) process with
     ``max(1, torch threads // jobs)`` intra-op threads and no progress bar; a run's numbers then
@@ -88,52 +181,60 @@ def run_arms(
         raise ValueError(f"run_arms: unit must be 'tokens' or 'samples', got {unit!r}")
     if jobs < 1:
         raise ValueError(f"run_arms: jobs must be >= 1, got {jobs}")
-    threads = max(1, torch.get_num_threads() // jobs)
-    pending: list[tuple[str, int, list[str], Path]] = []
-    for name, over in arms.items():
-        if unit == "tokens":
-            extra, key, stop = [f"train.max_tokens={budget}"], "tokens/total", budget
-        else:
-            stop = samples_iterations(load_config(base, (common or []) + over), budget)
-            extra, key = [f"train.iterations={stop}", "train.max_tokens=0"], "iteration"
-        for seed in seeds:
-            where = run_dir / slug(name) / f"seed{seed}"
-            if _finished(where / "metrics.jsonl", stop, key) is not None:
-                log(f"arm '{name}' seed {seed}: finished earlier, read back")
-                continue
-            if where.exists():  # an interrupted run restarts from scratch
-                for f in sorted(where.rglob("*"), reverse=True):
-                    f.unlink() if f.is_file() else f.rmdir()
-            pending.append((name, seed, (common or []) + over + [f"train.seed={seed}"] + extra, where))
-    if jobs == 1:
-        for name, seed, overrides, where in pending:
-            log(f"arm '{name}' seed {seed}: up to {budget:,} generated {unit}")
-            _run_one(base, overrides, where, init_path, torch.get_num_threads(), 1)
-    elif pending:
-        import multiprocessing
-        from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    runs = _plan(base, arms, seeds, budget, run_dir, init_path, list(common or []), unit, summaries)
+    done = {(r.arm, r.seed): _done(r, budget, unit) for r in runs}
+    pending = [r for r in runs if done[(r.arm, r.seed)] is None]
+    for r in runs:
+        if done[(r.arm, r.seed)] is not None:
+            log(f"arm '{r.arm}' seed {r.seed}: finished earlier, read back")
+    if pending and init_path == "sft":
+        from creditrl.train.sft import cached_sft
 
-        log(f"{len(pending)} runs, {jobs} at a time with {threads} thread(s) each")
-        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            running = {
-                pool.submit(_run_one, base, overrides + ["train.progress=false"], where, init_path, threads, jobs): (
-                    name,
-                    seed,
-                )
-                for name, seed, overrides, where in pending
-            }
-            while running:
-                done, _ = wait(running, return_when=FIRST_COMPLETED)
-                for fut in done:
-                    name, seed = running.pop(fut)
-                    try:
-                        seconds = fut.result()
-                    except Exception as exc:
-                        for other in running:
-                            other.cancel()
-                        raise RuntimeError(f"arm '{name}' seed {seed} failed: {exc}") from exc
-                    log(f"arm '{name}' seed {seed}: done in {seconds:.0f} s")
-    return {name: [load_metrics(run_dir / slug(name) / f"seed{seed}") for seed in seeds] for name in arms}
+        cfg = load_config(base, list(common or []))
+        init_path = str(cached_sft(cfg, progress=cfg.train.progress)[0])
+    for r in pending:
+        r.identity["init"] = init_path
+        if r.where.exists():  # an interrupted run restarts from scratch
+            for f in sorted(r.where.rglob("*"), reverse=True):
+                f.unlink() if f.is_file() else f.rmdir()
+    _launch(pending, init_path, budget, unit, jobs, log, base)
+    return {name: [done[(name, s)] or load_metrics(run_dir / slug(name) / f"seed{s}") for s in seeds] for name in arms}
+
+
+def _launch(pending: list[_Run], init_path: str, budget: int, unit: str, jobs: int, log, base: Path) -> None:
+    """Run ``pending``, ``jobs`` at a time; each finished run is summarised at once."""
+    if jobs == 1:
+        for r in pending:
+            log(f"arm '{r.arm}' seed {r.seed}: up to {budget:,} generated {unit}")
+            _run_one(base, r.overrides, r.where, init_path, torch.get_num_threads(), 1)
+            if r.summary is not None:
+                _summarise(r)
+        return
+    if not pending:
+        return
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    threads = max(1, torch.get_num_threads() // jobs)
+    log(f"{len(pending)} runs, {jobs} at a time with {threads} thread(s) each")
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        running = {
+            pool.submit(_run_one, base, r.overrides + ["train.progress=false"], r.where, init_path, threads, jobs): r
+            for r in pending
+        }
+        while running:
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                r = running.pop(fut)
+                try:
+                    seconds = fut.result()
+                except Exception as exc:
+                    for other in running:
+                        other.cancel()
+                    raise RuntimeError(f"arm '{r.arm}' seed {r.seed} failed: {exc}") from exc
+                if r.summary is not None:
+                    _summarise(r)
+                log(f"arm '{r.arm}' seed {r.seed}: done in {seconds:.0f} s")
 
 
 def _run_one(base: Path, overrides: list[str], where: Path, init_path: str, threads: int, jobs: int) -> float:

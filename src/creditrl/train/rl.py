@@ -49,7 +49,7 @@ from creditrl.train.checkpoint import (
     save_checkpoint,
 )
 from creditrl.train.evaluate import evaluate
-from creditrl.train.metrics import IterationRecord, StageTimer, iteration_row, progress_line
+from creditrl.train.metrics import IterationRecord, StageTimer, iteration_row, pack_outcomes, progress_line
 from creditrl.train.trackers import Tracker, make_trackers
 
 log = logging.getLogger("creditrl")
@@ -186,7 +186,9 @@ class RLTrainer:
             on_error=cfg.reward.on_error,
         )
         out = {"eval/accuracy": res.accuracy, "eval/step_accuracy": res.step_accuracy, "eval/length": res.mean_length}
-        out.update({"eval/errors": res.errors, "eval/timeouts": res.timeouts})
+        out.update(
+            {"eval/errors": res.errors, "eval/timeouts": res.timeouts, "eval/correct": pack_outcomes(res.correct)}
+        )
         source = p.scorer.primary.source
         if "sequence" in source.granularities:  # the reward's own measure, e.g. BLEU where exact match is rare
             scores = score_batch(
