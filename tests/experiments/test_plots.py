@@ -33,3 +33,31 @@ def test_coinciding_arms_get_their_own_styles(tmp_path: Path, monkeypatch: pytes
         assert (a.get_marker(), a.get_linestyle()) != (b.get_marker(), b.get_linestyle())
         assert list(a.get_ydata()) == list(b.get_ydata())  # the same numbers, two visible lines
     plt.close(fig)
+
+
+def test_seed_curves_keep_colours_mark_the_reference_and_put_the_legend_outside(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from creditrl.experiments import seeds
+
+    def run(acc: float) -> list[dict]:
+        return [
+            {"iteration": 0, "samples/total": 0, "eval/accuracy": 0.2},
+            {"iteration": 5, "samples/total": 640, "eval/accuracy": acc},
+        ]
+
+    results = {f"arm {i}": [run(0.2 + i / 100), run(0.21 + i / 100)] for i in range(12)}
+    figures = []
+    monkeypatch.setattr(seeds.plt, "close", figures.append)
+    seeds.plot_seed_curves(results, tmp_path / "c.png", "t", "samples/total", "samples", "ci95", reference="arm 3")
+    (fig,) = figures
+    ax = fig.axes[0]
+    means = [line for line in ax.get_lines() if line.get_label().startswith("arm")]
+    assert [line.get_label().split(",")[0] for line in means] == [
+        f"arm {i}" + (" (reference)" if i == 3 else "") for i in range(12)
+    ]
+    assert len({line.get_color() for line in means}) == 12  # no colour reused within the panel
+    assert [line.get_linestyle() for line in means].count("--") == 1 and means[3].get_linestyle() == "--"
+    fig.canvas.draw()
+    legend, axes = ax.get_legend().get_window_extent(), ax.get_window_extent()
+    assert legend.x0 > axes.x1  # outside the data, to the right

@@ -397,7 +397,13 @@ def run_compare(
         table += "\n" + differences_markdown(differences, grid.reference)
     title = f"{grid.name}: {grid.budget:,} generated {grid.unit} per run, mean ± 95% CI over {len(grid.seeds)} seeds"
     plot_seed_curves(
-        results, out / "plots" / "accuracy_vs_samples.png", title, "samples/total", "generated samples", "ci95"
+        results,
+        out / "plots" / "accuracy_vs_samples.png",
+        title,
+        "samples/total",
+        "generated samples",
+        "ci95",
+        reference=grid.reference,
     )
     plot_seed_curves(
         results,
@@ -406,6 +412,7 @@ def run_compare(
         "time/total_s",
         "RL wall time (s, evaluations excluded)",
         "ci95",
+        reference=grid.reference,
     )
     plot_seed_curves(
         results,
@@ -416,6 +423,7 @@ def run_compare(
         "ci95",
         y_key="eval/length",
         y_label="held-out greedy response length (tokens)",
+        reference=grid.reference,
     )
     target = f"{100 * grid.target:.1f}%" if grid.target is not None else f"start + {100 * grid.gain:.1f} points"
     (out / "results.md").write_text(

@@ -364,7 +364,12 @@ def run_findings(
         f"the runs' committed summaries by `creditrl findings` ({when}); `make findings` runs "
         "whatever is missing and rewrites this file, `creditrl findings --no-train` rebuilds it from the summaries "
         "alone. Differences to a claim's reference arm are paired over seeds and problems, with 95% bootstrap "
-        "intervals (creditrl.experiments.verdicts); the per-arm tables give 95% Student-t intervals over seeds.\n\n"
+        "intervals (creditrl.experiments.verdicts); the per-arm tables give 95% Student-t intervals over seeds. "
+        "A prediction is **supported** when that interval lies on its side of zero (within ±2 points for a "
+        "predicted tie), **contradicted** when it lies on the other side (or wholly short of a claimed size), "
+        "and **inconclusive** otherwise; *detectable* is the smallest difference the run could have seen (a 5% "
+        "test with 80% power). Every arm runs to its grid's stated budget (10x the earlier findings'); each "
+        "table says whether an arm was still improving over the last third of it.\n\n"
         + verdicts_table(verdicts)
         + "\n"
         + "\n".join(sections)

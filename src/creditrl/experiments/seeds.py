@@ -319,18 +319,23 @@ def plot_seed_curves(
     band: str = "minmax",
     y_key: str = "eval/accuracy",
     y_label: str = "held-out exact match (%)",
+    reference: str | None = None,
 ) -> None:
     """Held-out exact match (or ``y_key``, unscaled unless it is an accuracy) against ``x_key`` (default generated
     tokens): per arm the mean over
     seeds (each seed's curve linearly interpolated on a common grid up to the smallest seed's
     last x) with a shaded band, seeds thin. ``band``: ``minmax`` over seeds, or ``ci95``
-    (mean ± Student-t 95% half-width at each grid point, as :func:`mean_ci95`)."""
+    (mean ± Student-t 95% half-width at each grid point, as :func:`mean_ci95`). Each arm keeps the
+    colour of its place in ``results`` (tab10, then tab20: none reused up to 30 arms); the
+    ``reference`` arm is drawn dashed and named so; the legend sits outside the data, on the right."""
     if band not in ("minmax", "ci95"):
         raise ValueError(f"plot_seed_curves: band must be 'minmax' or 'ci95', got {band!r}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    fig, ax = plt.subplots(figsize=(9, 4.5), dpi=120)
+    palette = list(plt.get_cmap("tab10").colors) + list(plt.get_cmap("tab20").colors[1::2])
     for i, (name, histories) in enumerate(results.items()):
-        color = f"C{i}"
+        color = palette[i % len(palette)]
+        ref = name == reference
         scale = 100.0 if y_key.endswith("accuracy") else 1.0
         curves = [([r[x_key] for r in eval_rows(h)], [scale * r[y_key] for r in eval_rows(h)]) for h in histories]
         grid = np.linspace(0, min(max(xs) for xs, _ in curves), 50)
@@ -338,7 +343,8 @@ def plot_seed_curves(
         for xs, y in curves:
             ax.plot(xs, y, color=color, alpha=0.25, linewidth=0.8)
         mean = ys.mean(0)
-        ax.plot(grid, mean, color=color, linewidth=2, label=f"{name} (mean of {len(curves)} seeds)")
+        label = f"{name}{' (reference)' if ref else ''}, mean of {len(curves)} seeds"
+        ax.plot(grid, mean, color=color, linewidth=2.5 if ref else 2, linestyle="--" if ref else "-", label=label)
         if band == "minmax":
             lo, hi = ys.min(0), ys.max(0)
         else:
@@ -348,7 +354,7 @@ def plot_seed_curves(
     ax.set_xlabel(x_label)
     ax.set_ylabel(y_label)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
