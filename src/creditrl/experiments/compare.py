@@ -335,6 +335,18 @@ def differences_markdown(rows: list[dict[str, Any]], reference: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def cpu_hours(results: dict[str, list[list[dict[str, Any]]]], launches: list[dict[str, int]]) -> float:
+    """The grid's compute: every run's RL and evaluation wall time times its threads (one thread
+    where the launches differ or are unknown), in hours; the SFT start is not counted."""
+    threads = launches[0].get("threads", 1) if len(launches) == 1 else 1
+    seconds = sum(
+        h[-1].get("time/total_s", 0.0) + sum(r.get("time/eval_s", 0.0) for r in h)
+        for hs in results.values()
+        for h in hs
+    )
+    return threads * seconds / 3600
+
+
 def launch_text(launches: list[dict[str, int]]) -> str:
     """How the runs were launched, for the reports: iteration and wall times depend on it."""
 
@@ -440,6 +452,7 @@ def run_compare(
         "rows": [asdict(r) for r in rows],
         "differences": differences,
         "launches": launches,
+        "cpu_hours": cpu_hours(results, launches),
         "wall_s": time.time() - start,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -256,6 +256,8 @@ def _section(
         f"*Setting:* base `{grid.base.name}` with `{' '.join(grid.common) or '-'}`; {grid.budget:,} generated "
         f"{grid.unit} per run; seeds {grid.seeds}; start `{summary['init']}`; launched: "
         f"{launch_text(summary.get('launches', [{}]))}. Arms: {arms}. "
+        f"Compute: {summary.get('cpu_hours', 0.0):.1f} CPU-hours of RL and evaluation over "
+        f"{len(grid.arms) * len(grid.seeds)} runs (the SFT start not counted). "
         f"Regenerate: `creditrl compare {finding['grid']}` (then `creditrl findings`).\n\n"
         f"{table}\n{images}\n\n*Reading.* {fill(finding['reading'].strip(), rows)}\n"
     )
