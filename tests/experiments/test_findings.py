@@ -184,6 +184,7 @@ def test_findings_persist_run_summaries_and_rebuild_from_them_alone(tmp_path: Pa
 
     summary = json.loads(files[0].read_text())
     assert summary["budget"] == 32 and summary["unit"] == "samples" and summary["seed"] == 0
+    assert Path(summary["init"]).is_dir()  # the SFT start the run resolved, not "sft"
     assert [e["iteration"] for e in summary["evals"]] == [0, 1, 2] and "eval/correct" in summary["evals"][-1]
     row = next(x for x in first.splitlines() if x.startswith("| [C4](#c9) | rloo vs grpo | better by 5 points |"))
     assert row.split("|")[4].strip() in ("**supported**", "**contradicted**", "**inconclusive**")

@@ -130,6 +130,8 @@ def _stop(overrides: list[str]) -> int:
 
 def _summarise(run: _Run, rows: list[dict[str, Any]] | None = None) -> None:
     rows = rows if rows is not None else load_metrics(run.where)
+    if (run.where / "config.yaml").is_file():  # the start the run resolved (the SFT cache's path)
+        run.identity["init"] = load_config(run.where / "config.yaml").train.init
     f = run.where / "launch.json"
     launch = json.loads(f.read_text()) if f.exists() else {}
     write_summary(run.summary, run_summary(rows, run.identity, launch))
