@@ -189,7 +189,8 @@ def test_findings_persist_run_summaries_and_rebuild_from_them_alone(tmp_path: Pa
     row = next(x for x in first.splitlines() if x.startswith("| [C4](#c9) | rloo vs grpo | better by 5 points |"))
     assert row.split("|")[4].strip() in ("**supported**", "**contradicted**", "**inconclusive**")
     assert "rloo moved " in first and "grpo is the reference." in first and "## Earlier findings" in first
-    assert "CPU-hours of RL and evaluation over 4 runs" in first
+    assert "CPU-hours of RL and evaluation over 4 runs (the SFT start not counted); the 15-minute load average" in first
+    assert summary["load"] >= 0 and "load" not in summary["launch"]
     import shutil
 
     shutil.rmtree(tmp_path / "runs")

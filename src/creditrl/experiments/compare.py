@@ -398,9 +398,11 @@ def run_compare(
         summaries=summaries,
     )
     launches = launch_settings(out)
+    loads: list[float] = []
     if summaries is not None:
         found = [read_summary(summaries / slug(a) / f"seed{s}.json") for a in grid.arms for s in grid.seeds]
         init = found[0]["init"]
+        loads = [f["load"] for f in found if f.get("load") is not None]
         launches = [x for i, x in enumerate(f["launch"] for f in found) if x not in [f["launch"] for f in found[:i]]]
     rows = [summarise_arm(name, hs, grid.target, grid.gain) for name, hs in results.items()]
     table = results_markdown(rows)
@@ -453,6 +455,7 @@ def run_compare(
         "differences": differences,
         "launches": launches,
         "cpu_hours": cpu_hours(results, launches),
+        "load": float(np.mean(loads)) if loads else None,
         "wall_s": time.time() - start,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -257,10 +257,18 @@ def _section(
         f"{grid.unit} per run; seeds {grid.seeds}; start `{summary['init']}`; launched: "
         f"{launch_text(summary.get('launches', [{}]))}. Arms: {arms}. "
         f"Compute: {summary.get('cpu_hours', 0.0):.1f} CPU-hours of RL and evaluation over "
-        f"{len(grid.arms) * len(grid.seeds)} runs (the SFT start not counted). "
+        f"{len(grid.arms) * len(grid.seeds)} runs (the SFT start not counted){_load_text(summary)}. "
         f"Regenerate: `creditrl compare {finding['grid']}` (then `creditrl findings`).\n\n"
         f"{table}\n{images}\n\n*Reading.* {fill(finding['reading'].strip(), rows)}\n"
     )
+
+
+def _load_text(summary: dict[str, Any]) -> str:
+    """How loaded the machine was while the runs ran (wall times depend on it)."""
+    load = summary.get("load")
+    if load is None:
+        return ""
+    return f"; the 15-minute load average at the runs' ends was {load:.1f} on average on 2 cores"
 
 
 def _pending_section(finding: dict[str, Any], grid, done: int, total: int) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -250,9 +251,9 @@ def _run_one(base: Path, overrides: list[str], where: Path, init_path: str, thre
         transformers.utils.logging.disable_progress_bar()
     start = time.time()
     RLTrainer.from_config(load_config(base, overrides), where, init_path=init_path).run()
-    (where / "launch.json").write_text(
-        json.dumps({"threads": torch.get_num_threads(), "jobs": jobs})
-    )  # train.threads wins
+    # train.threads wins; the load average over the run's last 15 minutes says what else shared the machine
+    launch = {"threads": torch.get_num_threads(), "jobs": jobs, "load": round(os.getloadavg()[2], 2)}
+    (where / "launch.json").write_text(json.dumps(launch))
     return time.time() - start
 
 
@@ -262,7 +263,7 @@ def launch_settings(run_dir: Path) -> list[dict[str, int]]:
     found = []
     for metrics in sorted(Path(run_dir).glob("*/seed*/metrics.jsonl")):
         f = metrics.parent / "launch.json"
-        d = json.loads(f.read_text()) if f.exists() else {}
+        d = {k: v for k, v in (json.loads(f.read_text()) if f.exists() else {}).items() if k != "load"}
         if d not in found:
             found.append(d)
     return found

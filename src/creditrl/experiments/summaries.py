@@ -46,7 +46,8 @@ def run_summary(rows: list[dict[str, Any]], identity: dict[str, Any], launch: di
         "version": VERSION,
         **identity,
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
-        "launch": launch,
+        "launch": {k: v for k, v in launch.items() if k != "load"},
+        "load": launch.get("load"),  # the 15-minute load average at the run's end (None: not recorded)
         "iter_s": [[r["iteration"], round(r["time/iter_s"], 4)] for r in rows if "time/iter_s" in r],
         "evals": [{k: r[k] for k in EVAL_KEYS if k in r} for r in rows if "eval/accuracy" in r],
     }
