@@ -100,6 +100,12 @@ def _diff(lo: float, hi: float) -> Difference:
         (-0.015, 0.018, "same", None, "supported"),
         (-0.03, 0.01, "same", None, "inconclusive"),
         (0.005, 0.03, "same", None, "contradicted"),
+        (-0.05, -0.02, "no better", None, "supported"),  # worse: the arm does not beat the reference
+        (-0.01, 0.015, "no better", None, "supported"),
+        (-0.01, 0.03, "no better", None, "inconclusive"),
+        (0.01, 0.05, "no better", None, "contradicted"),
+        (0.02, 0.05, "no worse", None, "supported"),
+        (-0.05, -0.01, "no worse", None, "contradicted"),
     ],
 )
 def test_the_verdict_rule(lo, hi, expect, size, want) -> None:

@@ -20,9 +20,9 @@ results table, the plots (copied to ``docs/findings/``) and the filled reading.
 
 **Verdicts.** A finding that tests a claim names it (``claim_id``: C1 ... C7, :data:`CLAIMS`), its
 ``regime`` and ``task`` (words for the table), and in ``expect`` what the claim predicts for each
-arm against the grid's ``reference``: ``better``, ``worse`` or ``same``, or ``better by 5`` (a
-claimed size in points). Each arm gets a verdict by the rule of :mod:`creditrl.experiments.verdicts`;
-FINDINGS.md opens with the table of every verdict.
+arm against the grid's ``reference``: ``better``, ``worse``, ``same``, ``no better`` or ``no
+worse``, or ``better by 5`` (a claimed size in points). Each arm gets a verdict by the rule of
+:mod:`creditrl.experiments.verdicts`; FINDINGS.md opens with the table of every verdict.
 
 **Persistence.** Every finished run's summary is committed under ``findings/runs/<grid>/``
 (:mod:`creditrl.experiments.summaries`). ``creditrl findings --no-train`` builds FINDINGS.md from
@@ -52,7 +52,7 @@ from creditrl.experiments.compare import (
 )
 from creditrl.experiments.seeds import slug, summarised_runs
 from creditrl.experiments.summaries import read_summary
-from creditrl.experiments.verdicts import EXPECTATIONS, Difference, verdict
+from creditrl.experiments.verdicts import Difference, verdict
 
 FINDING_KEYS = {
     "id",
@@ -112,14 +112,20 @@ def load_finding(path: Path) -> dict[str, Any]:
 
 
 def _expectation(path: Path, arm: str, text: Any) -> tuple[str, float | None]:
-    """``better`` -> ("better", None); ``better by 5`` -> ("better", 0.05)."""
-    words = str(text).split()
-    if words and words[0] in EXPECTATIONS and (len(words) == 1 or (len(words) == 3 and words[1] == "by")):
+    """``better`` -> ("better", None); ``better by 5`` -> ("better", 0.05); ``no better``."""
+    text = str(text).strip()
+    if text in ("no better", "no worse", "same"):
+        return text, None
+    words = text.split()
+    if words and words[0] in ("better", "worse") and (len(words) == 1 or (len(words) == 3 and words[1] == "by")):
         try:
             return words[0], float(words[2]) / 100 if len(words) == 3 else None
         except ValueError:
             pass
-    raise ConfigError(f"{path}: expect '{arm}': expected better, worse or same, optionally 'by N' points; got {text!r}")
+    raise ConfigError(
+        f"{path}: expect '{arm}': expected better, worse (optionally 'by N' points), same, no better or no worse; "
+        f"got {text!r}"
+    )
 
 
 def _mean(stat: Any) -> float | None:
@@ -376,9 +382,10 @@ def run_findings(
         "alone. Differences to a claim's reference arm are paired over seeds and problems, with 95% bootstrap "
         "intervals (creditrl.experiments.verdicts); the per-arm tables give 95% Student-t intervals over seeds. "
         "A prediction is **supported** when that interval lies on its side of zero (within ±2 points for a "
-        "predicted tie), **contradicted** when it lies on the other side (or wholly short of a claimed size), "
-        "and **inconclusive** otherwise; *detectable* is the smallest difference the run could have seen (a 5% "
-        "test with 80% power). Every arm runs to its grid's stated budget (10x the earlier findings'); each "
+        "predicted tie; at most +2 points for a predicted 'no better'), **contradicted** when it lies on the "
+        "other side (or wholly short of a claimed size), and **inconclusive** otherwise; *detectable* is the "
+        "smallest difference the run could have seen (a 5% test with 80% power). Every arm runs to its grid's "
+        "stated budget (10x the earlier findings'); each "
         "table says whether an arm was still improving over the last third of it.\n\n"
         + verdicts_table(verdicts)
         + "\n"

@@ -25,7 +25,10 @@ the bootstrap standard deviation of ``d`` (a two-sided 5% test with 80% power).
   **inconclusive**;
 - ``worse``: the mirror image;
 - ``same``: **supported** when the interval lies within ``±margin`` points; **contradicted**
-  when it excludes 0; else inconclusive.
+  when it excludes 0; else inconclusive;
+- ``no better`` (the claim says the arm does not beat the reference): **supported** when the
+  interval's upper end is at most ``margin``; **contradicted** when it lies above 0; else
+  inconclusive. ``no worse`` is the mirror image.
 
 **Still improving**: an arm's last evaluation against its own evaluation at about two thirds of
 the budget, the same paired bootstrap; improving when that interval lies above 0.
@@ -52,7 +55,7 @@ __all__ = [
 ]
 
 ROUNDS = 10_000
-EXPECTATIONS = ("better", "worse", "same")
+EXPECTATIONS = ("better", "worse", "same", "no better", "no worse")
 _Z = NormalDist().inv_cdf(0.975) + NormalDist().inv_cdf(0.8)  # 1.96 + 0.84
 
 
@@ -118,6 +121,9 @@ def verdict(diff: Difference, expect: str, *, size: float | None = None, margin:
         if diff.lo > 0 or diff.hi < 0:
             return "contradicted"
         return "supported" if -margin <= diff.lo and diff.hi <= margin else "inconclusive"
+    if expect in ("no better", "no worse"):
+        lo, hi = (diff.lo, diff.hi) if expect == "no better" else (-diff.hi, -diff.lo)
+        return "contradicted" if lo > 0 else "supported" if hi <= margin else "inconclusive"
     lo, hi = (diff.lo, diff.hi) if expect == "better" else (-diff.hi, -diff.lo)
     if hi < 0 or (size is not None and hi < size):
         return "contradicted"
