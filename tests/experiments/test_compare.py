@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from creditrl.config import ConfigError
-from creditrl.experiments.compare import expand_grid, load_grid, results_csv, results_markdown, summarise_arm
+from creditrl.experiments.compare_report import results_csv, results_markdown, summarise_arm
 from creditrl.experiments.demo import demo_config_path
+from creditrl.experiments.grid import expand_grid, load_grid
 
 
 def _write(tmp_path: Path, text: str, name: str = "g.yaml") -> Path:

@@ -74,7 +74,7 @@ def test_finding_files_are_checked(tmp_path: Path):
 
 def test_committed_findings_name_existing_grids_and_arms():
     root = Path(__file__).resolve().parents[2]
-    from creditrl.experiments.compare import load_grid
+    from creditrl.experiments.grid import load_grid
     from creditrl.experiments.seeds import slug
 
     files = sorted((root / "findings").glob("*.yaml"))

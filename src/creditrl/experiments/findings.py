@@ -41,15 +41,9 @@ from typing import Any
 import yaml
 
 from creditrl.config import ConfigError
-from creditrl.experiments.compare import (
-    TOKEN_ITERATIONS,
-    CompareRow,
-    differences_markdown,
-    launch_text,
-    load_grid,
-    results_markdown,
-    run_compare,
-)
+from creditrl.experiments.compare import run_compare
+from creditrl.experiments.compare_report import CompareRow, differences_markdown, launch_text, results_markdown
+from creditrl.experiments.grid import TOKEN_ITERATIONS, load_grid
 from creditrl.experiments.seeds import slug, summarised_runs
 from creditrl.experiments.summaries import read_summary
 from creditrl.experiments.verdicts import Difference, verdict

@@ -1,0 +1,180 @@
+"""What ``creditrl compare`` reports of a grid's runs: the per-arm table (means and Student-t
+intervals over seeds), the paired differences to the reference arm, the compute and the launch."""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from creditrl.experiments.report import eval_rows
+from creditrl.experiments.seeds import mean_ci95
+
+Stat = tuple[float, float]  # mean, 95% half-width over seeds
+
+
+@dataclass
+class CompareRow:
+    arm: str
+    seeds: int
+    start: float  # mean over seeds of the iteration-0 held-out accuracy (the init checkpoint)
+    target: float
+    final: Stat  # held-out exact match at the last evaluation
+    step_final: Stat  # held-out step accuracy at the last evaluation
+    reached: int  # seeds whose held-out accuracy reached the target at some evaluation
+    samples_to_target: Stat | None  # over the reaching seeds; None when none reached
+    wall_to_target: Stat | None
+    tokens: Stat  # generated tokens at the end
+    samples: Stat
+    iter_s: Stat  # per seed the mean time/iter_s over its iterations
+    wall_s: Stat  # RL wall time per run at the end (evaluations excluded)
+    length: Stat | None = None  # held-out greedy response length (tokens) at the last evaluation
+    length_start: float | None = None  # the same before RL (mean over seeds)
+
+
+def first_reach(history: list[dict[str, Any]], target: float) -> dict[str, Any] | None:
+    """The first evaluation row with held-out accuracy >= target (the start row counts)."""
+    return next((r for r in eval_rows(history) if r["eval/accuracy"] >= target), None)
+
+
+def summarise_arm(
+    arm: str, histories: list[list[dict[str, Any]]], target: float | None = None, gain: float | None = None
+) -> CompareRow:
+    evals = [eval_rows(h) for h in histories]
+    start = float(np.mean([e[0]["eval/accuracy"] for e in evals]))
+    target = round(start + gain, 9) if target is None else target  # 0.2 + 0.1 must reach 0.3
+    hits = [r for r in (first_reach(h, target) for h in histories) if r is not None]
+    last = [h[-1] for h in histories]
+    its = [[r["time/iter_s"] for r in h if "time/iter_s" in r] or [0.0] for h in histories]
+    return CompareRow(
+        arm=arm,
+        seeds=len(histories),
+        start=start,
+        target=target,
+        final=mean_ci95([e[-1]["eval/accuracy"] for e in evals]),
+        step_final=mean_ci95([e[-1]["eval/step_accuracy"] for e in evals]),
+        reached=len(hits),
+        samples_to_target=mean_ci95([r["samples/total"] for r in hits]) if hits else None,
+        wall_to_target=mean_ci95([r["time/total_s"] for r in hits]) if hits else None,
+        tokens=mean_ci95([r["tokens/total"] for r in last]),
+        samples=mean_ci95([r["samples/total"] for r in last]),
+        iter_s=mean_ci95([float(np.mean(x)) for x in its]),
+        wall_s=mean_ci95([r["time/total_s"] for r in last]),
+        length=mean_ci95([e[-1]["eval/length"] for e in evals]) if all("eval/length" in e[-1] for e in evals) else None,
+        length_start=float(np.mean([e[0]["eval/length"] for e in evals]))
+        if all("eval/length" in e[0] for e in evals)
+        else None,
+    )
+
+
+def results_markdown(rows: list[CompareRow]) -> str:
+    pct = lambda m: f"{100 * m[0]:.1f} ± {100 * m[1]:.1f}%"  # noqa: E731
+    num = lambda m, u="", d=0: "–" if m is None else f"{m[0]:,.{d}f} ± {m[1]:,.{d}f}{u}"  # noqa: E731
+    head = (
+        "| arm | seeds | start | target | final accuracy | step accuracy | reached | samples to target "
+        "| wall time to target | tokens generated | samples | iteration time | RL wall time | response length |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+    )
+    return head + "".join(
+        f"| {r.arm} | {r.seeds} | {100 * r.start:.1f}% | {100 * r.target:.1f}% | {pct(r.final)} | {pct(r.step_final)} "
+        f"| {r.reached}/{r.seeds} | {num(r.samples_to_target)} | {num(r.wall_to_target, ' s', 1)} | {num(r.tokens)} "
+        f"| {num(r.samples)} | {r.iter_s[0]:.2f} ± {r.iter_s[1]:.2f} s | {num(r.wall_s, ' s', 1)} "
+        f"| {num(r.length, '', 1)} |\n"
+        for r in rows
+    )
+
+
+def results_csv(rows: list[CompareRow]) -> str:
+    """One row per arm; every Stat column as ``<name>_mean`` and ``<name>_ci95`` (empty if None)."""
+    flat = []
+    for r in rows:
+        d: dict[str, Any] = {}
+        for k, v in asdict(r).items():
+            if k in {f for f, t in CompareRow.__annotations__.items() if "Stat" in str(t)}:
+                d[f"{k}_mean"], d[f"{k}_ci95"] = v if v is not None else ("", "")
+            else:
+                d[k] = v
+        flat.append(d)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(flat[0]))
+    writer.writeheader()
+    writer.writerows(flat)
+    return buf.getvalue()
+
+
+def difference_rows(results: dict[str, list[list[dict[str, Any]]]], reference: str) -> list[dict[str, Any]]:
+    """Every arm against ``reference`` at the last evaluation, problem by problem and seed by seed
+    (:func:`creditrl.experiments.verdicts.paired_difference`), with whether each arm (the
+    reference too) was still improving at the end and its wall-time ratio to the reference."""
+    from creditrl.experiments.verdicts import outcome_matrix, paired_difference, still_improving
+
+    ref = outcome_matrix(results[reference])
+    ref_wall = float(np.mean([h[-1]["time/total_s"] for h in results[reference]]))
+    rows = []
+    for arm, hs in results.items():
+        diff = None if arm == reference else paired_difference(outcome_matrix(hs), ref)
+        late = still_improving(hs)
+        wall = float(np.mean([h[-1]["time/total_s"] for h in hs]))
+        rows.append(
+            {
+                "arm": arm,
+                "difference": None if diff is None else asdict(diff),
+                "improving": None if late is None else asdict(late),
+                "cost": wall / ref_wall if ref_wall > 0 else None,
+            }
+        )
+    return rows
+
+
+def _points(x: float) -> str:
+    return f"{100 * x:+.1f}"
+
+
+def differences_markdown(rows: list[dict[str, Any]], reference: str) -> str:
+    """The table of :func:`difference_rows`: accuracy points, 95% intervals, the minimum
+    detectable effect, the late change and the cost ratio."""
+    out = [
+        f"Against **{reference}**: paired difference in held-out exact match at the last evaluation "
+        "(points, 95% two-level bootstrap interval over seeds and problems), the smallest difference the run "
+        "could detect (80% power), and each arm's change over the last third of its evaluations.\n",
+        "| arm | difference | 95% interval | detectable | last third | still improving | wall time vs reference |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        d, late = r["difference"], r["improving"]
+        diff = "reference" if d is None else _points(d["mean"])
+        ci = "–" if d is None else f"[{_points(d['lo'])}, {_points(d['hi'])}]"
+        mde = "–" if d is None else f"{100 * d['mde']:.1f}"
+        change = "–" if late is None else f"{_points(late['mean'])} [{_points(late['lo'])}, {_points(late['hi'])}]"
+        going = "–" if late is None else ("yes" if late["lo"] > 0 else "no")
+        cost = "–" if r["cost"] is None else f"{r['cost']:.2f}x"
+        out.append(f"| {r['arm']} | {diff} | {ci} | {mde} | {change} | {going} | {cost} |")
+    return "\n".join(out) + "\n"
+
+
+def cpu_hours(results: dict[str, list[list[dict[str, Any]]]], launches: list[dict[str, int]]) -> float:
+    """The grid's compute: every run's RL and evaluation wall time times its threads (one thread
+    where the launches differ or are unknown), in hours; the SFT start is not counted."""
+    threads = launches[0].get("threads", 1) if len(launches) == 1 else 1
+    seconds = sum(
+        h[-1].get("time/total_s", 0.0) + sum(r.get("time/eval_s", 0.0) for r in h)
+        for hs in results.values()
+        for h in hs
+    )
+    return threads * seconds / 3600
+
+
+def launch_text(launches: list[dict[str, int]]) -> str:
+    """How the runs were launched, for the reports: iteration and wall times depend on it."""
+
+    def one(d: dict[str, int]) -> str:
+        if not d:
+            return "runs from before launch.json was recorded"
+        return (
+            "one run at a time" if d["jobs"] == 1 else f"{d['jobs']} runs at a time"
+        ) + f", {d['threads']} thread{'s' if d['threads'] > 1 else ''} each"
+
+    return "; ".join(one(d) for d in launches) or "no runs"

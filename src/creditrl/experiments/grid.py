@@ -1,0 +1,162 @@
+"""Grid files of ``creditrl compare``: parsed, validated and expanded into arms (the file format
+is in :mod:`creditrl.experiments.compare`)."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from creditrl.config import ConfigError, load_config
+from creditrl.config.loader import arith_config_path, demo_config_path, packaged_config
+from creditrl.train.resolve import checked
+
+KEYS = {"name", "base", "set", "seeds", "budget", "target", "init", "arms", "grid", "reference"}
+PACKAGED = ("demo", "demo_quick", "arith")  # configs shipped in creditrl/configs, named in a grid's base
+TOKEN_ITERATIONS = 1_000_000
+# --quick: demo_quick sizes on any base, a tiny budget, 2 seeds (numbers meaningless)
+QUICK_SET = [
+    "sft.steps=20",
+    "sft.batch_size=16",
+    "sft.warmup_steps=5",
+    "rollout.prompts_per_iter=4",
+    "rollout.group_size=4",
+    "rollout.max_new_tokens=40",
+    "train.eval_every=1",
+    "train.eval_size=16",
+    "train.checkpoint_every=1000",
+]
+QUICK_BUDGET = {"tokens": 600, "samples": 32}
+
+
+@dataclass
+class Grid:
+    name: str
+    base: Path
+    common: list[str]
+    seeds: list[int]
+    unit: str  # tokens | samples
+    budget: int
+    target: float | None  # absolute accuracy target, or None when gain is set
+    gain: float | None  # target = the arm's start accuracy + gain
+    init: str
+    arms: dict[str, list[str]]
+    reference: str | None = None  # the arm every other is compared with, problem by problem
+
+
+def _value_text(v: Any) -> str:
+    """An override's value as YAML text (``gae``, ``0.5``, ``{min_ops: 5, max_ops: 7}``)."""
+    if isinstance(v, str):
+        return v
+    return yaml.safe_dump(v, default_flow_style=True, sort_keys=False, width=10**6).strip().removesuffix("\n...")
+
+
+def expand_grid(grid: dict[str, list[Any]], where: str = "grid") -> dict[str, list[str]]:
+    """``{"credit.estimator": ["grpo", "rloo"], "credit.lam": [0, 1]}`` -> 4 arms named
+    ``estimator=grpo, lam=0`` ... in cartesian (first key slowest) order; a key's last part names
+    it unless two keys share that part, then the full key does."""
+    if not isinstance(grid, dict) or not grid:
+        raise ConfigError(f"{where}: 'grid' must be a non-empty mapping key -> [values]")
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise ConfigError(f"{where}: grid key '{key}' must be a non-empty list of values, got {values!r}")
+    leaves = [str(k).split(".")[-1] for k in grid]
+    label = {k: (leaf if leaves.count(leaf) == 1 else str(k)) for k, leaf in zip(grid, leaves)}
+    arms: dict[str, list[str]] = {}
+    for point in itertools.product(*grid.values()):
+        pairs = list(zip(grid, point))
+        arms[", ".join(f"{label[k]}={_value_text(v)}" for k, v in pairs)] = [f"{k}={_value_text(v)}" for k, v in pairs]
+    return arms
+
+
+def _base_path(raw: Any, here: Path, where: str) -> Path:
+    if raw is None:
+        return demo_config_path(False)
+    if raw in PACKAGED:
+        return packaged_config(str(raw))
+    for p in (here / str(raw), Path(str(raw))):
+        if p.exists():
+            return p
+    raise ConfigError(f"{where}: key 'base': config file not found: {raw}")
+
+
+def _str_list(raw: Any, where: str) -> list[str]:
+    raw = [raw] if isinstance(raw, str) else raw
+    if not isinstance(raw, list) or not all(isinstance(x, str) and "=" in x for x in raw):
+        raise ConfigError(f"{where} must be a list of 'key=value' overrides, got {raw!r}")
+    return list(raw)
+
+
+def load_grid(path: str | Path, *, quick: bool = False, seeds: int | None = None) -> Grid:
+    """Parse and validate a grid file; every arm's config is loaded once so a bad key fails here."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"grid file not found: {path}")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a grid file is a mapping (base, set, seeds, budget, target, init, arms, grid)")
+    if unknown := set(data) - KEYS:
+        raise ConfigError(f"{path}: unknown key(s) {sorted(unknown)}; expected some of {sorted(KEYS)}")
+    base = _base_path(data.get("base"), path.parent, str(path))
+    if quick and base in (demo_config_path(False), arith_config_path(False)):
+        base = demo_config_path(True)
+    common = _str_list(data.get("set", []), f"{path}: key 'set'") + (QUICK_SET if quick else [])
+    seed_list = data.get("seeds", [0, 1, 2])
+    if not isinstance(seed_list, list) or not seed_list or not all(isinstance(s, int) for s in seed_list):
+        raise ConfigError(f"{path}: key 'seeds' must be a non-empty list of integers, got {seed_list!r}")
+    seed_list = list(range(seeds)) if seeds is not None else (seed_list[:2] if quick else seed_list)
+    budget = data.get("budget")
+    if not (
+        isinstance(budget, dict)
+        and len(budget) == 1
+        and next(iter(budget)) in ("tokens", "samples")
+        and isinstance(next(iter(budget.values())), int)
+        and next(iter(budget.values())) > 0
+    ):
+        raise ConfigError(f"{path}: key 'budget' must be {{tokens: N}} or {{samples: N}} with N > 0, got {budget!r}")
+    ((unit, amount),) = budget.items()
+    target = data.get("target", {"gain": 0.10})
+    if isinstance(target, dict) and set(target) == {"gain"} and isinstance(target["gain"], (int, float)):
+        absolute, gain = None, float(target["gain"])
+    elif isinstance(target, (int, float)) and not isinstance(target, bool) and 0 <= target <= 1:
+        absolute, gain = float(target), None
+    else:
+        raise ConfigError(f"{path}: key 'target' must be an accuracy in [0, 1] or {{gain: g}}, got {target!r}")
+    init = data.get("init", "sft")
+    if not isinstance(init, str) or (init != "sft" and not Path(init).exists()):
+        raise ConfigError(f"{path}: key 'init' must be 'sft' or an existing checkpoint directory, got {init!r}")
+    if "arms" not in data and "grid" not in data:
+        raise ConfigError(f"{path}: needs 'arms' (name -> overrides) or 'grid' (key -> values), or both")
+    arms = data.get("arms", {"": []})
+    if not isinstance(arms, dict) or not arms:
+        raise ConfigError(f"{path}: key 'arms' must be a non-empty mapping name -> [overrides]")
+    arms = {str(k): _str_list(v or [], f"{path}: arm '{k}'") for k, v in arms.items()}
+    if "grid" in data:
+        points = expand_grid(data["grid"], str(path))
+        arms = {
+            ", ".join(x for x in (a, p) if x): over + pover for a, over in arms.items() for p, pover in points.items()
+        }
+    for name, over in arms.items():
+        try:
+            checked(load_config(base, common + over))
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: arm '{name}': {exc}") from exc
+    reference = data.get("reference")
+    if reference is not None and reference not in arms:
+        raise ConfigError(f"{path}: key 'reference': no arm {reference!r}; arms: {', '.join(arms)}")
+    return Grid(
+        name=str(data.get("name", path.stem)),
+        base=base,
+        common=common,
+        seeds=seed_list,
+        unit=unit,
+        budget=QUICK_BUDGET[unit] if quick else amount,
+        target=absolute,
+        gain=gain,
+        init=init,
+        arms=arms,
+        reference=reference,
+    )
