@@ -208,7 +208,8 @@ def test_wrong_types_name_the_key(override, message):
         ("loss.kl_estimator=k4", "loss.kl_estimator: unknown value 'k4'; valid: k1, k2, k3"),
         (
             "task.name=gsm8k",
-            "task.name: unknown task 'gsm8k'; valid tasks: arithmetic, chain, code, math, toy_summarise, toy_translate",
+            "task.name: unknown task 'gsm8k'; valid tasks: arithmetic, chain, code, math, paths, toy_summarise, "
+            "toy_translate",
         ),
         (
             "reward.granularity=word",

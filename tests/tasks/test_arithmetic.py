@@ -343,7 +343,7 @@ def test_make_task_builds_configured_arithmetic() -> None:
 def test_make_task_unknown_name_lists_valid_names(restore_registry: None) -> None:
     register_task("zz_dummy")(ArithmeticTask)
     register_task("aa_dummy")(ArithmeticTask)
-    valid = "aa_dummy, arithmetic, chain, code, math, toy_summarise, toy_translate, zz_dummy"
+    valid = "aa_dummy, arithmetic, chain, code, math, paths, toy_summarise, toy_translate, zz_dummy"
     with pytest.raises(ValueError, match=f"unknown task 'nope'; valid tasks: {valid}$"):
         make_task("nope")
 

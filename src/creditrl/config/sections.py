@@ -87,7 +87,7 @@ class PolicyConfig(Section):
 class TaskConfig(Section):
     name: str = Field(
         "arithmetic",
-        description="a registered task: `arithmetic`, `math`, `code`, "
+        description="a registered task: `arithmetic`, `chain`, `paths`, `math`, `code`, "
         "`toy_translate`, `toy_summarise`, or `module:Class`",
     )
     args: FrozenArgs = Field(

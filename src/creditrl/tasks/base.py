@@ -159,6 +159,7 @@ _BUILTIN_TASK_MODULES: tuple[str, ...] = (
     "creditrl.tasks.chain",
     "creditrl.tasks.code",
     "creditrl.tasks.math",
+    "creditrl.tasks.paths",
     "creditrl.tasks.text",
 )
 
