@@ -10,9 +10,17 @@ import pytest
 import torch
 
 from creditrl.config import ConfigError
-from creditrl.experiments.compare_report import results_csv, results_markdown, summarise_arm
+from creditrl.experiments.compare_report import (
+    charged_s,
+    cpu_hours,
+    difference_rows,
+    results_csv,
+    results_markdown,
+    summarise_arm,
+)
 from creditrl.experiments.demo import demo_config_path
 from creditrl.experiments.grid import expand_grid, load_grid
+from creditrl.train.metrics import pack_outcomes
 
 
 def _write(tmp_path: Path, text: str, name: str = "g.yaml") -> Path:
@@ -141,6 +149,22 @@ def test_summarise_arm_table_numbers_against_hand_computed_histories():
         h[0]["eval/length"] = 20.0
     assert summarise_arm("x", hs, gain=0.1).length_start == 20.0
     assert results_markdown([with_len]).rstrip().endswith("| 34.0 ± 9.9 |")
+
+
+def test_a_runs_prm_cost_is_charged_to_its_wall_times_and_counted_once_in_cpu_hours():
+    plain = [_hist([0.2, 0.3, 0.4], 1.0), _hist([0.2, 0.2, 0.3], 1.0)]
+    prm = [_hist([0.2, 0.3, 0.4], 1.0), _hist([0.2, 0.2, 0.3], 1.0)]
+    for h in prm:
+        h[0]["time/prm_s"] = 100.0  # one cached PRM, shared by both seeds
+    assert charged_s(prm[0], prm[0][2]) == 104.0 and charged_s(plain[0], plain[0][2]) == 4.0
+    r, p = summarise_arm("plain", plain, gain=0.1), summarise_arm("prm", prm, gain=0.1)
+    assert (r.wall_s, p.wall_s) == ((4.0, 0.0), (104.0, 0.0))
+    assert p.wall_to_target == pytest.approx((103.0, 12.706 * 2**0.5 / 2**0.5))  # 102 s and 104 s
+    for row in [row for h in plain + prm for row in h]:
+        row["eval/correct"] = pack_outcomes([True, False])
+    rows = {row["arm"]: row for row in difference_rows({"plain": plain, "prm": prm}, "plain")}
+    assert rows["prm"]["cost"] == pytest.approx(26.0) and rows["plain"]["cost"] == 1.0
+    assert cpu_hours({"plain": plain, "prm": prm}, [{"jobs": 1, "threads": 2}]) == pytest.approx((2 * 16 + 100) / 3600)
 
 
 @pytest.mark.parametrize("unit", ["samples", "tokens"])

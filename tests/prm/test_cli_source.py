@@ -217,7 +217,10 @@ def test_reward_prm_auto_trains_once_and_is_read_back(workdir: Path, tmp_path: P
     assert prm_dir.parent == workdir / "cache" / "prm" and len(calls) == 1
     info = json.loads((prm_dir / "prm_info.json").read_text())
     assert 0.0 <= info["prm/heldout_auroc"] <= 1.0 and info["examples"] > 0
-    assert first.run().history[-1]["reward/placed_per_response"] > 0
+    assert info["prm/label_s"] > 0 and info["prm/cost_s"] == pytest.approx(info["prm/label_s"] + info["prm/time_s"])
+    history = first.run().history
+    assert history[-1]["reward/placed_per_response"] > 0
+    assert history[0]["time/prm_s"] == info["prm/cost_s"]  # the run is charged what its PRM cost
     assert load_config(tmp_path / "a" / "config.yaml").reward.prm == str(prm_dir)  # the run records the PRM it used
     second = RLTrainer.from_config(load_config(overrides=over), tmp_path / "b")
     assert second.cfg.reward.prm == str(prm_dir) and len(calls) == 1

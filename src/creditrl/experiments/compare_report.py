@@ -30,7 +30,7 @@ class CompareRow:
     tokens: Stat  # generated tokens at the end
     samples: Stat
     iter_s: Stat  # per seed the mean time/iter_s over its iterations
-    wall_s: Stat  # RL wall time per run at the end (evaluations excluded)
+    wall_s: Stat  # RL wall time per run at the end (evaluations excluded), the PRM's cost charged
     length: Stat | None = None  # held-out greedy response length (tokens) at the last evaluation
     length_start: float | None = None  # the same before RL (mean over seeds)
 
@@ -40,13 +40,20 @@ def first_reach(history: list[dict[str, Any]], target: float) -> dict[str, Any] 
     return next((r for r in eval_rows(history) if r["eval/accuracy"] >= target), None)
 
 
+def charged_s(history: list[dict[str, Any]], row: dict[str, Any]) -> float:
+    """The wall time a run is charged at ``row``: its RL time so far plus what the PRM its reward
+    reads cost to label for and train (``time/prm_s`` of the start row; each run pays it whole,
+    as a single run would, though the cached PRM is trained once for a grid)."""
+    return row["time/total_s"] + (history[0].get("time/prm_s", 0.0) if history else 0.0)
+
+
 def summarise_arm(
     arm: str, histories: list[list[dict[str, Any]]], target: float | None = None, gain: float | None = None
 ) -> CompareRow:
     evals = [eval_rows(h) for h in histories]
     start = float(np.mean([e[0]["eval/accuracy"] for e in evals]))
     target = round(start + gain, 9) if target is None else target  # 0.2 + 0.1 must reach 0.3
-    hits = [r for r in (first_reach(h, target) for h in histories) if r is not None]
+    hits = [(h, r) for h, r in ((h, first_reach(h, target)) for h in histories) if r is not None]
     last = [h[-1] for h in histories]
     its = [[r["time/iter_s"] for r in h if "time/iter_s" in r] or [0.0] for h in histories]
     return CompareRow(
@@ -57,12 +64,12 @@ def summarise_arm(
         final=mean_ci95([e[-1]["eval/accuracy"] for e in evals]),
         step_final=mean_ci95([e[-1]["eval/step_accuracy"] for e in evals]),
         reached=len(hits),
-        samples_to_target=mean_ci95([r["samples/total"] for r in hits]) if hits else None,
-        wall_to_target=mean_ci95([r["time/total_s"] for r in hits]) if hits else None,
+        samples_to_target=mean_ci95([r["samples/total"] for _, r in hits]) if hits else None,
+        wall_to_target=mean_ci95([charged_s(h, r) for h, r in hits]) if hits else None,
         tokens=mean_ci95([r["tokens/total"] for r in last]),
         samples=mean_ci95([r["samples/total"] for r in last]),
         iter_s=mean_ci95([float(np.mean(x)) for x in its]),
-        wall_s=mean_ci95([r["time/total_s"] for r in last]),
+        wall_s=mean_ci95([charged_s(h, h[-1]) for h in histories]),
         length=mean_ci95([e[-1]["eval/length"] for e in evals]) if all("eval/length" in e[-1] for e in evals) else None,
         length_start=float(np.mean([e[0]["eval/length"] for e in evals]))
         if all("eval/length" in e[0] for e in evals)
@@ -112,12 +119,12 @@ def difference_rows(results: dict[str, list[list[dict[str, Any]]]], reference: s
     from creditrl.experiments.verdicts import outcome_matrix, paired_difference, still_improving
 
     ref = outcome_matrix(results[reference])
-    ref_wall = float(np.mean([h[-1]["time/total_s"] for h in results[reference]]))
+    ref_wall = float(np.mean([charged_s(h, h[-1]) for h in results[reference]]))
     rows = []
     for arm, hs in results.items():
         diff = None if arm == reference else paired_difference(outcome_matrix(hs), ref)
         late = still_improving(hs)
-        wall = float(np.mean([h[-1]["time/total_s"] for h in hs]))
+        wall = float(np.mean([charged_s(h, h[-1]) for h in hs]))
         rows.append(
             {
                 "arm": arm,
@@ -157,14 +164,13 @@ def differences_markdown(rows: list[dict[str, Any]], reference: str) -> str:
 
 def cpu_hours(results: dict[str, list[list[dict[str, Any]]]], launches: list[dict[str, int]]) -> float:
     """The grid's compute: every run's RL and evaluation wall time times its threads (one thread
-    where the launches differ or are unknown), in hours; the SFT start is not counted."""
+    where the launches differ or are unknown), plus each distinct PRM's cost once, in hours; the
+    SFT start is not counted."""
     threads = launches[0].get("threads", 1) if len(launches) == 1 else 1
-    seconds = sum(
-        h[-1].get("time/total_s", 0.0) + sum(r.get("time/eval_s", 0.0) for r in h)
-        for hs in results.values()
-        for h in hs
-    )
-    return threads * seconds / 3600
+    runs = [h for hs in results.values() for h in hs]
+    seconds = sum(h[-1].get("time/total_s", 0.0) + sum(r.get("time/eval_s", 0.0) for r in h) for h in runs)
+    prms = {h[0]["time/prm_s"] for h in runs if h and "time/prm_s" in h[0]}  # runs sharing a PRM record one cost
+    return (threads * seconds + sum(prms)) / 3600
 
 
 def launch_text(launches: list[dict[str, int]]) -> str:

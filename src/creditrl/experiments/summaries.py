@@ -27,6 +27,7 @@ EVAL_KEYS = (
     "tokens/total",
     "time/total_s",
     "time/eval_s",
+    "time/prm_s",
     "reward/mean",
     "train/accuracy",
     "eval/accuracy",

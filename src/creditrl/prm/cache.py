@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from creditrl.config import Config, config_hash
 from creditrl.policy.engines import SamplingParams
 from creditrl.tasks import make_task
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: prm_info.json records what the PRM cost (prm/label_s, prm/cost_s)
 EVAL_PROBLEMS = 128  # held-out problems (x prm.samples solutions) for the cached PRM's AUROC
 
 
@@ -108,6 +109,19 @@ def cached_prm(cfg: Config, init_path: str, *, progress: bool = False) -> Path:
     return path
 
 
+def prm_cost_s(cfg: Config) -> float:
+    """The seconds the PRM of ``cfg`` took to label its training samples and train (the
+    held-out AUROC check excluded): 0 when no reward source reads a PRM or its directory has
+    no record of the cost (a PRM trained by ``creditrl prm train``, whose labels came from a
+    separate ``creditrl prm label``)."""
+    r = cfg.reward
+    reads = "prm" in (r.source, *r.sources, cfg.hybrid.dense_source)
+    info = Path(r.prm) / "prm_info.json" if reads and r.prm and r.prm != "auto" else None
+    if info is None or not info.is_file():
+        return 0.0
+    return float(json.loads(info.read_text()).get("prm/cost_s", 0.0))
+
+
 def _train_prm(cfg: Config, init_path: str, path: Path, progress: bool) -> None:
     from creditrl.policy.model import load_policy, policy_options
     from creditrl.prm.pipeline import evaluate_prm, label_quality
@@ -116,8 +130,11 @@ def _train_prm(cfg: Config, init_path: str, path: Path, progress: bool) -> None:
 
     model, tokenizer = load_policy(str(init_path), seed=cfg.policy.init_seed, **policy_options(cfg))
     model.eval()
+    start = time.perf_counter()
     with torch.no_grad():
         examples, info = label_policy_samples(cfg, model, tokenizer)
+    label_s = time.perf_counter() - start
+    with torch.no_grad():
         heldout, _ = label_policy_samples(
             cfg, model, tokenizer, problems=EVAL_PROBLEMS, split="heldout", seed=cfg.prm.seed + 1, labeler="oracle"
         )
@@ -133,6 +150,8 @@ def _train_prm(cfg: Config, init_path: str, path: Path, progress: bool) -> None:
         **label_quality(examples),
         "prm/heldout_auroc": auroc,
         **{k: v for k, v in metrics.items() if k != "prm/loss_curve"},
+        "prm/label_s": label_s,
+        "prm/cost_s": label_s + metrics["prm/time_s"],  # what a run using this PRM is charged
     }
     (tmp / "prm_info.json").write_text(json.dumps(record, indent=2))
     shutil.rmtree(path, ignore_errors=True)

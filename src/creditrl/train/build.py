@@ -25,6 +25,7 @@ from creditrl.errors import ConfigError
 from creditrl.policy.device import grad_scaler, resolve_device
 from creditrl.policy.engines import GenerationEngine, SamplingParams, choose_engine, engine_for
 from creditrl.policy.model import apply_lora, load_policy, policy_options
+from creditrl.prm.cache import cached_prm, prm_cost_s
 from creditrl.rewards.stage import Scorer
 from creditrl.rollout.segment import step_stop_ids
 from creditrl.tasks import Problem, Task
@@ -83,6 +84,7 @@ class RunParts:
     stop_ids: tuple[int, ...]  # tree rollouts stop a segment at these tokens
     heldout: list[Problem]
     choices: dict[str, str] = field(default_factory=dict)  # what was resolved, and why
+    prm_s: float = 0.0  # what the PRM a reward reads cost to label for and train (prm_cost_s)
 
 
 def start_policy(cfg: Config, task: Task | None = None, *, progress: bool) -> str:
@@ -117,8 +119,6 @@ def _prm(cfg: Config, init_path: str, progress: bool) -> Config:
     """``reward.prm=auto`` resolved to the cached PRM trained on the start policy's samples, and
     ``prm.completer=""`` to the start policy."""
     if cfg.reward.prm == "auto":
-        from creditrl.prm.cache import cached_prm
-
         with ddp.main_first():
             cfg = cfg.updated({"reward": {"prm": str(cached_prm(cfg, init_path, progress=progress))}})
     return cfg.updated({"prm": {"completer": cfg.prm.completer or init_path}})
@@ -224,4 +224,5 @@ def build_run(
         stop_ids=stop_ids,
         heldout=task.sample(cfg.train.eval_size, split="heldout", seed=EVAL_SEED),
         choices=choices,
+        prm_s=prm_cost_s(cfg),
     )

@@ -307,6 +307,7 @@ class RLTrainer:
                 "samples/total": 0,
                 "tokens/total": 0,
                 "time/total_s": 0.0,
+                **({"time/prm_s": self.parts.prm_s} if self.parts.prm_s else {}),
                 **self._evaluate_on_main(),
             }
             self._log(row, history)
