@@ -202,6 +202,34 @@ def test_findings_persist_run_summaries_and_rebuild_from_them_alone(tmp_path: Pa
     again = tmp_path / "again.md"
     assert main(["findings", "--root", str(tmp_path), "--no-train", "--out", str(again)]) == 0
     assert again.read_text() == first
+    # a second grid with the very same grpo arm reads its runs from the first grid's summaries;
+    # the same arm with another override is another run
+    from creditrl.experiments.grid import load_grid
+
+    (tmp_path / "grids" / "g2.yaml").write_text(GRID.replace("name: g\n", "name: g2\n"))
+    g2 = load_grid(tmp_path / "grids" / "g2.yaml")
+    where = tmp_path / "findings" / "runs" / "g2"
+    assert seeds.summarised_runs(g2.base, {"grpo": g2.arms["grpo"]}, g2.seeds, 32, g2.common, "samples", where) == (
+        2,
+        2,
+    )
+    other = {"grpo": [*g2.arms["grpo"], "loss.kl_coef=0.1"]}
+    assert seeds.summarised_runs(g2.base, other, g2.seeds, 32, g2.common, "samples", where) == (0, 2)
+    shared = seeds.run_arms(
+        g2.base,
+        {"grpo": g2.arms["grpo"]},
+        g2.seeds,
+        32,
+        tmp_path / "r2",
+        "sft",
+        g2.common,
+        unit="samples",
+        summaries=where,
+    )
+    assert [h[-1]["eval/correct"] for h in shared["grpo"]] == [
+        json.loads(f.read_text())["evals"][-1]["eval/correct"] for f in files[:2]
+    ]
+    assert not where.exists()  # nothing was copied
 
 
 def test_the_committed_findings_rebuild_from_their_summaries(tmp_path: Path) -> None:

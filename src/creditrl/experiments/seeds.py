@@ -105,9 +105,22 @@ def _plan(
                 "init": init_path,
             }
             where = run_dir / slug(name) / f"seed{seed}"
-            summary = summaries / slug(name) / f"seed{seed}.json" if summaries else None
+            summary = _summary_path(summaries, slug(name), seed, identity) if summaries else None
             runs.append(_Run(name, seed, overrides, where, summary, identity))
     return runs
+
+
+def _summary_path(summaries: Path, arm: str, seed: int, identity: dict[str, Any]) -> Path:
+    """Where the run's summary is: in the grid's own folder, or where another grid's folder beside
+    it (``findings/runs/*``) holds the very same run (arm name, base, overrides, budget), which is
+    then read from there rather than rerun -- two claims with one reference arm share its runs."""
+    own = summaries / arm / f"seed{seed}.json"
+    if own.is_file() or not summaries.parent.is_dir():
+        return own
+    for other in sorted(summaries.parent.glob(f"*/{arm}/seed{seed}.json")):
+        if summary_matches(read_summary(other), identity):
+            return other
+    return own
 
 
 def _done(run: _Run, budget: int, unit: str) -> list[dict[str, Any]] | None:
