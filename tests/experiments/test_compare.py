@@ -73,7 +73,7 @@ def test_load_grid_arms_times_grid_and_budgets(tmp_path: Path):
 
 
 def test_packaged_bases_resolve_and_quick_swaps_in_the_smoke_sizes(tmp_path: Path):
-    from creditrl.config.loader import arith_config_path
+    from creditrl.config.loader import arith_config_path, packaged_config
 
     body = "budget: {samples: 40}\narms: {a: []}\n"
     assert load_grid(_write(tmp_path, "base: arith\n" + body)).base == arith_config_path(False)
@@ -81,9 +81,11 @@ def test_packaged_bases_resolve_and_quick_swaps_in_the_smoke_sizes(tmp_path: Pat
     assert load_grid(_write(tmp_path, body)).base == demo_config_path(False)  # no base: the demo's
     for name in ("arith", "demo"):
         assert load_grid(_write(tmp_path, f"base: {name}\n" + body), quick=True).base == demo_config_path(True)
-    # every committed grid was measured on the operand-1-9 config
+    assert load_grid(_write(tmp_path, "base: paths\n" + body)).base == packaged_config("paths")
+    # every committed grid was measured on the operand-1-9 config, or on the second task's
     for grid in sorted(Path("grids").glob("*.yaml")):
-        assert load_grid(grid).base == arith_config_path(False), grid
+        want = packaged_config("paths") if "_paths" in grid.stem else arith_config_path(False)
+        assert load_grid(grid).base == want, grid
 
 
 @pytest.mark.parametrize(

@@ -237,3 +237,14 @@ def test_the_committed_findings_rebuild_from_their_summaries(tmp_path: Path) -> 
     root = Path(__file__).resolve().parents[2]
     out = run_findings(root, out=tmp_path / "FINDINGS.md", runs=tmp_path / "runs", train=False)
     assert out.read_text() == (root / "FINDINGS.md").read_text()
+
+
+def test_only_names_grid_findings_and_an_unknown_id_is_one_line(tmp_path: Path, capsys) -> None:
+    from creditrl.cli import main
+
+    (tmp_path / "grids").mkdir()
+    (tmp_path / "findings").mkdir()
+    (tmp_path / "grids" / "g.yaml").write_text(GRID)
+    (tmp_path / "findings" / "C9.yaml").write_text(FINDING)
+    assert main(["findings", "--root", str(tmp_path), "--only", "C9", "C7-x"]) == 2
+    assert "--only: no grid finding C7-x; findings: C9" in capsys.readouterr().err

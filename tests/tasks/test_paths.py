@@ -132,7 +132,7 @@ def test_registered_and_built_from_the_packaged_config() -> None:
     assert isinstance(task, PathsTask) and isinstance(task, Task) and task.config.nodes == 6
     cfg = load_config(packaged_config("paths"))
     built = build_task(cfg.task.name, cfg.task.args)
-    assert isinstance(built, PathsTask) and built.config == PathsConfig(nodes=12, extra_edges=3, min_dist=3, max_dist=6)
+    assert isinstance(built, PathsTask) and built.config == PathsConfig(nodes=7, extra_edges=2, min_dist=2, max_dist=3)
     problem = built.sample(1, split="heldout", seed=0)[0]
     assert split_completion(problem.solution)[-1] == "#" + problem.answer
     assert len(problem.prompt) + len(problem.solution) < cfg.rollout.max_new_tokens + 80

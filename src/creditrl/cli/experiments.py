@@ -34,7 +34,9 @@ def cmd_findings(args: argparse.Namespace) -> int:
     from creditrl.experiments.findings import run_findings
 
     out = Path(args.out) if args.out else None
-    run_findings(Path(args.root), quick=args.quick, out=out, jobs=args.jobs, train=not args.no_train)
+    run_findings(
+        Path(args.root), quick=args.quick, out=out, jobs=args.jobs, train=not args.no_train, only=args.only or ()
+    )
     return 0
 
 
@@ -110,6 +112,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="where to write (default ROOT/FINDINGS.md)")
     p.add_argument(
         "--no-train", action="store_true", help="only the committed run summaries (findings/runs/): nothing trains"
+    )
+    p.add_argument(
+        "--only",
+        nargs="+",
+        metavar="ID",
+        help="train only these findings' grids, in this order (e.g. C3-arith C4-arith); the rest from summaries",
     )
     add_jobs_arg(p)
     p.set_defaults(func=cmd_findings)

@@ -3,7 +3,7 @@
 Grid file (every key but ``arms``/``grid`` optional)::
 
     name: estimators          # default: the file's stem; output in runs/compare-<name>
-    base: arith               # demo | arith | demo_quick (packaged configs) | a config path
+    base: arith               # demo | arith | chain | paths | demo_quick (packaged) | a config path
                               # (relative to the grid file or cwd); default demo
     set: [train.eval_every=10]  # overrides common to every run (after base, before the arm's)
     seeds: [0, 1, 2]

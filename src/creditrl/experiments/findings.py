@@ -335,6 +335,20 @@ def _grid_section(
     return _section(finding, grid, summary, plots, out.parent, verdicts), verdicts, days
 
 
+def _train_only(root: Path, files: list[Path], only: list[str], quick: bool, runs: Path | None, jobs: int) -> None:
+    """Run the grids of the findings ``only`` names, in that order."""
+    by_id = {f["id"]: f for f in map(load_finding, files) if "grid" in f}
+    unknown = [i for i in only if i not in by_id]
+    if unknown:
+        raise ConfigError(f"--only: no grid finding {', '.join(unknown)}; findings: {', '.join(sorted(by_id))}")
+    runs = Path(runs or root / "runs" / ("findings-quick" if quick else "findings"))
+    for finding_id in only:
+        grid_path = root / by_id[finding_id]["grid"]
+        name = load_grid(grid_path, quick=quick).name
+        summaries = None if quick else root / "findings" / "runs" / name
+        run_compare(grid_path, runs / name, quick=quick, jobs=jobs, summaries=summaries)
+
+
 def run_findings(
     root: Path,
     *,
@@ -343,13 +357,19 @@ def run_findings(
     runs: Path | None = None,
     jobs: int = 1,
     train: bool = True,
+    only: tuple[str, ...] | list[str] = (),
 ) -> Path:
     """Run every finding's grid (resumably, from the committed summaries; ``jobs`` runs at a
-    time; ``train=False``: nothing trains) and write FINDINGS.md (``out``) with its plots."""
+    time; ``train=False``: nothing trains; ``only``: the grids of these finding ids train, in
+    this order, and the rest are read from their summaries) and write FINDINGS.md (``out``)
+    with its plots."""
     root = Path(root)
     files = sorted((root / "findings").glob("*.yaml"))
     if not files:
         raise ConfigError(f"{root / 'findings'}: no finding files (*.yaml)")
+    if only:
+        _train_only(root, files, list(only), quick, runs, jobs)
+        train = False
     out = Path(out or root / "FINDINGS.md")
     runs = Path(runs or root / "runs" / ("findings-quick" if quick else "findings"))
     docs = out.parent / "docs" / "findings"

@@ -15,7 +15,13 @@ from creditrl.config.loader import arith_config_path, demo_config_path, packaged
 from creditrl.train.resolve import checked
 
 KEYS = {"name", "base", "set", "seeds", "budget", "target", "init", "arms", "grid", "reference"}
-PACKAGED = ("demo", "demo_quick", "arith")  # configs shipped in creditrl/configs, named in a grid's base
+PACKAGED = (
+    "demo",
+    "demo_quick",
+    "arith",
+    "chain",
+    "paths",
+)  # configs shipped in creditrl/configs, named in a grid's base
 TOKEN_ITERATIONS = 1_000_000
 # --quick: demo_quick sizes on any base, a tiny budget, 2 seeds (numbers meaningless)
 QUICK_SET = [
