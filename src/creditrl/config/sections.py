@@ -3,6 +3,8 @@ hybrid), value, credit, loss, optim. Each field's description is its documentati
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from creditrl.config.types import (
@@ -108,6 +110,16 @@ class SFTConfig(Section):
         "reset to `{}` when a layer changes `task.name`",
     )
     seed: int = Field(0, description="seed of the SFT problem stream and initialisation")
+    scheduled_sampling: Literal["none", "linear", "inverse_sigmoid"] = Field(
+        "none",
+        description="feed the model's own previous token instead of the reference's, with a probability "
+        "rising over SFT (Bengio et al. 2015); one extra forward per step",
+    )
+    ss_max: float = Field(0.25, ge=0, le=1, description="scheduled sampling: the probability at the end of SFT")
+    ss_k: float = Field(
+        0.0, ge=0, description="inverse_sigmoid: Bengio's k in steps; 0 = midpoint at half of `sft.steps`"
+    )
+    ss_greedy: bool = Field(False, description="scheduled sampling: the model's argmax token instead of a sample")
 
 
 class RolloutConfig(Section):

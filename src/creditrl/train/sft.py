@@ -28,6 +28,7 @@ from creditrl.tasks.base import Problem, Task
 from creditrl.train.checkpoint import save_checkpoint
 from creditrl.train.evaluate import evaluate
 from creditrl.train.resolve import run_task, task_args
+from creditrl.train.scheduled_sampling import mix_inputs, sampling_probability
 
 CACHE_VERSION = 1
 ESTIMATE_AFTER = 10  # SFT steps timed before the log estimates the whole warm start
@@ -62,6 +63,14 @@ def sft_policy_fields(cfg: Config) -> dict:
     }
 
 
+# SFT fields added later, in the key only when set (a warm start cached before them keeps its key).
+_SFT_KEY_WHEN_SET = {"scheduled_sampling": "none", "ss_max": 0.25, "ss_k": 0.0, "ss_greedy": False}
+
+
+def sft_fields(cfg: Config) -> dict:
+    return {k: v for k, v in cfg.sft.model_dump().items() if not (k in _SFT_KEY_WHEN_SET and v == _SFT_KEY_WHEN_SET[k])}
+
+
 def sft_key(cfg: Config) -> str:
     return config_hash(
         {
@@ -69,7 +78,7 @@ def sft_key(cfg: Config) -> str:
             # the generation engine does not change the checkpoint (greedy evaluation agrees)
             "policy": sft_policy_fields(cfg),
             # the task arguments as a run resolves them (checked or not, one key)
-            "sft": {**cfg.sft.model_dump(), "task_args": task_args(cfg, "sft.task_args") if cfg.sft.task_args else {}},
+            "sft": {**sft_fields(cfg), "task_args": task_args(cfg, "sft.task_args") if cfg.sft.task_args else {}},
             "task": {"name": cfg.task.name, "args": task_args(cfg)},  # the held-out report is on the RL task
             "eval": [cfg.train.eval_size, cfg.rollout.max_new_tokens],
         }
@@ -132,12 +141,18 @@ def train_sft(
     model.train()
     start = time.time()
     bar = tqdm(range(s.steps), desc="sft", disable=not progress, dynamic_ncols=True)
-    loss_ema = None
+    loss_ema, replaced = None, []
+    mixing = torch.Generator(device=device).manual_seed(s.seed + 7)  # scheduled sampling's draws
     for step in bar:
         problems = sft_task.sample(s.batch_size, split="train", seed=s.seed * 1_000_003 + step)
         ids, mask, labels = (x.to(device) for x in sft_batch(tokenizer, problems))
         for g in opt.param_groups:
             g["lr"] = lr_at(step, s.steps, s.warmup_steps, s.lr)
+        p = sampling_probability(s.scheduled_sampling, step, s.steps, s.ss_max, s.ss_k)
+        if p > 0:
+            with autocast(device, precision):
+                ids, share = mix_inputs(model, ids, mask, labels, p, mixing, greedy=s.ss_greedy)
+            replaced.append(share)
         with autocast(device, precision):
             loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         opt.zero_grad(set_to_none=True)
@@ -163,6 +178,8 @@ def train_sft(
             )
     elapsed = time.time() - start
     metrics = {"sft/steps": s.steps, "sft/final_loss": loss_ema, "sft/time_s": elapsed}
+    if s.scheduled_sampling != "none":  # the share of response tokens fed from the model, over SFT
+        metrics["sft/ss_replaced"] = sum(replaced) / len(replaced) if replaced else 0.0
     metrics.update(heldout_report(cfg, model, tokenizer, task))
     save_checkpoint(out_dir, model, tokenizer, None, {"sft": s.model_dump(), "metrics": metrics})
     return model, tokenizer, metrics
@@ -176,7 +193,7 @@ def recipe_key(cfg: Config) -> str:
         {
             "v": CACHE_VERSION,
             "policy": sft_policy_fields(cfg),
-            "sft": cfg.sft.model_dump(),
+            "sft": sft_fields(cfg),
             "sft_task": [cfg.task.name, dict(cfg.sft.task_args or cfg.task.args)],
         }
     )
