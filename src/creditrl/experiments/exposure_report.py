@@ -1,0 +1,154 @@
+"""``creditrl exposure-report``: plain SFT against scheduled sampling, as exposure bias and as RL starts.
+
+For each seed ``s`` and each SFT variant (:data:`VARIANTS`: plain teacher forcing, and scheduled
+sampling with the inverse-sigmoid schedule up to 0.25), the warm start is trained with
+``sft.seed=s`` (cached), its exposure bias is measured on held-out problems
+(:func:`creditrl.train.scheduled_sampling.exposure_bias`: teacher-forced against free-running
+step accuracy, and its greedy exact match, the RL start), and outcome GRPO and process GRPO
+(oracle step rewards) train from it with ``train.seed=s``
+(:func:`creditrl.experiments.seeds.run_arms`, resumable; with ``summaries``, each finished run's
+summary and each start's measurements are kept there, so a later call trains nothing it has).
+Everything is reported as means with 95% Student-t intervals over the seeds, and as the paired
+per-seed difference scheduled sampling minus plain.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from creditrl.config import load_config
+from creditrl.experiments.grid import QUICK_SET
+from creditrl.experiments.report import eval_rows
+from creditrl.experiments.report_setup import base_config, step_task, task_phrase
+from creditrl.experiments.seeds import mean_ci95, run_arms, slug
+
+__all__ = ["VARIANTS", "ARMS", "run_exposure_report", "exposure_markdown"]
+
+VARIANTS: dict[str, list[str]] = {
+    "plain SFT": [],
+    "scheduled sampling": ["sft.scheduled_sampling=inverse_sigmoid", "sft.ss_max=0.25"],
+}
+ARMS: dict[str, list[str]] = {
+    "outcome GRPO": ["reward.source=outcome", "credit.estimator=grpo"],
+    "process GRPO": [
+        "reward.source=oracle_steps",
+        "reward.granularity=step",
+        "credit.estimator=grpo_process",
+        "credit.normaliser=batch",
+    ],
+}
+FULL = {
+    "seeds": [0, 1, 2],
+    "samples": 19_200,  # 150 iterations x 16 prompts x 8 samples, the arith config's budget
+    "problems": 1024,
+    "common": ["train.eval_every=30", "train.eval_size=1024", "train.checkpoint_every=100000", "train.inspect_every=0"],
+}
+QUICK = {"seeds": [0, 1], "samples": 32, "problems": 8, "common": [*QUICK_SET, "train.inspect_every=0"]}
+MEASURES = ("tf_step_accuracy", "free_step_accuracy", "gap", "accuracy")
+
+
+def _measure_start(cfg, init: str, problems: int, where: Path) -> dict[str, float]:
+    """The exposure-bias measurements of the start at ``init``, with ``init`` (kept in ``where``,
+    and read back from there when it exists)."""
+    if where.is_file():
+        return json.loads(where.read_text())
+    from creditrl.policy.model import load_policy, policy_options
+    from creditrl.train.scheduled_sampling import exposure_bias
+
+    task = step_task(cfg, "creditrl exposure-report")
+    model, tokenizer = load_policy(init, seed=cfg.policy.init_seed, **policy_options(cfg))
+    model.eval()
+    held = task.sample(problems, split="heldout", seed=4242)
+    out = {**exposure_bias(model, tokenizer, task, held, max_new_tokens=cfg.rollout.max_new_tokens), "init": init}
+    where.parent.mkdir(parents=True, exist_ok=True)
+    where.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    return out
+
+
+def run_exposure_report(
+    out: Path | None,
+    *,
+    quick: bool = False,
+    config: str | Path | None = None,
+    overrides: list[str] | None = None,
+    seeds: int | None = None,
+    jobs: int = 1,
+    summaries: Path | None = None,
+) -> dict[str, Any]:
+    """Both SFT variants x both RL arms x the seeds (module docstring); returns the summary."""
+    sizes = QUICK if quick else FULL
+    base = base_config(config, quick)
+    common = list(sizes["common"]) + list(overrides or [])
+    step_task(load_config(base, common), "creditrl exposure-report")  # refuse a task without steps first
+    out = Path(out or Path("runs") / f"exposure-{time.strftime('%Y%m%d-%H%M%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    seed_list = sizes["seeds"] if seeds is None else list(range(seeds))
+    start = time.time()
+    log = lambda msg: print(f"[creditrl exposure-report] {time.time() - start:6.0f} s  {msg}", flush=True)  # noqa: E731
+    starts: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
+    finals: dict[str, dict[str, list[float]]] = {v: {a: [] for a in ARMS} for v in VARIANTS}
+    for seed in seed_list:
+        for variant, sft_sets in VARIANTS.items():
+            sets = [*common, *sft_sets, f"sft.seed={seed}"]
+            keep = (summaries or out) / slug(variant)
+            measured = keep / f"start_seed{seed}.json"
+            init = json.loads(measured.read_text())["init"] if measured.is_file() else _sft_start(base, sets)
+            starts[variant].append(_measure_start(load_config(base, sets), init, sizes["problems"], measured))
+            log(f"{variant}, seed {seed}: start {starts[variant][-1]['accuracy']:.3f}")
+            results = run_arms(
+                base,
+                ARMS,
+                [seed],
+                sizes["samples"],
+                out / slug(variant),
+                init,
+                sets,
+                log,
+                unit="samples",
+                jobs=jobs,
+                summaries=keep if summaries else None,
+            )
+            for arm, histories in results.items():
+                finals[variant][arm].append(eval_rows(histories[0])[-1]["eval/accuracy"])
+    cfg = load_config(base, common)
+    summary = {"seeds": seed_list, "samples": sizes["samples"], "task": task_phrase(cfg), "starts": starts}
+    summary["finals"] = finals
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    log(f"summary: {out / 'summary.json'}")
+    return summary
+
+
+def _sft_start(base: Path, sets: list[str]) -> str:
+    from creditrl.train.build import start_policy
+
+    cfg = load_config(base, [*sets, "train.init=sft"])
+    return start_policy(cfg, progress=cfg.train.progress)
+
+
+def exposure_markdown(summary: dict[str, Any]) -> str:
+    """The per-variant table and the paired differences, means ± 95% t-intervals over the seeds."""
+    pct = lambda xs: "{:.1f} ± {:.1f}%".format(*(100 * v for v in mean_ci95(xs)))  # noqa: E731
+    pts = lambda xs: "{:+.1f} ± {:.1f} points".format(*(100 * v for v in mean_ci95(xs)))  # noqa: E731
+    head = (
+        "| SFT | teacher-forced step accuracy | free-running step accuracy | gap | RL start (greedy exact match) "
+        + "".join(f"| after {arm} " for arm in ARMS)
+        + "|\n"
+        + "|---" * (5 + len(ARMS))
+        + "|\n"
+    )
+    rows = ""
+    for variant, starts in summary["starts"].items():
+        cells = [pct([s[m] for s in starts]) for m in MEASURES]
+        cells += [pct(summary["finals"][variant][arm]) for arm in ARMS]
+        rows += f"| {variant} | " + " | ".join(cells) + " |\n"
+    plain, mixed = summary["starts"]["plain SFT"], summary["starts"]["scheduled sampling"]
+    diff = [pts([b[m] - a[m] for a, b in zip(plain, mixed)]) for m in MEASURES]
+    diff += [
+        pts([b - a for a, b in zip(summary["finals"]["plain SFT"][arm], summary["finals"]["scheduled sampling"][arm])])
+        for arm in ARMS
+    ]
+    rows += "| scheduled sampling - plain, paired by seed | " + " | ".join(diff) + " |\n"
+    return head + rows
