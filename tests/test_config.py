@@ -197,8 +197,8 @@ def test_wrong_types_name_the_key(override, message):
         ("credit.normaliser=zscore", "credit.normaliser: unknown value 'zscore'; valid: batch, group, none"),
         (
             "reward.source=orm",
-            "reward.source: unknown value 'orm'; valid: bleu, chrf, oracle_steps, outcome, prm, rouge, step_format, "
-            "unit_tests; did you mean 'prm'?",
+            "reward.source: unknown value 'orm'; valid: bleu, chrf, implicit_prm, oracle_steps, outcome, prm, rouge, "
+            "step_format, unit_tests; did you mean 'prm'?",
         ),
         ("reward.on_error=ignore", "reward.on_error: unknown value 'ignore'; valid: raise, skip, zero"),
         (

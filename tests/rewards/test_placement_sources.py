@@ -322,8 +322,8 @@ def test_builtin_sources_declare_their_granularities():
     assert orc.granularities == {"step", "segment", "token", "key_token"} and orc.default_granularity == "step"
     with pytest.raises(
         ValueError,
-        match="unknown reward source 'orm'; valid: bleu, chrf, oracle_steps, outcome, prm, rouge, step_format, "
-        "unit_tests",
+        match="unknown reward source 'orm'; valid: bleu, chrf, implicit_prm, oracle_steps, outcome, prm, rouge, "
+        "step_format, unit_tests",
     ):
         get_source("orm")
 

@@ -134,7 +134,7 @@ class RewardConfig(Section):
     source: str = Field(
         "outcome",
         description="a registered reward source: `outcome`, `oracle_steps`, "
-        "`step_format`, `prm`, `bleu`, `chrf`, `rouge`, `unit_tests`, or `module:function` "
+        "`step_format`, `prm`, `implicit_prm`, `bleu`, `chrf`, `rouge`, `unit_tests`, or `module:function` "
         "(a TRL-signature reward function)",
     )
     sources: list[str] = Field(
@@ -170,6 +170,9 @@ class RewardConfig(Section):
     segment_tokens: int = Field(8, gt=0, description="K of fixed K-token segments")
     key_after: str = Field("=", description="key_token: a token is key when the previous token's text ends with this")
     key_fn: str | None = Field(None, description="`module:function` key-token predicate (token texts, index) -> bool")
+    implicit_beta: float = Field(0.05, gt=0, description="implicit_prm: beta of the reward beta * log(pi_rm / pi_ref)")
+    implicit_lr: float = Field(1e-4, gt=0, description="implicit_prm: learning rate of its online updates")
+    implicit_steps: int = Field(1, ge=0, description="implicit_prm: updates on each iteration's outcomes")
     prm: str | None = Field(
         None,
         description="a trained PRM directory (`creditrl prm train`) for the `prm` "

@@ -9,6 +9,7 @@ from creditrl.prm.data import (
     load_stepwise,
     save_stepwise,
 )
+from creditrl.prm.implicit import ImplicitPRM  # and reward.source=implicit_prm
 from creditrl.prm.labels import (
     LABELERS,
     MC_MODES,
@@ -40,6 +41,7 @@ from creditrl.prm.source import load_prm, prm_reward_source  # importing it regi
 from creditrl.prm.train import train_prm
 
 __all__ = [
+    "ImplicitPRM",
     "load_prm",
     "prm_reward_source",
     "ProcessRewardModel",

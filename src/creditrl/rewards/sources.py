@@ -46,6 +46,9 @@ class RewardSource:
     default_granularity: str
     fn: SourceFn
     batch_fn: BatchFn | None = None
+    # a source that learns during the run (the implicit PRM): ``observe(problems, completions,
+    # outcome) -> stats`` before each scoring, ``state_dict`` / ``load_state_dict`` for checkpoints
+    learner: Any = None
 
     def __post_init__(self) -> None:
         if self.default_granularity not in self.granularities:

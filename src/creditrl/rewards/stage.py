@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -151,7 +152,9 @@ class Scorer:
             self.calls.register("check_steps", task.check_steps)
 
         def placed(source: str, granularity: str) -> _Placed:
-            made = make_source(source, {"prm": rc.prm, "device": cfg.policy.device})
+            options = {"prm": rc.prm, "device": cfg.policy.device, "init": cfg.train.init}
+            options.update(implicit_beta=rc.implicit_beta, implicit_lr=rc.implicit_lr, implicit_steps=rc.implicit_steps)
+            made = make_source(source, {**options, "init_seed": cfg.policy.init_seed})
             if made.batch_fn is None:  # a model-backed source (batch_fn) runs here: see creditrl.tasks.bounded
                 self.calls.register(made.name, functools.partial(made.fn, task))
             return _Placed(made, granularity, segmenter(granularity), self.calls)
@@ -163,6 +166,16 @@ class Scorer:
         self.dense = placed(h.dense_source, h.dense_granularity) if h.dense_source else None
         self.steps = segmenter("step") if separator or rc.cut_fn else None
         self.calibrator = Calibrator(momentum=h.calibration_momentum) if h.calibrate else None
+        every = [self.primary, *self.extra, *([self.dense] if self.dense else [])]
+        self.learners = [placed.source.learner for placed in every if placed.source.learner is not None]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state of the sources that learn, for a checkpoint ({} when none does)."""
+        return {f"learner{i}": learner.state_dict() for i, learner in enumerate(self.learners)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for i, learner in enumerate(self.learners):
+            learner.load_state_dict(state[f"learner{i}"])
 
     def __call__(
         self,
@@ -180,6 +193,9 @@ class Scorer:
         for bounded in self.bounded_segmenters:
             bounded.counts = counts
         outcome, checked = self._outcomes(problems, completions, counts)
+        stats: dict[str, float] = {}
+        for learner in self.learners:  # a source that learns (the implicit PRM) sees the outcomes first
+            stats.update(learner.observe(problems, completions, outcome))
         passed = apply_filter(
             h.filter, outcome, batch.group_ids, q=h.filter_q, lo=h.filter_lo, hi=h.filter_hi, generator=generator
         )
@@ -188,7 +204,6 @@ class Scorer:
             batch, task, self.texts_of, keep, on_error, outcome
         )
         errors = self._count(self.primary, result, counts)
-        stats: dict[str, float] = {}
         if self.extra:
             rewards, reward_mask, keep, extra_errors, stats = self._sum(
                 batch, rewards, reward_mask, keep, outcome, counts

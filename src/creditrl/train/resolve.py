@@ -178,6 +178,10 @@ def _source(section: str, source_name: str, granularity: str, cfg: Config, task:
             raise ConfigError(
                 f"reward.prm: '{value}' is not a directory (write one with `creditrl prm train`, or use 'auto')"
             )
+    if source_name == "implicit_prm" and cfg.backend.score_workers:
+        raise ConfigError(
+            f"{key}: 'implicit_prm' learns during the run and scores on the driver; set backend.score_workers=0"
+        )
     if source_name == "unit_tests" and not hasattr(task, "test_results_batch"):
         raise ConfigError(
             f"{key}: 'unit_tests' needs a task with unit tests (task.name=code); task '{cfg.task.name}' has none"

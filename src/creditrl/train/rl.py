@@ -108,6 +108,8 @@ class RLTrainer:
         extra = {"value": p.value_stage.state_dict()}
         if p.scorer.calibrator is not None:
             extra["calibrator"] = p.scorer.calibrator.state_dict()
+        if p.scorer.learners:
+            extra["scorer"] = p.scorer.state_dict()
         if p.scaler is not None:
             extra["grad_scaler"] = p.scaler.state_dict()
         files = {LORA_BASE_FILE: json.dumps({"base": p.init_path})} if is_lora(p.model) else None
@@ -146,6 +148,8 @@ class RLTrainer:
         p.value_stage.load_state_dict(extra.get("value", {}))
         if p.scorer.calibrator is not None and "calibrator" in extra:
             p.scorer.calibrator.load_state_dict(extra["calibrator"])
+        if p.scorer.learners:
+            p.scorer.load_state_dict(extra["scorer"])
         if p.scaler is not None and "grad_scaler" in extra:
             p.scaler.load_state_dict(extra["grad_scaler"])
         self.start_iteration = state["iteration"]

@@ -1,0 +1,158 @@
+"""``reward.source=implicit_prm``: dense rewards without step labels (PRIME, Cui et al. 2025,
+arXiv:2502.01456).
+
+A reward model ``pi_rm``, initialised from the start policy, is trained online on outcome labels
+alone, and its per-token log-ratio against the frozen start policy ``pi_ref`` is the process
+reward::
+
+    r_t = beta * (log pi_rm(y_t | y_<t) - log pi_ref(y_t | y_<t))
+
+Every iteration, before scoring, :meth:`ImplicitPRM.observe` updates ``pi_rm`` on the fresh
+rollouts (``reward.implicit_steps`` AdamW steps, ``reward.implicit_lr``) with the cross-entropy
+of ``sigmoid(sum_t r_t)`` against each response's outcome; the rewards are then read from the
+updated model. At ``token`` granularity each token's reward is its ``r_t``; at ``step`` (or
+``segment``) the sum of a span's ``r_t``. ``pi_rm``'s weights and optimizer are part of a
+checkpoint (``extra.pt``), so a resumed run continues with the reward model it had. The PRIME
+recipe pairs it with the outcome reward and RLOO: ``reward.source=outcome`` +
+``hybrid.dense_source=implicit_prm``, ``credit.estimator=rloo``; any estimator takes it.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from creditrl.policy.model import load_policy
+from creditrl.policy.tokenizer import encode_problem
+from creditrl.rewards.sources import RewardSource, register_source_factory
+from creditrl.tasks import Problem, Task
+
+__all__ = ["ImplicitPRM", "token_log_ratios"]
+
+
+def _rows(tokenizer, problems: Sequence[Problem], spans: Sequence[Sequence[str]]):
+    """Per response: prompt ids, response ids (each span tokenized on its own, as it was cut) and
+    the span index of each response token."""
+    out = []
+    for problem, row in zip(problems, spans):
+        ids, owner = [], []
+        for k, text in enumerate(row):
+            piece = tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+            ids += piece
+            owner += [k] * len(piece)
+        out.append((encode_problem(tokenizer, problem), ids, owner))
+    return out
+
+
+def token_log_ratios(
+    model, reference, rows: list[tuple[list[int], list[int], list[int]]], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T) ``log pi_model(y_t | y_<t) - log pi_ref(y_t | y_<t)`` of every response token, and its
+    mask; gradients flow through ``model`` only."""
+    width = max(len(p) + len(r) for p, r, _ in rows)
+    resp = max(1, max(len(r) for _, r, _ in rows))
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    pos = torch.zeros((len(rows), resp), dtype=torch.long)
+    mask = torch.zeros((len(rows), resp), dtype=torch.bool)
+    for i, (p, r, _) in enumerate(rows):
+        ids[i, : len(p) + len(r)] = torch.tensor(p + r)
+        attn[i, : len(p) + len(r)] = 1
+        pos[i, : len(r)] = torch.arange(len(p), len(p) + len(r))
+        mask[i, : len(r)] = True
+    pos = pos.clamp(min=1)
+    target = ids.gather(1, pos)
+
+    def logprobs(m) -> torch.Tensor:
+        logits = m(input_ids=ids, attention_mask=attn).logits.float()
+        at = logits.gather(1, (pos - 1)[:, :, None].expand(-1, -1, logits.shape[-1]))
+        return torch.log_softmax(at, dim=-1).gather(2, target[:, :, None])[:, :, 0]
+
+    with torch.no_grad():
+        ref = logprobs(reference)
+    return (logprobs(model) - ref) * mask, mask
+
+
+class ImplicitPRM:
+    """The online implicit PRM of one run: ``pi_rm`` (trained), ``pi_ref`` (frozen), both from ``init``."""
+
+    def __init__(self, init: str, *, beta: float, lr: float, steps: int, seed: int = 0) -> None:
+        self.reference, self.tokenizer = load_policy(init, seed=seed)
+        self.reference.eval().requires_grad_(False)
+        self.model = copy.deepcopy(self.reference).requires_grad_(True)
+        self.model.eval()  # no dropout: the rewards it gives are deterministic
+        self.beta, self.steps = beta, steps
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
+
+    def rewards(self, problems: Sequence[Problem], spans: Sequence[Sequence[str]]) -> list[list[float | None]]:
+        """Per response, per span: ``beta`` x the summed log-ratio of its tokens (None: an empty span)."""
+        rows = _rows(self.tokenizer, problems, spans)
+        with torch.no_grad():
+            ratios, _ = token_log_ratios(self.model, self.reference, rows, self.tokenizer.pad_token_id)
+        out = []
+        for (_, _, owner), r in zip(rows, ratios.tolist()):
+            sums: list[float | None] = [None] * len(spans[len(out)])
+            for k, v in zip(owner, r):
+                sums[k] = (sums[k] or 0.0) + self.beta * v
+            out.append(sums)
+        return out
+
+    def observe(
+        self, problems: Sequence[Problem], completions: Sequence[str], outcome: torch.Tensor
+    ) -> dict[str, float]:
+        """``implicit_steps`` updates of ``pi_rm`` toward the outcomes (cross-entropy of
+        ``sigmoid(beta * sum_t log-ratio)``); returns the loss and accuracy before the first step."""
+        rows = _rows(self.tokenizer, problems, [[c] for c in completions])
+        labels = outcome.float().clamp(0, 1)
+        stats: dict[str, float] = {}
+        for step in range(self.steps):
+            ratios, _ = token_log_ratios(self.model, self.reference, rows, self.tokenizer.pad_token_id)
+            score = self.beta * ratios.sum(dim=1)
+            loss = F.binary_cross_entropy_with_logits(score, labels)
+            if step == 0:
+                stats = {"reward/implicit_loss": float(loss), "reward/implicit_accuracy": _agreement(score, labels)}
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+            self.optimizer.step()
+        return stats
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+
+def _agreement(score: torch.Tensor, labels: torch.Tensor) -> float:
+    """The share of responses whose implicit outcome ``sigmoid(score) > 1/2`` matches the label."""
+    return float(((score > 0).float() == (labels > 0.5).float()).float().mean())
+
+
+SPANS = ("token", "step", "segment", "key_token")  # any span of response tokens
+
+
+@register_source_factory("implicit_prm", granularities=SPANS, default="token")
+def _implicit_source(options: dict[str, Any]) -> RewardSource:
+    """The implicit PRM (module docstring): ``pi_rm`` from the start policy (``train.init`` as the
+    run resolves it), trained online on the outcomes; rewards are its log-ratio to that start."""
+    prm = ImplicitPRM(
+        str(options["init"]),
+        beta=float(options.get("implicit_beta", 0.05)),
+        lr=float(options.get("implicit_lr", 1e-4)),
+        steps=int(options.get("implicit_steps", 1)),
+        seed=int(options.get("init_seed", 0)),
+    )
+
+    def fn(task: Task, problem: Problem, completion: str, spans: Sequence[str]) -> list[float | None]:
+        return prm.rewards([problem], [spans])[0]
+
+    def batch_fn(task: Task, problems, completions, spans) -> list[list[float | None]]:
+        return prm.rewards(problems, spans)
+
+    return RewardSource("implicit_prm", frozenset(SPANS), "token", fn, batch_fn, prm)
