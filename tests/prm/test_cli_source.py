@@ -279,3 +279,21 @@ def test_prm_completer_errors_and_cache_key(tmp_path: Path) -> None:
     assert prm_key(load_config(overrides=["prm.completer=x"]), "x") == prm_key(cfg, "x")
     assert load_completer(load_config(overrides=["prm.completer=tiny", "train.init=tiny"]), model, tok) == (model, tok)
     assert prm_key(load_config(overrides=["prm.mc_rows_per_call=64"]), "x") == prm_key(cfg, "x")
+
+
+def test_reward_prm_auto_without_an_auroc_records_why_and_trains_on(workdir: Path, tmp_path: Path, monkeypatch) -> None:
+    """A start whose held-out steps are all wrong (or all right) has no AUROC: the cached PRM says
+    why in prm_info.json instead of failing the run that needs it."""
+    import creditrl.prm.pipeline as pipeline
+
+    monkeypatch.setenv("CREDITRL_CACHE", str(workdir / "cache"))
+
+    def one_class(*a, **k):
+        raise ValueError("AUROC needs both classes among the labels; only negative (0) labels are present")
+
+    monkeypatch.setattr(pipeline, "evaluate_prm", one_class)
+    over = SMALL + ["reward.source=prm", "reward.prm=auto", "credit.estimator=grpo_process", "prm.steps=7"]
+    trainer = RLTrainer.from_config(load_config(overrides=over + ["train.iterations=1"]), tmp_path / "run")
+    info = json.loads((Path(trainer.cfg.reward.prm) / "prm_info.json").read_text())
+    assert info["prm/heldout_auroc"] is None and "only negative (0) labels" in info["prm/heldout_note"]
+    assert info["prm/cost_s"] > 0

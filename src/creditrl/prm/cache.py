@@ -142,13 +142,17 @@ def _train_prm(cfg: Config, init_path: str, path: Path, progress: bool) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     metrics = train_prm_from_examples(cfg, str(init_path), examples, tmp, progress)
     prm, prm_tok = load_prm.__wrapped__(str(tmp))  # not the lru cache: the directory is renamed next
-    auroc, _ = evaluate_prm(prm, prm_tok, heldout)
+    try:  # a diagnostic: a start that never (or always) gets a step right has no AUROC
+        auroc, note = evaluate_prm(prm, prm_tok, heldout)[0], None
+    except ValueError as exc:
+        auroc, note = None, str(exc)
     record = {
         "init": str(init_path),
         "examples": len(examples),
         **info,
         **label_quality(examples),
         "prm/heldout_auroc": auroc,
+        **({"prm/heldout_note": note} if note else {}),
         **{k: v for k, v in metrics.items() if k != "prm/loss_curve"},
         "prm/label_s": label_s,
         "prm/cost_s": label_s + metrics["prm/time_s"],  # what a run using this PRM is charged
