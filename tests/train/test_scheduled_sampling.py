@@ -12,6 +12,7 @@ import torch
 
 from creditrl.config import load_config
 from creditrl.errors import ConfigError
+from creditrl.experiments.exposure_report import exposure_bias
 from creditrl.policy.model import build_tiny
 from creditrl.tasks import make_task
 from creditrl.train import scheduled_sampling as ss
@@ -119,10 +120,10 @@ def test_exposure_bias_on_hand_made_predictions_and_solutions(monkeypatch) -> No
         "2*3=6;6+4=11;#11",  # row 1: the second step wrong
     ]
     monkeypatch.setattr(
-        "creditrl.train.evaluate.evaluate",
+        "creditrl.experiments.exposure_report.evaluate",
         lambda *a, **k: SimpleNamespace(completions=completions, accuracy=0.5),
     )
-    out = ss.exposure_bias(oracle, tok, TASK, problems, max_new_tokens=32)
+    out = exposure_bias(oracle, tok, TASK, problems, max_new_tokens=32)
     assert out["tf_step_accuracy"] == pytest.approx((3 / 4 + 1) / 2)
     assert out["free_step_accuracy"] == pytest.approx((1 + 1 / 3) / 2)
     assert out["gap"] == pytest.approx(out["tf_step_accuracy"] - out["free_step_accuracy"])

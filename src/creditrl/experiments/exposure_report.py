@@ -19,13 +19,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
 from creditrl.config import load_config
 from creditrl.experiments.grid import QUICK_SET
 from creditrl.experiments.report import eval_rows
 from creditrl.experiments.report_setup import base_config, step_task, task_phrase
 from creditrl.experiments.seeds import mean_ci95, run_arms, slug
+from creditrl.train.evaluate import evaluate
+from creditrl.train.sft import sft_batch
 
-__all__ = ["VARIANTS", "ARMS", "run_exposure_report", "exposure_markdown"]
+__all__ = ["VARIANTS", "ARMS", "exposure_bias", "run_exposure_report", "exposure_markdown"]
 
 VARIANTS: dict[str, list[str]] = {
     "plain SFT": [],
@@ -56,7 +61,6 @@ def _measure_start(cfg, init: str, problems: int, where: Path) -> dict[str, floa
     if where.is_file():
         return json.loads(where.read_text())
     from creditrl.policy.model import load_policy, policy_options
-    from creditrl.train.scheduled_sampling import exposure_bias
 
     task = step_task(cfg, "creditrl exposure-report")
     model, tokenizer = load_policy(init, seed=cfg.policy.init_seed, **policy_options(cfg))
@@ -152,3 +156,60 @@ def exposure_markdown(summary: dict[str, Any]) -> str:
     ]
     rows += "| scheduled sampling - plain, paired by seed | " + " | ".join(diff) + " |\n"
     return head + rows
+
+
+def exposure_bias(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    task: Any,
+    problems: list,
+    *,
+    max_new_tokens: int,
+    engine: str = "auto",
+) -> dict[str, float]:
+    """Teacher-forced against free-running step accuracy of ``model`` on ``problems``.
+
+    ``tf_step_accuracy``: the mean over problems of the share of the reference solution's steps
+    (split at ``task.step_separator``, the answer segment included) whose every token is the
+    model's argmax given the reference prefix. ``free_step_accuracy``: the mean share of the
+    reference's steps that the model's own greedy solution gets right (``task.label_completion``,
+    stop at the first error), with ``accuracy`` its exact match. ``gap`` = teacher-forced minus
+    free-running."""
+    ids, mask, labels = sft_batch(tokenizer, problems)
+    with torch.no_grad():
+        pred = model(input_ids=ids, attention_mask=mask).logits.argmax(-1)
+    sep = task.step_separator or ""
+    tf_shares, free_shares = [], []
+    res = evaluate(model, tokenizer, task, problems, max_new_tokens=max_new_tokens, engine=engine)
+    for i, (problem, completion) in enumerate(zip(problems, res.completions)):
+        where = (labels[i] != -100).nonzero().flatten()
+        right = (pred[i, where - 1] == labels[i, where]).tolist()[:-1]  # the eos left out
+        steps = _step_tokens(tokenizer, problem.solution, sep)
+        tf_shares.append(sum(all(right[a:b]) for a, b in steps) / len(steps))
+        free = task.label_completion(problem, completion)
+        free_shares.append(sum(free[: len(steps)]) / len(steps))
+    tf, fr = sum(tf_shares) / len(problems), sum(free_shares) / len(problems)
+    return {"tf_step_accuracy": tf, "free_step_accuracy": fr, "gap": tf - fr, "accuracy": res.accuracy}
+
+
+def _step_tokens(tokenizer: PreTrainedTokenizerBase, solution: str, sep: str) -> list[tuple[int, int]]:
+    """Token spans of a solution's steps (tokenized as SFT tokenizes it): a step ends after its
+    separator; the answer segment (from the first ``#``) is the last. A token belongs to the step
+    its first character lies in."""
+    bounds, start = [], 0
+    hash_at = solution.find("#")
+    head = solution if hash_at < 0 else solution[:hash_at]
+    for i, ch in enumerate(head):
+        if sep and ch == sep:
+            bounds.append((start, i + 1))
+            start = i + 1
+    if start < len(solution):
+        bounds.append((start, len(solution)))
+    offsets = tokenizer(solution, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    firsts = [a for a, _ in offsets]
+    spans = []
+    for a, b in bounds:
+        toks = [j for j, f in enumerate(firsts) if a <= f < b]
+        if toks:
+            spans.append((toks[0], toks[-1] + 1))
+    return spans
