@@ -12,9 +12,10 @@ import torch
 
 from creditrl.config import load_config
 from creditrl.policy.model import build_tiny
+from creditrl.policy.tokenizer import encode_problem
 from creditrl.prm.implicit import ImplicitPRM, _rows, token_log_ratios
 from creditrl.rewards.stage import Scorer
-from creditrl.tasks import make_task
+from creditrl.tasks import Problem, make_task
 from creditrl.train.rl import RLTrainer
 
 TASK = make_task("arithmetic", min_ops=1, max_ops=2)
@@ -66,13 +67,113 @@ def test_online_updates_move_the_implicit_outcome_toward_the_labels(tmp_path: Pa
     completions = [p.solution if i % 2 == 0 else p.solution + "9" for i, p in enumerate(problems)]
     outcome = torch.tensor([float(TASK.check_outcome(p, c)) for p, c in zip(problems, completions)])
     assert outcome.tolist() == [1.0, 0.0] * 4
-    first = prm.observe(problems, completions, outcome)
+    prompts = [encode_problem(prm.tokenizer, p) for p in problems]
+    responses = [
+        prm.tokenizer(c, add_special_tokens=False)["input_ids"] + [prm.tokenizer.eos_token_id] for c in completions
+    ]
+    first = prm.observe(prompts, responses, outcome)
     assert first["reward/implicit_loss"] == pytest.approx(0.6931, abs=1e-3)  # log 2: every score is 0
     for _ in range(20):
-        last = prm.observe(problems, completions, outcome)
+        last = prm.observe(prompts, responses, outcome)
     assert last["reward/implicit_loss"] < 0.5 and last["reward/implicit_accuracy"] == 1.0
     scores = [sum(r) for r in prm.rewards(problems, [[c] for c in completions])]
     assert min(scores[0::2]) > 0 > max(scores[1::2])  # right responses up, wrong ones down
+
+
+def _bpe_tokenizer():
+    """A real BPE tokenizer over the character vocabulary plus one merge, ``3 +`` -> ``3+``: the
+    text ``3+4`` tokenizes as [3+, 4], while a policy may sample it as [3, +, 4]."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    from creditrl.policy.tokenizer import CHARACTERS, SPECIAL_TOKENS
+
+    vocab = {t: i for i, t in enumerate([*SPECIAL_TOKENS, *dict.fromkeys(CHARACTERS), "3+"])}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[("3", "+")], unk_token="<unk>"))
+    core.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
+    )
+
+
+def test_rewards_read_the_sampled_ids_not_a_retokenization(tmp_path: Path) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = _bpe_tokenizer()
+    assert tok("3+4", add_special_tokens=False)["input_ids"] == [
+        tok.convert_tokens_to_ids("3+"),
+        tok.convert_tokens_to_ids("4"),
+    ]
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "bpe")
+    tok.save_pretrained(tmp_path / "bpe")
+    prm = ImplicitPRM(str(tmp_path / "bpe"), beta=0.5, lr=1e-3, steps=1)
+    torch.manual_seed(1)
+    prm.model.load_state_dict(LlamaForCausalLM(config).state_dict())
+    ids = lambda text: [tok.convert_tokens_to_ids(c) for c in text]  # noqa: E731 - one token per character
+    prompt = ids("1+2?")
+    sampled = [ids("3+4"), [*ids(";"), tok.eos_token_id]]  # two spans as the policy sampled them
+    got = prm.token_rewards([prompt], [sampled])[0]
+    want, seq = [], list(prompt)
+    for span in sampled:
+        total = 0.0
+        for token in span:
+            if token != tok.eos_token_id:  # eos carries no reward
+                with torch.no_grad():
+                    x = torch.tensor([seq])
+                    total += float(
+                        torch.log_softmax(prm.model(input_ids=x).logits[0, -1], -1)[token]
+                        - torch.log_softmax(prm.reference(input_ids=x).logits[0, -1], -1)[token]
+                    )
+            seq.append(token)
+        want.append(0.5 * total)
+    assert got == pytest.approx(want, abs=1e-5)
+    # the text path re-tokenizes "3+4" as two tokens, so it scores other tokens than were sampled
+    problem = Problem(prompt="1+2?", answer="3", solution="")
+    assert prm.rewards([problem], [["3+4", ";"]])[0][0] != pytest.approx(want[0], abs=1e-4)
+
+
+def test_the_scorer_gives_the_implicit_prm_the_sampled_ids(tmp_path: Path, monkeypatch) -> None:
+    seen: dict[str, list] = {"observe": [], "token_rewards": []}
+    observe, token_rewards = ImplicitPRM.observe, ImplicitPRM.token_rewards
+
+    def spy_observe(self, prompts, responses, outcome):
+        seen["observe"].append((self.tokenizer, prompts, responses))
+        return observe(self, prompts, responses, outcome)
+
+    def spy_rewards(self, prompts, span_ids):
+        seen["token_rewards"].append(span_ids)
+        return token_rewards(self, prompts, span_ids)
+
+    monkeypatch.setattr(ImplicitPRM, "observe", spy_observe)
+    monkeypatch.setattr(ImplicitPRM, "token_rewards", spy_rewards)
+    monkeypatch.setattr(ImplicitPRM, "rewards", lambda *a: pytest.fail("the text path was used"))
+    RLTrainer.from_config(load_config(overrides=[*TINY, "train.iterations=1"]), tmp_path / "r").run()
+    (tokenizer, prompts, responses), (span_ids,) = seen["observe"][0], seen["token_rewards"]
+    assert len(prompts) == len(responses) == 16
+    assert all(tokenizer.decode(p, skip_special_tokens=True).endswith("=") for p in prompts)
+    # token granularity: one span a token, the spans of a kept response are its sampled ids in order
+    assert [sum(row, []) for row in span_ids] == responses
+    assert all(len(span) == 1 for row in span_ids for span in row)
+    # with the character tokenizer the span texts tokenize back to the same ids (eos aside), so
+    # the ids path gives the numbers the text path gave
+    special = set(tokenizer.all_special_ids)
+    for row in span_ids:
+        for span in row:
+            text = tokenizer.decode(span, skip_special_tokens=True)
+            assert tokenizer(text, add_special_tokens=False)["input_ids"] == [i for i in span if i not in special]
 
 
 TINY = [

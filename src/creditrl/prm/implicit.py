@@ -11,7 +11,9 @@ Every iteration, before scoring, :meth:`ImplicitPRM.observe` updates ``pi_rm`` o
 rollouts (``reward.implicit_steps`` AdamW steps, ``reward.implicit_lr``) with the cross-entropy
 of ``sigmoid(sum_t r_t)`` against each response's outcome; the rewards are then read from the
 updated model. At ``token`` granularity each token's reward is its ``r_t``; at ``step`` (or
-``segment``) the sum of a span's ``r_t``. ``pi_rm``'s weights and optimizer are part of a
+``segment``) the sum of a span's ``r_t``. Both the update and the rewards read the token ids
+the policy sampled (the Scorer passes them), never a re-tokenization of the text, which a BPE
+tokenizer may cut otherwise; special tokens (eos) carry no reward. ``pi_rm``'s weights and optimizer are part of a
 checkpoint (``extra.pt``), so a resumed run continues with the reward model it had. The PRIME
 recipe pairs it with the outcome reward and RLOO: ``reward.source=outcome`` +
 ``hybrid.dense_source=implicit_prm``, ``credit.estimator=rloo``; any estimator takes it.
@@ -34,18 +36,33 @@ from creditrl.tasks import Problem, Task
 __all__ = ["ImplicitPRM", "token_log_ratios"]
 
 
-def _rows(tokenizer, problems: Sequence[Problem], spans: Sequence[Sequence[str]]):
-    """Per response: prompt ids, response ids (each span tokenized on its own, as it was cut) and
-    the span index of each response token."""
+Row = tuple[list[int], list[int], list[int]]  # prompt ids, response ids, the span of each response token
+
+
+def id_rows(
+    prompts: Sequence[Sequence[int]], span_ids: Sequence[Sequence[Sequence[int]]], special: set[int]
+) -> list[Row]:
+    """Per response: its prompt ids, its response ids span after span, and the span index of each
+    response token. Special tokens (eos) are left out: their text is empty, so no span's text
+    holds them, and they carry no implicit reward."""
     out = []
-    for problem, row in zip(problems, spans):
+    for prompt, spans in zip(prompts, span_ids):
         ids, owner = [], []
-        for k, text in enumerate(row):
-            piece = tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
-            ids += piece
-            owner += [k] * len(piece)
-        out.append((encode_problem(tokenizer, problem), ids, owner))
+        for k, piece in enumerate(spans):
+            kept = [int(i) for i in piece if int(i) not in special]
+            ids += kept
+            owner += [k] * len(kept)
+        out.append((list(prompt), ids, owner))
     return out
+
+
+def _rows(tokenizer, problems: Sequence[Problem], spans: Sequence[Sequence[str]]) -> list[Row]:
+    """:func:`id_rows` of span texts, each span tokenized on its own: the text path, for a caller
+    that has no token ids (a BPE tokenizer may cut a text otherwise than the policy sampled it;
+    the Scorer gives the sampled ids, see :meth:`ImplicitPRM.token_rewards`)."""
+    pieces = [[tokenizer(t, add_special_tokens=False)["input_ids"] if t else [] for t in row] for row in spans]
+    prompts = [encode_problem(tokenizer, problem) for problem in problems]
+    return id_rows(prompts, pieces, set(tokenizer.all_special_ids))
 
 
 def token_log_ratios(
@@ -86,27 +103,39 @@ class ImplicitPRM:
         self.model = copy.deepcopy(self.reference).requires_grad_(True)
         self.model.eval()  # no dropout: the rewards it gives are deterministic
         self.beta, self.steps = beta, steps
+        self.special = set(self.tokenizer.all_special_ids)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
 
     def rewards(self, problems: Sequence[Problem], spans: Sequence[Sequence[str]]) -> list[list[float | None]]:
-        """Per response, per span: ``beta`` x the summed log-ratio of its tokens (None: an empty span)."""
-        rows = _rows(self.tokenizer, problems, spans)
+        """Per response, per span: ``beta`` x the summed log-ratio of its tokens (None: a span
+        without tokens), from the span texts (:func:`_rows`)."""
+        return self._span_sums(_rows(self.tokenizer, problems, spans), [len(row) for row in spans])
+
+    def token_rewards(
+        self, prompts: Sequence[Sequence[int]], span_ids: Sequence[Sequence[Sequence[int]]]
+    ) -> list[list[float | None]]:
+        """:meth:`rewards` of the sampled token ids themselves: ``prompts[i]`` the prompt's ids,
+        ``span_ids[i]`` each span's response ids (the source's ``ids_fn``)."""
+        return self._span_sums(id_rows(prompts, span_ids, self.special), [len(row) for row in span_ids])
+
+    def _span_sums(self, rows: list[Row], n_spans: list[int]) -> list[list[float | None]]:
         with torch.no_grad():
             ratios, _ = token_log_ratios(self.model, self.reference, rows, self.tokenizer.pad_token_id)
         out = []
-        for (_, _, owner), r in zip(rows, ratios.tolist()):
-            sums: list[float | None] = [None] * len(spans[len(out)])
+        for (_, _, owner), r, n in zip(rows, ratios.tolist(), n_spans):
+            sums: list[float | None] = [None] * n
             for k, v in zip(owner, r):
                 sums[k] = (sums[k] or 0.0) + self.beta * v
             out.append(sums)
         return out
 
     def observe(
-        self, problems: Sequence[Problem], completions: Sequence[str], outcome: torch.Tensor
+        self, prompts: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], outcome: torch.Tensor
     ) -> dict[str, float]:
         """``implicit_steps`` updates of ``pi_rm`` toward the outcomes (cross-entropy of
-        ``sigmoid(beta * sum_t log-ratio)``); returns the loss and accuracy before the first step."""
-        rows = _rows(self.tokenizer, problems, [[c] for c in completions])
+        ``sigmoid(beta * sum_t log-ratio)``) on the sampled ids (``prompts[i]``, ``responses[i]``);
+        returns the loss and accuracy before the first step."""
+        rows = id_rows(prompts, [[r] for r in responses], self.special)
         labels = outcome.float().clamp(0, 1)
         stats: dict[str, float] = {}
         for step in range(self.steps):
@@ -155,4 +184,4 @@ def _implicit_source(options: dict[str, Any]) -> RewardSource:
     def batch_fn(task: Task, problems, completions, spans) -> list[list[float | None]]:
         return prm.rewards(problems, spans)
 
-    return RewardSource("implicit_prm", frozenset(SPANS), "token", fn, batch_fn, prm)
+    return RewardSource("implicit_prm", frozenset(SPANS), "token", fn, batch_fn, prm, prm.token_rewards)

@@ -36,6 +36,7 @@ from creditrl.tasks.bounded import Outcome, UserFunctionError, finite_number, sh
 
 SourceFn = Callable[[Task, Problem, str, Sequence[str]], list[float | None]]
 BatchFn = Callable[[Task, Sequence[Problem], Sequence[str], Sequence[Sequence[str]]], list[list[float | None]]]
+IdsFn = Callable[[Sequence[Sequence[int]], Sequence[Sequence[Sequence[int]]]], list[list[float | None]]]
 ERROR_POLICIES = typing.get_args(OnError)
 
 
@@ -46,9 +47,13 @@ class RewardSource:
     default_granularity: str
     fn: SourceFn
     batch_fn: BatchFn | None = None
-    # a source that learns during the run (the implicit PRM): ``observe(problems, completions,
+    # a source that learns during the run (the implicit PRM): ``observe(prompt_ids, response_ids,
     # outcome) -> stats`` before each scoring, ``state_dict`` / ``load_state_dict`` for checkpoints
     learner: Any = None
+    # a model-backed source on the policy's own tokenizer scores the sampled token ids themselves:
+    # ``ids_fn(prompt_ids, span_ids) -> scores`` (per response: its prompt's ids, each span's ids);
+    # the stage uses it in place of ``batch_fn`` and falls back as for ``batch_fn`` if it raises
+    ids_fn: IdsFn | None = None
 
     def __post_init__(self) -> None:
         if self.default_granularity not in self.granularities:

@@ -13,6 +13,7 @@ for a run (sources, segmenters, the calibrator's running state) and wires them.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,8 +67,16 @@ class _Placed:
         problems, completions = batch.extras["problems"], batch.extras["completions"]
         rows = [i for i, k in enumerate(keep) if k]
         bounded = {"run": functools.partial(self.calls.map, self.source.name)} if self.score_fn is score_batch else {}
+        source = self.source
+        if source.ids_fn is not None:  # the sampled ids, not a re-tokenization of the span texts
+            prompts, responses = token_rows(batch)
+            span_ids = [
+                [responses[i][s : e + 1] for s, e in zip([0, *[e + 1 for e in seg.ends[i]]], seg.ends[i])] for i in rows
+            ]
+            ids_fn = source.ids_fn
+            source = dataclasses.replace(source, batch_fn=lambda *_: ids_fn([prompts[i] for i in rows], span_ids))
         result = self.score_fn(
-            self.source,
+            source,
             task,
             [problems[i] for i in rows],
             [completions[i] for i in rows],
@@ -85,6 +94,15 @@ class _Placed:
             scores, end_mask=seg.end_mask, response_mask=batch.response_mask, fallback=fallback
         )
         return rewards, reward_mask, ok, result, seg
+
+
+def token_rows(batch: TrajectoryBatch) -> tuple[list[list[int]], list[list[int]]]:
+    """Per response, the prompt's ids (left padding dropped) and the sampled response ids."""
+    prompts = [
+        [i for i, m in zip(ids, mask) if m] for ids, mask in zip(batch.prompt_ids.tolist(), batch.prompt_mask.tolist())
+    ]
+    lengths = batch.response_lengths.tolist()
+    return prompts, [ids[:n] for ids, n in zip(batch.response_ids.tolist(), lengths)]
 
 
 class _BoundedSegmenter:
@@ -195,7 +213,7 @@ class Scorer:
         outcome, checked = self._outcomes(problems, completions, counts)
         stats: dict[str, float] = {}
         for learner in self.learners:  # a source that learns (the implicit PRM) sees the outcomes first
-            stats.update(learner.observe(problems, completions, outcome))
+            stats.update(learner.observe(*token_rows(batch), outcome))
         passed = apply_filter(
             h.filter, outcome, batch.group_ids, q=h.filter_q, lo=h.filter_lo, hi=h.filter_hi, generator=generator
         )
