@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -128,8 +129,12 @@ def test_non_root_fallback_runs_as_the_caller(tmp_path: Path) -> None:
         )
     finally:
         shutil.rmtree(work)
-    if out.returncode != 0 and "ModuleNotFoundError" in out.stderr:
-        pytest.skip(f"system interpreter cannot run the sandbox: {out.stderr[-200:]}")
+    missing = re.search(r"No module named '([\w.]+)'", out.stderr) if out.returncode != 0 else None
+    # only a module the system interpreter lacks is the machine's matter; the sandbox package itself
+    # (copied alone) must import nothing of creditrl beyond it, so a missing creditrl module fails
+    if missing and not missing.group(1).startswith("creditrl"):
+        pytest.skip(f"the system interpreter {python} lacks the module {missing.group(1)!r}: {out.stderr[-200:]}")
+    assert out.returncode == 0, out.stderr[-2000:]
     stdout, isolation, reason, unshared = json.loads(out.stdout.strip().splitlines()[-1])
     assert stdout.startswith("65534 ") and "SECRET" not in stdout
     assert "uid" not in isolation and "pid" not in isolation and "minroot" not in isolation
