@@ -17,6 +17,7 @@ from creditrl.prm.implicit import ImplicitPRM, _rows, token_log_ratios
 from creditrl.rewards.stage import Scorer
 from creditrl.tasks import Problem, make_task
 from creditrl.train.rl import RLTrainer
+from small_runs import TINY_RUN
 
 TASK = make_task("arithmetic", min_ops=1, max_ops=2)
 
@@ -177,15 +178,7 @@ def test_the_scorer_gives_the_implicit_prm_the_sampled_ids(tmp_path: Path, monke
 
 
 TINY = [
-    "train.init=policy",
-    "task.args={min_ops: 1, max_ops: 2, operand_max: 3}",
-    "rollout.prompts_per_iter=4",
-    "rollout.group_size=4",
-    "rollout.max_new_tokens=10",
-    "train.eval_size=4",
-    "train.progress=false",
-    "train.threads=1",
-    "train.eval_every=2",
+    *TINY_RUN,
     "train.iterations=4",
     "train.checkpoint_every=2",
     "reward.source=outcome",

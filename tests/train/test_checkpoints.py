@@ -14,20 +14,9 @@ from creditrl.config import load_config
 from creditrl.errors import ConfigError
 from creditrl.train.checkpoint import MANIFEST, latest_name, resume_checkpoint, verify_checkpoint
 from creditrl.train.rl import RLTrainer
+from small_runs import TINY_RUN
 
-TINY = [
-    "train.init=policy",
-    "task.args={min_ops: 1, max_ops: 2, operand_max: 3}",
-    "rollout.prompts_per_iter=4",
-    "rollout.group_size=4",
-    "rollout.max_new_tokens=10",
-    "train.eval_size=4",
-    "train.progress=false",
-    "train.threads=1",
-    "train.eval_every=2",
-    "train.iterations=6",
-    "train.checkpoint_every=2",
-]
+TINY = [*TINY_RUN, "train.iterations=6", "train.checkpoint_every=2"]
 FILES = [
     "model.safetensors",
     "config.json",

@@ -16,18 +16,9 @@ from creditrl.policy.model import apply_lora, build_tiny, linear_module_names
 from creditrl.train import build as build_module
 from creditrl.train.resolve import checked
 from creditrl.train.rl import RLTrainer
+from small_runs import MINI_RUN
 
-RUN = [
-    "task.args={min_ops: 1, max_ops: 2, operand_max: 3}",
-    "rollout.prompts_per_iter=2",
-    "rollout.group_size=2",
-    "rollout.max_new_tokens=8",
-    "train.eval_size=4",
-    "train.progress=false",
-    "train.threads=1",
-    "train.iterations=1",
-    "train.checkpoint_every=1",
-]
+RUN = [*MINI_RUN, "train.iterations=1", "train.checkpoint_every=1"]
 
 
 def _config(kind: str, vocab: int, tok) -> object:

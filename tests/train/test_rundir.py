@@ -17,19 +17,10 @@ from creditrl.errors import ConfigError
 from creditrl.train import checkpoint, rundir
 from creditrl.train.checkpoint import latest_name
 from creditrl.train.rl import RLTrainer
+from small_runs import TINY_RUN
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = [
-    "train.init=policy",
-    "task.args={min_ops: 1, max_ops: 2, operand_max: 3}",
-    "rollout.prompts_per_iter=4",
-    "rollout.group_size=4",
-    "rollout.max_new_tokens=10",
-    "train.eval_size=4",
-    "train.progress=false",
-    "train.threads=1",
-    "train.eval_every=2",
-]
+TINY = TINY_RUN
 
 
 def rows(run: Path) -> list[dict]:

@@ -15,17 +15,12 @@ from creditrl.config import load_config
 from creditrl.errors import ConfigError
 from creditrl.train import trackers
 from creditrl.train.rl import RLTrainer
+from small_runs import MINI_RUN
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = [
-    "task.args={min_ops: 1, max_ops: 2, operand_max: 3}",
+    *MINI_RUN,
     "train.init=policy",
-    "rollout.prompts_per_iter=2",
-    "rollout.group_size=2",
-    "rollout.max_new_tokens=8",
-    "train.eval_size=4",
-    "train.progress=false",
-    "train.threads=1",
     "train.iterations=2",
     "train.eval_every=2",
     "train.checkpoint_every=2",
