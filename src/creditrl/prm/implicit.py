@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from creditrl.policy.model import load_policy
 from creditrl.policy.tokenizer import encode_problem
 from creditrl.rewards.sources import RewardSource, register_source_factory
+from creditrl.rollout.batch import TrajectoryBatch, response_logprobs
 from creditrl.tasks import Problem, Task
 
 __all__ = ["ImplicitPRM", "token_log_ratios"]
@@ -65,33 +66,47 @@ def _rows(tokenizer, problems: Sequence[Problem], spans: Sequence[Sequence[str]]
     return id_rows(prompts, pieces, set(tokenizer.all_special_ids))
 
 
+def _as_batch(rows: list[Row], pad_id: int) -> TrajectoryBatch:
+    """The rows as a rollout batch (prompts left-padded, responses right-padded), so that the
+    rollout's response forward (the packed pass where the model allows) serves both models."""
+    n, width = len(rows), max(1, max(len(p) for p, _, _ in rows))
+    t = max(1, max(len(r) for _, r, _ in rows))
+    prompt_ids = torch.full((n, width), pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros((n, width), dtype=torch.long)
+    response_ids = torch.full((n, t), pad_id, dtype=torch.long)
+    for i, (p, r, _) in enumerate(rows):
+        if p:
+            prompt_ids[i, width - len(p) :], prompt_mask[i, width - len(p) :] = torch.tensor(p), 1
+        response_ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+    lengths = torch.tensor([len(r) for _, r, _ in rows], dtype=torch.long)
+    return TrajectoryBatch(
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        response_ids=response_ids,
+        response_lengths=lengths,
+        response_mask=torch.arange(t)[None, :] < lengths[:, None],
+        old_logprobs=torch.zeros((n, t)),
+        group_ids=torch.arange(n),
+        finished=torch.ones(n, dtype=torch.bool),
+    )
+
+
 def token_log_ratios(
-    model, reference, rows: list[tuple[list[int], list[int], list[int]]], pad_id: int
+    model, reference, rows: list[Row], pad_id: int, *, ref_logprobs: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, T) ``log pi_model(y_t | y_<t) - log pi_ref(y_t | y_<t)`` of every response token, and its
-    mask; gradients flow through ``model`` only."""
-    width = max(len(p) + len(r) for p, r, _ in rows)
-    resp = max(1, max(len(r) for _, r, _ in rows))
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    pos = torch.zeros((len(rows), resp), dtype=torch.long)
-    mask = torch.zeros((len(rows), resp), dtype=torch.bool)
-    for i, (p, r, _) in enumerate(rows):
-        ids[i, : len(p) + len(r)] = torch.tensor(p + r)
-        attn[i, : len(p) + len(r)] = 1
-        pos[i, : len(r)] = torch.arange(len(p), len(p) + len(r))
-        mask[i, : len(r)] = True
-    pos = pos.clamp(min=1)
-    target = ids.gather(1, pos)
+    mask; gradients flow through ``model`` only. ``ref_logprobs`` (B, T): the reference's, when
+    already computed for these rows (:func:`reference_logprobs`)."""
+    batch = _as_batch(rows, pad_id)
+    ref = reference_logprobs(reference, rows, pad_id) if ref_logprobs is None else ref_logprobs
+    return (response_logprobs(model, batch) - ref) * batch.response_mask, batch.response_mask
 
-    def logprobs(m) -> torch.Tensor:
-        logits = m(input_ids=ids, attention_mask=attn).logits.float()
-        at = logits.gather(1, (pos - 1)[:, :, None].expand(-1, -1, logits.shape[-1]))
-        return torch.log_softmax(at, dim=-1).gather(2, target[:, :, None])[:, :, 0]
 
+def reference_logprobs(reference, rows: list[Row], pad_id: int) -> torch.Tensor:
+    """(B, T) ``log pi_ref(y_t | y_<t)`` of the rows' response tokens, 0 on padding."""
+    batch = _as_batch(rows, pad_id)
     with torch.no_grad():
-        ref = logprobs(reference)
-    return (logprobs(model) - ref) * mask, mask
+        return response_logprobs(reference, batch) * batch.response_mask
 
 
 class ImplicitPRM:
@@ -104,6 +119,7 @@ class ImplicitPRM:
         self.model.eval()  # no dropout: the rewards it gives are deterministic
         self.beta, self.steps = beta, steps
         self.special = set(self.tokenizer.all_special_ids)
+        self._ref: dict[tuple[tuple[int, ...], tuple[int, ...]], torch.Tensor] = {}  # the last observe's
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
 
     def rewards(self, problems: Sequence[Problem], spans: Sequence[Sequence[str]]) -> list[list[float | None]]:
@@ -120,7 +136,9 @@ class ImplicitPRM:
 
     def _span_sums(self, rows: list[Row], n_spans: list[int]) -> list[list[float | None]]:
         with torch.no_grad():
-            ratios, _ = token_log_ratios(self.model, self.reference, rows, self.tokenizer.pad_token_id)
+            ratios, _ = token_log_ratios(
+                self.model, self.reference, rows, self.tokenizer.pad_token_id, ref_logprobs=self._cached(rows)
+            )
         out = []
         for (_, _, owner), r, n in zip(rows, ratios.tolist(), n_spans):
             sums: list[float | None] = [None] * n
@@ -137,18 +155,36 @@ class ImplicitPRM:
         returns the loss and accuracy before the first step."""
         rows = id_rows(prompts, [[r] for r in responses], self.special)
         labels = outcome.float().clamp(0, 1)
+        ref = reference_logprobs(self.reference, rows, self.tokenizer.pad_token_id)
+        self._ref = {(tuple(p), tuple(r)): lp[: len(r)] for (p, r, _), lp in zip(rows, ref)}
         stats: dict[str, float] = {}
         for step in range(self.steps):
-            ratios, _ = token_log_ratios(self.model, self.reference, rows, self.tokenizer.pad_token_id)
+            ratios, _ = token_log_ratios(
+                self.model, self.reference, rows, self.tokenizer.pad_token_id, ref_logprobs=ref
+            )
             score = self.beta * ratios.sum(dim=1)
             loss = F.binary_cross_entropy_with_logits(score, labels)
             if step == 0:
-                stats = {"reward/implicit_loss": float(loss), "reward/implicit_accuracy": _agreement(score, labels)}
+                stats = {
+                    "reward/implicit_loss": float(loss.detach()),
+                    "reward/implicit_accuracy": _agreement(score.detach(), labels),
+                }
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
             self.optimizer.step()
         return stats
+
+    def _cached(self, rows: list[Row]) -> torch.Tensor | None:
+        """The reference log-probs of ``rows`` from the last :meth:`observe` (the same responses,
+        scored after the update), or None when a row is not among them."""
+        found = [self._ref.get((tuple(p), tuple(r))) for p, r, _ in rows]
+        if any(lp is None for lp in found):
+            return None
+        out = torch.zeros((len(rows), max(1, max(len(r) for _, r, _ in rows))))
+        for i, lp in enumerate(found):
+            out[i, : lp.numel()] = lp
+        return out
 
     def state_dict(self) -> dict[str, Any]:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
