@@ -18,14 +18,13 @@ left operand of a ``+``/``-`` step can be negative.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import random
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from creditrl.tasks.base import SPLITS, Problem, register_task
+from creditrl.tasks.base import SPLITS, Drawn, Problem, draw_problems, hash_split, register_task
 
 __all__ = [
     "SPLITS",
@@ -192,12 +191,6 @@ def labels_in_order(expected: list[str], segments: list[str], answer_ok: Callabl
     return labels
 
 
-def _stream_seed(seed: int, split: str) -> int:
-    """Derive the RNG seed of one split from ``seed``, stably across processes."""
-    digest = hashlib.sha256(f"arithmetic/{split}/{seed}".encode()).digest()
-    return int.from_bytes(digest[:8], "big")
-
-
 @register_task("arithmetic")
 class ArithmeticTask:
     """Integer arithmetic task (registry name ``"arithmetic"``, step separator ``";"``)."""
@@ -220,8 +213,7 @@ class ArithmeticTask:
 
         Otherwise return ``"train"``; ``prompt`` is UTF-8 encoded and includes the ``"="``.
         """
-        digest = int(hashlib.sha256(prompt.encode()).hexdigest(), 16)
-        return "heldout" if digest % self.config.heldout_mod == 0 else "train"
+        return hash_split(prompt, self.config.heldout_mod)
 
     def make_problem(self, prompt_or_expr: str) -> Problem:
         """Build the problem for an expression (with or without the trailing ``"="``).
@@ -254,26 +246,22 @@ class ArithmeticTask:
                 100000 consecutive draws miss ``split`` (the config's problem
                 space has (almost) no expressions in it).
         """
-        if split not in SPLITS:
-            raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
-        if n < 0:
-            raise ValueError(f"n must be >= 0, got {n}")
-        rng = random.Random(_stream_seed(seed, split))
-        problems: list[Problem] = []
-        misses = 0
-        while len(problems) < n:
+
+        def draw(rng: random.Random) -> Drawn:
             prompt = self._draw_expression(rng) + "="
-            if self.split_of(prompt) != split:
-                misses += 1
-                if misses >= _MAX_CONSECUTIVE_MISSES:
-                    raise ValueError(
-                        f"no {split!r} problem in {misses} consecutive draws; the problem "
-                        f"space of {self.config} is too small for this split"
-                    )
-                continue
-            misses = 0
-            problems.append(self.make_problem(prompt))
-        return problems
+            return prompt, lambda: self.make_problem(prompt)
+
+        space = f"; the problem space of {self.config} is too small for this split"
+        return draw_problems(
+            n,
+            split=split,
+            seed=seed,
+            namespace="arithmetic",
+            draw=draw,
+            split_of=self.split_of,
+            max_misses=_MAX_CONSECUTIVE_MISSES,
+            space=space,
+        )
 
     def check_outcome(self, problem: Problem, completion: str) -> bool:
         """Return whether ``completion`` states the right final answer.

@@ -129,6 +129,66 @@ def majority_note(task: Task) -> str:
 SPLITS: tuple[str, ...] = typing.get_args(Split)  # the config's closed set (prm.split, search.split)
 
 
+def _check_request(n: int, split: str) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+
+
+def stream_rng(namespace: str, split: str, seed: int) -> random.Random:
+    """The random stream of one ``(namespace, split, seed)``: seeded by a SHA-256 of the three,
+    so each split has its own stream and the draws are the same in every process."""
+    digest = hashlib.sha256(f"{namespace}/{split}/{seed}".encode()).digest()
+    return random.Random(int.from_bytes(digest[:8], "big"))
+
+
+def hash_split(prompt: str, heldout_mod: int) -> str:
+    """``"heldout"`` iff ``int(sha256(prompt), 16) % heldout_mod == 0``, else ``"train"`` (the
+    prompt UTF-8 encoded, its ``"="`` included): a prompt's split never depends on the draw."""
+    digest = int(hashlib.sha256(prompt.encode()).hexdigest(), 16)
+    return "heldout" if digest % heldout_mod == 0 else "train"
+
+
+Drawn = tuple[str, Callable[[], Problem]]  # a drawn prompt, and how to make its problem
+
+
+def draw_problems(
+    n: int,
+    *,
+    split: str,
+    seed: int,
+    namespace: str,
+    draw: Callable[[random.Random], Drawn | None],
+    split_of: Callable[[str], str],
+    max_misses: int,
+    space: str = "",
+) -> list[Problem]:
+    """``n`` problems of ``split`` from a generator, deterministic in ``(namespace, split, seed)``
+    (duplicates may occur). ``draw(rng)`` draws one prompt from the stream, with a function that
+    makes its problem (None: a draw the generator rejects); a prompt not of ``split`` is a miss
+    too, and only kept prompts are made into problems.
+
+    Raises:
+        ValueError: For an unknown ``split``, ``n < 0``, or ``max_misses`` consecutive misses (the
+            generator's problem space, described by ``space``, has (almost) nothing in ``split``).
+    """
+    _check_request(n, split)
+    rng = stream_rng(namespace, split, seed)
+    problems: list[Problem] = []
+    misses = 0
+    while len(problems) < n:
+        drawn = draw(rng)
+        if drawn is None or split_of(drawn[0]) != split:
+            misses += 1
+            if misses >= max_misses:
+                raise ValueError(f"no {split!r} problem in {misses} consecutive draws{space}")
+            continue
+        misses = 0
+        problems.append(drawn[1]())
+    return problems
+
+
 def draw_from_pool(pool: list[Problem], n: int, *, split: str, seed: int, namespace: str, empty: str) -> list[Problem]:
     """``n`` problems of a fixed ``pool`` (the problems of ``split``), drawn with replacement,
     deterministic in ``(namespace, split, seed)``; for tasks that read their problems from files.
@@ -136,14 +196,10 @@ def draw_from_pool(pool: list[Problem], n: int, *, split: str, seed: int, namesp
     Raises:
         ValueError: For an unknown ``split``, ``n < 0``, or an empty pool (``empty`` says why).
     """
-    if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
-    if n < 0:
-        raise ValueError(f"n must be >= 0, got {n}")
+    _check_request(n, split)
     if not pool and n:
         raise ValueError(empty)
-    digest = hashlib.sha256(f"{namespace}/{split}/{seed}".encode()).digest()
-    rng = random.Random(int.from_bytes(digest[:8], "big"))
+    rng = stream_rng(namespace, split, seed)
     return [rng.choice(pool) for _ in range(n)]
 
 

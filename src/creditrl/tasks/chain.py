@@ -23,14 +23,13 @@ says least about which step went wrong. The answer is right by luck with probabi
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import random
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from creditrl.tasks.arithmetic import labels_in_order, split_completion
-from creditrl.tasks.base import SPLITS, Problem, register_task
+from creditrl.tasks.base import Drawn, Problem, draw_problems, hash_split, register_task
 
 __all__ = ["ChainConfig", "ChainTask", "chain_steps", "STEP_CHARS", "steps_for_tokens"]
 
@@ -106,11 +105,6 @@ def chain_steps(prompt: str, modulus: int = 5) -> tuple[list[str], str]:
     return steps, "".join(map(str, values[-3:]))
 
 
-def _stream_seed(seed: int, split: str) -> int:
-    digest = hashlib.sha256(f"chain/{split}/{seed}".encode()).digest()
-    return int.from_bytes(digest[:8], "big")
-
-
 @register_task("chain")
 class ChainTask:
     """Long chains of single-digit modular steps (registry name ``"chain"``, step separator ``";"``)."""
@@ -134,8 +128,7 @@ class ChainTask:
 
     def split_of(self, prompt: str) -> str:
         """``"heldout"`` iff ``int(sha256(prompt), 16) % heldout_mod == 0``, else ``"train"``."""
-        digest = int(hashlib.sha256(prompt.encode()).hexdigest(), 16)
-        return "heldout" if digest % self.config.heldout_mod == 0 else "train"
+        return hash_split(prompt, self.config.heldout_mod)
 
     def make_problem(self, prompt: str) -> Problem:
         """The problem of a prompt such as ``"31~040="`` (the ``"="`` may be left out)."""
@@ -146,25 +139,23 @@ class ChainTask:
 
     def sample(self, n: int, *, split: str, seed: int) -> list[Problem]:
         """``n`` problems of ``split``, deterministic for a given (config, split, seed); duplicates may occur."""
-        if split not in SPLITS:
-            raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
-        if n < 0:
-            raise ValueError(f"n must be >= 0, got {n}")
         cfg = self.config
-        rng = random.Random(_stream_seed(seed, split))
-        problems: list[Problem] = []
-        misses = 0
-        while len(problems) < n:
+
+        def draw(rng: random.Random) -> Drawn:
             digits = "".join(str(rng.randrange(cfg.modulus)) for _ in range(2))
             prompt = f"{digits}~{rng.randint(cfg.min_steps, cfg.max_steps):03d}="
-            if self.split_of(prompt) != split:
-                misses += 1
-                if misses >= _MAX_CONSECUTIVE_MISSES:
-                    raise ValueError(f"no {split!r} problem in {misses} consecutive draws for {cfg}")
-                continue
-            misses = 0
-            problems.append(self.make_problem(prompt))
-        return problems
+            return prompt, lambda: self.make_problem(prompt)
+
+        return draw_problems(
+            n,
+            split=split,
+            seed=seed,
+            namespace="chain",
+            draw=draw,
+            split_of=self.split_of,
+            max_misses=_MAX_CONSECUTIVE_MISSES,
+            space=f" for {cfg}",
+        )
 
     def check_outcome(self, problem: Problem, completion: str) -> bool:
         """Whether the text after the first ``"#"``, stripped, is the answer exactly."""

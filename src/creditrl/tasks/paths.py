@@ -26,7 +26,6 @@ Held-out problems are those whose prompt hashes to 0 modulo ``heldout_mod``.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import random
 import re
 import string
@@ -35,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from creditrl.tasks.arithmetic import split_completion
-from creditrl.tasks.base import SPLITS, Problem, register_task
+from creditrl.tasks.base import Drawn, Problem, draw_problems, hash_split, register_task
 
 __all__ = ["PathsConfig", "PathsTask", "parse_graph", "distances_to"]
 
@@ -121,11 +120,6 @@ def _random_graph(rng: random.Random, cfg: PathsConfig) -> list[str]:
     return listed
 
 
-def _stream_seed(seed: int, split: str) -> int:
-    digest = hashlib.sha256(f"paths/{split}/{seed}".encode()).digest()
-    return int.from_bytes(digest[:8], "big")
-
-
 @register_task("paths")
 class PathsTask:
     """Shortest paths in small random graphs (registry name ``"paths"``, step separator ``";"``)."""
@@ -141,8 +135,7 @@ class PathsTask:
 
     def split_of(self, prompt: str) -> str:
         """``"heldout"`` iff ``int(sha256(prompt), 16) % heldout_mod == 0``, else ``"train"``."""
-        digest = int(hashlib.sha256(prompt.encode()).hexdigest(), 16)
-        return "heldout" if digest % self.config.heldout_mod == 0 else "train"
+        return hash_split(prompt, self.config.heldout_mod)
 
     def make_problem(self, prompt: str) -> Problem:
         """The problem of a prompt such as ``"ab,bc|a>c="`` (the ``"="`` may be left out)."""
@@ -161,26 +154,25 @@ class PathsTask:
 
     def sample(self, n: int, *, split: str, seed: int) -> list[Problem]:
         """``n`` problems of ``split``, deterministic for a given (config, split, seed); duplicates may occur."""
-        if split not in SPLITS:
-            raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
-        if n < 0:
-            raise ValueError(f"n must be >= 0, got {n}")
-        cfg, rng = self.config, random.Random(_stream_seed(seed, split))
-        problems: list[Problem] = []
-        misses = 0
-        while len(problems) < n:
+        cfg = self.config
+
+        def draw(rng: random.Random) -> Drawn | None:
             edges = _random_graph(rng, cfg)
             start, goal = rng.sample(string.ascii_lowercase[: cfg.nodes], 2)
             prompt = f"{','.join(edges)}|{start}>{goal}="
             far = distances_to(parse_graph(prompt)[0], goal)[start]
-            if not cfg.min_dist <= far <= cfg.max_dist or self.split_of(prompt) != split:
-                misses += 1
-                if misses >= _MAX_CONSECUTIVE_MISSES:
-                    raise ValueError(f"no {split!r} problem in {misses} consecutive draws for {cfg}")
-                continue
-            misses = 0
-            problems.append(self.make_problem(prompt))
-        return problems
+            return (prompt, lambda: self.make_problem(prompt)) if cfg.min_dist <= far <= cfg.max_dist else None
+
+        return draw_problems(
+            n,
+            split=split,
+            seed=seed,
+            namespace="paths",
+            draw=draw,
+            split_of=self.split_of,
+            max_misses=_MAX_CONSECUTIVE_MISSES,
+            space=f" for {cfg}",
+        )
 
     def extract_answer(self, completion: str) -> str | None:
         hash_at = completion.find("#")

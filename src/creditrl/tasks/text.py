@@ -26,12 +26,11 @@ Held-out problems are those whose prompt hashes to 0 modulo ``heldout_mod``.
 
 from __future__ import annotations
 
-import hashlib
 import random
 from abc import ABC, abstractmethod
 from typing import Any
 
-from creditrl.tasks.base import SPLITS, Problem, register_task
+from creditrl.tasks.base import SPLITS, Drawn, Problem, draw_problems, hash_split, register_task
 
 __all__ = ["SPLITS", "LEXICON", "ToyTranslateTask", "ToySummariseTask", "split_sentences"]
 
@@ -111,8 +110,7 @@ class _SentenceTask(ABC):
 
     def split_of(self, prompt: str) -> str:
         """``"heldout"`` iff ``int(sha256(prompt).hexdigest(), 16) % heldout_mod == 0``, else ``"train"``."""
-        digest = int(hashlib.sha256(prompt.encode()).hexdigest(), 16)
-        return "heldout" if digest % self.heldout_mod == 0 else "train"
+        return hash_split(prompt, self.heldout_mod)
 
     def sample(self, n: int, *, split: str, seed: int) -> list[Problem]:
         """Return ``n`` problems of ``split``, deterministic in ``(split, seed)`` (duplicates may occur).
@@ -120,24 +118,20 @@ class _SentenceTask(ABC):
         Raises:
             ValueError: If ``split`` is unknown or ``n < 0``.
         """
-        if split not in SPLITS:
-            raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
-        if n < 0:
-            raise ValueError(f"n must be >= 0, got {n}")
-        digest = hashlib.sha256(f"{self.name}/{split}/{seed}".encode()).digest()
-        rng = random.Random(int.from_bytes(digest[:8], "big"))
-        problems: list[Problem] = []
-        misses = 0
-        while len(problems) < n:
+
+        def draw(rng: random.Random) -> Drawn:
             prompt, answer, meta = self._draw(rng)
-            if self.split_of(prompt) != split:
-                misses += 1
-                if misses >= _MAX_CONSECUTIVE_MISSES:
-                    raise ValueError(f"no {split!r} problem in {misses} consecutive draws")
-                continue
-            misses = 0
-            problems.append(Problem(prompt=prompt, answer=answer, solution=answer, meta={**meta, "split": split}))
-        return problems
+            return prompt, lambda: Problem(prompt=prompt, answer=answer, solution=answer, meta={**meta, "split": split})
+
+        return draw_problems(
+            n,
+            split=split,
+            seed=seed,
+            namespace=self.name,
+            draw=draw,
+            split_of=self.split_of,
+            max_misses=_MAX_CONSECUTIVE_MISSES,
+        )
 
     def check_outcome(self, problem: Problem, completion: str) -> bool:
         """Whether ``completion`` equals ``problem.answer`` up to whitespace (``str.split``)."""
