@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from creditrl.config import load_config
-from creditrl.policy.model import build_tiny
+from creditrl.policy.model import TinyPreset, build_tiny
 from creditrl.policy.tokenizer import encode_problem
 from creditrl.prm.implicit import ImplicitPRM, _rows, token_log_ratios
 from creditrl.rewards.stage import Scorer
@@ -98,31 +98,16 @@ def _bpe_tokenizer():
 
 
 def test_rewards_read_the_sampled_ids_not_a_retokenization(tmp_path: Path) -> None:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     tok = _bpe_tokenizer()
     assert tok("3+4", add_special_tokens=False)["input_ids"] == [
         tok.convert_tokens_to_ids("3+"),
         tok.convert_tokens_to_ids("4"),
     ]
-    config = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-    )
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(tmp_path / "bpe")
+    small = TinyPreset(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=2, max_positions=64)
+    build_tiny(seed=0, preset=small, tokenizer=tok)[0].save_pretrained(tmp_path / "bpe")
     tok.save_pretrained(tmp_path / "bpe")
     prm = ImplicitPRM(str(tmp_path / "bpe"), beta=0.5, lr=1e-3, steps=1)
-    torch.manual_seed(1)
-    prm.model.load_state_dict(LlamaForCausalLM(config).state_dict())
+    prm.model.load_state_dict(build_tiny(seed=1, preset=small, tokenizer=tok)[0].state_dict())
     ids = lambda text: [tok.convert_tokens_to_ids(c) for c in text]  # noqa: E731 - one token per character
     prompt = ids("1+2?")
     sampled = [ids("3+4"), [*ids(";"), tok.eos_token_id]]  # two spans as the policy sampled them

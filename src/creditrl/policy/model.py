@@ -40,10 +40,13 @@ class TinyPreset:
     max_positions: int = 2048  # RoPE: only the config value (long-output tasks reach ~1,100 positions)
 
 
-def build_tiny(seed: int = 0, preset: TinyPreset | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Build the tiny policy from scratch with a seeded initialisation."""
+def build_tiny(
+    seed: int = 0, preset: TinyPreset | None = None, tokenizer: PreTrainedTokenizerBase | None = None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Build the tiny policy from scratch with a seeded initialisation, on ``tokenizer``'s
+    vocabulary and special tokens (default: the character tokenizer)."""
     preset = preset or TinyPreset()
-    tokenizer = build_char_tokenizer()
+    tokenizer = tokenizer if tokenizer is not None else build_char_tokenizer()
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=preset.hidden_size,
