@@ -14,6 +14,8 @@ from creditrl.experiments.compare_report import (
     charged_s,
     cpu_hours,
     difference_rows,
+    prm_markdown,
+    prm_rows,
     results_csv,
     results_markdown,
     summarise_arm,
@@ -167,6 +169,14 @@ def test_a_runs_prm_cost_is_charged_to_its_wall_times_and_counted_once_in_cpu_ho
     rows = {row["arm"]: row for row in difference_rows({"plain": plain, "prm": prm}, "plain")}
     assert rows["prm"]["cost"] == pytest.approx(26.0) and rows["plain"]["cost"] == 1.0
     assert cpu_hours({"plain": plain, "prm": prm}, [{"jobs": 1, "threads": 2}]) == pytest.approx((2 * 16 + 100) / 3600)
+    # the PRM table: the arms whose start rows record a PRM, the mean over their seeds
+    prm[0][0].update({"prm/label_agreement": 0.6, "prm/label_coverage": 1.0, "prm/label_fpr": 0.1})
+    prm[1][0].update({"prm/label_agreement": 0.7, "prm/label_coverage": 1.0, "prm/label_fpr": 0.2})
+    (row,) = prm_rows({"plain": plain, "prm": prm})
+    assert row["arm"] == "prm" and row["prm/label_agreement"] == pytest.approx(0.65)
+    assert row["prm/label_fpr"] == pytest.approx(0.15) and row["prm/heldout_auroc"] is None
+    assert prm_markdown([row]).rstrip().endswith("| prm | 0.650 | 1.000 | 0.150 | – | 100 s |")
+    assert prm_rows({"plain": plain}) == []
 
 
 @pytest.mark.parametrize("unit", ["samples", "tokens"])

@@ -221,6 +221,12 @@ def test_reward_prm_auto_trains_once_and_is_read_back(workdir: Path, tmp_path: P
     history = first.run().history
     assert history[-1]["reward/placed_per_response"] > 0
     assert history[0]["time/prm_s"] == info["prm/cost_s"]  # the run is charged what its PRM cost
+    # and records what its PRM learned from: its labels against the oracle's, its held-out AUROC
+    assert history[0]["prm/label_agreement"] == info["agreement"] and 0.0 <= info["agreement"] <= 1.0
+    assert history[0]["prm/label_coverage"] == info["coverage"]
+    assert history[0]["prm/label_fpr"] == info["false_positive_rate"]
+    assert history[0]["prm/heldout_auroc"] == info["prm/heldout_auroc"]
+    assert not any(k.startswith("prm/") for row in history[1:] for k in row)  # once, in the start row
     assert load_config(tmp_path / "a" / "config.yaml").reward.prm == str(prm_dir)  # the run records the PRM it used
     second = RLTrainer.from_config(load_config(overrides=over), tmp_path / "b")
     assert second.cfg.reward.prm == str(prm_dir) and len(calls) == 1

@@ -40,6 +40,8 @@ from creditrl.experiments.compare_report import (
     difference_rows,
     differences_markdown,
     launch_text,
+    prm_markdown,
+    prm_rows,
     results_csv,
     results_markdown,
     summarise_arm,
@@ -98,6 +100,9 @@ def run_compare(
     differences = difference_rows(results, grid.reference) if grid.reference else []
     if differences:
         table += "\n" + differences_markdown(differences, grid.reference)
+    prms = prm_rows(results)
+    if prms:
+        table += "\n" + prm_markdown(prms)
     title = f"{grid.name}: {grid.budget:,} generated {grid.unit} per run, mean ± 95% CI over {len(grid.seeds)} seeds"
     plot_seed_curves(
         results,
@@ -142,6 +147,7 @@ def run_compare(
         "init": init,
         "rows": [asdict(r) for r in rows],
         "differences": differences,
+        **({"prm": prms} if prms else {}),
         "launches": launches,
         "cpu_hours": cpu_hours(results, launches),
         "load": float(np.mean(loads)) if loads else None,

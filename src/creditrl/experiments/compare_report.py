@@ -162,6 +162,42 @@ def differences_markdown(rows: list[dict[str, Any]], reference: str) -> str:
     return "\n".join(out) + "\n"
 
 
+PRM_COLUMNS = (
+    ("prm/label_agreement", "labels agreeing with the oracle", "{:.3f}"),
+    ("prm/label_coverage", "steps labelled", "{:.3f}"),
+    ("prm/label_fpr", "false-positive rate", "{:.3f}"),
+    ("prm/heldout_auroc", "step AUROC, held out", "{:.3f}"),
+    ("time/prm_s", "labelling + training", "{:.0f} s"),
+)
+
+
+def prm_rows(results: dict[str, list[list[dict[str, Any]]]]) -> list[dict[str, Any]]:
+    """Per arm whose reward reads a PRM (its runs' start rows record it, see
+    ``creditrl.prm.cache.prm_record``): the mean over its seeds of each of :data:`PRM_COLUMNS`."""
+    out = []
+    for arm, runs in results.items():
+        starts = [h[0] for h in runs if h]
+        if not any(k in row for row in starts for k, _, _ in PRM_COLUMNS):
+            continue
+        values = {k: [row[k] for row in starts if row.get(k) is not None] for k, _, _ in PRM_COLUMNS}
+        out.append({"arm": arm, **{k: float(np.mean(v)) if v else None for k, v in values.items()}})
+    return out
+
+
+def prm_markdown(rows: list[dict[str, Any]]) -> str:
+    """The table of :func:`prm_rows`: what each arm's PRM learned from and what it cost."""
+    out = [
+        "The PRM each arm reads (mean over its seeds): its training labels against the oracle's, its step AUROC "
+        "against oracle labels on held-out samples of the start policy, and what labelling and training cost.\n",
+        "| arm | " + " | ".join(title for _, title, _ in PRM_COLUMNS) + " |",
+        "|---|" + "---|" * len(PRM_COLUMNS),
+    ]
+    for r in rows:
+        cells = ["–" if r.get(k) is None else fmt.format(r[k]) for k, _, fmt in PRM_COLUMNS]
+        out.append(f"| {r['arm']} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
+
+
 def cpu_hours(results: dict[str, list[list[dict[str, Any]]]], launches: list[dict[str, int]]) -> float:
     """The grid's compute: every run's RL and evaluation wall time times its threads (one thread
     where the launches differ or are unknown), plus each distinct PRM's cost once, in hours; the

@@ -42,7 +42,13 @@ import yaml
 
 from creditrl.config import ConfigError
 from creditrl.experiments.compare import run_compare
-from creditrl.experiments.compare_report import CompareRow, differences_markdown, launch_text, results_markdown
+from creditrl.experiments.compare_report import (
+    CompareRow,
+    differences_markdown,
+    launch_text,
+    prm_markdown,
+    results_markdown,
+)
 from creditrl.experiments.grid import TOKEN_ITERATIONS, load_grid
 from creditrl.experiments.seeds import slug, summarised_runs
 from creditrl.experiments.summaries import read_summary
@@ -248,6 +254,8 @@ def _section(
     )
     if summary.get("differences"):
         table += "\n" + differences_markdown(summary["differences"], grid.reference)
+    if summary.get("prm"):
+        table += "\n" + prm_markdown(summary["prm"])
     arms = "; ".join(f"**{name}**: `{' '.join(over) or '(base)'}`" for name, over in grid.arms.items())
     images = "\n".join(f"![{p.stem}]({p.relative_to(root).as_posix()})" for p in plots)
     claim = f"\n*Folk claim:* {finding['claim'].strip()}\n" if finding.get("claim") else ""

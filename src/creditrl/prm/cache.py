@@ -109,17 +109,39 @@ def cached_prm(cfg: Config, init_path: str, *, progress: bool = False) -> Path:
     return path
 
 
+def _prm_info(cfg: Config) -> dict[str, Any]:
+    """The ``prm_info.json`` of the PRM a reward of ``cfg`` reads ({} when none does, or its
+    directory has none: a PRM trained by ``creditrl prm train``)."""
+    r = cfg.reward
+    reads = "prm" in (r.source, *r.sources, cfg.hybrid.dense_source)
+    info = Path(r.prm) / "prm_info.json" if reads and r.prm and r.prm != "auto" else None
+    return json.loads(info.read_text()) if info is not None and info.is_file() else {}
+
+
 def prm_cost_s(cfg: Config) -> float:
     """The seconds the PRM of ``cfg`` took to label its training samples and train (the
     held-out AUROC check excluded): 0 when no reward source reads a PRM or its directory has
     no record of the cost (a PRM trained by ``creditrl prm train``, whose labels came from a
     separate ``creditrl prm label``)."""
-    r = cfg.reward
-    reads = "prm" in (r.source, *r.sources, cfg.hybrid.dense_source)
-    info = Path(r.prm) / "prm_info.json" if reads and r.prm and r.prm != "auto" else None
-    if info is None or not info.is_file():
-        return 0.0
-    return float(json.loads(info.read_text()).get("prm/cost_s", 0.0))
+    return float(_prm_info(cfg).get("prm/cost_s", 0.0))
+
+
+# what a run records of the PRM it reads, in its start row: its labels against the oracle's
+# (the share that agree, the share of steps labelled, the false-positive rate) and its step AUROC
+# on held-out samples; the keys of prm_info.json on the left
+PRM_RECORD = {
+    "agreement": "prm/label_agreement",
+    "coverage": "prm/label_coverage",
+    "false_positive_rate": "prm/label_fpr",
+    "prm/heldout_auroc": "prm/heldout_auroc",
+}
+
+
+def prm_record(cfg: Config) -> dict[str, float]:
+    """:data:`PRM_RECORD` of the PRM a reward of ``cfg`` reads ({} when none, or unrecorded; a
+    held-out AUROC that could not be computed is left out)."""
+    info = _prm_info(cfg)
+    return {key: float(info[k]) for k, key in PRM_RECORD.items() if info.get(k) is not None}
 
 
 def _train_prm(cfg: Config, init_path: str, path: Path, progress: bool) -> None:

@@ -25,7 +25,7 @@ from creditrl.errors import ConfigError
 from creditrl.policy.device import grad_scaler, resolve_device
 from creditrl.policy.engines import GenerationEngine, SamplingParams, choose_engine, engine_for
 from creditrl.policy.model import apply_lora, load_policy, policy_options
-from creditrl.prm.cache import cached_prm, prm_cost_s
+from creditrl.prm.cache import cached_prm, prm_cost_s, prm_record
 from creditrl.rewards.stage import Scorer
 from creditrl.rollout.segment import step_stop_ids
 from creditrl.tasks import Problem, Task
@@ -85,6 +85,7 @@ class RunParts:
     heldout: list[Problem]
     choices: dict[str, str] = field(default_factory=dict)  # what was resolved, and why
     prm_s: float = 0.0  # what the PRM a reward reads cost to label for and train (prm_cost_s)
+    prm: dict[str, float] = field(default_factory=dict)  # its labels' and its own quality (prm_record)
 
 
 def start_policy(cfg: Config, task: Task | None = None, *, progress: bool) -> str:
@@ -225,4 +226,5 @@ def build_run(
         heldout=task.sample(cfg.train.eval_size, split="heldout", seed=EVAL_SEED),
         choices=choices,
         prm_s=prm_cost_s(cfg),
+        prm=prm_record(cfg),
     )

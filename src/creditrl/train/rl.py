@@ -312,6 +312,7 @@ class RLTrainer:
                 "tokens/total": 0,
                 "time/total_s": 0.0,
                 **({"time/prm_s": self.parts.prm_s} if self.parts.prm_s else {}),
+                **self.parts.prm,
                 **self._evaluate_on_main(),
             }
             self._log(row, history)
