@@ -13,7 +13,7 @@ import torch
 from creditrl.config import load_config
 from creditrl.policy.model import TinyPreset, build_tiny
 from creditrl.policy.tokenizer import encode_problem
-from creditrl.prm.implicit import ImplicitPRM, _rows, token_log_ratios
+from creditrl.prm.implicit import ImplicitPRM, _rows, loo_token_baseline, token_log_ratios
 from creditrl.rewards.stage import Scorer
 from creditrl.tasks import Problem, make_task
 from creditrl.train.rl import RLTrainer
@@ -60,6 +60,33 @@ def test_rewards_are_beta_times_each_spans_summed_ratio_and_zero_at_the_start(tm
     assert got[0][0] == pytest.approx(0.5 * float(ratios[0, :6].sum()), abs=1e-5)
     assert got[0][1] == pytest.approx(0.5 * float(ratios[0, 6:8].sum()), abs=1e-5)
     assert got[1][0] is None and got[1][1] == pytest.approx(0.5 * float(ratios[1, :8].sum()), abs=1e-5)
+
+
+def test_token_rewards_are_centered_by_the_other_responses_mean_token_reward(tmp_path: Path) -> None:
+    prm = ImplicitPRM(_saved(tmp_path, 0), beta=0.5, lr=1e-3, steps=1)
+    raw = ImplicitPRM(_saved(tmp_path, 0), beta=0.5, lr=1e-3, steps=1, center=False)
+    other = build_tiny(seed=5)[0].state_dict()
+    prm.model.load_state_dict(other)
+    raw.model.load_state_dict(other)
+    tok = prm.tokenizer
+    ids = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    prompts = [ids("1+2="), ids("1+2="), ids("1+2="), ids("3*3=")]  # a group of three, and one alone
+    spans = [[ids("3;"), ids("#3")], [ids("4;#4")], [ids("1+2=3;"), ids("#3")], [ids("9;#9")]]
+    r = raw.token_rewards(prompts, spans)
+    c = prm.token_rewards(prompts, spans)
+    lengths = [sum(len(x) for x in row) for row in spans]
+    means = [sum(row) / n for row, n in zip(r, lengths)]  # each response's mean token reward
+    for i in range(3):
+        base = sum(means[j] for j in range(3) if j != i) / 2
+        for k, span in enumerate(spans[i]):
+            assert c[i][k] == pytest.approx(r[i][k] - len(span) * base, abs=1e-5), (i, k)
+    assert c[3] == pytest.approx(r[3], abs=1e-6)  # no other response to its prompt: no baseline
+    # centered, a group's token rewards average to zero when the responses are equally long
+    mask = torch.ones(3, 4, dtype=torch.bool)
+    rewards = torch.tensor([[1.0, 2.0, 3.0, 4.0], [0.0, 0.0, 0.0, 0.0], [-1.0, -1.0, -1.0, -1.0]])
+    centered = rewards - loo_token_baseline(rewards, mask, ["g", "g", "g"])[:, None]
+    assert float(centered.sum()) == pytest.approx(0.0, abs=1e-6)
+    assert loo_token_baseline(rewards, mask, ["a", "b", "c"]).tolist() == [0.0, 0.0, 0.0]
 
 
 def test_online_updates_move_the_implicit_outcome_toward_the_labels(tmp_path: Path) -> None:

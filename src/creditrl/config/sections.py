@@ -173,6 +173,11 @@ class RewardConfig(Section):
     implicit_beta: float = Field(0.05, gt=0, description="implicit_prm: beta of the reward beta * log(pi_rm / pi_ref)")
     implicit_lr: float = Field(1e-4, gt=0, description="implicit_prm: learning rate of its online updates")
     implicit_steps: int = Field(1, ge=0, description="implicit_prm: updates on each iteration's outcomes")
+    implicit_center: bool = Field(
+        True,
+        description="implicit_prm: subtract from each token's reward the mean token reward of the other "
+        "responses to the same prompt (PRIME's leave-one-out baseline); false keeps the raw log-ratios",
+    )
     prm: str | None = Field(
         None,
         description="a trained PRM directory (`creditrl prm train`) for the `prm` "

@@ -11,9 +11,14 @@ Every iteration, before scoring, :meth:`ImplicitPRM.observe` updates ``pi_rm`` o
 rollouts (``reward.implicit_steps`` AdamW steps, ``reward.implicit_lr``) with the cross-entropy
 of ``sigmoid(sum_t r_t)`` against each response's outcome; the rewards are then read from the
 updated model. At ``token`` granularity each token's reward is its ``r_t``; at ``step`` (or
-``segment``) the sum of a span's ``r_t``. Both the update and the rewards read the token ids
-the policy sampled (the Scorer passes them), never a re-tokenization of the text, which a BPE
-tokenizer may cut otherwise; special tokens (eos) carry no reward. ``pi_rm``'s weights and optimizer are part of a
+``segment``) the sum of a span's ``r_t``. With ``reward.implicit_center`` (the default) each
+``r_t`` is first centered by a leave-one-out baseline, the mean token reward of the other
+responses to the same prompt (:func:`loo_token_baseline`), as PRIME's RLOO does with its process
+rewards: uncentered, a reward-to-go over token rewards that are mostly negative (most responses
+wrong) gives every late token a large positive advantage against a sequence-level baseline.
+Both the update and the rewards read the token ids the policy sampled (the Scorer passes them),
+never a re-tokenization of the text, which a BPE tokenizer may cut otherwise; special tokens
+(eos) carry no reward. ``pi_rm``'s weights and optimizer are part of a
 checkpoint (``extra.pt``), so a resumed run continues with the reward model it had. The PRIME
 recipe pairs it with the outcome reward and RLOO: ``reward.source=outcome`` +
 ``hybrid.dense_source=implicit_prm``, ``credit.estimator=rloo``; any estimator takes it.
@@ -109,15 +114,37 @@ def reference_logprobs(reference, rows: list[Row], pad_id: int) -> torch.Tensor:
         return response_logprobs(reference, batch) * batch.response_mask
 
 
+def loo_token_baseline(rewards: torch.Tensor, mask: torch.Tensor, groups: Sequence[Any]) -> torch.Tensor:
+    """(B,) each response's leave-one-out baseline for its token rewards: the mean, over the other
+    responses with the same ``groups`` key (the same prompt) that have tokens, of their mean token
+    reward ``m_j = sum_t r[j, t] / L_j``; 0 for a response without such peers.
+
+    ``rewards`` float (B, T), ``mask`` bool (B, T). Subtracting it from every token reward of
+    response ``i`` is PRIME's RLOO on the process rewards (Cui et al. 2025, eq. 5): the reward-to-go
+    of late tokens no longer carries the group's mean token reward, which a sequence-level
+    baseline cannot remove (it grows with the tokens left). PRIME's implementation also scales
+    each token's deviation from its own response's mean by K/(K-1); this baseline does not."""
+    lengths = mask.sum(dim=1)
+    means = torch.where(lengths > 0, (rewards * mask).sum(dim=1) / lengths.clamp(min=1), 0.0)
+    baseline = torch.zeros(len(groups))
+    for key in dict.fromkeys(groups):
+        idx = [i for i, g in enumerate(groups) if g == key and lengths[i] > 0]
+        if len(idx) < 2:
+            continue
+        total = means[idx].sum()
+        baseline[idx] = (total - means[idx]) / (len(idx) - 1)
+    return baseline
+
+
 class ImplicitPRM:
     """The online implicit PRM of one run: ``pi_rm`` (trained), ``pi_ref`` (frozen), both from ``init``."""
 
-    def __init__(self, init: str, *, beta: float, lr: float, steps: int, seed: int = 0) -> None:
+    def __init__(self, init: str, *, beta: float, lr: float, steps: int, seed: int = 0, center: bool = True) -> None:
         self.reference, self.tokenizer = load_policy(init, seed=seed)
         self.reference.eval().requires_grad_(False)
         self.model = copy.deepcopy(self.reference).requires_grad_(True)
         self.model.eval()  # no dropout: the rewards it gives are deterministic
-        self.beta, self.steps = beta, steps
+        self.beta, self.steps, self.center = beta, steps, center
         self.special = set(self.tokenizer.all_special_ids)
         self._ref: dict[tuple[tuple[int, ...], tuple[int, ...]], torch.Tensor] = {}  # the last observe's
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
@@ -136,14 +163,17 @@ class ImplicitPRM:
 
     def _span_sums(self, rows: list[Row], n_spans: list[int]) -> list[list[float | None]]:
         with torch.no_grad():
-            ratios, _ = token_log_ratios(
+            ratios, mask = token_log_ratios(
                 self.model, self.reference, rows, self.tokenizer.pad_token_id, ref_logprobs=self._cached(rows)
             )
+        rewards = self.beta * ratios
+        if self.center:
+            rewards = (rewards - loo_token_baseline(rewards, mask, [tuple(p) for p, _, _ in rows])[:, None]) * mask
         out = []
-        for (_, _, owner), r, n in zip(rows, ratios.tolist(), n_spans):
+        for (_, _, owner), r, n in zip(rows, rewards.tolist(), n_spans):
             sums: list[float | None] = [None] * n
             for k, v in zip(owner, r):
-                sums[k] = (sums[k] or 0.0) + self.beta * v
+                sums[k] = (sums[k] or 0.0) + v
             out.append(sums)
         return out
 
@@ -212,6 +242,7 @@ def _implicit_source(options: dict[str, Any]) -> RewardSource:
         lr=float(options.get("implicit_lr", 1e-4)),
         steps=int(options.get("implicit_steps", 1)),
         seed=int(options.get("init_seed", 0)),
+        center=bool(options.get("implicit_center", True)),
     )
 
     def fn(task: Task, problem: Problem, completion: str, spans: Sequence[str]) -> list[float | None]:

@@ -171,7 +171,12 @@ class Scorer:
 
         def placed(source: str, granularity: str) -> _Placed:
             options = {"prm": rc.prm, "device": cfg.policy.device, "init": cfg.train.init}
-            options.update(implicit_beta=rc.implicit_beta, implicit_lr=rc.implicit_lr, implicit_steps=rc.implicit_steps)
+            options.update(
+                implicit_beta=rc.implicit_beta,
+                implicit_lr=rc.implicit_lr,
+                implicit_steps=rc.implicit_steps,
+                implicit_center=rc.implicit_center,
+            )
             made = make_source(source, {**options, "init_seed": cfg.policy.init_seed})
             if made.batch_fn is None:  # a model-backed source (batch_fn) runs here: see creditrl.tasks.bounded
                 self.calls.register(made.name, functools.partial(made.fn, task))
