@@ -232,6 +232,21 @@ def test_a_resumed_run_continues_with_the_reward_model_it_had(tmp_path: Path, mo
     assert fresh[3]["reward/implicit_loss"] != pytest.approx(full[3]["reward/implicit_loss"], abs=1e-6)
 
 
+def test_a_batch_the_filter_empties_and_a_failing_ids_pass_are_handled(tmp_path: Path, monkeypatch) -> None:
+    # group_accuracy in [0.9, 0.95] keeps no group of four: nothing reaches the implicit PRM's rewards
+    none_kept = [*TINY, "train.iterations=1", "hybrid.filter=group_accuracy", "hybrid.filter_lo=0.9"]
+    row = RLTrainer.from_config(load_config(overrides=[*none_kept, "hybrid.filter_hi=0.95"]), tmp_path / "a").run()
+    assert row.history[-1]["reward/filtered"] == 16 and row.history[-1]["reward/errors"] == 0
+    assert ImplicitPRM(_saved(tmp_path, 0), beta=0.5, lr=1e-3, steps=1).token_rewards([], []) == []
+    # the ids pass failing, the source's own fn (the text path) scores each response, in process
+    used = []
+    monkeypatch.setattr(ImplicitPRM, "token_rewards", lambda *a: (_ for _ in ()).throw(RuntimeError("no ids")))
+    text = ImplicitPRM.rewards
+    monkeypatch.setattr(ImplicitPRM, "rewards", lambda self, p, s: used.append(len(p)) or text(self, p, s))
+    last = RLTrainer.from_config(load_config(overrides=[*TINY, "train.iterations=1"]), tmp_path / "b").run().history[-1]
+    assert last["reward/errors"] == 0 and used and set(used) == {1}  # one response a call
+
+
 def test_implicit_prm_refuses_ray_scoring_workers_in_one_line() -> None:
     from creditrl.errors import ConfigError
     from creditrl.train.resolve import check

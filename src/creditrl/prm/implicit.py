@@ -162,6 +162,8 @@ class ImplicitPRM:
         return self._span_sums(id_rows(prompts, span_ids, self.special), [len(row) for row in span_ids])
 
     def _span_sums(self, rows: list[Row], n_spans: list[int]) -> list[list[float | None]]:
+        if not rows:  # every response filtered out or dropped
+            return []
         with torch.no_grad():
             ratios, mask = token_log_ratios(
                 self.model, self.reference, rows, self.tokenizer.pad_token_id, ref_logprobs=self._cached(rows)

@@ -66,7 +66,10 @@ class _Placed:
         seg = segment(batch.response_ids, batch.response_lengths, texts_of, self.segmenter)
         problems, completions = batch.extras["problems"], batch.extras["completions"]
         rows = [i for i, k in enumerate(keep) if k]
-        bounded = {"run": functools.partial(self.calls.map, self.source.name)} if self.score_fn is score_batch else {}
+        # a source's fn runs in a bounded worker, except a model-backed one (batch_fn): its fn, the
+        # fallback when batch_fn fails, runs here (see creditrl.tasks.bounded)
+        plain = self.score_fn is score_batch and self.source.batch_fn is None and self.source.ids_fn is None
+        bounded = {"run": functools.partial(self.calls.map, self.source.name)} if plain else {}
         source = self.source
         if source.ids_fn is not None:  # the sampled ids, not a re-tokenization of the span texts
             prompts, responses = token_rows(batch)
