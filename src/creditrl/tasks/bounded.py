@@ -193,7 +193,10 @@ class BoundedCalls:
             try:
                 ok, value = self._conn.recv()
             except (EOFError, OSError):
-                code = self._worker.exitcode if self._worker is not None else None
+                code = None
+                if self._worker is not None:  # the pipe closes a moment before the exit code is set
+                    self._worker.join(timeout=5)
+                    code = self._worker.exitcode
                 self._kill()
                 return out + [Outcome(error=f"the call ended its worker process (exit code {code})")]
             out.append(Outcome(value=value) if ok else Outcome(error=value))
