@@ -57,6 +57,7 @@ results: $(STAMP)
 	$(BIN)/python benchmarks/ray_overhead.py --results docs/results/scale_out.md
 	$(BIN)/python benchmarks/dependency_check.py --results docs/results/dependencies.md
 	$(BIN)/creditrl long-report --results docs/results/long_outputs.md
+	$(BIN)/creditrl exposure-report --jobs 2 --summaries findings/runs/exposure --results docs/results/scheduled_sampling.md
 	$(MAKE) bench
 	$(MAKE) performance
 
