@@ -47,7 +47,7 @@ from creditrl.experiments.compare_report import (
     summarise_arm,
 )
 from creditrl.experiments.grid import TOKEN_ITERATIONS, load_grid
-from creditrl.experiments.seeds import launch_settings, plot_seed_curves, run_arms, slug
+from creditrl.experiments.seeds import launch_settings, plot_seed_curves, run_arms, summary_files
 from creditrl.experiments.summaries import read_summary
 
 
@@ -91,7 +91,8 @@ def run_compare(
     launches = launch_settings(out)
     loads: list[float] = []
     if summaries is not None:
-        found = [read_summary(summaries / slug(a) / f"seed{s}.json") for a in grid.arms for s in grid.seeds]
+        files = summary_files(grid.base, grid.arms, grid.seeds, grid.budget, common, grid.unit, summaries)
+        found = [read_summary(f) for f in files]  # a run shared with another grid: its summary there
         init = found[0]["init"]
         loads = [f["load"] for f in found if f.get("load") is not None]
         launches = [x for i, x in enumerate(f["launch"] for f in found) if x not in [f["launch"] for f in found[:i]]]

@@ -165,6 +165,19 @@ def summarised_runs(
     return sum(summary_matches(read_summary(r.summary), r.identity) for r in runs), len(runs)
 
 
+def summary_files(
+    base: Path,
+    arms: dict[str, list[str]],
+    seeds: list[int],
+    budget: int,
+    common: list[str],
+    unit: str,
+    summaries: Path,
+) -> list[Path]:
+    """Each run's summary file, in the grid's own folder or in the grid it shares the run with."""
+    return [r.summary for r in _plan(base, arms, seeds, budget, Path("."), "sft", common, unit, summaries)]
+
+
 def run_arms(
     base: Path,
     arms: dict[str, list[str]],
