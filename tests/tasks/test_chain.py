@@ -249,6 +249,17 @@ def test_sampling_is_deterministic_and_splits_are_disjoint() -> None:
     assert abs(sum(task.split_of(p) == "heldout" for p in every) / len(every) - 1 / 10) < 0.03
 
 
+def test_distinct_heldout_draws_every_heldout_prompt_once_and_train_draws_stay_plain() -> None:
+    task = ChainTask(min_steps=1, max_steps=8, distinct_heldout=True)
+    every = {f"{a}{b}~{n:03d}=" for a in range(5) for b in range(5) for n in range(1, 9)}
+    heldout = {p for p in every if task.split_of(p) == "heldout"}
+    got = [p.prompt for p in task.sample(len(heldout), split="heldout", seed=0)]
+    assert len(got) == len(set(got)) and set(got) == heldout
+    assert task.sample(50, split="train", seed=0) == ChainTask(min_steps=1, max_steps=8).sample(50, split="train", seed=0)
+    with pytest.raises(ValueError, match=rf"^only {len(heldout)} distinct 'heldout' problems found \({len(heldout) + 1} asked"):
+        task.sample(len(heldout) + 1, split="heldout", seed=0)
+
+
 @pytest.mark.parametrize(
     "config",
     [ChainConfig(), ChainConfig(min_steps=1, max_steps=99), ChainConfig(min_steps=6, max_steps=6, modulus=10)],

@@ -55,6 +55,33 @@ def test_too_many_misses_name_the_split_and_the_space() -> None:
         draw_problems(-1, split="train", seed=0, namespace="t", draw=_draw_numbers([]), split_of=never, max_misses=7)
 
 
+def test_distinct_draws_skip_repeats_and_keep_the_plain_prefix() -> None:
+    odd = lambda p: "train" if int(p) % 2 else "heldout"  # noqa: E731
+    plain = draw_problems(8, split="train", seed=3, namespace="t", draw=_draw_numbers([]), split_of=odd, max_misses=50)
+    got = draw_problems(
+        5, split="train", seed=3, namespace="t", draw=_draw_numbers([]), split_of=odd, max_misses=50, distinct=True
+    )
+    prompts = [p.prompt for p in got]
+    assert sorted(prompts) == ["1", "3", "5", "7", "9"]  # every odd digit once: the whole train split
+    first_repeat = next(i for i, p in enumerate(plain) if p.prompt in {q.prompt for q in plain[:i]})
+    assert prompts[:first_repeat] == [p.prompt for p in plain[:first_repeat]]
+    with pytest.raises(
+        ValueError,
+        match=r"^only 5 distinct 'train' problems found \(6 asked for; 50 consecutive draws without a new one\) in t$",
+    ):
+        draw_problems(
+            6,
+            split="train",
+            seed=3,
+            namespace="t",
+            draw=_draw_numbers([]),
+            split_of=odd,
+            max_misses=50,
+            space=" in t",
+            distinct=True,
+        )
+
+
 def test_hash_split_is_the_sha256_rule() -> None:
     import hashlib
 

@@ -163,28 +163,39 @@ def draw_problems(
     split_of: Callable[[str], str],
     max_misses: int,
     space: str = "",
+    distinct: bool = False,
 ) -> list[Problem]:
     """``n`` problems of ``split`` from a generator, deterministic in ``(namespace, split, seed)``
-    (duplicates may occur). ``draw(rng)`` draws one prompt from the stream, with a function that
-    makes its problem (None: a draw the generator rejects); a prompt not of ``split`` is a miss
-    too, and only kept prompts are made into problems.
+    (duplicates may occur unless ``distinct``). ``draw(rng)`` draws one prompt from the stream,
+    with a function that makes its problem (None: a draw the generator rejects); a prompt not of
+    ``split`` is a miss too, and so is a repeat when ``distinct``; only kept prompts are made into
+    problems. The first draws of a ``distinct`` request are those of a plain one up to the first
+    repeat.
 
     Raises:
         ValueError: For an unknown ``split``, ``n < 0``, or ``max_misses`` consecutive misses (the
-            generator's problem space, described by ``space``, has (almost) nothing in ``split``).
+            generator's problem space, described by ``space``, has (almost) nothing in ``split``,
+            or fewer than ``n`` distinct prompts).
     """
     _check_request(n, split)
     rng = stream_rng(namespace, split, seed)
     problems: list[Problem] = []
+    seen: set[str] = set()
     misses = 0
     while len(problems) < n:
         drawn = draw(rng)
-        if drawn is None or split_of(drawn[0]) != split:
+        if drawn is None or split_of(drawn[0]) != split or (distinct and drawn[0] in seen):
             misses += 1
             if misses >= max_misses:
+                if distinct and seen:
+                    raise ValueError(
+                        f"only {len(seen)} distinct {split!r} problems found ({n} asked for; "
+                        f"{misses} consecutive draws without a new one){space}"
+                    )
                 raise ValueError(f"no {split!r} problem in {misses} consecutive draws{space}")
             continue
         misses = 0
+        seen.add(drawn[0])
         problems.append(drawn[1]())
     return problems
 

@@ -56,12 +56,16 @@ class ChainConfig:
             (2 to 10).
         heldout_mod: A prompt is held out iff its SHA-256 (as an integer) is divisible by
             ``heldout_mod`` (>= 2).
+        distinct_heldout: Draw held-out problems without repeats (an evaluation set of distinct
+            problems; an error when the band holds fewer than asked for). A band of k lengths
+            holds ``k modulus^2`` prompts, about ``1 / heldout_mod`` of them held out.
     """
 
     min_steps: int = 25
     max_steps: int = 25
     modulus: int = 5
     heldout_mod: int = 10
+    distinct_heldout: bool = False
 
     def __post_init__(self) -> None:
         """Reject out-of-range fields with a ValueError naming the field and its allowed range."""
@@ -155,6 +159,7 @@ class ChainTask:
             split_of=self.split_of,
             max_misses=_MAX_CONSECUTIVE_MISSES,
             space=f" for {cfg}",
+            distinct=cfg.distinct_heldout and split == "heldout",
         )
 
     def check_outcome(self, problem: Problem, completion: str) -> bool:
