@@ -84,9 +84,10 @@ def test_packaged_bases_resolve_and_quick_swaps_in_the_smoke_sizes(tmp_path: Pat
     for name in ("arith", "demo"):
         assert load_grid(_write(tmp_path, f"base: {name}\n" + body), quick=True).base == demo_config_path(True)
     assert load_grid(_write(tmp_path, "base: paths\n" + body)).base == packaged_config("paths")
-    # every committed grid was measured on the operand-1-9 config, or on the second task's
+    # every committed grid was measured on the operand-1-9 config, the second task's or the chains'
     for grid in sorted(Path("grids").glob("*.yaml")):
-        want = packaged_config("paths") if "_paths" in grid.stem else arith_config_path(False)
+        task = next((t for t in ("paths", "chain") if f"_{t}" in grid.stem), None)
+        want = packaged_config(task) if task else arith_config_path(False)
         assert load_grid(grid).base == want, grid
 
 

@@ -230,6 +230,25 @@ def test_findings_persist_run_summaries_and_rebuild_from_them_alone(tmp_path: Pa
         json.loads(f.read_text())["evals"][-1]["eval/correct"] for f in files[:2]
     ]
     assert not where.exists()  # nothing was copied
+    # a grid whose reference and one arm have every seed (read from g) and one arm has none: those
+    # two are reported with their verdict, the third is named in progress, and the reading waits
+    (tmp_path / "grids" / "g3.yaml").write_text(
+        GRID.replace("name: g\n", "name: g3\n") + "  reinforce: [credit.estimator=reinforce]\n"
+    )
+    (tmp_path / "findings" / "C10.yaml").write_text(
+        FINDING.replace("id: C9", "id: C10").replace("grids/g.yaml", "grids/g3.yaml").replace(
+            "{rloo: better by 5}", "{rloo: better by 5, reinforce: better}"
+        )
+    )
+    partial = tmp_path / "partial.md"
+    assert main(["findings", "--root", str(tmp_path), "--no-train", "--out", str(partial)]) == 0
+    text = partial.read_text()
+    section = text[text.index("## C10:") : text.index("## C9:")]  # sorted by file name
+    assert "*In progress:* **reinforce** 0 of 2 seeds; the table and the verdicts above" in section
+    assert "*Reading.*" not in section and "over 4 runs (the SFT start not counted)" in section
+    assert "| rloo | 2 |" in section and "| reinforce |" not in section
+    assert text.count("| rloo vs grpo | better by 5 points |") == 2  # C9's row and C10's
+    assert "reinforce vs grpo" not in text
 
 
 def test_the_committed_findings_rebuild_from_their_summaries(tmp_path: Path) -> None:

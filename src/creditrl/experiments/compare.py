@@ -26,6 +26,8 @@ the output directory is read back, not rerun (an arm is keyed by its name, not i
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import time
 from dataclasses import asdict
@@ -59,10 +61,14 @@ def run_compare(
     seeds: int | None = None,
     jobs: int = 1,
     summaries: Path | None = None,
+    arms: list[str] | None = None,
 ) -> dict[str, Any]:
     """Run (resumably) and report a grid. ``summaries``: a folder of committed run summaries
-    (:func:`creditrl.experiments.seeds.run_arms`); when every run has one, nothing trains."""
+    (:func:`creditrl.experiments.seeds.run_arms`); when every run has one, nothing trains.
+    ``arms``: only these of the grid's arms (in the grid's order)."""
     grid = load_grid(grid_path, quick=quick, seeds=seeds)
+    if arms is not None:
+        grid = dataclasses.replace(grid, arms={k: v for k, v in grid.arms.items() if k in arms})
     out = Path(out or Path("runs") / f"compare-{grid.name}")
     out.mkdir(parents=True, exist_ok=True)
     start = time.time()

@@ -33,6 +33,7 @@ they were written, from ``findings/legacy.md``.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 from pathlib import Path
@@ -50,7 +51,7 @@ from creditrl.experiments.compare_report import (
     results_markdown,
 )
 from creditrl.experiments.grid import TOKEN_ITERATIONS, load_grid
-from creditrl.experiments.seeds import slug, summarised_runs
+from creditrl.experiments.seeds import slug, summarised_arms
 from creditrl.experiments.summaries import read_summary
 from creditrl.experiments.verdicts import Difference, verdict
 
@@ -244,7 +245,13 @@ def verdicts_table(rows: list[dict[str, Any]]) -> str:
 
 
 def _section(
-    finding: dict[str, Any], grid, summary: dict[str, Any], plots: list[Path], root: Path, verdicts: list[dict]
+    finding: dict[str, Any],
+    grid,
+    summary: dict[str, Any],
+    plots: list[Path],
+    root: Path,
+    verdicts: list[dict],
+    reading: bool = True,
 ) -> str:
     diffs = {r["arm"]: r["difference"] for r in summary.get("differences", [])}
     judged = {r["arm"]: r["verdict"] for r in verdicts}
@@ -267,7 +274,8 @@ def _section(
         f"Compute: {summary.get('cpu_hours', 0.0):.1f} CPU-hours of RL and evaluation over "
         f"{len(grid.arms) * len(grid.seeds)} runs (the SFT start not counted){_load_text(summary)}. "
         f"Regenerate: `creditrl compare {finding['grid']}` (then `creditrl findings`).\n\n"
-        f"{table}\n{images}\n\n*Reading.* {fill(finding['reading'].strip(), rows)}\n"
+        f"{table}\n{images}\n"
+        + (f"\n*Reading.* {fill(finding['reading'].strip(), rows)}\n" if reading else "")
     )
 
 
@@ -326,21 +334,38 @@ def _grid_section(
     grid_path = root / finding["grid"]
     grid = load_grid(grid_path, quick=quick)
     summaries = None if quick else root / "findings" / "runs" / grid.name
+    arms = None  # every arm
     if summaries is not None and not train:
         common = ([f"train.iterations={TOKEN_ITERATIONS}"] if grid.unit == "tokens" else []) + grid.common
-        done, total = summarised_runs(grid.base, grid.arms, grid.seeds, grid.budget, common, grid.unit, summaries)
-        if done < total:
-            return _pending_section(finding, grid, done, total), [], []
+        done = summarised_arms(grid.base, grid.arms, grid.seeds, grid.budget, common, grid.unit, summaries)
+        finished = [a for a, n in done.items() if n == len(grid.seeds)]
+        if len(finished) < len(grid.arms):
+            if grid.reference not in finished or len(finished) < 2:
+                return _pending_section(finding, grid, sum(done.values()), len(grid.arms) * len(grid.seeds)), [], []
+            arms = finished  # the reference and the arms that have every seed: reported now
     where = runs / grid.name
-    summary = run_compare(grid_path, where, quick=quick, jobs=jobs, summaries=summaries)
+    summary = run_compare(grid_path, where, quick=quick, jobs=jobs, summaries=summaries, arms=arms)
     plots = []
     for name in finding["plots"]:
         dest = docs / f"{finding['id']}_{name}.png"
         shutil.copyfile(where / "plots" / f"{name}.png", dest)
         plots.append(dest)
+    if arms is not None:
+        finding = {**finding, "expect": {a: e for a, e in finding.get("expect", {}).items() if a in arms}}
     verdicts = verdict_rows(finding, summary, grid.reference) if finding.get("expect") else []
     days = [] if summaries is None else [read_summary(p)["date"] for p in sorted(summaries.glob("*/seed*.json"))]
-    return _section(finding, grid, summary, plots, out.parent, verdicts), verdicts, days
+    if arms is None:
+        return _section(finding, grid, summary, plots, out.parent, verdicts), verdicts, days
+    pending = {a: n for a, n in done.items() if a not in arms}
+    note = "; ".join(f"**{a}** {n} of {len(grid.seeds)} seeds" for a, n in pending.items())
+    shown = dataclasses.replace(grid, arms={a: o for a, o in grid.arms.items() if a in arms})
+    section = _section(finding, shown, summary, plots, out.parent, verdicts, reading=False)
+    return (
+        section + f"\n*In progress:* {note}; the table and the verdicts above are those of the arms with every "
+        f"seed, and the reading waits for the rest (`creditrl compare {finding['grid']}`).\n",
+        verdicts,
+        days,
+    )
 
 
 def _train_only(root: Path, files: list[Path], only: list[str], quick: bool, runs: Path | None, jobs: int) -> None:

@@ -161,8 +161,24 @@ def summarised_runs(
     summaries: Path,
 ) -> tuple[int, int]:
     """How many of the grid's runs have a matching committed summary, of how many (nothing runs)."""
-    runs = _plan(base, arms, seeds, budget, Path("."), "sft", common, unit, summaries)
-    return sum(summary_matches(read_summary(r.summary), r.identity) for r in runs), len(runs)
+    done = summarised_arms(base, arms, seeds, budget, common, unit, summaries)
+    return sum(done.values()), len(arms) * len(seeds)
+
+
+def summarised_arms(
+    base: Path,
+    arms: dict[str, list[str]],
+    seeds: list[int],
+    budget: int,
+    common: list[str],
+    unit: str,
+    summaries: Path,
+) -> dict[str, int]:
+    """Per arm, how many of its seeds' runs have a matching committed summary (nothing runs)."""
+    done = dict.fromkeys(arms, 0)
+    for r in _plan(base, arms, seeds, budget, Path("."), "sft", common, unit, summaries):
+        done[r.arm] += summary_matches(read_summary(r.summary), r.identity)
+    return done
 
 
 def summary_files(
