@@ -236,9 +236,9 @@ def test_findings_persist_run_summaries_and_rebuild_from_them_alone(tmp_path: Pa
         GRID.replace("name: g\n", "name: g3\n") + "  reinforce: [credit.estimator=reinforce]\n"
     )
     (tmp_path / "findings" / "C10.yaml").write_text(
-        FINDING.replace("id: C9", "id: C10").replace("grids/g.yaml", "grids/g3.yaml").replace(
-            "{rloo: better by 5}", "{rloo: better by 5, reinforce: better}"
-        )
+        FINDING.replace("id: C9", "id: C10")
+        .replace("grids/g.yaml", "grids/g3.yaml")
+        .replace("{rloo: better by 5}", "{rloo: better by 5, reinforce: better}")
     )
     partial = tmp_path / "partial.md"
     assert main(["findings", "--root", str(tmp_path), "--no-train", "--out", str(partial)]) == 0

@@ -27,7 +27,6 @@ the output directory is read back, not rerun (an arm is keyed by its name, not i
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import time
 from dataclasses import asdict

@@ -274,8 +274,7 @@ def _section(
         f"Compute: {summary.get('cpu_hours', 0.0):.1f} CPU-hours of RL and evaluation over "
         f"{len(grid.arms) * len(grid.seeds)} runs (the SFT start not counted){_load_text(summary)}. "
         f"Regenerate: `creditrl compare {finding['grid']}` (then `creditrl findings`).\n\n"
-        f"{table}\n{images}\n"
-        + (f"\n*Reading.* {fill(finding['reading'].strip(), rows)}\n" if reading else "")
+        f"{table}\n{images}\n" + (f"\n*Reading.* {fill(finding['reading'].strip(), rows)}\n" if reading else "")
     )
 
 
