@@ -57,6 +57,7 @@ results: $(STAMP)
 	$(BIN)/python benchmarks/ray_overhead.py --results docs/results/scale_out.md
 	$(BIN)/python benchmarks/dependency_check.py --results docs/results/dependencies.md
 	$(BIN)/creditrl long-report --results docs/results/long_outputs.md
+	$(BIN)/creditrl long-report --set "task.args={min_steps: 41, max_steps: 61, modulus: 10, heldout_mod: 2}" --set "sft.task_args={min_steps: 1, max_steps: 99, modulus: 10, heldout_mod: 2}" --set sft.steps=2000 --results docs/results/long_outputs_mod10.md
 	$(BIN)/creditrl exposure-report --jobs 2 --summaries findings/runs/exposure --results docs/results/scheduled_sampling.md
 	$(MAKE) bench
 	$(MAKE) performance
