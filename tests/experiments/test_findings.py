@@ -209,12 +209,10 @@ def test_findings_persist_run_summaries_and_rebuild_from_them_alone(tmp_path: Pa
     (tmp_path / "grids" / "g2.yaml").write_text(GRID.replace("name: g\n", "name: g2\n"))
     g2 = load_grid(tmp_path / "grids" / "g2.yaml")
     where = tmp_path / "findings" / "runs" / "g2"
-    assert seeds.summarised_runs(g2.base, {"grpo": g2.arms["grpo"]}, g2.seeds, 32, g2.common, "samples", where) == (
-        2,
-        2,
-    )
+    same = {"grpo": g2.arms["grpo"]}
+    assert seeds.summarised_arms(g2.base, same, g2.seeds, 32, g2.common, "samples", where) == {"grpo": 2}
     other = {"grpo": [*g2.arms["grpo"], "loss.kl_coef=0.1"]}
-    assert seeds.summarised_runs(g2.base, other, g2.seeds, 32, g2.common, "samples", where) == (0, 2)
+    assert seeds.summarised_arms(g2.base, other, g2.seeds, 32, g2.common, "samples", where) == {"grpo": 0}
     shared = seeds.run_arms(
         g2.base,
         {"grpo": g2.arms["grpo"]},

@@ -151,20 +151,6 @@ def _summarise(run: _Run, rows: list[dict[str, Any]] | None = None) -> None:
     write_summary(run.summary, run_summary(rows, run.identity, launch))
 
 
-def summarised_runs(
-    base: Path,
-    arms: dict[str, list[str]],
-    seeds: list[int],
-    budget: int,
-    common: list[str],
-    unit: str,
-    summaries: Path,
-) -> tuple[int, int]:
-    """How many of the grid's runs have a matching committed summary, of how many (nothing runs)."""
-    done = summarised_arms(base, arms, seeds, budget, common, unit, summaries)
-    return sum(done.values()), len(arms) * len(seeds)
-
-
 def summarised_arms(
     base: Path,
     arms: dict[str, list[str]],
