@@ -280,3 +280,59 @@ def test_a_failing_parallel_run_names_its_arm_and_seed(tmp_path: Path, monkeypat
             unit="samples",
             jobs=2,
         )
+
+
+def test_an_interrupted_grid_run_continues_from_its_last_checkpoint(tmp_path: Path, monkeypatch):
+    """A grid run killed after its checkpoint at iteration 2 continues from there when the grid is
+    rerun (iterations 0-1 are not replayed) and ends with the metrics of an uninterrupted run;
+    a run directory left by another plan is started afresh."""
+    from creditrl.experiments.seeds import PLAN_FILE, run_arms
+    from creditrl.train.rl import RLTrainer
+
+    monkeypatch.setenv("CREDITRL_CACHE", str(tmp_path / "cache"))
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    logged: list[str] = []
+
+    # one addition of 1s and 2s: rewards from the start, so the killed run has learned something
+    easy = "{min_ops: 1, max_ops: 1, operand_min: 1, operand_max: 2, operators: '+', heldout_mod: 2}"
+    common = [f"task.args={easy}", f"sft.task_args={easy}", "sft.steps=30", "sft.lr=0.003", "train.eval_every=2"]
+
+    def run(out: Path) -> None:  # 64 samples: 4 iterations of 4 prompts x 4 samples, evaluated every 2
+        run_arms(demo_config_path(True), {"grpo": []}, [0], 64, out, "sft", common, logged.append, unit="samples")
+
+    run(whole)
+    ran: list[int] = []
+    kill = [3]
+    real = RLTrainer.iteration
+
+    def iteration(self, it):
+        ran.append(it)
+        if it in kill:
+            kill.clear()
+            raise RuntimeError("killed in iteration 3")
+        return real(self, it)
+
+    monkeypatch.setattr(RLTrainer, "iteration", iteration)
+    with pytest.raises(RuntimeError, match="killed in iteration 3"):
+        run(killed)
+    assert ran == [0, 1, 2, 3]
+    logged.clear()
+    run(killed)
+    assert ran == [0, 1, 2, 3, 2, 3]  # on from the checkpoint at iteration 2
+    assert "arm 'grpo' seed 0: continues from its checkpoint at iteration 2, up to 64 generated samples" in logged
+
+    def rows(where: Path) -> list[dict]:
+        lines = (where / "grpo" / "seed0" / "metrics.jsonl").read_text().splitlines()
+        return [{k: v for k, v in json.loads(x).items() if not k.startswith(("time/", "perf/"))} for x in lines]
+
+    assert rows(killed) == rows(whole) and [r["iteration"] for r in rows(whole)] == [0, 1, 2, 3, 4]
+    assert any(r["reward/mean"] > 0 and r["grad/norm"] > 0 for r in rows(whole)[1:])  # the policy learned
+    # the same directory under another plan (here: the run killed, then its plan edited) starts afresh
+    (killed / "grpo" / "seed0" / "metrics.jsonl").write_text(
+        "\n".join((killed / "grpo" / "seed0" / "metrics.jsonl").read_text().splitlines()[:3]) + "\n"
+    )
+    plan = killed / "grpo" / "seed0" / PLAN_FILE
+    plan.write_text(plan.read_text().replace('"seed": 0', '"seed": 7'))
+    ran.clear()
+    run(killed)
+    assert ran == [0, 1, 2, 3] and rows(killed) == rows(whole)

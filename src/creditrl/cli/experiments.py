@@ -133,7 +133,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--quick", action="store_true", help="demo_quick sizes, a tiny budget, 2 seeds (numbers meaningless)"
     )
-    p.add_argument("--out", help="output directory (default runs/compare-<grid name>); finished runs in it are reused")
+    p.add_argument(
+        "--out",
+        help="output directory (default runs/compare-<grid name>); finished runs in it are reused, "
+        "interrupted ones continue from their last checkpoint",
+    )
     p.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 instead of the grid's")
     add_threads_arg(p)
     add_jobs_arg(p)

@@ -3,7 +3,8 @@
 Every arm starts from the same SFT checkpoint and stops at the first iteration whose generated
 tokens reach the budget (``train.max_tokens``), so arms that spend tokens differently (a tree
 generates shared prefixes once) are compared at equal generation cost. A run whose last metrics
-row already reached the budget is read back, not rerun.
+row already reached the budget is read back, not rerun; an interrupted one continues from its
+last checkpoint (a grid's runs checkpoint at every evaluation).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import math
 import os
 import re
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,9 +22,11 @@ import numpy as np
 import torch
 
 from creditrl.config import load_config
+from creditrl.errors import ConfigError
 from creditrl.experiments.report import eval_rows, plt
 from creditrl.experiments.summaries import history, read_summary, run_summary, summary_matches, write_summary
 from creditrl.inspect.data import load_metrics
+from creditrl.train.checkpoint import resume_checkpoint
 from creditrl.train.rl import RLTrainer
 
 # two-sided 95% Student-t quantiles by degrees of freedom (n - 1)
@@ -72,6 +76,16 @@ class _Run:
     where: Path  # the run directory
     summary: Path | None  # its committed summary (None: no summaries kept)
     identity: dict[str, Any]
+    resume: int | None = None  # an interrupted run of this very plan: the iteration it continues from
+
+
+# in a grid's run directory: the run's identity, so that a rerun of the grid continues an
+# interrupted run of the same plan from its last checkpoint, and starts any other afresh
+PLAN_FILE = "grid_run.json"
+
+
+def _plan_text(run: _Run) -> str:
+    return json.dumps(run.identity, sort_keys=True)
 
 
 def _plan(
@@ -225,9 +239,13 @@ def run_arms(
         init_path = str(cached_sft(cfg, progress=cfg.train.progress)[0])
     for r in pending:
         r.identity["init"] = init_path
-        if r.where.exists():  # an interrupted run restarts from scratch
-            for f in sorted(r.where.rglob("*"), reverse=True):
-                f.unlink() if f.is_file() else f.rmdir()
+        plan = r.where / PLAN_FILE
+        same = (r.where / "config.yaml").is_file() and plan.is_file() and plan.read_text() == _plan_text(r)
+        r.resume = _checkpointed(r.where) if same else None
+        if r.resume is None:  # another plan's leftovers, or no intact checkpoint: start afresh
+            shutil.rmtree(r.where, ignore_errors=True)
+        r.where.mkdir(parents=True, exist_ok=True)
+        plan.write_text(_plan_text(r))
     _launch(pending, init_path, budget, unit, jobs, log, base)
     if summaries is not None:  # what a rebuild from the summaries alone will read, to the digit
         return {name: [history(read_summary(r.summary)) for r in runs if r.arm == name] for name in arms}
@@ -238,8 +256,8 @@ def _launch(pending: list[_Run], init_path: str, budget: int, unit: str, jobs: i
     """Run ``pending``, ``jobs`` at a time; each finished run is summarised at once."""
     if jobs == 1:
         for r in pending:
-            log(f"arm '{r.arm}' seed {r.seed}: up to {budget:,} generated {unit}")
-            _run_one(base, r.overrides, r.where, init_path, torch.get_num_threads(), 1)
+            log(f"arm '{r.arm}' seed {r.seed}: {_start_text(r)}up to {budget:,} generated {unit}")
+            _run_one(base, r.overrides, r.where, init_path, torch.get_num_threads(), 1, r.resume)
             if r.summary is not None:
                 _summarise(r)
         return
@@ -252,9 +270,14 @@ def _launch(pending: list[_Run], init_path: str, budget: int, unit: str, jobs: i
     log(f"{len(pending)} runs, {jobs} at a time with {threads} thread(s) each")
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         running = {
-            pool.submit(_run_one, base, r.overrides + ["train.progress=false"], r.where, init_path, threads, jobs): r
+            pool.submit(
+                _run_one, base, r.overrides + ["train.progress=false"], r.where, init_path, threads, jobs, r.resume
+            ): r
             for r in pending
         }
+        for r in pending:
+            if r.resume is not None:
+                log(f"arm '{r.arm}' seed {r.seed}: {_start_text(r)}")
         while running:
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for fut in finished:
@@ -270,8 +293,26 @@ def _launch(pending: list[_Run], init_path: str, budget: int, unit: str, jobs: i
                 log(f"arm '{r.arm}' seed {r.seed}: done in {seconds:.0f} s")
 
 
-def _run_one(base: Path, overrides: list[str], where: Path, init_path: str, threads: int, jobs: int) -> float:
-    """One run (also the worker of a parallel :func:`run_arms`); returns its wall seconds."""
+def _checkpointed(where: Path) -> int | None:
+    """The iteration of the run's newest intact checkpoint (None: none, or none intact)."""
+    try:
+        ckpt = resume_checkpoint(where / "checkpoints")
+    except ConfigError:
+        return None
+    return json.loads((ckpt / "trainer_state.json").read_text())["iteration"] if ckpt else None
+
+
+def _start_text(run: _Run) -> str:
+    return "" if run.resume is None else f"continues from its checkpoint at iteration {run.resume}, "
+
+
+def _run_one(
+    base: Path, overrides: list[str], where: Path, init_path: str, threads: int, jobs: int, resume: int | None = None
+) -> float:
+    """One run (also the worker of a parallel :func:`run_arms`); returns its wall seconds. The run
+    checkpoints at each evaluation (or more often, as its config says), so that ``resume`` (the
+    same plan interrupted) continues it from the last one -- a resumed run's metrics equal an
+    uninterrupted run's, and the replayed iterations' time is not counted twice."""
     import time
 
     torch.set_num_threads(threads)
@@ -280,7 +321,12 @@ def _run_one(base: Path, overrides: list[str], where: Path, init_path: str, thre
 
         transformers.utils.logging.disable_progress_bar()
     start = time.time()
-    RLTrainer.from_config(load_config(base, overrides), where, init_path=init_path).run()
+    if resume is not None:
+        RLTrainer.resume(where).run()
+    else:
+        train = load_config(base, overrides).train
+        every = [f"train.checkpoint_every={min(train.checkpoint_every, train.eval_every)}"]
+        RLTrainer.from_config(load_config(base, overrides + every), where, init_path=init_path).run()
     # train.threads wins; the load average over the run's last 15 minutes says what else shared the machine
     launch = {"threads": torch.get_num_threads(), "jobs": jobs, "load": round(os.getloadavg()[2], 2)}
     (where / "launch.json").write_text(json.dumps(launch))
