@@ -133,13 +133,13 @@ def test_summarise_arm_table_numbers_against_hand_computed_histories():
     assert r.start == pytest.approx(0.2) and r.target == pytest.approx(0.3) and r.reached == 2
     assert r.final[0] == pytest.approx(1 / 3)
     assert r.final[1] == pytest.approx(
-        4.303 * ((0.0333333**2 + 0.1666667**2 + 0.1333333**2) / 2) ** 0.5 / 3**0.5, rel=1e-4
+        4.302653 * ((0.0333333**2 + 0.1666667**2 + 0.1333333**2) / 2) ** 0.5 / 3**0.5, rel=1e-4
     )
     assert r.step_final[0] == pytest.approx(1 / 6)
-    assert r.samples_to_target == pytest.approx((15.0, 12.706 * 5 * 2**0.5 / 2**0.5))  # 20 and 10 samples
-    assert r.wall_to_target == pytest.approx((3.0, 12.706 * 2**0.5 / 2**0.5))  # 4 s and 2 s
+    assert r.samples_to_target == pytest.approx((15.0, 12.70620 * 5 * 2**0.5 / 2**0.5))  # 20 and 10 samples
+    assert r.wall_to_target == pytest.approx((3.0, 12.70620 * 2**0.5 / 2**0.5))  # 4 s and 2 s
     assert r.tokens == (300.0, 0.0) and r.samples == (30.0, 0.0) and r.wall_s == (6.0, 0.0)
-    assert r.iter_s == pytest.approx((2.0, 4.303 * 1.0 / 3**0.5))
+    assert r.iter_s == pytest.approx((2.0, 4.302653 * 1.0 / 3**0.5))
     assert summarise_arm("x", hs, target=0.9).samples_to_target is None
     md = results_markdown([r])
     assert "| x | 3 | 20.0% | 30.0% | 33.3 ± " in md and "| 2/3 | 15 ± 64 | 3.0 ± 12.7 s | 300 ± 0 |" in md
@@ -149,7 +149,7 @@ def test_summarise_arm_table_numbers_against_hand_computed_histories():
     for h, n in zip(hs, (30.0, 34.0, 38.0)):
         h[-1]["eval/length"] = n
     with_len = summarise_arm("x", hs, gain=0.1)
-    assert with_len.length == pytest.approx((34.0, 4.303 * 4.0 / 3**0.5)) and with_len.length_start is None
+    assert with_len.length == pytest.approx((34.0, 4.302653 * 4.0 / 3**0.5)) and with_len.length_start is None
     for h in hs:
         h[0]["eval/length"] = 20.0
     assert summarise_arm("x", hs, gain=0.1).length_start == 20.0
@@ -164,7 +164,7 @@ def test_a_runs_prm_cost_is_charged_to_its_wall_times_and_counted_once_in_cpu_ho
     assert charged_s(prm[0], prm[0][2]) == 104.0 and charged_s(plain[0], plain[0][2]) == 4.0
     r, p = summarise_arm("plain", plain, gain=0.1), summarise_arm("prm", prm, gain=0.1)
     assert (r.wall_s, p.wall_s) == ((4.0, 0.0), (104.0, 0.0))
-    assert p.wall_to_target == pytest.approx((103.0, 12.706 * 2**0.5 / 2**0.5))  # 102 s and 104 s
+    assert p.wall_to_target == pytest.approx((103.0, 12.70620 * 2**0.5 / 2**0.5))  # 102 s and 104 s
     for row in [row for h in plain + prm for row in h]:
         row["eval/correct"] = pack_outcomes([True, False])
     rows = {row["arm"]: row for row in difference_rows({"plain": plain, "prm": prm}, "plain")}

@@ -25,7 +25,7 @@ def test_the_table_is_the_means_and_paired_differences_of_the_measurements() -> 
     }
     md = exposure_markdown(summary)
     plain, mixed, paired = md.strip().splitlines()[2:]
-    # t(1 dof) = 12.706: half-width 12.706 * sd / sqrt(2); tf 0.9 and 0.8: sd 0.0707 -> 63.5 points
+    # t(1 dof) = 12.706: half-width 12.70620 * sd / sqrt(2); tf 0.9 and 0.8: sd 0.0707 -> 63.5 points
     assert plain.startswith("| plain SFT | 85.0 ± 63.5% | 50.0 ± 0.0% | 35.0 ± 63.5% | 25.0 ± 63.5% | 35.0 ± 63.5%")
     assert mixed.startswith("| scheduled sampling | 85.0 ± 63.5% | 65.0 ± 63.5% | 20.0 ± 127.1% | 30.0 ± 0.0%")
     # paired: free-running +0.1 and +0.2 -> +15.0 ± 63.5; gap -0.1, -0.2; process GRPO +0.1, +0.1

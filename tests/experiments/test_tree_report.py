@@ -14,7 +14,9 @@ def test_mean_ci95_uses_student_t():
     assert mean_ci95([0.5]) == (0.5, 0.0)
     mean, half = mean_ci95([0.2, 0.3, 0.4])
     assert mean == pytest.approx(0.3)
-    assert half == pytest.approx(4.303 * 0.1 / 3**0.5)  # sd 0.1, n 3, t(2) = 4.303
+    assert half == pytest.approx(4.302653 * 0.1 / 3**0.5)  # sd 0.1, n 3, t(2) = 4.303
+    mean, half = mean_ci95([float(i) for i in range(12)])  # past a small table: t(11) = 2.201, not 1.96
+    assert mean == pytest.approx(5.5) and half == pytest.approx(2.201 * 13**0.5 / 12**0.5, rel=1e-3)
     with pytest.raises(ValueError, match="at least one value"):
         mean_ci95([])
 
@@ -42,7 +44,7 @@ def test_summarise_seeds_and_table():
 
     s = summarise_seeds("tree", [hist(0.2, 1000), hist(0.4, 1100)])
     assert s.start == 0.1 and s.final[0] == pytest.approx(0.3) and s.tokens == 1050 and s.iterations == 5
-    assert s.final[1] == pytest.approx(12.706 * (0.2**2 / 2) ** 0.5 / 2**0.5)
+    assert s.final[1] == pytest.approx(12.70620 * (0.2**2 / 2) ** 0.5 / 2**0.5)
     assert "| tree | 2 | 10.0% | 30.0 ± " in seeds_table([s])
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from scipy import stats
 
 from creditrl.config import load_config
 from creditrl.errors import ConfigError
@@ -28,9 +29,6 @@ from creditrl.experiments.summaries import history, read_summary, run_summary, s
 from creditrl.inspect.data import load_metrics
 from creditrl.train.checkpoint import resume_checkpoint
 from creditrl.train.rl import RLTrainer
-
-# two-sided 95% Student-t quantiles by degrees of freedom (n - 1)
-_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
 def slug(name: str) -> str:
@@ -42,11 +40,10 @@ def mean_ci95(xs: list[float]) -> tuple[float, float]:
     n = len(xs)
     if n == 0:
         raise ValueError("mean_ci95 needs at least one value")
-    mean = sum(xs) / n
+    mean = float(np.mean(xs))
     if n == 1:
         return mean, 0.0
-    sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1))
-    return mean, _T95.get(n - 1, 1.96) * sd / math.sqrt(n)
+    return mean, float(stats.t.ppf(0.975, n - 1) * stats.sem(xs))
 
 
 def _finished(path: Path, budget: int, key: str = "tokens/total") -> list[dict[str, Any]] | None:
