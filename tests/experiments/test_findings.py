@@ -247,6 +247,10 @@ def test_findings_persist_run_summaries_and_rebuild_from_them_alone(tmp_path: Pa
     assert "| rloo | 2 |" in section and "| reinforce |" not in section
     assert text.count("| rloo vs grpo | better by 5 points |") == 2  # C9's row and C10's
     assert "reinforce vs grpo" not in text
+    # one claim in two settings: small multiples under the verdict table; one setting alone has none
+    assert "C4 in each of its settings (C10, C9):\n\n![C4_settings](docs/findings/C4_settings.png)" in text
+    assert text.index("C4_settings.png") < text.index("## C10:") and "in each of its settings" not in first
+    assert (tmp_path / "docs" / "findings" / "C4_settings.png").stat().st_size > 10_000
 
 
 def test_the_committed_findings_rebuild_from_their_summaries(tmp_path: Path) -> None:

@@ -61,3 +61,39 @@ def test_seed_curves_keep_colours_mark_the_reference_and_put_the_legend_outside(
     fig.canvas.draw()
     legend, axes = ax.get_legend().get_window_extent(), ax.get_window_extent()
     assert legend.x0 > axes.x1  # outside the data, to the right
+
+
+def test_panels_give_an_arm_one_colour_in_every_panel_and_one_legend_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from matplotlib.colors import to_hex
+
+    from creditrl.experiments import seeds
+
+    def run(acc: float) -> list[dict]:
+        return [
+            {"iteration": 0, "samples/total": 0, "eval/accuracy": 0.2},
+            {"iteration": 5, "samples/total": 640, "eval/accuracy": acc},
+        ]
+
+    short = {"gae": [run(0.3), run(0.31)], "step": [run(0.25), run(0.26)]}
+    long = {"gae": [run(0.1), run(0.12)], "token": [run(0.4), run(0.42)], "step": [run(0.5), run(0.52)]}
+    figures = []
+    monkeypatch.setattr(seeds.plt, "close", figures.append)
+    seeds.plot_panels([("short", short, "gae"), ("long", long, "gae")], tmp_path / "p.png", "C1")
+    assert (tmp_path / "p.png").stat().st_size > 10_000
+    (fig,) = figures
+    (left, right), legend = fig.axes, fig.legends[0]
+
+    def colours(ax) -> dict[str, str]:
+        lines = [line for line in ax.get_lines() if ", mean of" in line.get_label()]
+        return {line.get_label().split(" (")[0].split(",")[0]: to_hex(line.get_color()) for line in lines}
+
+    assert [ax.get_title() for ax in (left, right)] == ["short", "long"]
+    assert colours(left)["step"] == colours(right)["step"] and colours(left)["gae"] == colours(right)["gae"]
+    assert len(set(colours(right).values())) == 3  # no colour reused within a panel
+    assert [t.get_text() for t in legend.get_texts()] == ["gae (reference)", "step", "token"]
+    fig.canvas.draw()
+    assert legend.get_window_extent().x0 > right.get_window_extent().x1  # outside the panels, to the right
+    with pytest.raises(ValueError, match="no panel to draw"):
+        seeds.plot_panels([], tmp_path / "q.png", "C1")

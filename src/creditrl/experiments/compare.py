@@ -64,7 +64,8 @@ def run_compare(
 ) -> dict[str, Any]:
     """Run (resumably) and report a grid. ``summaries``: a folder of committed run summaries
     (:func:`creditrl.experiments.seeds.run_arms`); when every run has one, nothing trains.
-    ``arms``: only these of the grid's arms (in the grid's order)."""
+    ``arms``: only these of the grid's arms (in the grid's order). Returns what summary.json
+    holds, plus ``results``: each arm's per-seed metric histories."""
     grid = load_grid(grid_path, quick=quick, seeds=seeds)
     if arms is not None:
         grid = dataclasses.replace(grid, arms={k: v for k, v in grid.arms.items() if k in arms})
@@ -162,4 +163,4 @@ def run_compare(
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print("\n" + table)
     log(f"results: {out / 'results.md'}")
-    return summary
+    return {**summary, "results": results}  # and each arm's histories, not written to summary.json

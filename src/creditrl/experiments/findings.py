@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import shutil
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,7 @@ from creditrl.experiments.compare_report import (
     results_markdown,
 )
 from creditrl.experiments.grid import TOKEN_ITERATIONS, load_grid
-from creditrl.experiments.seeds import slug, summarised_arms
+from creditrl.experiments.seeds import plot_panels, slug, summarised_arms
 from creditrl.experiments.summaries import read_summary
 from creditrl.experiments.verdicts import Difference, verdict
 
@@ -328,8 +329,9 @@ def _report_section(finding: dict[str, Any], runs: Path, docs: Path, root: Path,
 
 def _grid_section(
     finding: dict[str, Any], root: Path, runs: Path, docs: Path, out: Path, quick: bool, jobs: int, train: bool
-) -> tuple[str, list[dict[str, Any]], list[str]]:
-    """A grid finding's section, its verdict rows and the days its runs were summarised."""
+) -> tuple[str, list[dict[str, Any]], list[str], dict[str, Any] | None]:
+    """A grid finding's section, its verdict rows, the days its runs were summarised and its
+    reported arms' histories (None while no arm is reported)."""
     grid_path = root / finding["grid"]
     grid = load_grid(grid_path, quick=quick)
     summaries = None if quick else root / "findings" / "runs" / grid.name
@@ -340,7 +342,8 @@ def _grid_section(
         finished = [a for a, n in done.items() if n == len(grid.seeds)]
         if len(finished) < len(grid.arms):
             if grid.reference not in finished or len(finished) < 2:
-                return _pending_section(finding, grid, sum(done.values()), len(grid.arms) * len(grid.seeds)), [], []
+                pending = _pending_section(finding, grid, sum(done.values()), len(grid.arms) * len(grid.seeds))
+                return pending, [], [], None
             arms = finished  # the reference and the arms that have every seed: reported now
     where = runs / grid.name
     summary = run_compare(grid_path, where, quick=quick, jobs=jobs, summaries=summaries, arms=arms)
@@ -354,7 +357,7 @@ def _grid_section(
     verdicts = verdict_rows(finding, summary, grid.reference) if finding.get("expect") else []
     days = [] if summaries is None else [read_summary(p)["date"] for p in sorted(summaries.glob("*/seed*.json"))]
     if arms is None:
-        return _section(finding, grid, summary, plots, out.parent, verdicts), verdicts, days
+        return _section(finding, grid, summary, plots, out.parent, verdicts), verdicts, days, summary["results"]
     pending = {a: n for a, n in done.items() if a not in arms}
     note = "; ".join(f"**{a}** {n} of {len(grid.seeds)} seeds" for a, n in pending.items())
     shown = dataclasses.replace(grid, arms={a: o for a, o in grid.arms.items() if a in arms})
@@ -364,7 +367,27 @@ def _grid_section(
         f"seed, and the reading waits for the rest (`creditrl compare {finding['grid']}`).\n",
         verdicts,
         days,
+        summary["results"],
     )
+
+
+def _settings_figure(claim: str, panels: list[tuple[dict[str, Any], dict[str, Any]]], docs: Path, root: Path) -> str:
+    """A claim measured in several settings: one panel per setting (ordered by task, then by the
+    generated length its regime names), each arm one colour across the panels; its markdown line."""
+
+    def order(item: tuple[dict[str, Any], dict[str, Any]]) -> tuple[str, int]:
+        found = re.search(r"\d+", item[0]["regime"])
+        return item[0]["task"], int(found.group()) if found else 0
+
+    shown = sorted(panels, key=order)
+    dest = docs / f"{claim}_settings.png"
+    plot_panels(
+        [(textwrap.fill(f"{f['id']}: {f['regime']}", 38), results, f["reference"]) for f, results in shown],
+        dest,
+        f"{claim} in each setting: held-out exact match against generated samples, mean and 95% band over seeds",
+    )
+    ids = ", ".join(f["id"] for f, _ in shown)
+    return f"{claim} in each of its settings ({ids}):\n\n![{dest.stem}]({dest.relative_to(root).as_posix()})\n"
 
 
 def _train_only(root: Path, files: list[Path], only: list[str], quick: bool, runs: Path | None, jobs: int) -> None:
@@ -407,15 +430,22 @@ def run_findings(
     docs = out.parent / "docs" / "findings"
     docs.mkdir(parents=True, exist_ok=True)
     sections, verdicts, days = [], [], []
+    panels: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {}
     for f in files:
         finding = load_finding(f)
         if "report" in finding:
             sections.append(_report_section(finding, runs, docs, out.parent, quick))
             continue
-        section, judged, when = _grid_section(finding, root, runs, docs, out, quick, jobs, train)
+        section, judged, when, results = _grid_section(finding, root, runs, docs, out, quick, jobs, train)
         sections.append(section)
         verdicts += judged
         days += when
+        if results is not None and finding.get("claim_id"):
+            reference = load_grid(root / finding["grid"], quick=quick).reference
+            panels.setdefault(finding["claim_id"], []).append(({**finding, "reference": reference}, results))
+    figures = "".join(
+        "\n" + _settings_figure(claim, found, docs, out.parent) for claim, found in panels.items() if len(found) > 1
+    )
     legacy = root / "findings" / "legacy.md"
     if legacy.is_file() and not quick:
         sections.append(legacy.read_text().strip() + "\n")
@@ -434,6 +464,7 @@ def run_findings(
         "stated budget (10x the earlier findings'); each "
         "table says whether an arm was still improving over the last third of it.\n\n"
         + verdicts_table(verdicts)
+        + figures
         + "\n"
         + "\n".join(sections)
     )
