@@ -110,12 +110,13 @@ def test_quick_findings_write_the_file_with_filled_numbers(tmp_path: Path, monke
         "  grpo: [credit.estimator=grpo]\n  rloo: [credit.estimator=rloo]\n"
     )
     (tmp_path / "findings" / "F0.yaml").write_text(
-        "id: F0\ntitle: a test\ngrid: grids/g.yaml\nquestion: which?\nclaim: rloo wins\n"
+        "id: F0\ntitle: a test\ngrid: grids/g.yaml\nquestion: which?\nclaim: rloo wins\npower: two seeds, for cost\n"
         "reading: grpo ended at {grpo.final}, rloo at {rloo.final} ({ratio:rloo/grpo.iter_s} the time).\n"
     )
     out = run_findings(tmp_path, quick=True)
     text = out.read_text()
     assert "## F0: a test" in text and "*Folk claim:* rloo wins" in text and "Quick mode" in text
+    assert "(then `creditrl findings`).\n\n*Power:* two seeds, for cost\n\n| arm |" in text
     assert "grpo ended at " in text and "{" not in text.split("*Reading.*")[1]
     assert (tmp_path / "docs" / "findings" / "F0_accuracy_vs_samples.png").stat().st_size > 5000
     assert "| grpo | 2 |" in text

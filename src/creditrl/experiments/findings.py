@@ -16,7 +16,9 @@ placeholders filled from the grid's results, so no number in FINDINGS.md is type
   +5.0]") and ``{ARM.verdict}``.
 
 Each finding gets its question, setting (the grid's base, overrides, budget, seeds and arms), the
-results table, the plots (copied to ``docs/findings/``) and the filled reading.
+results table, the plots (copied to ``docs/findings/``) and the filled reading; ``power``
+(optional) says why the grid has the seeds it has where fewer than the protocol's five, or what
+bounds the difference it can detect, and stands under the setting.
 
 **Verdicts.** A finding that tests a claim names it (``claim_id``: C1 ... C7, :data:`CLAIMS`), its
 ``regime`` and ``task`` (words for the table), and in ``expect`` what the claim predicts for each
@@ -69,6 +71,7 @@ FINDING_KEYS = {
     "expect",
     "regime",
     "task",
+    "power",
 }
 CLAIMS = {
     "C1": "length: sequence reward + GAE suffices below ~100 tokens; above ~500 token-level rewards or MCTS are needed",
@@ -274,9 +277,14 @@ def _section(
         f"{launch_text(summary.get('launches', [{}]))}. Arms: {arms}. "
         f"Compute: {summary.get('cpu_hours', 0.0):.1f} CPU-hours of RL and evaluation over "
         f"{len(grid.arms) * len(grid.seeds)} runs (the SFT start not counted){_load_text(summary)}. "
-        f"Regenerate: `creditrl compare {finding['grid']}` (then `creditrl findings`).\n\n"
+        f"Regenerate: `creditrl compare {finding['grid']}` (then `creditrl findings`).\n{_power(finding)}\n"
         f"{table}\n{images}\n" + (f"\n*Reading.* {fill(finding['reading'].strip(), rows)}\n" if reading else "")
     )
+
+
+def _power(finding: dict[str, Any]) -> str:
+    """The finding's note on its seeds and power, as a paragraph of its own ("" without one)."""
+    return f"\n*Power:* {finding['power'].strip()}\n" if finding.get("power") else ""
 
 
 def _load_text(summary: dict[str, Any]) -> str:
@@ -294,7 +302,7 @@ def _pending_section(finding: dict[str, Any], grid, done: int, total: int) -> st
     return (
         f"## {finding['id']}: {finding['title']}\n\n*Question:* {finding['question'].strip()}\n{claim}\n"
         f"*Setting:* base `{grid.base.name}` with `{' '.join(grid.common) or '-'}`; {grid.budget:,} generated "
-        f"{grid.unit} per run; seeds {grid.seeds}. Arms: {arms}.\n\n"
+        f"{grid.unit} per run; seeds {grid.seeds}. Arms: {arms}.\n{_power(finding)}\n"
         f"*In progress:* {done} of {total} runs finished and summarised; `creditrl findings` runs the rest "
         f"(`creditrl compare {finding['grid']}`).\n"
     )
