@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from creditrl.config import ConfigError
-from creditrl.experiments.findings import fill, load_finding, run_findings
+from creditrl.experiments.finding_files import fill, load_finding
+from creditrl.experiments.findings import run_findings
 
 ROWS = [
     {

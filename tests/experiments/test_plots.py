@@ -35,21 +35,23 @@ def test_coinciding_arms_get_their_own_styles(tmp_path: Path, monkeypatch: pytes
     plt.close(fig)
 
 
+def _run(acc: float) -> list[dict]:
+    """Two evaluations of one seed: 20% at the start, ``acc`` after 640 samples."""
+    return [
+        {"iteration": 0, "samples/total": 0, "eval/accuracy": 0.2},
+        {"iteration": 5, "samples/total": 640, "eval/accuracy": acc},
+    ]
+
+
 def test_seed_curves_keep_colours_mark_the_reference_and_put_the_legend_outside(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from creditrl.experiments import seeds
+    from creditrl.experiments import curves
 
-    def run(acc: float) -> list[dict]:
-        return [
-            {"iteration": 0, "samples/total": 0, "eval/accuracy": 0.2},
-            {"iteration": 5, "samples/total": 640, "eval/accuracy": acc},
-        ]
-
-    results = {f"arm {i}": [run(0.2 + i / 100), run(0.21 + i / 100)] for i in range(12)}
+    results = {f"arm {i}": [_run(0.2 + i / 100), _run(0.21 + i / 100)] for i in range(12)}
     figures = []
-    monkeypatch.setattr(seeds.plt, "close", figures.append)
-    seeds.plot_seed_curves(results, tmp_path / "c.png", "t", "samples/total", "samples", "ci95", reference="arm 3")
+    monkeypatch.setattr(curves.plt, "close", figures.append)
+    curves.plot_seed_curves(results, tmp_path / "c.png", "t", "samples/total", "samples", "ci95", reference="arm 3")
     (fig,) = figures
     ax = fig.axes[0]
     means = [line for line in ax.get_lines() if line.get_label().startswith("arm")]
@@ -68,19 +70,13 @@ def test_panels_give_an_arm_one_colour_in_every_panel_and_one_legend_entry(
 ) -> None:
     from matplotlib.colors import to_hex
 
-    from creditrl.experiments import seeds
+    from creditrl.experiments import curves
 
-    def run(acc: float) -> list[dict]:
-        return [
-            {"iteration": 0, "samples/total": 0, "eval/accuracy": 0.2},
-            {"iteration": 5, "samples/total": 640, "eval/accuracy": acc},
-        ]
-
-    short = {"gae": [run(0.3), run(0.31)], "step": [run(0.25), run(0.26)]}
-    long = {"gae": [run(0.1), run(0.12)], "token": [run(0.4), run(0.42)], "step": [run(0.5), run(0.52)]}
+    short = {"gae": [_run(0.3), _run(0.31)], "step": [_run(0.25), _run(0.26)]}
+    long = {"gae": [_run(0.1), _run(0.12)], "token": [_run(0.4), _run(0.42)], "step": [_run(0.5), _run(0.52)]}
     figures = []
-    monkeypatch.setattr(seeds.plt, "close", figures.append)
-    seeds.plot_panels([("short", short, "gae"), ("long", long, "gae")], tmp_path / "p.png", "C1")
+    monkeypatch.setattr(curves.plt, "close", figures.append)
+    curves.plot_panels([("short", short, "gae"), ("long", long, "gae")], tmp_path / "p.png", "C1")
     assert (tmp_path / "p.png").stat().st_size > 10_000
     (fig,) = figures
     (left, right), legend = fig.axes, fig.legends[0]
@@ -96,4 +92,4 @@ def test_panels_give_an_arm_one_colour_in_every_panel_and_one_legend_entry(
     fig.canvas.draw()
     assert legend.get_window_extent().x0 > right.get_window_extent().x1  # outside the panels, to the right
     with pytest.raises(ValueError, match="no panel to draw"):
-        seeds.plot_panels([], tmp_path / "q.png", "C1")
+        curves.plot_panels([], tmp_path / "q.png", "C1")

@@ -47,8 +47,9 @@ from creditrl.experiments.compare_report import (
     results_markdown,
     summarise_arm,
 )
+from creditrl.experiments.curves import plot_seed_curves
 from creditrl.experiments.grid import TOKEN_ITERATIONS, load_grid
-from creditrl.experiments.seeds import launch_settings, plot_seed_curves, run_arms, summary_files
+from creditrl.experiments.seeds import launch_settings, run_arms, summary_files
 from creditrl.experiments.summaries import read_summary
 
 

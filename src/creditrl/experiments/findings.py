@@ -42,8 +42,6 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from creditrl.config import ConfigError
 from creditrl.experiments.compare import run_compare
 from creditrl.experiments.compare_report import (
@@ -53,150 +51,12 @@ from creditrl.experiments.compare_report import (
     prm_markdown,
     results_markdown,
 )
+from creditrl.experiments.curves import plot_panels
+from creditrl.experiments.finding_files import CLAIMS, diff_text, fill, load_finding
 from creditrl.experiments.grid import TOKEN_ITERATIONS, load_grid
-from creditrl.experiments.seeds import plot_panels, slug, summarised_arms
+from creditrl.experiments.seeds import summarised_arms
 from creditrl.experiments.summaries import read_summary
 from creditrl.experiments.verdicts import Difference, verdict
-
-FINDING_KEYS = {
-    "id",
-    "title",
-    "grid",
-    "report",
-    "question",
-    "claim",
-    "reading",
-    "plots",
-    "claim_id",
-    "expect",
-    "regime",
-    "task",
-    "power",
-}
-CLAIMS = {
-    "C1": "length: sequence reward + GAE suffices below ~100 tokens; above ~500 token-level rewards or MCTS are needed",
-    "C2": "cost-benefit: token-level (PRM) rewards give about +15% for about 3x the training time",
-    "C3": "hybrids: 80% sequence-level then 20% token-level gives about +10%; filter by outcome, then dense rewards",
-    "C4": "critic: a GAE lambda schedule (0.5 to 0.95) helps by about 30%; dual critics (min) train better",
-    "C5": "value sources: Monte-Carlo values vs a learned critic vs tree values, per sample and per second",
-    "C6": "automatic labels: outcome and MC step labels are noisy; voting and calibration repair them",
-    "C7": "tree search: MCTS / tree credit in training vs GRPO at equal generated tokens",
-}
-REPORTS = ("values",)  # a finding measured by a report instead of a compare grid: creditrl value-report
-PLOTS = ("accuracy_vs_samples", "accuracy_vs_wall_time", "length_vs_samples")  # what run_compare draws
-DEFAULT_PLOTS = PLOTS[:2]
-_PLACEHOLDER = re.compile(r"\{(ratio:)?([A-Za-z0-9_]+)(?:/([A-Za-z0-9_]+))?\.([a-z_]+)\}")
-
-
-def load_finding(path: Path) -> dict[str, Any]:
-    data = yaml.safe_load(Path(path).read_text()) or {}
-    if (
-        not isinstance(data, dict)
-        or set(data) - FINDING_KEYS
-        or not {"id", "title", "question", "reading"} <= set(data)
-        or ("grid" in data) == ("report" in data)
-    ):
-        raise ConfigError(
-            f"{path}: a finding file has keys {sorted(FINDING_KEYS)}: one of grid or report; claim, "
-            f"plots optional; got {sorted(data) if isinstance(data, dict) else data!r}"
-        )
-    if "report" in data:
-        if data["report"] not in REPORTS:
-            raise ConfigError(f"{path}: key 'report' must be one of {', '.join(REPORTS)}; got {data['report']!r}")
-        return data
-    plots = data.setdefault("plots", list(DEFAULT_PLOTS))
-    if not isinstance(plots, list) or not plots or any(p not in PLOTS for p in plots):
-        raise ConfigError(f"{path}: key 'plots' must be a non-empty list of {', '.join(PLOTS)}; got {plots!r}")
-    if "expect" in data:
-        if data.get("claim_id") not in CLAIMS:
-            raise ConfigError(f"{path}: key 'claim_id' must be one of {', '.join(CLAIMS)} with 'expect'")
-        if not isinstance(data["expect"], dict) or not data["expect"]:
-            raise ConfigError(f"{path}: key 'expect' must map arms to better, worse or same")
-        data["expect"] = {str(arm): _expectation(path, arm, e) for arm, e in data["expect"].items()}
-    return data
-
-
-def _expectation(path: Path, arm: str, text: Any) -> tuple[str, float | None]:
-    """``better`` -> ("better", None); ``better by 5`` -> ("better", 0.05); ``no better``."""
-    text = str(text).strip()
-    if text in ("no better", "no worse", "same"):
-        return text, None
-    words = text.split()
-    if words and words[0] in ("better", "worse") and (len(words) == 1 or (len(words) == 3 and words[1] == "by")):
-        try:
-            return words[0], float(words[2]) / 100 if len(words) == 3 else None
-        except ValueError:
-            pass
-    raise ConfigError(
-        f"{path}: expect '{arm}': expected better, worse (optionally 'by N' points), same, no better or no worse; "
-        f"got {text!r}"
-    )
-
-
-def _mean(stat: Any) -> float | None:
-    """The mean of a ``(mean, ci95)`` pair (a list once read from JSON), or the number itself."""
-    return None if stat is None else float(stat[0] if isinstance(stat, (list, tuple)) else stat)
-
-
-def _fmt(field: str, value: Any) -> str:
-    if field == "diff":
-        return "the reference" if value is None else _diff_text(value)
-    if field == "verdict":
-        return str(value)
-    if value is None:
-        return "not reached"
-    if field == "start":
-        return f"{100 * value:.1f}%"
-    if field == "reached":
-        return str(value)
-    if field == "length_start":
-        return f"{value:.1f} tokens"
-    if field == "rank_acc":  # value report
-        return "n/a" if value != value else f"{100 * value:.1f}%"
-    if field == "mae":
-        return f"{float(value[0]):.3f} ± {float(value[1]):.3f}"
-    if isinstance(value, (int, float)):
-        return f"{value:,.0f}"
-    mean, ci = float(value[0]), float(value[1])
-    if field in ("final", "step_final"):
-        return f"{100 * mean:.1f} ± {100 * ci:.1f}%"
-    if field in ("iter_s", "wall_s", "wall_to_target"):
-        return f"{mean:.2f} ± {ci:.2f} s"
-    if field == "length":
-        return f"{mean:.1f} ± {ci:.1f} tokens"
-    return f"{mean:,.0f} ± {ci:,.0f}"
-
-
-def fill(template: str, rows: list[dict[str, Any]]) -> str:
-    """Replace every placeholder of ``template`` (module docstring) by the number from ``rows``
-    (``CompareRow`` dicts); an unknown arm or field raises ValueError naming it."""
-    by_slug = {slug(r["arm"]): r for r in rows}
-
-    def value(arm: str, field: str) -> Any:
-        if arm not in by_slug:
-            raise ValueError(f"reading: unknown arm '{arm}'; arms: {', '.join(sorted(by_slug))}")
-        row = by_slug[arm]
-        if field == "reached":
-            return f"{row['reached']}/{row['seeds']}"
-        if field not in row:
-            raise ValueError(f"reading: unknown field '{field}'; fields: {', '.join(sorted(row))}")
-        return row[field]
-
-    def sub(m: re.Match) -> str:
-        ratio, a, b, field = m.groups()
-        if ratio:
-            if b is None:
-                raise ValueError(f"reading: {m.group(0)} needs two arms, {{ratio:A/B.field}}")
-            num, den = _mean(value(a, field)), _mean(value(b, field))
-            return "n/a" if not num or not den else f"{num / den:.1f}x"
-        return _fmt(field, value(a, field))
-
-    return _PLACEHOLDER.sub(sub, template)
-
-
-def _diff_text(d: dict[str, float]) -> str:
-    """A paired difference in points with its 95% interval: ``+2.3 points [-0.4, +5.0]``."""
-    return f"{100 * d['mean']:+.1f} points [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}]"
 
 
 def verdict_rows(finding: dict[str, Any], summary: dict[str, Any], reference: str) -> list[dict[str, Any]]:
@@ -239,7 +99,7 @@ def verdicts_table(rows: list[dict[str, Any]]) -> str:
         cost = "–" if r["cost"] is None else f"{r['cost']:.2f}x"
         lines.append(
             f"| [{r['claim']}](#{r['finding'].lower()}) | {r['arm']} vs {r['reference']} | {r['expect']} "
-            f"| **{r['verdict']}** | {_diff_text(d)} | {100 * d['mde']:.1f} points | {cost} | {r['regime']} "
+            f"| **{r['verdict']}** | {diff_text(d)} | {100 * d['mde']:.1f} points | {cost} | {r['regime']} "
             f"| {r['task']} |"
         )
     measured = {r["claim"] for r in rows}
