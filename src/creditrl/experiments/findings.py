@@ -197,8 +197,9 @@ def _report_section(finding: dict[str, Any], runs: Path, docs: Path, root: Path,
 
 def _grid_section(
     finding: dict[str, Any], root: Path, runs: Path, docs: Path, out: Path, quick: bool, jobs: int, train: bool
-) -> tuple[str, list[dict[str, Any]], list[str], dict[str, Any] | None]:
+) -> tuple[str, list[dict[str, Any]], list[str], tuple[dict[str, Any], dict[str, Any]] | None]:
     """A grid finding's section, its verdict rows, the days its runs were summarised and its
+    panel for the claim's small multiples: the finding with its grid's reference arm, and the
     reported arms' histories (None while no arm is reported)."""
     grid_path = root / finding["grid"]
     grid = load_grid(grid_path, quick=quick)
@@ -224,8 +225,9 @@ def _grid_section(
         finding = {**finding, "expect": {a: e for a, e in finding.get("expect", {}).items() if a in arms}}
     verdicts = verdict_rows(finding, summary, grid.reference) if finding.get("expect") else []
     days = [] if summaries is None else [read_summary(p)["date"] for p in sorted(summaries.glob("*/seed*.json"))]
+    panel = ({**finding, "reference": grid.reference}, summary["results"])
     if arms is None:
-        return _section(finding, grid, summary, plots, out.parent, verdicts), verdicts, days, summary["results"]
+        return _section(finding, grid, summary, plots, out.parent, verdicts), verdicts, days, panel
     pending = {a: n for a, n in done.items() if a not in arms}
     note = "; ".join(f"**{a}** {n} of {len(grid.seeds)} seeds" for a, n in pending.items())
     shown = dataclasses.replace(grid, arms={a: o for a, o in grid.arms.items() if a in arms})
@@ -235,7 +237,7 @@ def _grid_section(
         f"seed, and the reading waits for the rest (`creditrl compare {finding['grid']}`).\n",
         verdicts,
         days,
-        summary["results"],
+        panel,
     )
 
 
@@ -304,13 +306,12 @@ def run_findings(
         if "report" in finding:
             sections.append(_report_section(finding, runs, docs, out.parent, quick))
             continue
-        section, judged, when, results = _grid_section(finding, root, runs, docs, out, quick, jobs, train)
+        section, judged, when, panel = _grid_section(finding, root, runs, docs, out, quick, jobs, train)
         sections.append(section)
         verdicts += judged
         days += when
-        if results is not None and finding.get("claim_id"):
-            reference = load_grid(root / finding["grid"], quick=quick).reference
-            panels.setdefault(finding["claim_id"], []).append(({**finding, "reference": reference}, results))
+        if panel is not None and finding.get("claim_id"):
+            panels.setdefault(finding["claim_id"], []).append(panel)
     figures = "".join(
         "\n" + _settings_figure(claim, found, docs, out.parent) for claim, found in panels.items() if len(found) > 1
     )
