@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -336,3 +337,78 @@ def test_an_interrupted_grid_run_continues_from_its_last_checkpoint(tmp_path: Pa
     ran.clear()
     run(killed)
     assert ran == [0, 1, 2, 3] and rows(killed) == rows(whole)
+
+
+def test_a_grid_keeps_its_start_and_runs_only_from_the_one_its_summarised_runs_started_from(
+    tmp_path: Path, monkeypatch
+):
+    """A grid's start is kept next to its summaries (findings/starts/<recipe>); on a machine without
+    it in the cache the kept weights are used, not retrained; the start's held-out outcomes equal a
+    run's iteration-0 evaluation; and a run is launched only when every summarised run of the grid
+    started from those outcomes."""
+    from creditrl.config import load_config
+    from creditrl.experiments import seeds
+    from creditrl.train import sft
+    from creditrl.train.checkpoint import verify_checkpoint
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("CREDITRL_CACHE", str(cache))
+    easy = "{min_ops: 1, max_ops: 1, operand_min: 1, operand_max: 2, operators: '+', heldout_mod: 2}"
+    common = [f"task.args={easy}", f"sft.task_args={easy}", "sft.steps=30", "sft.lr=0.003", "train.eval_every=2"]
+    summaries = tmp_path / "findings" / "runs" / "g"
+
+    def run(seeds_: list[int]) -> None:  # 32 samples: 2 iterations of 4 prompts x 4 samples
+        seeds.run_arms(
+            demo_config_path(True),
+            {"grpo": []},
+            seeds_,
+            32,
+            tmp_path / "runs",
+            "sft",
+            common,
+            lambda m: None,
+            unit="samples",
+            summaries=summaries,
+        )
+
+    run([0])
+    (entry,) = [p for p in (cache / "sft").iterdir() if p.is_dir()]
+    kept = tmp_path / "findings" / "starts" / sft.recipe_key(load_config(demo_config_path(True), common))
+    assert (kept / "model.safetensors").read_bytes() == (entry / "model.safetensors").read_bytes()
+    assert verify_checkpoint(kept) is None and not (kept / "rng.pt").exists()
+    state = json.loads((entry / "trainer_state.json").read_text())
+    first = json.loads((summaries / "grpo" / "seed0.json").read_text())["evals"][0]
+    assert first["iteration"] == 0 and state["heldout_correct"] == first["eval/correct"]
+    assert "eval/correct" not in state["metrics"] and state["metrics"]["eval/accuracy"] == first["eval/accuracy"]
+
+    # another machine: no cache, and SFT there would train other weights; the kept start is used
+    shutil.rmtree(cache)
+
+    def fail(*args, **kwargs):
+        raise AssertionError("trained a start that was kept")
+
+    monkeypatch.setattr(sft, "train_sft", fail)
+    run([0, 1])
+    assert (entry / "model.safetensors").read_bytes() == (kept / "model.safetensors").read_bytes()
+    assert (
+        json.loads((summaries / "grpo" / "seed1.json").read_text())["evals"][0]["eval/correct"] == first["eval/correct"]
+    )
+
+    # a summary from another start (its first held-out problem's outcome flipped)
+    other = json.loads((summaries / "grpo" / "seed1.json").read_text())
+    count, _, digits = first["eval/correct"].partition(":")
+    other["evals"][0]["eval/correct"] = f"{count}:{int(digits[0], 16) ^ 8:x}{digits[1:]}"
+    other["evals"][0]["eval/accuracy"] = 0.9
+    (summaries / "grpo" / "seed1.json").write_text(json.dumps(other))
+    share = f"{first['eval/accuracy']:.1%}"
+    with pytest.raises(
+        ConfigError, match=rf"held out {share} here, but 1 of the 2 summarised runs of this grid started from 90\.0%"
+    ):
+        run([0, 1, 2])
+    assert not (tmp_path / "runs" / "grpo" / "seed2").exists()  # nothing launched
+
+    # a damaged kept start is named, not used
+    (kept / "model.safetensors").write_bytes(b"0" + (kept / "model.safetensors").read_bytes()[1:])
+    shutil.rmtree(cache)
+    with pytest.raises(ConfigError, match=r"kept start .*: model.safetensors: checksum mismatch"):
+        run([0, 1, 2])

@@ -13,7 +13,8 @@ from creditrl.config import load_config
 from creditrl.policy.model import load_policy, policy_options
 from creditrl.tasks import make_task
 from creditrl.train import sft
-from creditrl.train.sft import cached_sft, heldout_report, recipe_key, sft_key
+from creditrl.train.checkpoint import verify_checkpoint
+from creditrl.train.sft import cached_sft, heldout_report, recipe_key, sft_key, start_outcomes
 
 TINY = [
     "task.name=chain",
@@ -87,7 +88,9 @@ def test_configs_differing_only_in_the_rl_task_share_the_weights(
     # its own held-out report: that of the shared weights on the second config's task ('-' chains)
     model, tokenizer = load_policy(str(other), **policy_options(other_cfg))
     own = heldout_report(other_cfg, model, tokenizer, make_task("chain", **other_cfg.task.args))
+    assert _state(other)["heldout_correct"] == own.pop("eval/correct")
     assert {k: v for k, v in other_metrics.items() if k.startswith("eval/")} == own
+    assert verify_checkpoint(other) is None and verify_checkpoint(first) is None  # each its own manifest
     assert set(other_metrics) == set(first_metrics)
     assert _state(other)["metrics"] == other_metrics and _state(other)["sft"] == _state(first)["sft"]
     assert _state(first)["metrics"] == first_metrics  # the source entry's report is left alone
@@ -107,6 +110,19 @@ def test_configs_differing_only_in_the_rl_task_share_the_weights(
     assert calls == [again] and again not in (first, other) and again_metrics["sft/steps"] == 6
     assert (again / "model.safetensors").read_bytes() != (first / "model.safetensors").read_bytes()
 
+    # a start kept elsewhere (here: the 6-step recipe's weights) replaces what the cache holds, untrained
+    kept = tmp_path / "kept"
+    sft.keep_start(again, kept)
+    with monkeypatch.context() as mp:
+        _forbid(mp, "train_sft")
+        path, metrics = cached_sft(other_cfg, progress=False, weights=kept)
+        assert (
+            path == other and (other / "model.safetensors").read_bytes() == (again / "model.safetensors").read_bytes()
+        )
+        assert metrics["sft/steps"] == 6 and verify_checkpoint(other) is None and verify_checkpoint(kept) is None
+        _forbid(mp, "heldout_report")
+        assert cached_sft(other_cfg, progress=False, weights=kept) == (other, metrics)  # now the cached entry
+
 
 def test_an_entry_in_the_old_layout_is_used_as_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """An entry written before recipes existed (``<sft_key>/trainer_state.json``, no pointer under
@@ -120,6 +136,7 @@ def test_an_entry_in_the_old_layout_is_used_as_is(tmp_path: Path, monkeypatch: p
     stored = {"sft/steps": 5, "sft/final_loss": 1.5, "sft/time_s": 2.0, "eval/accuracy": 0.125}
     state = _state(entry)
     state["metrics"] = stored
+    del state["heldout_correct"]  # not kept before grids checked their starts
     (entry / "trainer_state.json").write_text(json.dumps(state))
     assert not (tmp_path / "sft-recipes").exists()
 
@@ -130,3 +147,12 @@ def test_an_entry_in_the_old_layout_is_used_as_is(tmp_path: Path, monkeypatch: p
     assert (path, metrics) == (entry, stored)
     assert _state(entry)["metrics"] == stored
     assert [p.name for p in (tmp_path / "sft").iterdir() if p.is_dir()] == [entry.name]  # no copy
+
+    # its held-out outcomes (a grid's check of its start) are evaluated once and stored, the manifest kept true
+    monkeypatch.undo()
+    model, tokenizer = load_policy(str(entry), **policy_options(cfg))
+    outcomes = heldout_report(cfg, model, tokenizer, make_task(cfg.task.name, **cfg.task.args))["eval/correct"]
+    assert start_outcomes(cfg, entry) == outcomes == _state(entry)["heldout_correct"]
+    assert verify_checkpoint(entry) is None and outcomes.startswith(f"{cfg.train.eval_size}:")
+    _forbid(monkeypatch, "heldout_report")
+    assert start_outcomes(cfg, entry) == outcomes  # read back

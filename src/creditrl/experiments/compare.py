@@ -35,7 +35,6 @@ from typing import Any
 
 import numpy as np
 
-from creditrl.config import load_config
 from creditrl.experiments.compare_report import (
     cpu_hours,
     difference_rows,
@@ -49,7 +48,7 @@ from creditrl.experiments.compare_report import (
 )
 from creditrl.experiments.curves import plot_seed_curves
 from creditrl.experiments.grid import TOKEN_ITERATIONS, load_grid
-from creditrl.experiments.seeds import launch_settings, run_arms, summary_files
+from creditrl.experiments.seeds import grid_start, launch_settings, run_arms, summary_files
 from creditrl.experiments.summaries import read_summary
 
 
@@ -76,10 +75,7 @@ def run_compare(
     log = lambda msg: print(f"[creditrl compare] {time.time() - start:6.0f} s  {msg}", flush=True)  # noqa: E731
     init = grid.init
     if init == "sft" and summaries is None:
-        from creditrl.train.sft import cached_sft
-
-        cfg = load_config(grid.base, grid.common)
-        init = str(cached_sft(cfg, progress=cfg.train.progress)[0])
+        init = grid_start(grid.base, grid.common)
     common = ([f"train.iterations={TOKEN_ITERATIONS}"] if grid.unit == "tokens" else []) + grid.common
     log(f"{len(grid.arms)} arms x {len(grid.seeds)} seeds, {grid.budget:,} generated {grid.unit} per run -> {out}")
     results = run_arms(

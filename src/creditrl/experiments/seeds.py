@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from scipy import stats
 
-from creditrl.config import load_config
+from creditrl.config import Config, load_config
 from creditrl.errors import ConfigError
 from creditrl.experiments.report import eval_rows
 from creditrl.experiments.summaries import history, read_summary, run_summary, summary_matches, write_summary
@@ -229,11 +229,10 @@ def run_arms(
     for r in runs:
         if done[(r.arm, r.seed)] is not None:
             log(f"arm '{r.arm}' seed {r.seed}: finished earlier, read back")
-    if pending and init_path == "sft":
-        from creditrl.train.sft import cached_sft
-
-        cfg = load_config(base, list(common or []))
-        init_path = str(cached_sft(cfg, progress=cfg.train.progress)[0])
+    if pending and init_path == "sft":  # kept next to the summaries (findings/runs/<grid>): findings/starts
+        starts = None if summaries is None else summaries.parent.parent / "starts"
+        summarised = [r.summary for r in runs if r.summary is not None and done[(r.arm, r.seed)]]
+        init_path = grid_start(base, list(common or []), starts, summarised)
     for r in pending:
         r.identity["init"] = init_path
         plan = r.where / PLAN_FILE
@@ -297,6 +296,49 @@ def _checkpointed(where: Path) -> int | None:
     except ConfigError:
         return None
     return json.loads((ckpt / "trainer_state.json").read_text())["iteration"] if ckpt else None
+
+
+def grid_start(
+    base: Path, common: list[str], starts: Path | None = None, summarised: list[Path] | tuple[Path, ...] = ()
+) -> str:
+    """The SFT start of a grid on ``base`` + ``common`` (cached). With ``starts`` (a repository's
+    folder of kept starts, one per SFT recipe), a start kept there is used as it is, and one built
+    here is kept there once it is known to be the one the ``summarised`` runs started from: the same
+    recipe trains other weights on another CPU kind (an arithmetic start held out 20.8% on one
+    machine, 11.2% on another), and a grid's runs pair only when they share their start."""
+    from creditrl.train.sft import cached_sft, keep_start, recipe_key
+
+    cfg = load_config(base, common)
+    kept = None if starts is None else starts / recipe_key(cfg)
+    weights = kept if kept is not None and kept.is_dir() else None
+    path = cached_sft(cfg, progress=cfg.train.progress, weights=weights)[0]
+    _check_start(cfg, path, summarised)
+    if kept is not None and weights is None:
+        keep_start(path, kept)
+    return str(path)
+
+
+def _check_start(cfg: Config, start: Path, summaries: list[Path] | tuple[Path, ...]) -> None:
+    """Stop before training when ``start`` is not the one the summarised runs started from: their
+    iteration-0 evaluations (the start's greedy outcome on every held-out problem) must equal its
+    own, or new runs would not pair with them."""
+    from creditrl.train.metrics import unpack_outcomes
+    from creditrl.train.sft import start_outcomes
+
+    first = [read_summary(p)["evals"][0] for p in summaries if p.is_file()]
+    first = [e for e in first if e.get("iteration") == 0 and "eval/correct" in e]
+    if not first:
+        return
+    own = start_outcomes(cfg, start)
+    other = [e for e in first if e["eval/correct"] != own]
+    if other:
+        share = float(np.mean(unpack_outcomes(own)))
+        raise ConfigError(
+            f"start {start}: held out {share:.1%} here, but {len(other)} of the {len(first)} summarised runs "
+            f"of this grid started from {other[0]['eval/accuracy']:.1%} on the same problems: these weights are not "
+            "theirs (trained on another CPU kind or torch version) and new runs would not pair with "
+            "them; start from theirs (kept under findings/starts), or move their summaries aside to rerun every arm"
+        )
 
 
 def _start_text(run: _Run) -> str:

@@ -21,11 +21,12 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from creditrl.cache import cache_lock, cache_root
 from creditrl.config import Config, config_hash
 from creditrl.credit.schedule import lr_at
+from creditrl.errors import ConfigError
 from creditrl.policy.device import autocast, grad_scaler, resolve_device
 from creditrl.policy.model import load_policy, policy_options
 from creditrl.policy.tokenizer import encode_problem
 from creditrl.tasks.base import Problem, Task
-from creditrl.train.checkpoint import save_checkpoint
+from creditrl.train.checkpoint import MANIFEST, save_checkpoint, verify_checkpoint, write_manifest
 from creditrl.train.evaluate import evaluate
 from creditrl.train.resolve import run_task, task_args
 from creditrl.train.scheduled_sampling import mix_inputs, sampling_probability
@@ -109,7 +110,11 @@ def sft_batch(
 def heldout_report(
     cfg: Config, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task
 ) -> dict[str, float]:
-    """Greedy accuracy and step accuracy of ``model`` on ``train.eval_size`` held-out problems of ``task``."""
+    """Greedy accuracy and step accuracy of ``model`` on ``train.eval_size`` held-out problems of
+    ``task``, and each problem's outcome (``eval/correct``, packed as a run's evaluations pack it:
+    a start's fingerprint, kept in its state as ``heldout_correct``, not among its metrics)."""
+    from creditrl.train.metrics import pack_outcomes  # metrics -> stages -> build imports this module
+
     res = evaluate(
         model,
         tokenizer,
@@ -120,7 +125,27 @@ def heldout_report(
         precision=cfg.policy.precision,
         kernels=cfg.policy.kernels,
     )
-    return {"eval/accuracy": res.accuracy, "eval/step_accuracy": res.step_accuracy}
+    return {
+        "eval/accuracy": res.accuracy,
+        "eval/step_accuracy": res.step_accuracy,
+        "eval/correct": pack_outcomes(res.correct),
+    }
+
+
+def _metrics_of(report: dict[str, Any]) -> dict[str, Any]:
+    """A :func:`heldout_report`'s metrics: all but the outcomes."""
+    return {k: v for k, v in report.items() if k != "eval/correct"}
+
+
+def start_outcomes(cfg: Config, path: Path) -> str:
+    """The packed held-out outcomes of the SFT checkpoint at ``path`` on ``cfg``'s RL task (what a
+    run's iteration-0 evaluation records): read from its state, or evaluated now and stored there
+    when the entry predates them."""
+    state = json.loads((path / "trainer_state.json").read_text())
+    if "heldout_correct" not in state:
+        _report_on(cfg, path, None)
+        state = json.loads((path / "trainer_state.json").read_text())
+    return state["heldout_correct"]
 
 
 def train_sft(
@@ -180,8 +205,10 @@ def train_sft(
     metrics = {"sft/steps": s.steps, "sft/final_loss": loss_ema, "sft/time_s": elapsed}
     if s.scheduled_sampling != "none":  # the share of response tokens fed from the model, over SFT
         metrics["sft/ss_replaced"] = sum(replaced) / len(replaced) if replaced else 0.0
-    metrics.update(heldout_report(cfg, model, tokenizer, task))
-    save_checkpoint(out_dir, model, tokenizer, None, {"sft": s.model_dump(), "metrics": metrics})
+    report = heldout_report(cfg, model, tokenizer, task)
+    metrics.update(_metrics_of(report))
+    state = {"sft": s.model_dump(), "metrics": metrics, "heldout_correct": report["eval/correct"]}
+    save_checkpoint(out_dir, model, tokenizer, None, state)
     return model, tokenizer, metrics
 
 
@@ -211,41 +238,86 @@ def _link_entry(source: Path, path: Path) -> None:
                 os.link(f, tmp / f.name)
             except OSError:
                 shutil.copy2(f, tmp / f.name)
-    state = json.loads((source / "trainer_state.json").read_text())
-    (tmp / "trainer_state.json").write_text(json.dumps(state))
+    _write_state(tmp, json.loads((source / "trainer_state.json").read_text()))
     tmp.rename(path)
+
+
+def _write_state(path: Path, state: dict[str, Any]) -> None:
+    """Checkpoint ``path``'s state file, rewritten, and its manifest with it (a new file: a linked
+    entry's manifest is not its source's)."""
+    (path / "trainer_state.json").write_text(json.dumps(state))
+    write_manifest(path)
+
+
+def _weights_sha(path: Path) -> str | None:
+    """The SHA-256 of checkpoint ``path``'s weights, as its manifest records it (None: no manifest)."""
+    try:
+        return json.loads((path / MANIFEST).read_text())["files"]["model.safetensors"]["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def keep_start(path: Path, dest: Path) -> None:
+    """Copy SFT checkpoint ``path`` (all but its RNG state) to ``dest`` with a manifest of its own: a
+    start a repository keeps, so that another machine starts from these weights instead of training
+    others (``cached_sft(weights=dest)``)."""
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for f in path.iterdir():
+        if f.is_file() and f.name not in ("rng.pt", MANIFEST):
+            shutil.copy2(f, tmp / f.name)
+    write_manifest(tmp)
+    shutil.rmtree(dest, ignore_errors=True)
+    tmp.rename(dest)
 
 
 def _report_on(cfg: Config, path: Path, task: Task | None) -> dict[str, Any]:
     """The held-out report of the SFT checkpoint at ``path`` on ``cfg``'s RL task, written into its state."""
     model, tokenizer = load_policy(str(path), **policy_options(cfg))
     model.to(resolve_device(cfg.policy.device))
-    state_file = path / "trainer_state.json"
-    state = json.loads(state_file.read_text())
+    state = json.loads((path / "trainer_state.json").read_text())
     metrics = {k: v for k, v in state["metrics"].items() if k.startswith("sft/")}
-    metrics.update(heldout_report(cfg, model, tokenizer, task or run_task(cfg)))
-    state["metrics"] = metrics
-    state_file.write_text(json.dumps(state))
+    report = heldout_report(cfg, model, tokenizer, task or run_task(cfg))
+    metrics.update(_metrics_of(report))
+    state["metrics"], state["heldout_correct"] = metrics, report["eval/correct"]
+    _write_state(path, state)
     return metrics
 
 
 def cached_sft(
-    cfg: Config, *, progress: bool = True, task: Task | None = None, sft_task: Task | None = None
+    cfg: Config,
+    *,
+    progress: bool = True,
+    task: Task | None = None,
+    sft_task: Task | None = None,
+    weights: Path | None = None,
 ) -> tuple[Path, dict[str, Any]]:
     """Path of the SFT checkpoint for ``cfg`` (trained now if not cached) and its metrics; ``task``
     and ``sft_task`` as in :func:`train_sft` (built there only when SFT runs).
 
     An entry is keyed by :func:`sft_key` (weights and the held-out report on the RL task). When it
     is missing but an entry with the same :func:`recipe_key` exists (the same weights, another RL
-    task), the new entry links that one's weights and only the report is computed."""
+    task), the new entry links that one's weights and only the report is computed. ``weights``: a
+    start of this recipe kept elsewhere (:func:`keep_start`): the entry holds its files, whatever was
+    cached or could be trained here (the same recipe trains other weights on another CPU kind)."""
     root = cache_root() / "sft"
     path = root / sft_key(cfg)
     state_file = path / "trainer_state.json"
     recipe = cache_root() / "sft-recipes" / recipe_key(cfg)  # outside sft/: every entry there is a checkpoint
     with cache_lock(path):  # parallel runs needing the same checkpoint: the first trains it, the others wait
-        if state_file.exists():
+        if state_file.exists() and (weights is None or _weights_sha(path) == _weights_sha(weights)):
             return path, json.loads(state_file.read_text())["metrics"]
         with cache_lock(recipe):
+            if weights is not None:
+                problem = verify_checkpoint(weights)
+                if problem is not None:
+                    raise ConfigError(f"kept start {weights}: {problem}")
+                shutil.rmtree(path, ignore_errors=True)
+                _link_entry(weights, path)
+                recipe.parent.mkdir(parents=True, exist_ok=True)
+                recipe.write_text(path.name)
+                return path, _report_on(cfg, path, task)
             source = root / recipe.read_text().strip() if recipe.exists() else None
             if source is not None and (source / "trainer_state.json").exists():
                 _link_entry(source, path)
