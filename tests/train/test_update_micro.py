@@ -287,4 +287,4 @@ def test_kl_rows_are_skipped_only_when_the_approximation_is_asked_for():
     # = the step on the kept rows alone, scaled by their share of the tokens (the denominator over every row)
     mask = batch.response_mask & kept[:, None]
     alone, _ = step(mask, float(mask.sum()) / float(batch.response_mask.sum()))
-    assert torch.allclose(alone, approx, atol=1e-7, rtol=1e-4)
+    assert torch.allclose(alone, approx, atol=1e-6, rtol=1e-4)  # float sums differ by CPU kind

@@ -22,6 +22,7 @@ from creditrl.losses import explained_variance
 from creditrl.rewards.stage import Scored
 from creditrl.rollout.batch import TrajectoryBatch
 from creditrl.sandbox.passk import mean_pass_at_k
+from creditrl.train.outcomes import pack_outcomes, unpack_outcomes  # noqa: F401  (re-exported)
 from creditrl.train.stages import generated_tokens
 from creditrl.values.stage import ValueOut
 
@@ -179,21 +180,3 @@ def progress_line(row: dict[str, Any], iterations: int) -> str:
         parts.append(f"held-out accuracy {row['eval/accuracy']:.3f}")
     parts.append(f"{row.get('time/iter_s', 0.0):.2f} s")
     return "creditrl: " + ", ".join(parts)
-
-
-def pack_outcomes(correct: list[bool]) -> str:
-    """Per-problem outcomes of a held-out evaluation as ``"N:HEX"``: N problems, their bits packed
-    most significant first (``eval/correct``; the paired statistics of the findings read it)."""
-    bits = "".join("1" if c else "0" for c in correct)
-    padded = bits + "0" * (-len(bits) % 8)
-    return f"{len(bits)}:" + bytes(int(padded[i : i + 8], 2) for i in range(0, len(padded), 8)).hex()
-
-
-def unpack_outcomes(packed: str) -> list[bool]:
-    """The outcomes :func:`pack_outcomes` packed."""
-    count, _, digits = packed.partition(":")
-    n = int(count)
-    bits = "".join(f"{byte:08b}" for byte in bytes.fromhex(digits))
-    if len(bits) < n:
-        raise ValueError(f"eval/correct: {len(bits)} bits for {n} problems")
-    return [b == "1" for b in bits[:n]]

@@ -28,6 +28,7 @@ from creditrl.policy.tokenizer import encode_problem
 from creditrl.tasks.base import Problem, Task
 from creditrl.train.checkpoint import MANIFEST, save_checkpoint, verify_checkpoint, write_manifest
 from creditrl.train.evaluate import evaluate
+from creditrl.train.outcomes import pack_outcomes
 from creditrl.train.resolve import run_task, task_args
 from creditrl.train.scheduled_sampling import mix_inputs, sampling_probability
 
@@ -113,7 +114,6 @@ def heldout_report(
     """Greedy accuracy and step accuracy of ``model`` on ``train.eval_size`` held-out problems of
     ``task``, and each problem's outcome (``eval/correct``, packed as a run's evaluations pack it:
     a start's fingerprint, kept in its state as ``heldout_correct``, not among its metrics)."""
-    from creditrl.train.metrics import pack_outcomes  # metrics -> stages -> build imports this module
 
     res = evaluate(
         model,
