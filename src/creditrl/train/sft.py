@@ -226,19 +226,24 @@ def recipe_key(cfg: Config) -> str:
     )
 
 
-def _link_entry(source: Path, path: Path) -> None:
-    """A new cache entry at ``path`` holding ``source``'s files (hard links where the file system
-    allows, copies otherwise) except its state file, written afterwards with this entry's report."""
+def _link_entry(source: Path, path: Path, *, link: bool = True, drop: tuple[str, ...] = ()) -> None:
+    """A new checkpoint at ``path`` holding ``source``'s files but ``drop`` (hard links where asked
+    and the file system allows, copies otherwise), its state file and manifest written anew (a cache
+    entry's report is then computed into that state)."""
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     for f in source.iterdir():
-        if f.is_file() and f.name != "trainer_state.json":
-            try:
-                os.link(f, tmp / f.name)
-            except OSError:
-                shutil.copy2(f, tmp / f.name)
+        if f.is_file() and f.name not in ("trainer_state.json", MANIFEST, *drop):
+            if link:
+                try:
+                    os.link(f, tmp / f.name)
+                    continue
+                except OSError:
+                    pass
+            shutil.copy2(f, tmp / f.name)
     _write_state(tmp, json.loads((source / "trainer_state.json").read_text()))
+    shutil.rmtree(path, ignore_errors=True)
     tmp.rename(path)
 
 
@@ -261,15 +266,8 @@ def keep_start(path: Path, dest: Path) -> None:
     """Copy SFT checkpoint ``path`` (all but its RNG state) to ``dest`` with a manifest of its own: a
     start a repository keeps, so that another machine starts from these weights instead of training
     others (``cached_sft(weights=dest)``)."""
-    tmp = dest.with_name(dest.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for f in path.iterdir():
-        if f.is_file() and f.name not in ("rng.pt", MANIFEST):
-            shutil.copy2(f, tmp / f.name)
-    write_manifest(tmp)
-    shutil.rmtree(dest, ignore_errors=True)
-    tmp.rename(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    _link_entry(path, dest, link=False, drop=("rng.pt",))
 
 
 def _report_on(cfg: Config, path: Path, task: Task | None) -> dict[str, Any]:
@@ -313,7 +311,6 @@ def cached_sft(
                 problem = verify_checkpoint(weights)
                 if problem is not None:
                     raise ConfigError(f"kept start {weights}: {problem}")
-                shutil.rmtree(path, ignore_errors=True)
                 _link_entry(weights, path)
                 recipe.parent.mkdir(parents=True, exist_ok=True)
                 recipe.write_text(path.name)
