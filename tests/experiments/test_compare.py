@@ -394,12 +394,18 @@ def test_a_grid_keeps_its_start_and_runs_only_from_the_one_its_summarised_runs_s
         json.loads((summaries / "grpo" / "seed1.json").read_text())["evals"][0]["eval/correct"] == first["eval/correct"]
     )
 
+    # the findings name the kept start as the one these runs started from
+    found = [json.loads((summaries / "grpo" / f"seed{s}.json").read_text()) for s in (0, 1)]
+    assert seeds.kept_start(demo_config_path(True), common, tmp_path / "findings" / "starts", found) == kept
+
     # a summary from another start (its first held-out problem's outcome flipped)
     other = json.loads((summaries / "grpo" / "seed1.json").read_text())
     count, _, digits = first["eval/correct"].partition(":")
     other["evals"][0]["eval/correct"] = f"{count}:{int(digits[0], 16) ^ 8:x}{digits[1:]}"
     other["evals"][0]["eval/accuracy"] = 0.9
     (summaries / "grpo" / "seed1.json").write_text(json.dumps(other))
+    assert seeds.kept_start(demo_config_path(True), common, tmp_path / "findings" / "starts", [found[0], other]) is None
+    assert seeds.kept_start(demo_config_path(True), common, tmp_path / "elsewhere", found) is None
     share = f"{first['eval/accuracy']:.1%}"
     with pytest.raises(
         ConfigError, match=rf"held out {share} here, but 1 of the 2 summarised runs of this grid started from 90\.0%"

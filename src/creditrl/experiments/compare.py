@@ -48,7 +48,7 @@ from creditrl.experiments.compare_report import (
 )
 from creditrl.experiments.curves import plot_seed_curves
 from creditrl.experiments.grid import TOKEN_ITERATIONS, load_grid
-from creditrl.experiments.seeds import grid_start, launch_settings, run_arms, summary_files
+from creditrl.experiments.seeds import grid_start, kept_start, launch_settings, run_arms, summary_files
 from creditrl.experiments.summaries import read_summary
 
 
@@ -96,7 +96,9 @@ def run_compare(
     if summaries is not None:
         files = summary_files(grid.base, grid.arms, grid.seeds, grid.budget, common, grid.unit, summaries)
         found = [read_summary(f) for f in files]  # a run shared with another grid: its summary there
-        init = found[0]["init"]
+        kept = kept_start(grid.base, common, summaries.parent.parent / "starts", found)
+        # a kept start, named as the repository holds it (findings/starts/<recipe>), else the runs' own path
+        init = found[0]["init"] if kept is None else kept.relative_to(summaries.parent.parent.parent).as_posix()
         loads = [f["load"] for f in found if f.get("load") is not None]
         launches = [x for i, x in enumerate(f["launch"] for f in found) if x not in [f["launch"] for f in found[:i]]]
     rows = [summarise_arm(name, hs, grid.target, grid.gain) for name, hs in results.items()]

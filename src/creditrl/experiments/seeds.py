@@ -318,6 +318,22 @@ def grid_start(
     return str(path)
 
 
+def kept_start(base: Path, common: list[str], starts: Path, found: list[dict[str, Any]]) -> Path | None:
+    """The start kept under ``starts`` for the recipe of ``base`` + ``common`` when it is the one
+    the summarised runs ``found`` started from (its held-out outcomes, as kept, equal their
+    iteration-0 outcomes on every problem); None otherwise (nothing kept, or kept for another task)."""
+    from creditrl.train.sft import recipe_key
+
+    kept = starts / recipe_key(load_config(base, common))
+    state = kept / "trainer_state.json"
+    if not state.is_file():
+        return None
+    own = json.loads(state.read_text()).get("heldout_correct")
+    first = [f["evals"][0] for f in found if f["evals"] and f["evals"][0].get("iteration") == 0]
+    same = bool(first) and all(e.get("eval/correct") == own for e in first)
+    return kept if own is not None and same else None
+
+
 def _check_start(cfg: Config, start: Path, summaries: list[Path] | tuple[Path, ...]) -> None:
     """Stop before training when ``start`` is not the one the summarised runs started from: their
     iteration-0 evaluations (the start's greedy outcome on every held-out problem) must equal its
