@@ -15,6 +15,8 @@ from creditrl.experiments.compare_report import (
     charged_s,
     cpu_hours,
     difference_rows,
+    differences_markdown,
+    launch_text,
     prm_markdown,
     prm_rows,
     results_csv,
@@ -23,6 +25,7 @@ from creditrl.experiments.compare_report import (
 )
 from creditrl.experiments.demo import demo_config_path
 from creditrl.experiments.grid import expand_grid, load_grid
+from creditrl.experiments.report import cpu_kind
 from creditrl.train.metrics import pack_outcomes
 
 
@@ -181,6 +184,40 @@ def test_a_runs_prm_cost_is_charged_to_its_wall_times_and_counted_once_in_cpu_ho
     assert prm_rows({"plain": plain}) == []
 
 
+def test_wall_times_compare_only_between_arms_run_on_one_kind_of_cpu():
+    """A wall-time ratio is given between arms whose runs share one CPU kind (all unrecorded counts
+    as one); otherwise the table, the reading and the launch line say why it is missing."""
+    from creditrl.experiments.finding_files import fill
+
+    plain = [_hist([0.2, 0.3, 0.4], 1.0), _hist([0.2, 0.2, 0.3], 1.0)]
+    fast = [_hist([0.2, 0.3, 0.4], 0.5), _hist([0.2, 0.2, 0.3], 0.5)]
+    for row in [row for h in plain + fast for row in h]:
+        row["eval/correct"] = pack_outcomes([True, False])
+    for row in [row for h in fast for row in h]:
+        row["time/total_s"] /= 2  # half the plain arm's wall time
+    results = {"plain": plain, "fast": fast}
+    same = {"plain": ["EPYC, AVX512, 2 cores"] * 2, "fast": ["EPYC, AVX512, 2 cores"] * 2}
+    other = {"plain": ["EPYC, AVX2, 2 cores", None], "fast": ["EPYC, AVX512, 2 cores"] * 2}
+    for machines, cost in [(None, 0.5), ({"plain": [None] * 2, "fast": [None] * 2}, 0.5), (same, 0.5), (other, None)]:
+        rows = {r["arm"]: r for r in difference_rows(results, "plain", machines)}
+        assert rows["fast"]["cost"] == (None if cost is None else pytest.approx(cost)) and rows["plain"]["cost"] == 1.0
+    table = differences_markdown(difference_rows(results, "plain", other), "plain")
+    assert "No wall-time ratio (–) where an arm and the reference ran on different kinds of CPU." in table
+    assert table.rstrip().splitlines()[-1].endswith("| – |")
+    assert "kinds of CPU" not in differences_markdown(difference_rows(results, "plain", same), "plain")
+    arm_rows = [{"arm": a, "wall_s": (w, 0.0)} for a, w in (("plain", 4.0), ("fast", 2.0))]
+    assert fill("at {ratio:fast/plain.wall_s} the time", arm_rows, same) == "at 0.5x the time"
+    assert fill("at {ratio:fast/plain.wall_s}", arm_rows, other) == (
+        "at – (no time ratio: the arms ran on different kinds of CPU)"
+    )
+    launches = [{"jobs": 2, "threads": 1}, {"jobs": 2, "threads": 1, "cpu": "EPYC, AVX512, 2 cores"}]
+    assert launch_text(launches) == (
+        "2 runs at a time, 1 thread each (CPU not recorded); 2 runs at a time, 1 thread each on EPYC, AVX512, 2 cores"
+    )
+    assert launch_text(launches[:1]) == "2 runs at a time, 1 thread each"
+    assert cpu_hours(results, launches) == pytest.approx(12 / 3600)  # one thread each, in both launches
+
+
 @pytest.mark.parametrize("unit", ["samples", "tokens"])
 def test_quick_compare_writes_every_output_and_resumes(tmp_path: Path, monkeypatch, capsys, unit: str):
     from creditrl.cli import main
@@ -261,9 +298,11 @@ def test_parallel_runs_equal_one_at_a_time_runs_and_record_their_launch(tmp_path
             assert rows[0] == rows[1] and len(rows[0]) == 3
             for where, jobs in ((serial, 1), (parallel, 2)):
                 launch = json.loads((where / arm / f"seed{seed}" / "launch.json").read_text())
-                assert launch.pop("load") >= 0 and launch == {"threads": 1, "jobs": jobs}
-    assert "launched: 2 runs at a time, 1 thread each." in (parallel / "results.md").read_text()
-    assert json.loads((serial / "summary.json").read_text())["launches"] == [{"threads": 1, "jobs": 1}]
+                assert launch.pop("load") >= 0 and launch == {"threads": 1, "jobs": jobs, "cpu": cpu_kind()}
+    assert f"launched: 2 runs at a time, 1 thread each on {cpu_kind()}." in (parallel / "results.md").read_text()
+    assert json.loads((serial / "summary.json").read_text())["launches"] == [
+        {"threads": 1, "jobs": 1, "cpu": cpu_kind()}
+    ]
 
 
 def test_a_failing_parallel_run_names_its_arm_and_seed(tmp_path: Path, monkeypatch):

@@ -48,7 +48,7 @@ from creditrl.experiments.compare_report import (
 )
 from creditrl.experiments.curves import plot_seed_curves
 from creditrl.experiments.grid import TOKEN_ITERATIONS, load_grid
-from creditrl.experiments.seeds import grid_start, kept_start, launch_settings, run_arms, summary_files
+from creditrl.experiments.seeds import grid_start, kept_start, launch_settings, run_arms, slug, summary_files
 from creditrl.experiments.summaries import read_summary
 
 
@@ -92,6 +92,9 @@ def run_compare(
         summaries=summaries,
     )
     launches = launch_settings(out)
+    machines = {  # each arm's runs' CPU kinds (None: not recorded): wall times compare only within one
+        name: [_launch_of(out / slug(name) / f"seed{s}").get("cpu") for s in grid.seeds] for name in grid.arms
+    }
     loads: list[float] = []
     if summaries is not None:
         files = summary_files(grid.base, grid.arms, grid.seeds, grid.budget, common, grid.unit, summaries)
@@ -101,9 +104,11 @@ def run_compare(
         init = found[0]["init"] if kept is None else kept.relative_to(summaries.parent.parent.parent).as_posix()
         loads = [f["load"] for f in found if f.get("load") is not None]
         launches = [x for i, x in enumerate(f["launch"] for f in found) if x not in [f["launch"] for f in found[:i]]]
+        cpus = iter(f["launch"].get("cpu") for f in found)  # in the plan's order: arm by arm, seed by seed
+        machines = {name: [next(cpus) for _ in grid.seeds] for name in grid.arms}
     rows = [summarise_arm(name, hs, grid.target, grid.gain) for name, hs in results.items()]
     table = results_markdown(rows)
-    differences = difference_rows(results, grid.reference) if grid.reference else []
+    differences = difference_rows(results, grid.reference, machines) if grid.reference else []
     if differences:
         table += "\n" + differences_markdown(differences, grid.reference)
     prms = prm_rows(results)
@@ -155,6 +160,7 @@ def run_compare(
         "differences": differences,
         **({"prm": prms} if prms else {}),
         "launches": launches,
+        "machines": machines,
         "cpu_hours": cpu_hours(results, launches),
         "load": float(np.mean(loads)) if loads else None,
         "wall_s": time.time() - start,
@@ -163,3 +169,9 @@ def run_compare(
     print("\n" + table)
     log(f"results: {out / 'results.md'}")
     return {**summary, "results": results}  # and each arm's histories, not written to summary.json
+
+
+def _launch_of(run: Path) -> dict[str, Any]:
+    """A run's ``launch.json`` ({} when it has none)."""
+    f = run / "launch.json"
+    return json.loads(f.read_text()) if f.is_file() else {}

@@ -112,10 +112,21 @@ def results_csv(rows: list[CompareRow]) -> str:
     return buf.getvalue()
 
 
-def difference_rows(results: dict[str, list[list[dict[str, Any]]]], reference: str) -> list[dict[str, Any]]:
+def comparable(machines: dict[str, list[str | None]] | None, a: str, b: str) -> bool:
+    """Whether arms ``a`` and ``b`` ran on one kind of CPU, so that their wall times compare
+    (``machines``: each arm's runs' CPU kinds, None where not recorded; all unrecorded counts as one)."""
+    return machines is None or len(set(machines.get(a, [None])) | set(machines.get(b, [None]))) == 1
+
+
+def difference_rows(
+    results: dict[str, list[list[dict[str, Any]]]],
+    reference: str,
+    machines: dict[str, list[str | None]] | None = None,
+) -> list[dict[str, Any]]:
     """Every arm against ``reference`` at the last evaluation, problem by problem and seed by seed
     (:func:`creditrl.experiments.verdicts.paired_difference`), with whether each arm (the
-    reference too) was still improving at the end and its wall-time ratio to the reference."""
+    reference too) was still improving at the end and its wall-time ratio to the reference (None
+    where the two arms ran on different kinds of CPU, :func:`comparable`)."""
     from creditrl.experiments.verdicts import outcome_matrix, paired_difference, still_improving
 
     ref = outcome_matrix(results[reference])
@@ -130,7 +141,9 @@ def difference_rows(results: dict[str, list[list[dict[str, Any]]]], reference: s
                 "arm": arm,
                 "difference": None if diff is None else asdict(diff),
                 "improving": None if late is None else asdict(late),
-                "cost": wall / ref_wall if ref_wall > 0 else None,
+                "cost": wall / ref_wall
+                if ref_wall > 0 and (arm == reference or comparable(machines, arm, reference))
+                else None,
             }
         )
     return rows
@@ -146,7 +159,13 @@ def differences_markdown(rows: list[dict[str, Any]], reference: str) -> str:
     out = [
         f"Against **{reference}**: paired difference in held-out exact match at the last evaluation "
         "(points, 95% two-level bootstrap interval over seeds and problems), the smallest difference the run "
-        "could detect (80% power), and each arm's change over the last third of its evaluations.\n",
+        "could detect (80% power), and each arm's change over the last third of its evaluations."
+        + (
+            " No wall-time ratio (–) where an arm and the reference ran on different kinds of CPU."
+            if any(r["cost"] is None and r["difference"] is not None for r in rows)
+            else ""
+        )
+        + "\n",
         "| arm | difference | 95% interval | detectable | last third | still improving | wall time vs reference |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -202,7 +221,8 @@ def cpu_hours(results: dict[str, list[list[dict[str, Any]]]], launches: list[dic
     """The grid's compute: every run's RL and evaluation wall time times its threads (one thread
     where the launches differ or are unknown), plus each distinct PRM's cost once, in hours; the
     SFT start is not counted."""
-    threads = launches[0].get("threads", 1) if len(launches) == 1 else 1
+    shared = {d.get("threads", 1) for d in launches}
+    threads = shared.pop() if len(shared) == 1 else 1
     runs = [h for hs in results.values() for h in hs]
     seconds = sum(h[-1].get("time/total_s", 0.0) + sum(r.get("time/eval_s", 0.0) for r in h) for h in runs)
     prms = {h[0]["time/prm_s"] for h in runs if h and "time/prm_s" in h[0]}  # runs sharing a PRM record one cost
@@ -212,11 +232,14 @@ def cpu_hours(results: dict[str, list[list[dict[str, Any]]]], launches: list[dic
 def launch_text(launches: list[dict[str, int]]) -> str:
     """How the runs were launched, for the reports: iteration and wall times depend on it."""
 
+    recorded = any("cpu" in d for d in launches)
+
     def one(d: dict[str, int]) -> str:
         if not d:
             return "runs from before launch.json was recorded"
+        where = f" on {d['cpu']}" if "cpu" in d else " (CPU not recorded)" if recorded else ""
         return (
             "one run at a time" if d["jobs"] == 1 else f"{d['jobs']} runs at a time"
-        ) + f", {d['threads']} thread{'s' if d['threads'] > 1 else ''} each"
+        ) + f", {d['threads']} thread{'s' if d['threads'] > 1 else ''} each{where}"
 
     return "; ".join(one(d) for d in launches) or "no runs"

@@ -11,7 +11,10 @@ from typing import Any
 import yaml
 
 from creditrl.config import ConfigError
+from creditrl.experiments.compare_report import comparable
 from creditrl.experiments.seeds import slug
+
+TIME_FIELDS = {"iter_s", "wall_s", "wall_to_target"}  # fields that depend on the machine
 
 FINDING_KEYS = {
     "id",
@@ -115,16 +118,18 @@ def _fmt(field: str, value: Any) -> str:
     mean, ci = float(value[0]), float(value[1])
     if field in ("final", "step_final"):
         return f"{100 * mean:.1f} ± {100 * ci:.1f}%"
-    if field in ("iter_s", "wall_s", "wall_to_target"):
+    if field in TIME_FIELDS:
         return f"{mean:.2f} ± {ci:.2f} s"
     if field == "length":
         return f"{mean:.1f} ± {ci:.1f} tokens"
     return f"{mean:,.0f} ± {ci:,.0f}"
 
 
-def fill(template: str, rows: list[dict[str, Any]]) -> str:
+def fill(template: str, rows: list[dict[str, Any]], machines: dict[str, list[str | None]] | None = None) -> str:
     """Replace every placeholder of ``template`` (module docstring) by the number from ``rows``
-    (``CompareRow`` dicts); an unknown arm or field raises ValueError naming it."""
+    (``CompareRow`` dicts); an unknown arm or field raises ValueError naming it. A ratio of times
+    between arms that ran on different kinds of CPU (``machines``, as in
+    :func:`creditrl.experiments.compare_report.comparable`) is not given: it says so instead."""
     by_slug = {slug(r["arm"]): r for r in rows}
 
     def value(arm: str, field: str) -> Any:
@@ -142,6 +147,8 @@ def fill(template: str, rows: list[dict[str, Any]]) -> str:
         if ratio:
             if b is None:
                 raise ValueError(f"reading: {m.group(0)} needs two arms, {{ratio:A/B.field}}")
+            if field in TIME_FIELDS and not comparable(machines, value(a, "arm"), value(b, "arm")):
+                return "– (no time ratio: the arms ran on different kinds of CPU)"
             num, den = _mean(value(a, field)), _mean(value(b, field))
             return "n/a" if not num or not den else f"{num / den:.1f}x"
         return _fmt(field, value(a, field))

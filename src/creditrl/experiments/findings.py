@@ -138,7 +138,8 @@ def _section(
         f"Compute: {summary.get('cpu_hours', 0.0):.1f} CPU-hours of RL and evaluation over "
         f"{len(grid.arms) * len(grid.seeds)} runs (the SFT start not counted){_load_text(summary)}. "
         f"Regenerate: `creditrl compare {finding['grid']}` (then `creditrl findings`).\n{_power(finding)}\n"
-        f"{table}\n{images}\n" + (f"\n*Reading.* {fill(finding['reading'].strip(), rows)}\n" if reading else "")
+        f"{table}\n{images}\n"
+        + (f"\n*Reading.* {fill(finding['reading'].strip(), rows, summary.get('machines'))}\n" if reading else "")
     )
 
 
@@ -191,7 +192,7 @@ def _report_section(finding: dict[str, Any], runs: Path, docs: Path, root: Path,
         f"critics trained for {st['critic_iterations']} iterations without a policy update. "
         f"Regenerate: `creditrl value-report --out runs/findings/values` (then `creditrl findings`).\n\n"
         f"{table}\n![value_error]({dest.relative_to(root).as_posix()})\n\n"
-        f"*Reading.* {fill(finding['reading'].strip(), rows)}\n"
+        f"*Reading.* {fill(finding['reading'].strip(), rows, summary.get('machines'))}\n"
     )
 
 

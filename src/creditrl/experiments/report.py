@@ -32,19 +32,30 @@ def command_line(argv: list[str] | None = None) -> str:
     return " ".join(shlex.quote(a) for a in head + argv[1:])
 
 
-def machine() -> str:
-    """This machine in one phrase: CPU model, cores, memory, torch version and threads, GPU if any."""
-    import torch
-
-    cpu = platform.processor() or platform.machine()
+def _cpu_model() -> str:
     try:
-        cpu = next(
+        return next(
             line.split(":", 1)[1].strip()
             for line in Path("/proc/cpuinfo").read_text().splitlines()
             if line.startswith("model name")
         )
     except (OSError, StopIteration):
-        pass
+        return platform.processor() or platform.machine()
+
+
+def cpu_kind() -> str:
+    """The kind of CPU a run's numbers belong to: model, the instruction set torch's kernels use,
+    cores. Runs on another kind take other times (and, from the same seed, train other numbers)."""
+    import torch
+
+    return f"{_cpu_model()}, {torch.backends.cpu.get_cpu_capability()}, {os.cpu_count()} cores"
+
+
+def machine() -> str:
+    """This machine in one phrase: CPU model, cores, memory, torch version and threads, GPU if any."""
+    import torch
+
+    cpu = _cpu_model()
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     gpu = f", GPU {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ", no GPU"
     return (

@@ -24,7 +24,7 @@ from scipy import stats
 
 from creditrl.config import Config, load_config
 from creditrl.errors import ConfigError
-from creditrl.experiments.report import eval_rows
+from creditrl.experiments.report import cpu_kind, eval_rows
 from creditrl.experiments.summaries import history, read_summary, run_summary, summary_matches, write_summary
 from creditrl.inspect.data import load_metrics
 from creditrl.train.checkpoint import resume_checkpoint
@@ -383,7 +383,7 @@ def _run_one(
         every = [f"train.checkpoint_every={min(train.checkpoint_every, train.eval_every)}"]
         RLTrainer.from_config(load_config(base, overrides + every), where, init_path=init_path).run()
     # train.threads wins; the load average over the run's last 15 minutes says what else shared the machine
-    launch = {"threads": torch.get_num_threads(), "jobs": jobs, "load": round(os.getloadavg()[2], 2)}
+    launch = {"threads": torch.get_num_threads(), "jobs": jobs, "cpu": cpu_kind(), "load": round(os.getloadavg()[2], 2)}
     (where / "launch.json").write_text(json.dumps(launch))
     return time.time() - start
 
