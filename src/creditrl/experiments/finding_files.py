@@ -148,7 +148,7 @@ def fill(template: str, rows: list[dict[str, Any]], machines: dict[str, list[str
             if b is None:
                 raise ValueError(f"reading: {m.group(0)} needs two arms, {{ratio:A/B.field}}")
             if field in TIME_FIELDS and not comparable(machines, value(a, "arm"), value(b, "arm")):
-                return "– (no time ratio: the arms ran on different kinds of CPU)"
+                return "not comparable, the arms ran on different kinds of CPU"
             num, den = _mean(value(a, field)), _mean(value(b, field))
             return "n/a" if not num or not den else f"{num / den:.1f}x"
         return _fmt(field, value(a, field))
