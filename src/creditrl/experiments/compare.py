@@ -48,7 +48,15 @@ from creditrl.experiments.compare_report import (
 )
 from creditrl.experiments.curves import plot_seed_curves
 from creditrl.experiments.grid import TOKEN_ITERATIONS, load_grid
-from creditrl.experiments.seeds import grid_start, kept_start, launch_settings, run_arms, slug, summary_files
+from creditrl.experiments.seeds import (
+    grid_start,
+    kept_start,
+    launch_settings,
+    run_arms,
+    run_launch,
+    slug,
+    summary_files,
+)
 from creditrl.experiments.summaries import read_summary
 
 
@@ -93,7 +101,7 @@ def run_compare(
     )
     launches = launch_settings(out)
     machines = {  # each arm's runs' CPU kinds (None: not recorded): wall times compare only within one
-        name: [_launch_of(out / slug(name) / f"seed{s}").get("cpu") for s in grid.seeds] for name in grid.arms
+        name: [run_launch(out / slug(name) / f"seed{s}").get("cpu") for s in grid.seeds] for name in grid.arms
     }
     loads: list[float] = []
     if summaries is not None:
@@ -169,9 +177,3 @@ def run_compare(
     print("\n" + table)
     log(f"results: {out / 'results.md'}")
     return {**summary, "results": results}  # and each arm's histories, not written to summary.json
-
-
-def _launch_of(run: Path) -> dict[str, Any]:
-    """A run's ``launch.json`` ({} when it has none)."""
-    f = run / "launch.json"
-    return json.loads(f.read_text()) if f.is_file() else {}

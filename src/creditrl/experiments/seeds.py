@@ -329,9 +329,16 @@ def kept_start(base: Path, common: list[str], starts: Path, found: list[dict[str
     if not state.is_file():
         return None
     own = json.loads(state.read_text()).get("heldout_correct")
-    first = [f["evals"][0] for f in found if f["evals"] and f["evals"][0].get("iteration") == 0]
-    same = bool(first) and all(e.get("eval/correct") == own for e in first)
+    first = _start_evals(found)
+    same = bool(first) and all(e["eval/correct"] == own for e in first)
     return kept if own is not None and same else None
+
+
+def _start_evals(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The iteration-0 evaluations (the start's outcome on every held-out problem) of the run
+    summaries ``found`` that hold one."""
+    first = [f["evals"][0] for f in found if f["evals"]]
+    return [e for e in first if e.get("iteration") == 0 and "eval/correct" in e]
 
 
 def _check_start(cfg: Config, start: Path, summaries: list[Path] | tuple[Path, ...]) -> None:
@@ -341,8 +348,7 @@ def _check_start(cfg: Config, start: Path, summaries: list[Path] | tuple[Path, .
     from creditrl.train.metrics import unpack_outcomes
     from creditrl.train.sft import start_outcomes
 
-    first = [read_summary(p)["evals"][0] for p in summaries if p.is_file()]
-    first = [e for e in first if e.get("iteration") == 0 and "eval/correct" in e]
+    first = _start_evals([read_summary(p) for p in summaries if p.is_file()])
     if not first:
         return
     own = start_outcomes(cfg, start)
@@ -388,13 +394,18 @@ def _run_one(
     return time.time() - start
 
 
+def run_launch(run: Path) -> dict[str, Any]:
+    """How the run at ``run`` was launched (its ``launch.json``; {} when it has none)."""
+    f = Path(run) / "launch.json"
+    return json.loads(f.read_text()) if f.is_file() else {}
+
+
 def launch_settings(run_dir: Path) -> list[dict[str, int]]:
     """The distinct ``launch.json`` settings of the runs under ``run_dir`` (runs from before it
     existed count as ``{}``)."""
     found = []
     for metrics in sorted(Path(run_dir).glob("*/seed*/metrics.jsonl")):
-        f = metrics.parent / "launch.json"
-        d = {k: v for k, v in (json.loads(f.read_text()) if f.exists() else {}).items() if k != "load"}
+        d = {k: v for k, v in run_launch(metrics.parent).items() if k != "load"}
         if d not in found:
             found.append(d)
     return found
