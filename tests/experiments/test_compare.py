@@ -457,3 +457,25 @@ def test_a_grid_keeps_its_start_and_runs_only_from_the_one_its_summarised_runs_s
     shutil.rmtree(cache)
     with pytest.raises(ConfigError, match=r"kept start .*: model.safetensors: checksum mismatch"):
         run([0, 1, 2])
+
+
+def test_pending_runs_go_seed_by_seed(tmp_path: Path, monkeypatch):
+    """A grid's runs start seed by seed (every arm of seed 0, then of seed 1), so that two arms
+    that build different cached PRMs first build them side by side; a run already finished is
+    not launched again."""
+    from creditrl.experiments import seeds
+
+    launched: list[tuple[str, int]] = []
+
+    class Launched(Exception):
+        pass
+
+    def capture(pending, *a, **k):
+        launched.extend((r.arm, r.seed) for r in pending)
+        raise Launched
+
+    monkeypatch.setattr(seeds, "_launch", capture)
+    arms = {"a": ["credit.estimator=grpo"], "b": ["credit.estimator=rloo"], "c": ["credit.estimator=reinforce"]}
+    with pytest.raises(Launched):
+        seeds.run_arms(demo_config_path(True), arms, [3, 1], 64, tmp_path / "runs", str(tmp_path / "start"))
+    assert launched == [("a", 3), ("b", 3), ("c", 3), ("a", 1), ("b", 1), ("c", 1)]

@@ -225,7 +225,10 @@ def run_arms(
         raise ValueError(f"run_arms: jobs must be >= 1, got {jobs}")
     runs = _plan(base, arms, seeds, budget, run_dir, init_path, list(common or []), unit, summaries)
     done = {(r.arm, r.seed): _done(r, budget, unit) for r in runs}
-    pending = [r for r in runs if done[(r.arm, r.seed)] is None]
+    # seed by seed (each arm of seed 0, then of seed 1, ...): runs that first build different cached
+    # things (a PRM per labeler) build them side by side rather than one waiting on the other's
+    # lock, and an interrupted grid leaves whole seeds, which pair
+    pending = sorted((r for r in runs if done[(r.arm, r.seed)] is None), key=lambda r: seeds.index(r.seed))
     for r in runs:
         if done[(r.arm, r.seed)] is not None:
             log(f"arm '{r.arm}' seed {r.seed}: finished earlier, read back")
