@@ -461,8 +461,7 @@ def test_a_grid_keeps_its_start_and_runs_only_from_the_one_its_summarised_runs_s
 
 def test_pending_runs_go_seed_by_seed(tmp_path: Path, monkeypatch):
     """A grid's runs start seed by seed (every arm of seed 0, then of seed 1), so that two arms
-    that build different cached PRMs first build them side by side; a run already finished is
-    not launched again."""
+    that build different cached PRMs first build them side by side."""
     from creditrl.experiments import seeds
 
     launched: list[tuple[str, int]] = []
