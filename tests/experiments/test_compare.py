@@ -248,7 +248,7 @@ def test_quick_compare_writes_every_output_and_resumes(tmp_path: Path, monkeypat
 
 
 def test_a_run_counts_as_finished_only_for_its_own_budget(tmp_path: Path):
-    from creditrl.experiments.seeds import _finished
+    from creditrl.experiments.plan import _finished
 
     def write(rows):
         p = tmp_path / "metrics.jsonl"
@@ -306,7 +306,7 @@ def test_parallel_runs_equal_one_at_a_time_runs_and_record_their_launch(tmp_path
 
 
 def test_a_failing_parallel_run_names_its_arm_and_seed(tmp_path: Path, monkeypatch):
-    from creditrl.experiments.seeds import run_arms
+    from creditrl.experiments.launch import run_arms
 
     monkeypatch.setenv("CREDITRL_CACHE", str(tmp_path / "cache"))
     with pytest.raises(RuntimeError, match="arm 'bad' seed 0 failed: .*no-such-checkpoint"):
@@ -326,7 +326,8 @@ def test_an_interrupted_grid_run_continues_from_its_last_checkpoint(tmp_path: Pa
     """A grid run killed after its checkpoint at iteration 2 continues from there when the grid is
     rerun (iterations 0-1 are not replayed) and ends with the metrics of an uninterrupted run;
     a run directory left by another plan is started afresh."""
-    from creditrl.experiments.seeds import PLAN_FILE, run_arms
+    from creditrl.experiments.launch import run_arms
+    from creditrl.experiments.plan import PLAN_FILE
     from creditrl.train.rl import RLTrainer
 
     monkeypatch.setenv("CREDITRL_CACHE", str(tmp_path / "cache"))
@@ -386,7 +387,8 @@ def test_a_grid_keeps_its_start_and_runs_only_from_the_one_its_summarised_runs_s
     run's iteration-0 evaluation; and a run is launched only when every summarised run of the grid
     started from those outcomes."""
     from creditrl.config import load_config
-    from creditrl.experiments import seeds
+    from creditrl.experiments import launch
+    from creditrl.experiments.starts import kept_start
     from creditrl.train import sft
     from creditrl.train.checkpoint import verify_checkpoint
 
@@ -397,7 +399,7 @@ def test_a_grid_keeps_its_start_and_runs_only_from_the_one_its_summarised_runs_s
     summaries = tmp_path / "findings" / "runs" / "g"
 
     def run(seeds_: list[int]) -> None:  # 32 samples: 2 iterations of 4 prompts x 4 samples
-        seeds.run_arms(
+        launch.run_arms(
             demo_config_path(True),
             {"grpo": []},
             seeds_,
@@ -435,7 +437,7 @@ def test_a_grid_keeps_its_start_and_runs_only_from_the_one_its_summarised_runs_s
 
     # the findings name the kept start as the one these runs started from
     found = [json.loads((summaries / "grpo" / f"seed{s}.json").read_text()) for s in (0, 1)]
-    assert seeds.kept_start(demo_config_path(True), common, tmp_path / "findings" / "starts", found) == kept
+    assert kept_start(demo_config_path(True), common, tmp_path / "findings" / "starts", found) == kept
 
     # a summary from another start (its first held-out problem's outcome flipped)
     other = json.loads((summaries / "grpo" / "seed1.json").read_text())
@@ -443,8 +445,8 @@ def test_a_grid_keeps_its_start_and_runs_only_from_the_one_its_summarised_runs_s
     other["evals"][0]["eval/correct"] = f"{count}:{int(digits[0], 16) ^ 8:x}{digits[1:]}"
     other["evals"][0]["eval/accuracy"] = 0.9
     (summaries / "grpo" / "seed1.json").write_text(json.dumps(other))
-    assert seeds.kept_start(demo_config_path(True), common, tmp_path / "findings" / "starts", [found[0], other]) is None
-    assert seeds.kept_start(demo_config_path(True), common, tmp_path / "elsewhere", found) is None
+    assert kept_start(demo_config_path(True), common, tmp_path / "findings" / "starts", [found[0], other]) is None
+    assert kept_start(demo_config_path(True), common, tmp_path / "elsewhere", found) is None
     share = f"{first['eval/accuracy']:.1%}"
     with pytest.raises(
         ConfigError, match=rf"held out {share} here, but 1 of the 2 summarised runs of this grid started from 90\.0%"
@@ -462,7 +464,7 @@ def test_a_grid_keeps_its_start_and_runs_only_from_the_one_its_summarised_runs_s
 def test_pending_runs_go_seed_by_seed(tmp_path: Path, monkeypatch):
     """A grid's runs start seed by seed (every arm of seed 0, then of seed 1), so that two arms
     that build different cached PRMs first build them side by side."""
-    from creditrl.experiments import seeds
+    from creditrl.experiments import launch
 
     launched: list[tuple[str, int]] = []
 
@@ -473,8 +475,8 @@ def test_pending_runs_go_seed_by_seed(tmp_path: Path, monkeypatch):
         launched.extend((r.arm, r.seed) for r in pending)
         raise Launched
 
-    monkeypatch.setattr(seeds, "_launch", capture)
+    monkeypatch.setattr(launch, "_launch", capture)
     arms = {"a": ["credit.estimator=grpo"], "b": ["credit.estimator=rloo"], "c": ["credit.estimator=reinforce"]}
     with pytest.raises(Launched):
-        seeds.run_arms(demo_config_path(True), arms, [3, 1], 64, tmp_path / "runs", str(tmp_path / "start"))
+        launch.run_arms(demo_config_path(True), arms, [3, 1], 64, tmp_path / "runs", str(tmp_path / "start"))
     assert launched == [("a", 3), ("b", 3), ("c", 3), ("a", 1), ("b", 1), ("c", 1)]

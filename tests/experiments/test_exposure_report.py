@@ -34,7 +34,7 @@ def test_the_table_is_the_means_and_paired_differences_of_the_measurements() -> 
 
 
 def test_a_rerun_reads_every_start_and_run_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from creditrl.experiments import exposure_report, seeds
+    from creditrl.experiments import exposure_report, launch
 
     monkeypatch.setenv("CREDITRL_CACHE", str(tmp_path / "cache"))
     kept = tmp_path / "kept"
@@ -55,7 +55,7 @@ def test_a_rerun_reads_every_start_and_run_back(tmp_path: Path, monkeypatch: pyt
     def no_training(*a, **k):
         raise AssertionError("something trained")
 
-    monkeypatch.setattr(seeds, "_run_one", no_training)
+    monkeypatch.setattr(launch, "_run_one", no_training)
     monkeypatch.setattr(exposure_report, "_sft_start", no_training)
     again = run_exposure_report(tmp_path / "b", quick=True, seeds=1, summaries=kept)
     assert again["starts"] == first["starts"] and again["finals"] == first["finals"]

@@ -76,7 +76,7 @@ def test_finding_files_are_checked(tmp_path: Path):
 def test_committed_findings_name_existing_grids_and_arms():
     root = Path(__file__).resolve().parents[2]
     from creditrl.experiments.grid import load_grid
-    from creditrl.experiments.seeds import slug
+    from creditrl.experiments.plan import slug
 
     files = sorted((root / "findings").glob("*.yaml"))
     assert files
@@ -161,7 +161,7 @@ def test_findings_persist_run_summaries_and_rebuild_from_them_alone(tmp_path: Pa
     summaries alone, byte for byte, after the run directories are gone; a grid with runs missing
     is shown in progress; the verdict table opens the file."""
     from creditrl.cli import main
-    from creditrl.experiments import seeds
+    from creditrl.experiments import launch, plan
 
     monkeypatch.setenv("CREDITRL_CACHE", str(tmp_path / "cache"))
     (tmp_path / "grids").mkdir()
@@ -200,7 +200,7 @@ def test_findings_persist_run_summaries_and_rebuild_from_them_alone(tmp_path: Pa
     def no_training(*a, **k):
         raise AssertionError("a run trained")
 
-    monkeypatch.setattr(seeds, "_run_one", no_training)
+    monkeypatch.setattr(launch, "_run_one", no_training)
     again = tmp_path / "again.md"
     assert main(["findings", "--root", str(tmp_path), "--no-train", "--out", str(again)]) == 0
     assert again.read_text() == first
@@ -212,10 +212,10 @@ def test_findings_persist_run_summaries_and_rebuild_from_them_alone(tmp_path: Pa
     g2 = load_grid(tmp_path / "grids" / "g2.yaml")
     where = tmp_path / "findings" / "runs" / "g2"
     same = {"grpo": g2.arms["grpo"]}
-    assert seeds.summarised_arms(g2.base, same, g2.seeds, 32, g2.common, "samples", where) == {"grpo": 2}
+    assert plan.summarised_arms(g2.base, same, g2.seeds, 32, g2.common, "samples", where) == {"grpo": 2}
     other = {"grpo": [*g2.arms["grpo"], "loss.kl_coef=0.1"]}
-    assert seeds.summarised_arms(g2.base, other, g2.seeds, 32, g2.common, "samples", where) == {"grpo": 0}
-    shared = seeds.run_arms(
+    assert plan.summarised_arms(g2.base, other, g2.seeds, 32, g2.common, "samples", where) == {"grpo": 0}
+    shared = launch.run_arms(
         g2.base,
         {"grpo": g2.arms["grpo"]},
         g2.seeds,

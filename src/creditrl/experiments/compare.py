@@ -20,7 +20,7 @@ Budgets: ``tokens`` sets ``train.max_tokens`` (and, before ``set``, ``train.iter
 ``train.iterations``, so set it in ``set`` to about the budget's iteration count if you use one,
 large enough for the budget to be reached, or the run is never "finished"); ``samples`` sets ``train.iterations =
 ceil(samples / (prompts_per_iter x group_size))`` per arm, since the trainer has no samples
-budget. Every run goes through :func:`creditrl.experiments.seeds.run_arms`: a finished run in
+budget. Every run goes through :func:`creditrl.experiments.launch.run_arms`: a finished run in
 the output directory is read back, not rerun (an arm is keyed by its name, not its overrides).
 """
 
@@ -48,15 +48,9 @@ from creditrl.experiments.compare_report import (
 )
 from creditrl.experiments.curves import plot_seed_curves
 from creditrl.experiments.grid import TOKEN_ITERATIONS, load_grid
-from creditrl.experiments.seeds import (
-    grid_start,
-    kept_start,
-    launch_settings,
-    run_arms,
-    run_launch,
-    slug,
-    summary_files,
-)
+from creditrl.experiments.launch import launch_settings, run_arms, run_launch
+from creditrl.experiments.plan import slug, summary_files
+from creditrl.experiments.starts import grid_start, kept_start
 from creditrl.experiments.summaries import read_summary
 
 
@@ -71,7 +65,7 @@ def run_compare(
     arms: list[str] | None = None,
 ) -> dict[str, Any]:
     """Run (resumably) and report a grid. ``summaries``: a folder of committed run summaries
-    (:func:`creditrl.experiments.seeds.run_arms`); when every run has one, nothing trains.
+    (:func:`creditrl.experiments.launch.run_arms`); when every run has one, nothing trains.
     ``arms``: only these of the grid's arms (in the grid's order). Returns what summary.json
     holds, plus ``results``: each arm's per-seed metric histories."""
     grid = load_grid(grid_path, quick=quick, seeds=seeds)

@@ -6,7 +6,7 @@ sampling with the inverse-sigmoid schedule up to 0.25), the warm start is traine
 (:func:`creditrl.train.scheduled_sampling.exposure_bias`: teacher-forced against free-running
 step accuracy, and its greedy exact match, the RL start), and outcome GRPO and process GRPO
 (oracle step rewards) train from it with ``train.seed=s``
-(:func:`creditrl.experiments.seeds.run_arms`, resumable; with ``summaries``, each finished run's
+(:func:`creditrl.experiments.launch.run_arms`, resumable; with ``summaries``, each finished run's
 summary and each start's measurements are kept there, so a later call trains nothing it has).
 Everything is reported as means with 95% Student-t intervals over the seeds, and as the paired
 per-seed difference scheduled sampling minus plain.
@@ -24,9 +24,11 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from creditrl.config import load_config
 from creditrl.experiments.grid import QUICK_SET
+from creditrl.experiments.launch import run_arms
+from creditrl.experiments.plan import slug
 from creditrl.experiments.report import eval_rows
 from creditrl.experiments.report_setup import base_config, step_task, task_phrase
-from creditrl.experiments.seeds import mean_ci95, run_arms, slug
+from creditrl.experiments.seeds import mean_ci95
 from creditrl.train.evaluate import evaluate
 from creditrl.train.sft import sft_batch
 

@@ -12,7 +12,7 @@ import yaml
 
 from creditrl.config import ConfigError
 from creditrl.experiments.compare_report import comparable
-from creditrl.experiments.seeds import slug
+from creditrl.experiments.plan import slug
 
 TIME_FIELDS = {"iter_s", "wall_s", "wall_to_target"}  # fields that depend on the machine
 

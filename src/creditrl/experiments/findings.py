@@ -54,7 +54,7 @@ from creditrl.experiments.compare_report import (
 from creditrl.experiments.curves import plot_panels
 from creditrl.experiments.finding_files import CLAIMS, diff_text, fill, load_finding
 from creditrl.experiments.grid import TOKEN_ITERATIONS, load_grid
-from creditrl.experiments.seeds import summarised_arms
+from creditrl.experiments.plan import summarised_arms
 from creditrl.experiments.summaries import read_summary
 from creditrl.experiments.verdicts import Difference, verdict
 

@@ -25,8 +25,9 @@ from pathlib import Path
 
 from creditrl.config import load_config
 from creditrl.experiments.curves import plot_seed_curves
+from creditrl.experiments.launch import run_arms
 from creditrl.experiments.report_setup import base_config, default_task_sets, step_task, task_phrase
-from creditrl.experiments.seeds import run_arms, seeds_table, summarise_seeds
+from creditrl.experiments.seeds import seeds_table, summarise_seeds
 from creditrl.train.build import start_policy
 from creditrl.train.resolve import check
 

@@ -1,0 +1,84 @@
+"""A grid's SFT start: cached per recipe, kept in the repository, and checked against its summarised runs.
+
+The same SFT recipe trains other weights on another CPU kind or torch version, and a grid's runs
+pair only when they share their start; a start is therefore kept under ``findings/starts`` once
+it is known to be the one the committed runs started from, and a start that is not theirs stops a
+grid before it trains.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from creditrl.config import Config, load_config
+from creditrl.errors import ConfigError
+from creditrl.experiments.summaries import read_summary
+
+
+def grid_start(
+    base: Path, common: list[str], starts: Path | None = None, summarised: list[Path] | tuple[Path, ...] = ()
+) -> str:
+    """The SFT start of a grid on ``base`` + ``common`` (cached). With ``starts`` (a repository's
+    folder of kept starts, one per SFT recipe), a start kept there is used as it is, and one built
+    here is kept there once it is known to be the one the ``summarised`` runs started from: the same
+    recipe trains other weights on another CPU kind (an arithmetic start held out 20.8% on one
+    machine, 11.2% on another), and a grid's runs pair only when they share their start."""
+    from creditrl.train.sft import cached_sft, keep_start, recipe_key
+
+    cfg = load_config(base, common)
+    kept = None if starts is None else starts / recipe_key(cfg)
+    weights = kept if kept is not None and kept.is_dir() else None
+    path = cached_sft(cfg, progress=cfg.train.progress, weights=weights)[0]
+    _check_start(cfg, path, summarised)
+    if kept is not None and weights is None:
+        keep_start(path, kept)
+    return str(path)
+
+
+def kept_start(base: Path, common: list[str], starts: Path, found: list[dict[str, Any]]) -> Path | None:
+    """The start kept under ``starts`` for the recipe of ``base`` + ``common`` when it is the one
+    the summarised runs ``found`` started from (its held-out outcomes, as kept, equal their
+    iteration-0 outcomes on every problem); None otherwise (nothing kept, or kept for another task)."""
+    from creditrl.train.sft import recipe_key
+
+    kept = starts / recipe_key(load_config(base, common))
+    state = kept / "trainer_state.json"
+    if not state.is_file():
+        return None
+    own = json.loads(state.read_text()).get("heldout_correct")
+    first = _start_evals(found)
+    same = bool(first) and all(e["eval/correct"] == own for e in first)
+    return kept if own is not None and same else None
+
+
+def _start_evals(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The iteration-0 evaluations (the start's outcome on every held-out problem) of the run
+    summaries ``found`` that hold one."""
+    first = [f["evals"][0] for f in found if f["evals"]]
+    return [e for e in first if e.get("iteration") == 0 and "eval/correct" in e]
+
+
+def _check_start(cfg: Config, start: Path, summaries: list[Path] | tuple[Path, ...]) -> None:
+    """Stop before training when ``start`` is not the one the summarised runs started from: their
+    iteration-0 evaluations (the start's greedy outcome on every held-out problem) must equal its
+    own, or new runs would not pair with them."""
+    from creditrl.train.metrics import unpack_outcomes
+    from creditrl.train.sft import start_outcomes
+
+    first = _start_evals([read_summary(p) for p in summaries if p.is_file()])
+    if not first:
+        return
+    own = start_outcomes(cfg, start)
+    other = [e for e in first if e["eval/correct"] != own]
+    if other:
+        share = float(np.mean(unpack_outcomes(own)))
+        raise ConfigError(
+            f"start {start}: held out {share:.1%} here, but {len(other)} of the {len(first)} summarised runs "
+            f"of this grid started from {other[0]['eval/accuracy']:.1%} on the same problems: these weights are not "
+            "theirs (trained on another CPU kind or torch version) and new runs would not pair with "
+            "them; start from theirs (kept under findings/starts), or move their summaries aside to rerun every arm"
+        )
