@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,37 @@ def test_fill_formats_every_field_and_ratios():
         fill("{grpo.best}", ROWS)
 
 
+def _histories(outcomes: list[list[bool]]) -> list[list[dict]]:
+    from creditrl.train.outcomes import pack_outcomes
+
+    return [[{"eval/accuracy": sum(o) / len(o), "eval/correct": pack_outcomes(o)}] for o in outcomes]
+
+
+def test_fill_gives_the_paired_difference_between_two_arms():
+    """``{diff:A/B.final}`` is A's paired difference to B over seeds and problems, in points with the
+    verdicts' interval: B right on 4 of 10 problems, A on 6 (the same 4 and 2 more) in both seeds,
+    so +20 points, and A is never worse on a problem, so no resampling puts the interval below 0."""
+    from creditrl.experiments.finding_files import diff_text
+    from creditrl.experiments.verdicts import outcome_matrix, paired_difference
+
+    b = [[True] * 4 + [False] * 6] * 2
+    a = [[True] * 6 + [False] * 4] * 2
+    rows = [{**ROWS[0], "arm": "grpo"}, {**ROWS[0], "arm": "gae + mc (VinePPO)"}]
+    results = {"grpo": _histories(a), "gae + mc (VinePPO)": _histories(b)}
+    text = fill("{diff:grpo/gae_mc_VinePPO.final}", rows, results=results)
+    mean, lo, hi = (float(x) for x in re.findall(r"[-+][0-9.]+", text))
+    assert mean == 20.0 and 0 <= lo < mean < hi, text
+    d = paired_difference(outcome_matrix(results["grpo"]), outcome_matrix(results["gae + mc (VinePPO)"]))
+    assert text == diff_text({"mean": d.mean, "lo": d.lo, "hi": d.hi})
+    assert fill("{diff:gae_mc_VinePPO/grpo.final}", rows, results=results).startswith("-20.0 points")
+    with pytest.raises(ValueError, match="a difference between arms is of 'final' only"):
+        fill("{diff:grpo/gae_mc_VinePPO.wall_s}", rows, results=results)
+    with pytest.raises(ValueError, match="needs the arms' results"):
+        fill("{diff:grpo/gae_mc_VinePPO.final}", rows)
+    with pytest.raises(ValueError, match="needs two arms"):
+        fill("{diff:grpo.final}", rows, results=results)
+
+
 def test_finding_files_are_checked(tmp_path: Path):
     bad = tmp_path / "f.yaml"
     bad.write_text("id: F9\ntitle: t\n")
@@ -97,7 +129,9 @@ def test_committed_findings_name_existing_grids_and_arms():
         grid = load_grid(root / finding["grid"])
         diff = {"mean": 0.01, "lo": -0.01, "hi": 0.03, "se": 0.01, "mde": 0.028, "seeds": 5, "problems": 1024}
         fake = [{**ROWS[0], "arm": name, "diff": diff, "verdict": "inconclusive"} for name in grid.arms]
-        assert "{" not in fill(finding["reading"], fake), f  # every placeholder names a real arm and field
+        results = {name: _histories([[True, False]]) for name in grid.arms}
+        # every placeholder names a real arm and field
+        assert "{" not in fill(finding["reading"], fake, results=results), f
         assert {slug(a) for a in grid.arms}
         assert set(finding.get("expect", {})) <= set(grid.arms) - {grid.reference}, f
 

@@ -43,7 +43,7 @@ CLAIMS = {
 REPORTS = ("values",)  # a finding measured by a report instead of a compare grid: creditrl value-report
 PLOTS = ("accuracy_vs_samples", "accuracy_vs_wall_time", "length_vs_samples")  # what run_compare draws
 DEFAULT_PLOTS = PLOTS[:2]
-_PLACEHOLDER = re.compile(r"\{(ratio:)?([A-Za-z0-9_]+)(?:/([A-Za-z0-9_]+))?\.([a-z_]+)\}")
+_PLACEHOLDER = re.compile(r"\{(ratio:|diff:)?([A-Za-z0-9_]+)(?:/([A-Za-z0-9_]+))?\.([a-z_]+)\}")
 
 
 def load_finding(path: Path) -> dict[str, Any]:
@@ -125,11 +125,18 @@ def _fmt(field: str, value: Any) -> str:
     return f"{mean:,.0f} ± {ci:,.0f}"
 
 
-def fill(template: str, rows: list[dict[str, Any]], machines: dict[str, list[str | None]] | None = None) -> str:
+def fill(
+    template: str,
+    rows: list[dict[str, Any]],
+    machines: dict[str, list[str | None]] | None = None,
+    results: dict[str, list[list[dict[str, Any]]]] | None = None,
+) -> str:
     """Replace every placeholder of ``template`` (module docstring) by the number from ``rows``
     (``CompareRow`` dicts); an unknown arm or field raises ValueError naming it. A ratio of times
     between arms that ran on different kinds of CPU (``machines``, as in
-    :func:`creditrl.experiments.compare_report.comparable`) is not given: it says so instead."""
+    :func:`creditrl.experiments.compare_report.comparable`) is not given: it says so instead.
+    ``{diff:A/B.final}`` is the paired difference of two arms' final held-out exact match, from
+    ``results`` (each arm's per-seed histories), by the rule the verdicts use."""
     by_slug = {slug(r["arm"]): r for r in rows}
 
     def value(arm: str, field: str) -> Any:
@@ -143,15 +150,28 @@ def fill(template: str, rows: list[dict[str, Any]], machines: dict[str, list[str
         return row[field]
 
     def sub(m: re.Match) -> str:
-        ratio, a, b, field = m.groups()
-        if ratio:
-            if b is None:
-                raise ValueError(f"reading: {m.group(0)} needs two arms, {{ratio:A/B.field}}")
+        kind, a, b, field = m.groups()
+        if kind and b is None:
+            raise ValueError(f"reading: {m.group(0)} needs two arms, {{{kind}A/B.{field}}}")
+        if kind == "diff:":
+            return pair_text(a, b, field)
+        if kind:
             if field in TIME_FIELDS and not comparable(machines, value(a, "arm"), value(b, "arm")):
                 return "not comparable, the arms ran on different kinds of CPU"
             num, den = _mean(value(a, field)), _mean(value(b, field))
             return "n/a" if not num or not den else f"{num / den:.1f}x"
         return _fmt(field, value(a, field))
+
+    def pair_text(a: str, b: str, field: str) -> str:
+        from creditrl.experiments.verdicts import outcome_matrix, paired_difference
+
+        if field != "final":
+            raise ValueError(f"reading: {{diff:{a}/{b}.{field}}}: a difference between arms is of 'final' only")
+        if results is None:
+            raise ValueError(f"reading: {{diff:{a}/{b}.final}} needs the arms' results")
+        x, y = (outcome_matrix(results[value(arm, "arm")]) for arm in (a, b))
+        d = paired_difference(x, y)
+        return diff_text({"mean": d.mean, "lo": d.lo, "hi": d.hi})
 
     return _PLACEHOLDER.sub(sub, template)
 

@@ -11,6 +11,8 @@ placeholders filled from the grid's results, so no number in FINDINGS.md is type
   tokens"), ``length_start`` (the same before RL, "30.1 tokens"), ``tokens``, ``samples`` (counts), ``reached``
   ("2/3"), ``samples_to_target``, ``wall_to_target``;
 - ``{ratio:ARM_A/ARM_B.FIELD}``: the ratio of the two means ("2.4x").
+- ``{diff:ARM_A/ARM_B.final}``: A's paired difference to B in final held-out exact match, with its
+  95% interval, by the rule the verdicts use ("+2.3 points [-0.4, +5.0]").
 
 - ``{ARM.diff}`` (the paired difference to the grid's ``reference`` arm, "+2.3 points [-0.4,
   +5.0]") and ``{ARM.verdict}``.
@@ -139,7 +141,11 @@ def _section(
         f"{len(grid.arms) * len(grid.seeds)} runs (the SFT start not counted){_load_text(summary)}. "
         f"Regenerate: `creditrl compare {finding['grid']}` (then `creditrl findings`).\n{_power(finding)}\n"
         f"{table}\n{images}\n"
-        + (f"\n*Reading.* {fill(finding['reading'].strip(), rows, summary.get('machines'))}\n" if reading else "")
+        + (
+            f"\n*Reading.* {fill(finding['reading'].strip(), rows, summary.get('machines'), summary.get('results'))}\n"
+            if reading
+            else ""
+        )
     )
 
 
