@@ -408,6 +408,34 @@ def test_generate_chunked_samples_what_one_call_samples(policy, kind, max_rows):
     assert torch.equal(torch.rand(3, generator=g_one), torch.rand(3, generator=g_chunked))
 
 
+@pytest.mark.parametrize("max_positions", [1, 40, 90])
+def test_generate_chunked_by_positions_samples_what_one_call_samples(policy, max_positions):
+    """A bound on each call's padded cache (rows x (longest request + largest limit)) splits the
+    rows into calls that respect it, and the tokens are still the single call's."""
+    from creditrl.policy.engines import generate_chunked, make_engine
+    from creditrl.policy.engines.base import _row_spans, expand_requests
+
+    model, tok = policy
+    engine = make_engine(model, eos_id=STOP, pad_id=tok.pad_token_id)
+    params = SamplingParams(max_new_tokens=10, temperature=1.0)
+    budgets = [10, 3, 10, 6]
+    requests, limit = expand_requests(PROMPTS, 4, params, budgets)
+    lengths, limits = [len(r) for r in requests], limit.tolist()
+    spans = _row_spans(lengths, limits, 16, max_positions)
+    assert [a for a, _ in spans] == [0] + [b for _, b in spans[:-1]] and spans[-1][1] == len(requests)
+    for a, b in spans:
+        assert b - a <= 16
+        assert b - a == 1 or (b - a) * (max(lengths[a:b]) + max(limits[a:b])) <= max_positions
+    assert len(spans) > 1  # the bound binds at every size tried
+    g_one, g_chunked = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
+    one = engine.generate(PROMPTS, 4, params, generator=g_one, budgets=budgets)
+    chunked = generate_chunked(
+        engine, PROMPTS, 4, params, generator=g_chunked, budgets=budgets, max_rows=16, max_positions=max_positions
+    )
+    assert chunked.tokens == one.tokens and chunked.finished == one.finished
+    assert torch.equal(torch.rand(3, generator=g_one), torch.rand(3, generator=g_chunked))
+
+
 def test_generate_chunked_rejects_a_bad_bound(policy):
     from creditrl.policy.engines import generate_chunked
 
@@ -415,3 +443,5 @@ def test_generate_chunked_rejects_a_bad_bound(policy):
     engine = HFEngine(model, eos_id=STOP, pad_id=tok.pad_token_id)
     with pytest.raises(ValueError, match="max_rows must be >= 1, got 0"):
         generate_chunked(engine, PROMPTS, 2, SamplingParams(), max_rows=0)
+    with pytest.raises(ValueError, match="max_positions must be >= 1 or None, got 0"):
+        generate_chunked(engine, PROMPTS, 2, SamplingParams(), max_rows=4, max_positions=0)

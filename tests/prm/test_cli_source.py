@@ -270,7 +270,7 @@ def test_prm_completer_errors_and_cache_key(tmp_path: Path) -> None:
     cfg = load_config()
     old = cfg.prm.model_dump()
     del old["completer"]  # caches from before the key existed keep their keys
-    del old["mc_rows_per_call"]  # a memory bound, never in the key
+    del old["mc_rows_per_call"], old["mc_positions_per_call"]  # memory bounds, never in the key
     assert prm_key(cfg, "x") == config_hash(
         {
             "v": CACHE_VERSION,
@@ -285,6 +285,7 @@ def test_prm_completer_errors_and_cache_key(tmp_path: Path) -> None:
     assert prm_key(load_config(overrides=["prm.completer=x"]), "x") == prm_key(cfg, "x")
     assert load_completer(load_config(overrides=["prm.completer=tiny", "train.init=tiny"]), model, tok) == (model, tok)
     assert prm_key(load_config(overrides=["prm.mc_rows_per_call=64"]), "x") == prm_key(cfg, "x")
+    assert prm_key(load_config(overrides=["prm.mc_positions_per_call=4096"]), "x") == prm_key(cfg, "x")
 
 
 def test_reward_prm_auto_without_an_auroc_records_why_and_trains_on(workdir: Path, tmp_path: Path, monkeypatch) -> None:

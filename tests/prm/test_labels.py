@@ -198,6 +198,19 @@ def test_mc_labels_with_hf_engine(peaked_tiny):
         max_rows=4,
     )
     assert bounded.fractions == soft.fractions and bounded.n_tokens == soft.n_tokens
+    by_positions = mc_labels(  # at most 40 padded cache positions per call: the same samples
+        engine,
+        tok,
+        TASK,
+        items,
+        n=3,
+        params=params,
+        generator=torch.Generator().manual_seed(7),
+        mode="soft",
+        max_rows=64,
+        max_positions=40,
+    )
+    assert by_positions.fractions == soft.fractions and by_positions.n_tokens == soft.n_tokens
     distinct = {(p.prompt, "".join(steps[: k + 1])) for p, steps in items for k in range(len(steps) - 1)}
     assert hard.n_prefixes == len(distinct) == 2 * sum(len(s) - 1 for _, s in items) // 3  # repeats shared
     assert hard.n_continuations == 3 * hard.n_prefixes

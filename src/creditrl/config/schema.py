@@ -110,6 +110,12 @@ class PRMConfig(Section):
     mc_rows_per_call: int = Field(
         8192, gt=0, description="mc: continuations an engine holds at once (memory); the samples do not depend on it"
     )
+    mc_positions_per_call: int = Field(
+        1 << 20,
+        gt=0,
+        description="mc: cache positions (rows x (prefix + new tokens)) an engine holds at once (memory); "
+        "the samples do not depend on it",
+    )
     members: int = Field(1, gt=0, description="ensemble members (each a backbone + head)")
     combine: str = Field("mean", description="ensemble combination: `mean` or `min`")
     likelihood: bool = Field(True, description="the head also reads the step's summed and minimum token log-probs")

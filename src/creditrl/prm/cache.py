@@ -55,6 +55,7 @@ def label_policy_samples(
         mc_n=p.mc_n,
         mc_mode=p.mc_mode,
         mc_max_rows=p.mc_rows_per_call,
+        mc_max_positions=p.mc_positions_per_call,
         mc_params=SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=p.mc_temperature),
         vote_labelers=[x.strip() for x in p.vote_labelers.split(",")],
         vote_threshold=p.vote_threshold,
@@ -83,7 +84,7 @@ def prm_key(cfg: Config, init_path: str) -> str:
     prm = cfg.prm.model_dump()
     if prm["completer"] in ("", str(init_path)):  # the policy being labelled: out of the key, as before the field
         del prm["completer"]
-    del prm["mc_rows_per_call"]  # a memory bound: the same labels either way
+    del prm["mc_rows_per_call"], prm["mc_positions_per_call"]  # memory bounds: the same labels either way
     return config_hash(
         {
             "v": CACHE_VERSION,

@@ -143,6 +143,7 @@ def mc_labels(
     mode: str = "hard",
     max_prefixes_per_call: int | None = None,
     max_rows: int | None = None,
+    max_positions: int | None = None,
 ) -> MCLabels:
     """Monte-Carlo step labels (Math-Shepherd: Wang et al., 2024, arXiv:2312.08935).
 
@@ -169,7 +170,8 @@ def mc_labels(
     first steps shared by several samples of one problem -- are sampled once and share their
     labels. All distinct prefixes go to ``engine.generate`` in one call (or in calls of at most
     ``max_prefixes_per_call`` prefixes); ``max_rows`` bounds the continuations an engine holds at
-    once without changing what is sampled (:func:`creditrl.policy.engines.base.generate_chunked`).
+    once, and ``max_positions`` their padded cache positions (rows x (prefix + new tokens)), without
+    changing what is sampled (:func:`creditrl.policy.engines.base.generate_chunked`).
     ``n_continuations`` and ``n_tokens`` report what was spent.
 
     Raises:
@@ -197,6 +199,7 @@ def mc_labels(
         generator=generator,
         max_prefixes_per_call=max_prefixes_per_call,
         max_rows=max_rows,
+        max_positions=max_positions,
     )
     results = [[int(o) for o in row] for row in out.outcomes]
     to_label = MC_MODES[mode]

@@ -92,6 +92,7 @@ def label_samples(
     mc_mode: str = "hard",
     mc_params: SamplingParams | None = None,
     mc_max_rows: int | None = None,
+    mc_max_positions: int | None = None,
     vote_labelers: Sequence[str] = ("outcome_heuristic", "mc"),
     vote_threshold: float = 1.0,
     seed: int = 0,
@@ -100,7 +101,8 @@ def label_samples(
 
     ``mc`` (and ``vote`` with ``mc`` among its labelers) continues every step prefix ``mc_n``
     times with ``model`` (the completer policy) at ``mc_params``, at most ``mc_max_rows``
-    continuations per engine call (a memory bound that leaves the samples unchanged).
+    continuations and ``mc_max_positions`` padded cache positions per engine call (memory bounds
+    that leave the samples unchanged).
     """
     if labeler not in LABELER_NAMES:
         raise ValueError(f"unknown labeler '{labeler}'; valid: {', '.join(LABELER_NAMES)}")
@@ -126,6 +128,7 @@ def label_samples(
                 generator=torch.Generator().manual_seed(seed),
                 mode=mc_mode,
                 max_rows=mc_max_rows,
+                max_positions=mc_max_positions,
             )
             info.update(
                 {"mc/prefixes": res.n_prefixes, "mc/continuations": res.n_continuations, "mc/tokens": res.n_tokens}

@@ -9,7 +9,8 @@ continuations sampled from a policy::
 
 Identical states are estimated once (:class:`PrefixSet` keys them; a caller chooses the key),
 all of them in one engine call (or in calls of at most ``max_prefixes_per_call`` prefixes, each holding at
-most ``max_rows`` rows at once), and the outcomes are returned in sampling order.
+most ``max_rows`` rows and ``max_positions`` padded cache positions at once), and the outcomes are
+returned in sampling order.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ def continue_prefixes(
     budget_total: int | None = None,
     max_prefixes_per_call: int | None = None,
     max_rows: int | None = None,
+    max_positions: int | None = None,
 ) -> Continued:
     """Sample ``n`` continuations of every prefix and judge each whole response.
 
@@ -103,10 +105,13 @@ def continue_prefixes(
         requests = [prefixes[i].prompt + prefixes[i].response for i in part]
         budgets = None if budget_total is None else [budget_total - len(prefixes[i].response) for i in part]
         kwargs = {} if budgets is None else {"budgets": budgets}
-        if max_rows is None:
+        if max_rows is None and max_positions is None:
             gen = engine.generate(requests, n, params, generator=generator, **kwargs)
         else:
-            gen = generate_chunked(engine, requests, n, params, generator=generator, max_rows=max_rows, **kwargs)
+            rows = max_rows or n * len(requests)
+            gen = generate_chunked(
+                engine, requests, n, params, generator=generator, max_rows=rows, max_positions=max_positions, **kwargs
+            )
         for request, tokens in zip(gen.prompt_index, gen.tokens):
             prefix = prefixes[part[request]]
             kept = list(tokens) if budgets is None else list(tokens)[: budgets[request]]

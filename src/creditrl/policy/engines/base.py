@@ -215,9 +215,14 @@ def generate_chunked(
     generator: torch.Generator | None = None,
     budgets: Sequence[int] | None = None,
     max_rows: int,
+    max_positions: int | None = None,
 ) -> Generation:
     """``engine.generate(prompts, n, params, ...)`` in calls of at most ``max_rows`` request rows
     (memory: an engine holds a KV cache per row), sampling what the single call samples.
+
+    ``max_positions`` also bounds each call's padded cache, ``rows x (longest request + largest
+    new-token limit)``, so that long outputs get fewer rows per call (a call holds one row at
+    least, whatever its length).
 
     Every chunk starts from the generator's state and draws the whole batch's uniforms each
     step, using its own rows' (``draw_rows``, as the Ray backend's workers do); afterwards the
@@ -227,16 +232,18 @@ def generate_chunked(
     """
     if max_rows < 1:
         raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+    if max_positions is not None and max_positions < 1:
+        raise ValueError(f"max_positions must be >= 1 or None, got {max_positions}")
     requests, limit = expand_requests(prompts, n, params, budgets)
     total = len(requests)
-    if total <= max_rows:
+    limits = limit.tolist()
+    spans = _row_spans([len(r) for r in requests], limits, max_rows, max_positions)
+    if len(spans) == 1:
         return engine.generate(prompts, n, params, generator=generator, budgets=budgets)
     gen = generator if generator is not None else torch.default_generator
     state = gen.get_state()
-    limits = limit.tolist()
     tokens, logprobs, finished = [], [], []
-    for a in range(0, total, max_rows):
-        b = min(total, a + max_rows)
+    for a, b in spans:
         part = torch.Generator().set_state(state.clone())
         out = engine.generate(requests[a:b], 1, params, generator=part, budgets=limits[a:b], draw_rows=(a, total))
         tokens += out.tokens
@@ -244,6 +251,25 @@ def generate_chunked(
         finished += out.finished
     advance_generator(gen, total, tokens, params)
     return Generation.prompt_major(len(prompts), n, requests, tokens, logprobs, finished)
+
+
+def _row_spans(
+    lengths: list[int], limits: list[int], max_rows: int, max_positions: int | None
+) -> list[tuple[int, int]]:
+    """Consecutive row ranges ``[a, b)`` of at most ``max_rows`` rows whose padded cache
+    ``(b - a) * (max(lengths[a:b]) + max(limits[a:b]))`` stays within ``max_positions`` (a range of
+    one row may exceed it)."""
+    spans, a = [], 0
+    while a < len(lengths):
+        b, longest, limit = a, 0, 0
+        while b < len(lengths) and b - a < max_rows:
+            longest, limit = max(longest, lengths[b]), max(limit, limits[b])
+            if max_positions is not None and b > a and (b + 1 - a) * (longest + limit) > max_positions:
+                break
+            b += 1
+        spans.append((a, b))
+        a = b
+    return spans
 
 
 def advance_generator(
