@@ -92,6 +92,43 @@ def test_fill_gives_the_paired_difference_between_two_arms():
         fill("{diff:grpo.final}", rows, results=results)
 
 
+def test_length_points_pair_each_setting_and_keep_tasks_measured_at_several_lengths(tmp_path: Path):
+    """The by-length figure's numbers: per task measured at two lengths or more, each arm's paired
+    difference to the reference in each setting (the verdicts' bootstrap); a task at one length, an
+    arm with other seeds than the reference, and settings with different references are left out."""
+    from creditrl.experiments.findings import _length_figure, length_points
+    from creditrl.experiments.verdicts import outcome_matrix, paired_difference
+
+    ref = _histories([[True] * 4 + [False] * 6] * 2)
+    better = _histories([[True] * 6 + [False] * 4] * 2)
+    worse = _histories([[True] * 3 + [False] * 7] * 2)
+
+    def setting(task: str, length: int, results: dict, reference: str = "gae") -> tuple[dict, dict]:
+        return {
+            "id": f"{task}-{length}",
+            "task": task,
+            "regime": f"about {length} generated tokens",
+            "reference": reference,
+        }, results
+
+    panels = [
+        setting("chain", 515, {"gae": ref, "step": better, "grpo": worse}),
+        setting("chain", 155, {"gae": ref, "step": worse, "grpo": _histories([[True] * 10])}),  # one seed: left out
+        setting("arith", 45, {"gae": ref, "step": better}),  # one length: no panel
+    ]
+    reference, points = length_points(panels)
+    assert reference == "gae" and list(points) == ["chain"]
+    d = paired_difference(outcome_matrix(better), outcome_matrix(ref))
+    assert points["chain"]["step"][1] == (515, {"mean": d.mean, "lo": d.lo, "hi": d.hi})
+    assert [n for n, _ in points["chain"]["step"]] == [155, 515]  # in order of length
+    assert round(100 * points["chain"]["step"][0][1]["mean"], 6) == -10.0
+    assert [n for n, _ in points["chain"]["grpo"]] == [515]
+    assert length_points([*panels, setting("chain", 900, {"grpo": ref}, reference="grpo")]) == (None, {})
+    line = _length_figure("C1", panels, tmp_path / "docs", tmp_path)
+    assert "(chain;" in line and (tmp_path / "docs" / "C1_by_length.png").stat().st_size > 10_000
+    assert _length_figure("C1", panels[2:], tmp_path / "docs", tmp_path) == ""
+
+
 def test_finding_files_are_checked(tmp_path: Path):
     bad = tmp_path / "f.yaml"
     bad.write_text("id: F9\ntitle: t\n")

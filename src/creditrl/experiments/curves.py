@@ -124,3 +124,54 @@ def plot_panels(
     fig.tight_layout(rect=(0, 0, 1.0 - 2.8 / fig.get_figwidth(), 1))
     fig.savefig(path)
     plt.close(fig)
+
+
+def plot_differences_by_length(
+    tasks: dict[str, dict[str, list[tuple[int, dict[str, float]]]]],
+    colours: dict[str, Any],
+    reference: str,
+    path: Path,
+    title: str,
+) -> None:
+    """One panel per task: each arm's paired difference to ``reference`` (points, its 95% interval
+    as error bars) against the generated length of the task's settings (log axis), one line per
+    arm through its settings in order of length, the reference as the zero line; ``tasks[task][arm]``
+    holds ``(length, {"mean", "lo", "hi"})`` pairs (fractions). The shared legend sits outside the
+    panels on the right."""
+    if not tasks:
+        raise ValueError("plot_differences_by_length: no task to draw")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks) + 2.8, 4.2), dpi=120, squeeze=False)
+    for ax, (task, arms) in zip(axes[0], tasks.items(), strict=True):
+        ax.axhline(0.0, color="0.3", linestyle="--", linewidth=1.2, label=f"{reference} (reference)")
+        lengths = sorted({n for points in arms.values() for n, _ in points})
+        for i, (arm, points) in enumerate(arms.items()):
+            points = sorted(points, key=lambda p: p[0])
+            shift = 1.0 + 0.02 * (i - (len(arms) - 1) / 2)  # side by side at one length, not on top
+            x = [n * shift for n, _ in points]
+            mean = [100 * d["mean"] for _, d in points]
+            err = [[100 * (d["mean"] - d["lo"]) for _, d in points], [100 * (d["hi"] - d["mean"]) for _, d in points]]
+            ax.errorbar(x, mean, yerr=err, color=colours[arm], marker="o", capsize=3, linewidth=1.5, label=arm)
+        ax.set_xscale("log")
+        ax.set_xticks(lengths, [str(n) for n in lengths])
+        ax.minorticks_off()
+        ax.set_title(task, fontsize=9)
+        ax.set_xlabel("generated tokens (about)", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(f"difference to {reference} (points)")
+    handles = {}
+    for ax in axes[0]:
+        for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, h)
+    fig.legend(
+        list(handles.values()),
+        list(handles),
+        fontsize=8,
+        loc="upper left",
+        bbox_to_anchor=(1.0 - 2.7 / fig.get_figwidth(), 0.93),
+    )
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1.0 - 2.8 / fig.get_figwidth(), 1))
+    fig.savefig(path)
+    plt.close(fig)
