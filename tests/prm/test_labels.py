@@ -182,34 +182,13 @@ def test_mc_labels_with_hf_engine(peaked_tiny):
     engine = HFEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
     items = real_items()
     params = SamplingParams(max_new_tokens=6)
-    run = lambda mode: mc_labels(  # noqa: E731
-        engine, tok, TASK, items, n=3, params=params, generator=torch.Generator().manual_seed(7), mode=mode
+    run = lambda mode, **bounds: mc_labels(  # noqa: E731
+        engine, tok, TASK, items, n=3, params=params, generator=torch.Generator().manual_seed(7), mode=mode, **bounds
     )
     hard, soft = run("hard"), run("soft")
-    bounded = mc_labels(  # at most 4 continuations per engine call: the same samples
-        engine,
-        tok,
-        TASK,
-        items,
-        n=3,
-        params=params,
-        generator=torch.Generator().manual_seed(7),
-        mode="soft",
-        max_rows=4,
-    )
+    bounded = run("soft", max_rows=4)  # at most 4 continuations per engine call: the same samples
     assert bounded.fractions == soft.fractions and bounded.n_tokens == soft.n_tokens
-    by_positions = mc_labels(  # at most 40 padded cache positions per call: the same samples
-        engine,
-        tok,
-        TASK,
-        items,
-        n=3,
-        params=params,
-        generator=torch.Generator().manual_seed(7),
-        mode="soft",
-        max_rows=64,
-        max_positions=40,
-    )
+    by_positions = run("soft", max_rows=64, max_positions=40)  # at most 40 padded cache positions per call
     assert by_positions.fractions == soft.fractions and by_positions.n_tokens == soft.n_tokens
     distinct = {(p.prompt, "".join(steps[: k + 1])) for p, steps in items for k in range(len(steps) - 1)}
     assert hard.n_prefixes == len(distinct) == 2 * sum(len(s) - 1 for _, s in items) // 3  # repeats shared

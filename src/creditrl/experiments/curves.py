@@ -113,13 +113,14 @@ def plot_panels(
             arm = label.rsplit(", mean of", 1)[0]
             if arm.removesuffix(" (reference)") not in handles or arm.endswith("(reference)"):
                 handles[arm.removesuffix(" (reference)")] = (h, arm)
-    fig.legend(
-        [h for h, _ in handles.values()],
-        [label for _, label in handles.values()],
-        fontsize=8,
-        loc="upper left",
-        bbox_to_anchor=(1.0 - 2.7 / fig.get_figwidth(), 0.93),
+    _legend_outside_and_save(
+        fig, [h for h, _ in handles.values()], [label for _, label in handles.values()], title, path
     )
+
+
+def _legend_outside_and_save(fig, handles: list, labels: list[str], title: str, path: Path) -> None:
+    """The small multiples' shared legend outside the panels on the right, the title, and the file."""
+    fig.legend(handles, labels, fontsize=8, loc="upper left", bbox_to_anchor=(1.0 - 2.7 / fig.get_figwidth(), 0.93))
     fig.suptitle(title, fontsize=10)
     fig.tight_layout(rect=(0, 0, 1.0 - 2.8 / fig.get_figwidth(), 1))
     fig.savefig(path)
@@ -164,14 +165,4 @@ def plot_differences_by_length(
     for ax in axes[0]:
         for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
             handles.setdefault(label, h)
-    fig.legend(
-        list(handles.values()),
-        list(handles),
-        fontsize=8,
-        loc="upper left",
-        bbox_to_anchor=(1.0 - 2.7 / fig.get_figwidth(), 0.93),
-    )
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1.0 - 2.8 / fig.get_figwidth(), 1))
-    fig.savefig(path)
-    plt.close(fig)
+    _legend_outside_and_save(fig, list(handles.values()), list(handles), title, path)
