@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import random
 import shutil
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from creditrl.experiments.compare_report import (
     launch_text,
     prm_markdown,
     prm_rows,
+    reach_stat,
+    reach_text,
     results_csv,
     results_markdown,
     summarise_arm,
@@ -140,15 +143,19 @@ def test_summarise_arm_table_numbers_against_hand_computed_histories():
         4.302653 * ((0.0333333**2 + 0.1666667**2 + 0.1333333**2) / 2) ** 0.5 / 3**0.5, rel=1e-4
     )
     assert r.step_final[0] == pytest.approx(1 / 6)
-    assert r.samples_to_target == pytest.approx((15.0, 12.70620 * 5 * 2**0.5 / 2**0.5))  # 20 and 10 samples
-    assert r.wall_to_target == pytest.approx((3.0, 12.70620 * 2**0.5 / 2**0.5))  # 4 s and 2 s
+    # to target over every seed: 20 and 10 samples (4 s and 2 s), seed 2 never, so half reached by 20
+    assert r.samples_to_target == (20.0, 10.0, None) and r.wall_to_target == (4.0, 2.0, None)
     assert r.tokens == (300.0, 0.0) and r.samples == (30.0, 0.0) and r.wall_s == (6.0, 0.0)
     assert r.iter_s == pytest.approx((2.0, 4.302653 * 1.0 / 3**0.5))
     assert summarise_arm("x", hs, target=0.9).samples_to_target is None
     md = results_markdown([r])
-    assert "| x | 3 | 20.0% | 30.0% | 33.3 ± " in md and "| 2/3 | 15 ± 64 | 3.0 ± 12.7 s | 300 ± 0 |" in md
+    assert (
+        "| x | 3 | 20.0% | 30.0% | 33.3 ± " in md
+        and "| 2/3 | 20 (10 – not reached) | 4.0 s (2.0 s – not reached) | 300 ± 0 |" in md
+    )
     row = next(csv.DictReader(results_csv([r, summarise_arm("y", hs, target=0.9)]).splitlines()[:2]))
-    assert float(row["samples_to_target_mean"]) == 15.0 and float(row["final_ci95"]) == pytest.approx(r.final[1])
+    assert float(row["samples_to_target_median"]) == 20.0 and float(row["samples_to_target_first"]) == 10.0
+    assert row["samples_to_target_last"] == "" and float(row["final_ci95"]) == pytest.approx(r.final[1])
     assert r.length is None and md.rstrip().endswith("| – |")  # histories without eval/length
     for h, n in zip(hs, (30.0, 34.0, 38.0)):
         h[-1]["eval/length"] = n
@@ -160,6 +167,23 @@ def test_summarise_arm_table_numbers_against_hand_computed_histories():
     assert results_markdown([with_len]).rstrip().endswith("| 34.0 ± 9.9 |")
 
 
+def test_reach_stat_is_the_smallest_value_by_which_half_the_seeds_reached_against_a_count():
+    rng = random.Random(0)
+    for _ in range(300):
+        values = [rng.choice([None, *range(1, 9)]) for _ in range(rng.randint(1, 6))]
+        hits = sorted(v for v in values if v is not None)
+        got = reach_stat(values)
+        if not hits:
+            assert got is None
+            continue
+        # reference: scan the candidates upwards, count the seeds reached by each
+        half = next((v for v in hits if 2 * sum(h <= v for h in hits) >= len(values)), None)
+        assert got == (half, hits[0], hits[-1] if len(hits) == len(values) else None), values
+    assert reach_stat([1.0, 2.0, 3.0, 4.0]) == (2.0, 1.0, 4.0) and reach_stat([5.0, None]) == (5.0, 5.0, None)
+    assert reach_stat([5.0, None, None]) == (None, 5.0, None)
+    assert reach_text((5.0, 5.0, None), " s", 1) == "5.0 s (5.0 s – not reached)" and reach_text(None) == "–"
+
+
 def test_a_runs_prm_cost_is_charged_to_its_wall_times_and_counted_once_in_cpu_hours():
     plain = [_hist([0.2, 0.3, 0.4], 1.0), _hist([0.2, 0.2, 0.3], 1.0)]
     prm = [_hist([0.2, 0.3, 0.4], 1.0), _hist([0.2, 0.2, 0.3], 1.0)]
@@ -168,7 +192,7 @@ def test_a_runs_prm_cost_is_charged_to_its_wall_times_and_counted_once_in_cpu_ho
     assert charged_s(prm[0], prm[0][2]) == 104.0 and charged_s(plain[0], plain[0][2]) == 4.0
     r, p = summarise_arm("plain", plain, gain=0.1), summarise_arm("prm", prm, gain=0.1)
     assert (r.wall_s, p.wall_s) == ((4.0, 0.0), (104.0, 0.0))
-    assert p.wall_to_target == pytest.approx((103.0, 12.70620 * 2**0.5 / 2**0.5))  # 102 s and 104 s
+    assert p.wall_to_target == (102.0, 102.0, 104.0)  # 102 s and 104 s: half the seeds by 102 s
     for row in [row for h in plain + prm for row in h]:
         row["eval/correct"] = pack_outcomes([True, False])
     rows = {row["arm"]: row for row in difference_rows({"plain": plain, "prm": prm}, "plain")}

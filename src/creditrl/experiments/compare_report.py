@@ -1,5 +1,6 @@
 """What ``creditrl compare`` reports of a grid's runs: the per-arm table (means and Student-t
-intervals over seeds), the paired differences to the reference arm, the compute and the launch."""
+intervals over seeds; median and range for what is counted up to the target), the paired
+differences to the reference arm, the compute and the launch."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from creditrl.experiments.report import eval_rows
 from creditrl.experiments.seeds import mean_ci95
 
 Stat = tuple[float, float]  # mean, 95% half-width over seeds
+Reach = tuple[float | None, float, float | None]  # over all seeds: median, first, last; None = not reached
 
 
 @dataclass
@@ -25,8 +27,8 @@ class CompareRow:
     final: Stat  # held-out exact match at the last evaluation
     step_final: Stat  # held-out step accuracy at the last evaluation
     reached: int  # seeds whose held-out accuracy reached the target at some evaluation
-    samples_to_target: Stat | None  # over the reaching seeds; None when none reached
-    wall_to_target: Stat | None
+    samples_to_target: Reach | None  # over every seed (see reach_stat); None when none reached
+    wall_to_target: Reach | None
     tokens: Stat  # generated tokens at the end
     samples: Stat
     iter_s: Stat  # per seed the mean time/iter_s over its iterations
@@ -47,13 +49,37 @@ def charged_s(history: list[dict[str, Any]], row: dict[str, Any]) -> float:
     return row["time/total_s"] + (history[0].get("time/prm_s", 0.0) if history else 0.0)
 
 
+def reach_stat(values: list[float | None]) -> Reach | None:
+    """The median and range over seeds of a quantity counted up to the target (samples, seconds),
+    ``None`` for a seed that never reached it; None when no seed did.
+
+    A seed that never reached the target is counted as later than any that did, so the median is
+    the smallest value by which at least half the seeds had reached it (the inverted empirical
+    CDF, ``numpy.quantile(..., method="inverted_cdf")``; for samples, censored at the budget the
+    runs share, this is the Kaplan-Meier median) and None when fewer than half did; the range's end is None when
+    some seed never reached it. A mean over only the seeds that reached would hide the others."""
+    hits = sorted(v for v in values if v is not None)
+    if not hits:
+        return None
+    median = float(np.quantile([*hits, *[np.inf] * (len(values) - len(hits))], 0.5, method="inverted_cdf"))
+    return (None if median == np.inf else median), hits[0], (hits[-1] if len(hits) == len(values) else None)
+
+
+def reach_text(r: Reach | None, unit: str = "", digits: int = 0) -> str:
+    """``3,840 (2,560 – 5,120)``: median (first – last) over seeds; "not reached" where seeds did not."""
+    if r is None:
+        return "–"
+    num = lambda x: "not reached" if x is None else f"{x:,.{digits}f}{unit}"  # noqa: E731
+    return f"{num(r[0])} ({num(r[1])} – {num(r[2])})"
+
+
 def summarise_arm(
     arm: str, histories: list[list[dict[str, Any]]], target: float | None = None, gain: float | None = None
 ) -> CompareRow:
     evals = [eval_rows(h) for h in histories]
     start = float(np.mean([e[0]["eval/accuracy"] for e in evals]))
     target = round(start + gain, 9) if target is None else target  # 0.2 + 0.1 must reach 0.3
-    hits = [(h, r) for h, r in ((h, first_reach(h, target)) for h in histories) if r is not None]
+    firsts = [(h, first_reach(h, target)) for h in histories]
     last = [h[-1] for h in histories]
     its = [[r["time/iter_s"] for r in h if "time/iter_s" in r] or [0.0] for h in histories]
     return CompareRow(
@@ -63,9 +89,9 @@ def summarise_arm(
         target=target,
         final=mean_ci95([e[-1]["eval/accuracy"] for e in evals]),
         step_final=mean_ci95([e[-1]["eval/step_accuracy"] for e in evals]),
-        reached=len(hits),
-        samples_to_target=mean_ci95([r["samples/total"] for _, r in hits]) if hits else None,
-        wall_to_target=mean_ci95([charged_s(h, r) for h, r in hits]) if hits else None,
+        reached=sum(r is not None for _, r in firsts),
+        samples_to_target=reach_stat([None if r is None else float(r["samples/total"]) for _, r in firsts]),
+        wall_to_target=reach_stat([None if r is None else charged_s(h, r) for h, r in firsts]),
         tokens=mean_ci95([r["tokens/total"] for r in last]),
         samples=mean_ci95([r["samples/total"] for r in last]),
         iter_s=mean_ci95([float(np.mean(x)) for x in its]),
@@ -81,13 +107,15 @@ def results_markdown(rows: list[CompareRow]) -> str:
     pct = lambda m: f"{100 * m[0]:.1f} ± {100 * m[1]:.1f}%"  # noqa: E731
     num = lambda m, u="", d=0: "–" if m is None else f"{m[0]:,.{d}f} ± {m[1]:,.{d}f}{u}"  # noqa: E731
     head = (
-        "| arm | seeds | start | target | final accuracy | step accuracy | reached | samples to target "
-        "| wall time to target | tokens generated | samples | iteration time | RL wall time | response length |\n"
+        "| arm | seeds | start | target | final accuracy | step accuracy | reached "
+        "| samples to target, median (range) | wall time to target, median (range) "
+        "| tokens generated | samples | iteration time | RL wall time | response length |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     return head + "".join(
         f"| {r.arm} | {r.seeds} | {100 * r.start:.1f}% | {100 * r.target:.1f}% | {pct(r.final)} | {pct(r.step_final)} "
-        f"| {r.reached}/{r.seeds} | {num(r.samples_to_target)} | {num(r.wall_to_target, ' s', 1)} | {num(r.tokens)} "
+        f"| {r.reached}/{r.seeds} | {reach_text(r.samples_to_target)} | {reach_text(r.wall_to_target, ' s', 1)} "
+        f"| {num(r.tokens)} "
         f"| {num(r.samples)} | {r.iter_s[0]:.2f} ± {r.iter_s[1]:.2f} s | {num(r.wall_s, ' s', 1)} "
         f"| {num(r.length, '', 1)} |\n"
         for r in rows
@@ -95,12 +123,17 @@ def results_markdown(rows: list[CompareRow]) -> str:
 
 
 def results_csv(rows: list[CompareRow]) -> str:
-    """One row per arm; every Stat column as ``<name>_mean`` and ``<name>_ci95`` (empty if None)."""
+    """One row per arm; every Stat column as ``<name>_mean`` and ``<name>_ci95``, every Reach column
+    as ``<name>_median``, ``<name>_first`` and ``<name>_last`` (empty where None: not reached)."""
+    kinds = {f: str(t) for f, t in CompareRow.__annotations__.items()}
     flat = []
     for r in rows:
         d: dict[str, Any] = {}
         for k, v in asdict(r).items():
-            if k in {f for f, t in CompareRow.__annotations__.items() if "Stat" in str(t)}:
+            if "Reach" in kinds[k]:
+                for part, x in zip(("median", "first", "last"), v or (None, None, None)):
+                    d[f"{k}_{part}"] = "" if x is None else x
+            elif "Stat" in kinds[k]:
                 d[f"{k}_mean"], d[f"{k}_ci95"] = v if v is not None else ("", "")
             else:
                 d[k] = v

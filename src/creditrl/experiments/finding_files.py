@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from creditrl.config import ConfigError
-from creditrl.experiments.compare_report import comparable
+from creditrl.experiments.compare_report import comparable, reach_text
 from creditrl.experiments.plan import slug
 
 TIME_FIELDS = {"iter_s", "wall_s", "wall_to_target"}  # fields that depend on the machine
@@ -111,6 +111,10 @@ def _fmt(field: str, value: Any) -> str:
         return f"{value:.1f} tokens"
     if field == "rank_acc":  # value report
         return "n/a" if value != value else f"{100 * value:.1f}%"
+    if field in ("samples_to_target", "wall_to_target"):
+        return reach_text(
+            tuple(value), " s" if field == "wall_to_target" else "", 1 if field == "wall_to_target" else 0
+        )
     if field == "mae":
         return f"{float(value[0]):.3f} ± {float(value[1]):.3f}"
     if isinstance(value, (int, float)):

@@ -9,8 +9,10 @@ placeholders filled from the grid's results, so no number in FINDINGS.md is type
   ``final``, ``step_final`` (accuracies, "27.3 ± 1.2%"), ``start`` ("23.4%"), ``iter_s``,
   ``wall_s`` (seconds, "1.23 ± 0.05 s"), ``length`` (held-out response length, "31.2 ± 0.4
   tokens"), ``length_start`` (the same before RL, "30.1 tokens"), ``tokens``, ``samples`` (counts), ``reached``
-  ("2/3"), ``samples_to_target``, ``wall_to_target``;
-- ``{ratio:ARM_A/ARM_B.FIELD}``: the ratio of the two means ("2.4x").
+  ("2/3"), ``samples_to_target``, ``wall_to_target`` (median and range over every seed,
+  "3,840 (2,560 – not reached)");
+- ``{ratio:ARM_A/ARM_B.FIELD}``: the ratio of the two means ("2.4x"; of the medians for the
+  to-target fields, "n/a" where one is not reached).
 - ``{diff:ARM_A/ARM_B.final}``: A's paired difference to B in final held-out exact match, with its
   95% interval, by the rule the verdicts use ("+2.3 points [-0.4, +5.0]").
 
@@ -395,7 +397,9 @@ def run_findings(
         f"the runs' committed summaries by `creditrl findings` ({when}); `make findings` runs "
         "whatever is missing and rewrites this file, `creditrl findings --no-train` rebuilds it from the summaries "
         "alone. Differences to a claim's reference arm are paired over seeds and problems, with 95% bootstrap "
-        "intervals (creditrl.experiments.verdicts); the per-arm tables give 95% Student-t intervals over seeds. "
+        "intervals (creditrl.experiments.verdicts); the per-arm tables give 95% Student-t intervals over seeds, "
+        "and for the samples and wall time to the target their median and range over every seed (a seed that "
+        "never reached the target counts as later than all that did). "
         "A prediction is **supported** when that interval lies on its side of zero (within ±2 points for a "
         "predicted tie; at most +2 points for a predicted 'no better'), **contradicted** when it lies on the "
         "other side (or wholly short of a claimed size), and **inconclusive** otherwise; *detectable* is the "
