@@ -144,3 +144,20 @@ def test_a_held_out_file_smaller_than_eval_size_is_a_one_line_warning(tmp_path, 
     assert len(parts.heldout) == 32
     starts = [r.getMessage() for r in caplog.records if r.getMessage().startswith("creditrl: start policy")]
     assert starts == ["creditrl: start policy tiny on cpu"]
+
+
+def test_mc_values_get_the_configured_memory_bounds_and_the_runs_engine(tmp_path: Path, monkeypatch) -> None:
+    import creditrl.values.stage as stage
+
+    seen = []
+    real = stage.mc_values
+
+    def spy(engine, *args, **kwargs):
+        seen.append((engine, kwargs["max_rows"], kwargs["max_positions"]))
+        return real(engine, *args, **kwargs)
+
+    monkeypatch.setattr(stage, "mc_values", spy)
+    over = TINY + ["credit.estimator=gae", "value.source=mc", "value.mc_samples=2", "value.mc_rows_per_call=3"]
+    trainer = RLTrainer.from_config(load_config(overrides=over + ["value.mc_positions_per_call=50"]), tmp_path / "r")
+    trainer.run()
+    assert seen == [(trainer.parts.engine, 3, 50)]

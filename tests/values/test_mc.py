@@ -357,3 +357,39 @@ def test_hf_sampled_values_are_means_of_recorded_continuations(policy):
         decode=dec,
     )
     assert torch.equal(again.values, out.values)
+
+
+def test_bounded_calls_give_the_one_calls_values_within_the_bound(policy):
+    """``max_positions`` and ``max_rows`` split the continuations into engine calls within the
+    bound (rows x (longest request + largest budget)) whose values are the single call's."""
+    engine, batch, step_ends, params, tok = hf_case(policy, 1)
+    dec = lambda ids: decode_response(tok, ids)  # noqa: E731
+
+    def run(target, **bounds):
+        return mc_values(
+            target,
+            batch,
+            step_ends,
+            even_length,
+            samples=4,
+            params=params,
+            generator=torch.Generator().manual_seed(5),
+            decode=dec,
+            **bounds,
+        )
+
+    whole = run(engine)
+    for bounds in ({"max_positions": 60}, {"max_rows": 5}, {"max_rows": 3, "max_positions": 200}):
+        calls = []
+
+        class Spy:
+            def generate(self, prompts, n, params, **kwargs):
+                limit = kwargs.get("budgets") or [params.max_new_tokens] * len(prompts)
+                calls.append((len(prompts) * n, max(map(len, prompts)) + max(limit)))
+                return engine.generate(prompts, n, params, **kwargs)
+
+        out = run(Spy(), **bounds)
+        assert torch.equal(out.values, whole.values) and out.n_tokens == whole.n_tokens, bounds
+        assert len(calls) > 1 and sum(r for r, _ in calls) == whole.n_continuations
+        assert all(r <= bounds.get("max_rows", r) for r, _ in calls)
+        assert all(r * width <= bounds.get("max_positions", r * width) or r == 1 for r, width in calls)

@@ -254,6 +254,18 @@ class ValueConfig(Section):
     coef: float = Field(0.5, ge=0, description="weight of the value loss in the policy loss (shared critic)")
     warmup_iterations: int = Field(0, ge=0, description="iterations that train only the critic")
     mc_samples: int = Field(4, gt=0, description="mc: continuations per step boundary (K)")
+    mc_rows_per_call: int = Field(
+        8192,
+        gt=0,
+        description="mc: continuations an in-process engine holds at once (memory; vLLM pages its own cache); "
+        "the samples do not depend on it",
+    )
+    mc_positions_per_call: int = Field(
+        1 << 20,
+        gt=0,
+        description="mc: cache positions (rows x (state + new tokens)) an in-process engine holds at once "
+        "(memory); the samples do not depend on it",
+    )
     tree_branching: int = Field(2, gt=0, description="tree: children per node (b)")
     tree_depth: int = Field(3, gt=0, description="tree: levels of branching (D); `rollout.group_size` must be b ** D")
     seed: int = Field(0, description="critic head initialisation")

@@ -67,6 +67,8 @@ def mc_values(
     params: SamplingParams,
     generator: torch.Generator | None,
     decode: Callable[[list[int]], str],
+    max_rows: int | None = None,
+    max_positions: int | None = None,
 ) -> MCValues:
     """Monte-Carlo values V(s_k) of the state before each step of each response (VinePPO).
 
@@ -91,6 +93,13 @@ def mc_values(
     same prompt ids are assumed to pose the same problem). A continuation of a prefix of p tokens
     may add at most ``params.max_new_tokens - p`` (the original response's room); a prefix with no
     room left is not sampled and its value is ``outcome_fn`` of the prefix itself.
+
+    Memory: ``max_rows`` bounds the continuations the engine holds at once and ``max_positions``
+    their padded cache positions (rows x (state + new tokens)); the engine is then called in
+    spans of rows that sample what the one call samples
+    (:func:`creditrl.policy.engines.base.generate_chunked`, in-process engines only). Without
+    them one call holds every continuation: at 500-token responses of 40 steps, 64 rows and K=4
+    that is about 10,000 rows of about 1,000 positions.
 
     Cost: ``samples`` continuations per distinct state with a budget left, i.e. at most
     ``samples * sum_b n_b`` sequences (fewer after deduplication; ``n_continuations`` and
@@ -120,6 +129,8 @@ def mc_values(
         params=params,
         generator=generator,
         budget_total=params.max_new_tokens,
+        max_rows=max_rows,
+        max_positions=max_positions,
     )
     state_values = out.means()
     values = torch.zeros(shape, dtype=torch.float32)

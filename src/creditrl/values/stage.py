@@ -20,7 +20,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from creditrl.config import Config
 from creditrl.policy.device import autocast, module_device
-from creditrl.policy.engines import GenerationEngine, SamplingParams
+from creditrl.policy.engines import GenerationEngine, InProcessEngine, SamplingParams
 from creditrl.rollout.batch import TrajectoryBatch, response_forward
 from creditrl.tasks.base import Task
 from creditrl.tasks.bounded import BoundedCalls, CallCounts, covered, finite_number, shorten
@@ -117,6 +117,8 @@ class ValueStage:
                 **_failures(counts),
             }
             return ValueOut(tv.values, None, stats, step_ends=tv.segment_ends)
+        # spans need an in-process engine (draw_rows); vLLM pages its own cache, Ray splits the rows over workers
+        bounded = isinstance(self.engine, InProcessEngine)
         out = mc_values(
             self.engine,
             batch,
@@ -126,6 +128,8 @@ class ValueStage:
             params=self.params,
             generator=generator,
             decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
+            max_rows=self.cfg.value.mc_rows_per_call if bounded else None,
+            max_positions=self.cfg.value.mc_positions_per_call if bounded else None,
         )
         stats = {"value/mc_states": float(out.n_states), "value/mc_tokens": float(out.n_tokens), **_failures(counts)}
         return ValueOut(out.values, None, stats)
