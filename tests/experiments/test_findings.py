@@ -302,21 +302,32 @@ def test_findings_persist_run_summaries_and_rebuild_from_them_alone(tmp_path: Pa
     ]
     assert not where.exists()  # nothing was copied
     # a grid whose reference and one arm have every seed (read from g) and one arm has none: those
-    # two are reported with their verdict, the third is named in progress, and the reading waits
+    # two are reported with their verdict, the third is named in progress, and a reading that
+    # names the third waits; one that names only the reported arms is given
     (tmp_path / "grids" / "g3.yaml").write_text(
         GRID.replace("name: g\n", "name: g3\n") + "  reinforce: [credit.estimator=reinforce]\n"
     )
-    (tmp_path / "findings" / "C10.yaml").write_text(
+    c10 = (
         FINDING.replace("id: C9", "id: C10")
         .replace("grids/g.yaml", "grids/g3.yaml")
         .replace("{rloo: better by 5}", "{rloo: better by 5, reinforce: better}")
     )
     partial = tmp_path / "partial.md"
+    (tmp_path / "findings" / "C10.yaml").write_text(c10.replace("grpo is {grpo.diff}", "{ratio:reinforce/grpo.wall_s}"))
     assert main(["findings", "--root", str(tmp_path), "--no-train", "--out", str(partial)]) == 0
     text = partial.read_text()
     section = text[text.index("## C10:") : text.index("## C9:")]  # sorted by file name
-    assert "*In progress:* **reinforce** 0 of 2 seeds; the table and the verdicts above" in section
+    assert (
+        "*In progress:* **reinforce** 0 of 2 seeds; the table and the verdicts above are those of the arms " in section
+    )
+    assert "the reading waits for the rest" in section
     assert "*Reading.*" not in section and "over 4 runs (the SFT start not counted)" in section
+    (tmp_path / "findings" / "C10.yaml").write_text(c10)
+    assert main(["findings", "--root", str(tmp_path), "--no-train", "--out", str(partial)]) == 0
+    text = partial.read_text()
+    section = text[text.index("## C10:") : text.index("## C9:")]
+    assert "*Reading.* rloo moved " in section and "; grpo is the reference.\n" in section
+    assert "the table, the verdicts and the reading above are those of the arms with every seed (" in section
     assert "| rloo | 2 |" in section and "| reinforce |" not in section
     assert text.count("| rloo vs grpo | better by 5 points |") == 2  # C9's row and C10's
     assert "reinforce vs grpo" not in text

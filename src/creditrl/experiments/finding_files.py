@@ -180,6 +180,13 @@ def fill(
     return _PLACEHOLDER.sub(sub, template)
 
 
+def names_only(template: str, arms: list[str]) -> bool:
+    """Whether every placeholder of ``template`` names only arms among ``arms`` (by slug), so that
+    it can be filled before the grid's other arms have run."""
+    slugs = {slug(a) for a in arms}
+    return all(m.group(2) in slugs and m.group(3) in (None, *slugs) for m in _PLACEHOLDER.finditer(template))
+
+
 def diff_text(d: dict[str, float]) -> str:
     """A paired difference in points with its 95% interval: ``+2.3 points [-0.4, +5.0]``."""
     return f"{100 * d['mean']:+.1f} points [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}]"

@@ -56,7 +56,7 @@ from creditrl.experiments.compare_report import (
     results_markdown,
 )
 from creditrl.experiments.curves import arm_colours, plot_differences_by_length, plot_panels
-from creditrl.experiments.finding_files import CLAIMS, diff_text, fill, load_finding
+from creditrl.experiments.finding_files import CLAIMS, diff_text, fill, load_finding, names_only
 from creditrl.experiments.grid import TOKEN_ITERATIONS, load_grid
 from creditrl.experiments.plan import summarised_arms
 from creditrl.experiments.summaries import read_summary
@@ -240,10 +240,13 @@ def _grid_section(
     pending = {a: n for a, n in done.items() if a not in arms}
     note = "; ".join(f"**{a}** {n} of {len(grid.seeds)} seeds" for a, n in pending.items())
     shown = dataclasses.replace(grid, arms={a: o for a, o in grid.arms.items() if a in arms})
-    section = _section(finding, shown, summary, plots, out.parent, verdicts, reading=False)
+    reads = names_only(finding["reading"], arms)  # a reading of the reported arms only is given now
+    section = _section(finding, shown, summary, plots, out.parent, verdicts, reading=reads)
+    what = "the table, the verdicts and the reading above are" if reads else "the table and the verdicts above are"
+    wait = "" if reads else ", and the reading waits for the rest"
     return (
-        section + f"\n*In progress:* {note}; the table and the verdicts above are those of the arms with every "
-        f"seed, and the reading waits for the rest (`creditrl compare {finding['grid']}`).\n",
+        section + f"\n*In progress:* {note}; {what} those of the arms with every seed{wait} "
+        f"(`creditrl compare {finding['grid']}`).\n",
         verdicts,
         days,
         panel,
