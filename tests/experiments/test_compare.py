@@ -182,6 +182,7 @@ def test_reach_stat_is_the_smallest_value_by_which_half_the_seeds_reached_agains
     assert reach_stat([1.0, 2.0, 3.0, 4.0]) == (2.0, 1.0, 4.0) and reach_stat([5.0, None]) == (5.0, 5.0, None)
     assert reach_stat([5.0, None, None]) == (None, 5.0, None)
     assert reach_text((5.0, 5.0, None), " s", 1) == "5.0 s (5.0 s – not reached)" and reach_text(None) == "–"
+    assert reach_text((None, 7680.0, None)) == "not reached (first 7,680)"
 
 
 def test_a_runs_prm_cost_is_charged_to_its_wall_times_and_counted_once_in_cpu_hours():

@@ -66,11 +66,12 @@ def reach_stat(values: list[float | None]) -> Reach | None:
 
 
 def reach_text(r: Reach | None, unit: str = "", digits: int = 0) -> str:
-    """``3,840 (2,560 – 5,120)``: median (first – last) over seeds; "not reached" where seeds did not."""
+    """``3,840 (2,560 – 5,120)``: median (first – last) over seeds; "not reached" where seeds did
+    not, and ``not reached (first 7,680)`` when fewer than half did."""
     if r is None:
         return "–"
     num = lambda x: "not reached" if x is None else f"{x:,.{digits}f}{unit}"  # noqa: E731
-    return f"{num(r[0])} ({num(r[1])} – {num(r[2])})"
+    return f"not reached (first {num(r[1])})" if r[0] is None else f"{num(r[0])} ({num(r[1])} – {num(r[2])})"
 
 
 def summarise_arm(

@@ -10,7 +10,7 @@ placeholders filled from the grid's results, so no number in FINDINGS.md is type
   ``wall_s`` (seconds, "1.23 ± 0.05 s"), ``length`` (held-out response length, "31.2 ± 0.4
   tokens"), ``length_start`` (the same before RL, "30.1 tokens"), ``tokens``, ``samples`` (counts), ``reached``
   ("2/3"), ``samples_to_target``, ``wall_to_target`` (median and range over every seed,
-  "3,840 (2,560 – not reached)");
+  "3,840 (2,560 – not reached)", "not reached (first 7,680)");
 - ``{ratio:ARM_A/ARM_B.FIELD}``: the ratio of the two means ("2.4x"; of the medians for the
   to-target fields, "n/a" where one is not reached).
 - ``{diff:ARM_A/ARM_B.final}``: A's paired difference to B in final held-out exact match, with its
