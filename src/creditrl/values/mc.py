@@ -94,16 +94,10 @@ def mc_values(
     may add at most ``params.max_new_tokens - p`` (the original response's room); a prefix with no
     room left is not sampled and its value is ``outcome_fn`` of the prefix itself.
 
-    Memory: ``max_rows`` bounds the continuations the engine holds at once and ``max_positions``
-    their padded cache positions (rows x (state + new tokens)); the engine is then called in
-    spans of rows that sample what the one call samples
-    (:func:`creditrl.policy.engines.base.generate_chunked`, in-process engines only). Without
-    them one call holds every continuation: at 500-token responses of 40 steps, 64 rows and K=4
-    that is about 10,000 rows of about 1,000 positions.
-
-    Cost: ``samples`` continuations per distinct state with a budget left, i.e. at most
-    ``samples * sum_b n_b`` sequences (fewer after deduplication; ``n_continuations`` and
-    ``n_tokens`` report what was spent), against the ``B`` sequences of the rollout itself.
+    Memory: ``max_rows`` and ``max_positions`` bound the rows and padded cache positions of one
+    engine call, without changing the samples (``generate_chunked``; in-process engines only).
+    Cost: ``samples`` continuations per distinct state with a budget left, at most ``samples *
+    sum_b n_b`` sequences against the rollout's ``B`` (``n_continuations``, ``n_tokens``).
 
     Shapes: ``batch.response_ids`` long (B, T), ``step_ends`` bool (B, T) -> ``MCValues`` with
     ``values`` float32 (B, T) on the device of ``batch.response_ids``.
