@@ -56,8 +56,9 @@ def reach_stat(values: list[float | None]) -> Reach | None:
     A seed that never reached the target is counted as later than any that did, so the median is
     the smallest value by which at least half the seeds had reached it (the inverted empirical
     CDF, ``numpy.quantile(..., method="inverted_cdf")``; for samples, censored at the budget the
-    runs share, this is the Kaplan-Meier median) and None when fewer than half did; the range's end is None when
-    some seed never reached it. A mean over only the seeds that reached would hide the others."""
+    runs share, this is the Kaplan-Meier median) and None when fewer than half did; the range's
+    end is None when some seed never reached it. A mean over only the seeds that reached would
+    hide the others."""
     hits = sorted(v for v in values if v is not None)
     if not hits:
         return None
@@ -116,8 +117,7 @@ def results_markdown(rows: list[CompareRow]) -> str:
     return head + "".join(
         f"| {r.arm} | {r.seeds} | {100 * r.start:.1f}% | {100 * r.target:.1f}% | {pct(r.final)} | {pct(r.step_final)} "
         f"| {r.reached}/{r.seeds} | {reach_text(r.samples_to_target)} | {reach_text(r.wall_to_target, ' s', 1)} "
-        f"| {num(r.tokens)} "
-        f"| {num(r.samples)} | {r.iter_s[0]:.2f} ± {r.iter_s[1]:.2f} s | {num(r.wall_s, ' s', 1)} "
+        f"| {num(r.tokens)} | {num(r.samples)} | {r.iter_s[0]:.2f} ± {r.iter_s[1]:.2f} s | {num(r.wall_s, ' s', 1)} "
         f"| {num(r.length, '', 1)} |\n"
         for r in rows
     )
