@@ -227,13 +227,16 @@ def test_wall_times_compare_only_between_arms_run_on_one_kind_of_cpu():
         rows = {r["arm"]: r for r in difference_rows(results, "plain", machines)}
         assert rows["fast"]["cost"] == (None if cost is None else pytest.approx(cost)) and rows["plain"]["cost"] == 1.0
     table = differences_markdown(difference_rows(results, "plain", other), "plain")
-    assert "No wall-time ratio (–) where an arm and the reference ran on different kinds of CPU." in table
+    assert "No wall-time ratio (–) where an arm and the reference share no kind of CPU." in table
     assert table.rstrip().splitlines()[-1].endswith("| – |")
     assert "kinds of CPU" not in differences_markdown(difference_rows(results, "plain", same), "plain")
     arm_rows = [{"arm": a, "wall_s": (w, 0.0)} for a, w in (("plain", 4.0), ("fast", 2.0))]
     assert fill("at {ratio:fast/plain.wall_s} the time", arm_rows, same) == "at 0.5x the time"
     assert fill("at {ratio:fast/plain.wall_s}", arm_rows, other) == (
         "at not comparable, the arms ran on different kinds of CPU"
+    )
+    assert fill("at {ratio:fast/plain.wall_s}", arm_rows, other, results) == (
+        "at not comparable, the arms share no kind of CPU"
     )
     launches = [{"jobs": 2, "threads": 1}, {"jobs": 2, "threads": 1, "cpu": "EPYC, AVX512, 2 cores"}]
     assert launch_text(launches) == (
@@ -505,3 +508,40 @@ def test_pending_runs_go_seed_by_seed(tmp_path: Path, monkeypatch):
     with pytest.raises(Launched):
         launch.run_arms(demo_config_path(True), arms, [3, 1], 64, tmp_path / "runs", str(tmp_path / "start"))
     assert launched == [("a", 3), ("b", 3), ("c", 3), ("a", 1), ("b", 1), ("c", 1)]
+
+
+def test_wall_time_ratios_pair_runs_within_each_kind_of_cpu():
+    """Arms whose runs span kinds of CPU get a ratio from the kinds they share, each kind's ratio of
+    means weighted by the arm's runs on it; unrecorded runs pair only when nothing was recorded."""
+    from creditrl.experiments.compare_report import wall_ratio
+    from creditrl.experiments.finding_files import fill
+
+    def runs(*walls: float) -> list[list[dict]]:
+        hs = [_hist([0.2, 0.3], 1.0) for _ in walls]
+        for h, w in zip(hs, walls):
+            h[-1]["time/total_s"] = w
+            for row in h:
+                row["eval/correct"] = pack_outcomes([True, False])
+        return hs
+
+    fast_cpu, slow_cpu = "EPYC, AVX512, 2 cores", "EPYC, AVX2, 2 cores"
+    results = {"ref": runs(100.0, 150.0, 160.0), "arm": runs(50.0, 90.0, 300.0)}
+    machines = {"ref": [fast_cpu, slow_cpu, slow_cpu], "arm": [fast_cpu, slow_cpu, None]}
+    # fast: 50/100 from one run of the arm; slow: 90/155 from one; the unrecorded run pairs with nothing
+    expected = (0.5 + 90.0 / 155.0) / 2
+    assert wall_ratio(results, machines, "arm", "ref") == pytest.approx(expected)
+    machines["arm"] = [slow_cpu, slow_cpu, fast_cpu]  # slow: (50+90)/2 over 155, two runs; fast: 300/100
+    assert wall_ratio(results, machines, "arm", "ref") == pytest.approx((2 * 70.0 / 155.0 + 3.0) / 3)
+    rows = {r["arm"]: r for r in difference_rows(results, "ref", machines)}
+    assert rows["arm"]["cost"] == pytest.approx((2 * 70.0 / 155.0 + 3.0) / 3) and rows["ref"]["cost"] == 1.0
+    table = differences_markdown(difference_rows(results, "ref", machines), "ref", machines)
+    assert "an arm's ratio to the reference within each kind both ran on" in table and "share no kind" not in table
+    assert wall_ratio(results, {"ref": [fast_cpu] * 3, "arm": [slow_cpu] * 3}, "arm", "ref") is None
+    assert wall_ratio(results, {"ref": [fast_cpu, None, None], "arm": [None] * 3}, "arm", "ref") is None
+    nothing = {"ref": [None] * 3, "arm": [None] * 3}  # nothing recorded: all one kind, the plain ratio
+    assert wall_ratio(results, nothing, "arm", "ref") == pytest.approx(440.0 / 410.0)
+    arm_rows = [{"arm": a, "wall_s": (w, 0.0)} for a, w in (("ref", 410.0 / 3), ("arm", 440.0 / 3))]
+    assert fill("{ratio:arm/ref.wall_s}", arm_rows, machines, results) == "1.3x"  # not 440/410
+    assert fill("{ratio:arm/ref.wall_s}", arm_rows, {"ref": [fast_cpu] * 3, "arm": [None] * 3}, results) == (
+        "not comparable, the arms share no kind of CPU"
+    )

@@ -64,7 +64,9 @@ def test_fill_formats_every_field_and_ratios():
 def _histories(outcomes: list[list[bool]]) -> list[list[dict]]:
     from creditrl.train.outcomes import pack_outcomes
 
-    return [[{"eval/accuracy": sum(o) / len(o), "eval/correct": pack_outcomes(o)}] for o in outcomes]
+    return [
+        [{"eval/accuracy": sum(o) / len(o), "eval/correct": pack_outcomes(o), "time/total_s": 10.0}] for o in outcomes
+    ]
 
 
 def test_fill_gives_the_paired_difference_between_two_arms():

@@ -112,7 +112,7 @@ def run_compare(
     table = results_markdown(rows)
     differences = difference_rows(results, grid.reference, machines) if grid.reference else []
     if differences:
-        table += "\n" + differences_markdown(differences, grid.reference)
+        table += "\n" + differences_markdown(differences, grid.reference, machines)
     prms = prm_rows(results)
     if prms:
         table += "\n" + prm_markdown(prms)

@@ -152,6 +152,30 @@ def comparable(machines: dict[str, list[str | None]] | None, a: str, b: str) -> 
     return machines is None or len(set(machines.get(a, [None])) | set(machines.get(b, [None]))) == 1
 
 
+def wall_ratio(
+    results: dict[str, list[list[dict[str, Any]]]], machines: dict[str, list[str | None]] | None, a: str, b: str
+) -> float | None:
+    """Arm ``a``'s wall time (:func:`charged_s` at the end) over arm ``b``'s, compared only within a
+    kind of CPU: the ratio of the two arms' mean wall times on each kind both ran on, averaged over
+    those kinds with weights the number of ``a``'s runs on each. ``machines`` as in
+    :func:`comparable`, in the runs' order; a run whose kind was not recorded pairs only when no
+    run of either arm recorded one. None where the arms share no kind (or ``b`` took no time)."""
+    walls = {arm: [charged_s(h, h[-1]) for h in results[arm]] for arm in (a, b)}
+    if machines is None or comparable(machines, a, b):  # every run of one kind
+        kinds: dict[str, list[str | None]] = {arm: ["one"] * len(walls[arm]) for arm in (a, b)}
+    else:
+        kinds = {arm: machines.get(arm, [None] * len(walls[arm])) for arm in (a, b)}
+    ratios, weights = [], []
+    for kind in dict.fromkeys(kinds[a]):
+        if kind is None or kind not in kinds[b]:
+            continue
+        x, y = ([w for w, k in zip(walls[arm], kinds[arm]) if k == kind] for arm in (a, b))
+        if np.mean(y) > 0:
+            ratios.append(float(np.mean(x) / np.mean(y)))
+            weights.append(len(x))
+    return float(np.average(ratios, weights=weights)) if ratios else None
+
+
 def difference_rows(
     results: dict[str, list[list[dict[str, Any]]]],
     reference: str,
@@ -160,24 +184,20 @@ def difference_rows(
     """Every arm against ``reference`` at the last evaluation, problem by problem and seed by seed
     (:func:`creditrl.experiments.verdicts.paired_difference`), with whether each arm (the
     reference too) was still improving at the end and its wall-time ratio to the reference (None
-    where the two arms ran on different kinds of CPU, :func:`comparable`)."""
+    where the two arms share no kind of CPU, :func:`wall_ratio`)."""
     from creditrl.experiments.verdicts import outcome_matrix, paired_difference, still_improving
 
     ref = outcome_matrix(results[reference])
-    ref_wall = float(np.mean([charged_s(h, h[-1]) for h in results[reference]]))
     rows = []
     for arm, hs in results.items():
         diff = None if arm == reference else paired_difference(outcome_matrix(hs), ref)
         late = still_improving(hs)
-        wall = float(np.mean([charged_s(h, h[-1]) for h in hs]))
         rows.append(
             {
                 "arm": arm,
                 "difference": None if diff is None else asdict(diff),
                 "improving": None if late is None else asdict(late),
-                "cost": wall / ref_wall
-                if ref_wall > 0 and (arm == reference or comparable(machines, arm, reference))
-                else None,
+                "cost": wall_ratio(results, None if arm == reference else machines, arm, reference),
             }
         )
     return rows
@@ -187,15 +207,27 @@ def _points(x: float) -> str:
     return f"{100 * x:+.1f}"
 
 
-def differences_markdown(rows: list[dict[str, Any]], reference: str) -> str:
+def differences_markdown(
+    rows: list[dict[str, Any]], reference: str, machines: dict[str, list[str | None]] | None = None
+) -> str:
     """The table of :func:`difference_rows`: accuracy points, 95% intervals, the minimum
-    detectable effect, the late change and the cost ratio."""
+    detectable effect, the late change and the cost ratio. Where the runs ran on more than one
+    kind of CPU (``machines`` as in :func:`comparable`, not recorded counting as a kind), the
+    table says how its ratios pair runs (:func:`wall_ratio`)."""
+    kinds = len({k for ks in (machines or {}).values() for k in ks})
     out = [
         f"Against **{reference}**: paired difference in held-out exact match at the last evaluation "
         "(points, 95% two-level bootstrap interval over seeds and problems), the smallest difference the run "
         "could detect (80% power), and each arm's change over the last third of its evaluations."
         + (
-            " No wall-time ratio (–) where an arm and the reference ran on different kinds of CPU."
+            " Wall-time ratios pair runs on one kind of CPU: an arm's ratio to the reference within each kind "
+            "both ran on, averaged over those kinds weighted by the arm's runs (a run whose CPU was not recorded "
+            "pairs only where no run recorded one)."
+            if kinds > 1
+            else ""
+        )
+        + (
+            " No wall-time ratio (–) where an arm and the reference share no kind of CPU."
             if any(r["cost"] is None and r["difference"] is not None for r in rows)
             else ""
         )

@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from creditrl.config import ConfigError
-from creditrl.experiments.compare_report import comparable, reach_text
+from creditrl.experiments.compare_report import comparable, reach_text, wall_ratio
 from creditrl.experiments.plan import slug
 
 TIME_FIELDS = {"iter_s", "wall_s", "wall_to_target"}  # fields that depend on the machine
@@ -138,7 +138,9 @@ def fill(
     """Replace every placeholder of ``template`` (module docstring) by the number from ``rows``
     (``CompareRow`` dicts); an unknown arm or field raises ValueError naming it. A ratio of times
     between arms that ran on different kinds of CPU (``machines``, as in
-    :func:`creditrl.experiments.compare_report.comparable`) is not given: it says so instead.
+    :func:`creditrl.experiments.compare_report.comparable`) is not given: it says so instead;
+    with ``results``, a ratio of wall times is taken within each kind of CPU the two arms share
+    (:func:`creditrl.experiments.compare_report.wall_ratio`).
     ``{diff:A/B.final}`` is the paired difference of two arms' final held-out exact match, from
     ``results`` (each arm's per-seed histories), by the rule the verdicts use."""
     by_slug = {slug(r["arm"]): r for r in rows}
@@ -160,6 +162,9 @@ def fill(
         if kind == "diff:":
             return pair_text(a, b, field)
         if kind:
+            if field == "wall_s" and results is not None:  # within each kind of CPU both ran on
+                ratio = wall_ratio(results, machines, value(a, "arm"), value(b, "arm"))
+                return "not comparable, the arms share no kind of CPU" if ratio is None else f"{ratio:.1f}x"
             if field in TIME_FIELDS and not comparable(machines, value(a, "arm"), value(b, "arm")):
                 return "not comparable, the arms ran on different kinds of CPU"
             num, den = _mean(value(a, field)), _mean(value(b, field))

@@ -128,7 +128,7 @@ def _section(
         [CompareRow(**{k: tuple(v) if isinstance(v, list) else v for k, v in r.items()}) for r in summary["rows"]]
     )
     if summary.get("differences"):
-        table += "\n" + differences_markdown(summary["differences"], grid.reference)
+        table += "\n" + differences_markdown(summary["differences"], grid.reference, summary.get("machines"))
     if summary.get("prm"):
         table += "\n" + prm_markdown(summary["prm"])
     arms = "; ".join(f"**{name}**: `{' '.join(over) or '(base)'}`" for name, over in grid.arms.items())
