@@ -545,3 +545,5 @@ def test_wall_time_ratios_pair_runs_within_each_kind_of_cpu():
     assert fill("{ratio:arm/ref.wall_s}", arm_rows, {"ref": [fast_cpu] * 3, "arm": [None] * 3}, results) == (
         "not comparable, the arms share no kind of CPU"
     )
+    idle = {"ref": runs(0.0, 0.0, 0.0), "arm": results["arm"]}  # no time to divide by: no ratio, said so
+    assert fill("{ratio:arm/ref.wall_s}", arm_rows, nothing, idle) == "n/a"

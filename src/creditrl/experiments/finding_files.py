@@ -15,6 +15,7 @@ from creditrl.experiments.compare_report import comparable, reach_text, wall_rat
 from creditrl.experiments.plan import slug
 
 TIME_FIELDS = {"iter_s", "wall_s", "wall_to_target"}  # fields that depend on the machine
+_NO_KIND = "not comparable, the arms share no kind of CPU"
 
 FINDING_KEYS = {
     "id",
@@ -164,7 +165,9 @@ def fill(
         if kind:
             if field == "wall_s" and results is not None:  # within each kind of CPU both ran on
                 ratio = wall_ratio(results, machines, value(a, "arm"), value(b, "arm"))
-                return "not comparable, the arms share no kind of CPU" if ratio is None else f"{ratio:.1f}x"
+                if ratio is None:
+                    return "n/a" if comparable(machines, value(a, "arm"), value(b, "arm")) else _NO_KIND
+                return f"{ratio:.1f}x"
             if field in TIME_FIELDS and not comparable(machines, value(a, "arm"), value(b, "arm")):
                 return "not comparable, the arms ran on different kinds of CPU"
             num, den = _mean(value(a, field)), _mean(value(b, field))
