@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from creditrl.experiments.seeds import mean_ci95, seeds_table, summarise_seeds
+from creditrl.experiments.seeds import ci95_half, mean_ci95, seeds_table, summarise_seeds
 
 
 def test_mean_ci95_uses_student_t():
@@ -19,6 +20,14 @@ def test_mean_ci95_uses_student_t():
     assert mean == pytest.approx(5.5) and half == pytest.approx(2.201 * 13**0.5 / 12**0.5, rel=1e-3)
     with pytest.raises(ValueError, match="at least one value"):
         mean_ci95([])
+
+
+def test_ci95_half_of_a_matrix_is_each_columns_interval():
+    ys = np.random.default_rng(0).random((3, 50)) * 100  # 3 seeds x 50 points of a curve
+    half = ci95_half(ys)
+    assert half.shape == (50,)
+    assert half.tolist() == [mean_ci95(list(col))[1] for col in ys.T]  # the same floats, column by column
+    assert ci95_half(ys[:1]).tolist() == [0.0] * 50
 
 
 def test_summarise_seeds_and_table():

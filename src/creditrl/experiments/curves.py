@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from creditrl.experiments.report import eval_rows, plt
-from creditrl.experiments.seeds import mean_ci95
+from creditrl.experiments.seeds import ci95_half
 
 
 def arm_colours(names: list[str]) -> dict[str, Any]:
@@ -32,7 +32,7 @@ def draw_arms(
     """On ``ax``: per arm the mean over seeds of ``y_key`` against ``x_key`` (each seed's curve
     linearly interpolated on a common grid up to the smallest seed's last x) with a shaded band
     (``minmax`` over seeds, or ``ci95``: mean ± Student-t 95% half-width at each grid point, as
-    :func:`mean_ci95`), seeds thin; the ``reference`` arm dashed and named so."""
+    :func:`~creditrl.experiments.seeds.mean_ci95`), seeds thin; the ``reference`` arm dashed and named so."""
     if band not in ("minmax", "ci95"):
         raise ValueError(f"plot_seed_curves: band must be 'minmax' or 'ci95', got {band!r}")
     for name, histories in results.items():
@@ -50,7 +50,7 @@ def draw_arms(
         if band == "minmax":
             lo, hi = ys.min(0), ys.max(0)
         else:
-            half = np.array([mean_ci95(list(col))[1] for col in ys.T])
+            half = ci95_half(ys)
             lo, hi = mean - half, mean + half
         ax.fill_between(grid, lo, hi, color=color, alpha=0.15)
     ax.grid(alpha=0.3)
