@@ -337,6 +337,27 @@ def test_findings_persist_run_summaries_and_rebuild_from_them_alone(tmp_path: Pa
     assert "C4 in each of its settings (C10, C9):\n\n![C4_settings](docs/findings/C4_settings.png)" in text
     assert text.index("C4_settings.png") < text.index("## C10:") and "in each of its settings" not in first
     assert (tmp_path / "docs" / "findings" / "C4_settings.png").stat().st_size > 10_000
+    # a grid whose reference has no run yet: no verdict, but each finished run's own numbers
+    (tmp_path / "grids" / "g4.yaml").write_text(
+        GRID.replace("name: g\n", "name: g4\n").replace("reference: grpo", "reference: reinforce")
+        + "  reinforce: [credit.estimator=reinforce]\n"
+    )
+    (tmp_path / "findings" / "C11.yaml").write_text(FINDING.replace("id: C9", "id: C11").replace("g.yaml", "g4.yaml"))
+    assert main(["findings", "--root", str(tmp_path), "--no-train", "--out", str(partial)]) == 0
+    text = partial.read_text()
+    section = text[text.index("## C11:") : text.index("## C9:")]
+    assert "*In progress:* 4 of 6 runs finished and summarised" in section and "*Reading.*" not in section
+    assert "verdicts wait until the reference arm and another arm have every seed" in section
+    for f in files:  # grpo 0, grpo 1, rloo 0, rloo 1, in plan order, numbers from the summaries
+        s = json.loads(f.read_text())
+        acc = [100 * e["eval/accuracy"] for e in s["evals"]]
+        row = (
+            f"| {s['arm']} | {s['seed']} | {acc[0]:.1f}% | {acc[-1]:.1f}% | {max(acc):.1f}% "
+            f"| {s['evals'][-1]['time/total_s']:,.0f} s | {s['launch']['cpu']} |"
+        )
+        assert row in section
+    assert section.index("| grpo | 1 |") < section.index("| rloo | 0 |") and "| reinforce" not in section
+    assert "(#c11)" not in text and "(#c9)" in text  # no verdict row of it in the table at the top
 
 
 def test_the_committed_findings_rebuild_from_their_summaries(tmp_path: Path) -> None:

@@ -50,6 +50,7 @@ from creditrl.config import ConfigError
 from creditrl.experiments.compare import run_compare
 from creditrl.experiments.compare_report import (
     CompareRow,
+    charged_s,
     differences_markdown,
     launch_text,
     prm_markdown,
@@ -58,8 +59,8 @@ from creditrl.experiments.compare_report import (
 from creditrl.experiments.curves import arm_colours, plot_differences_by_length, plot_panels
 from creditrl.experiments.finding_files import CLAIMS, diff_text, fill, load_finding, names_only
 from creditrl.experiments.grid import TOKEN_ITERATIONS, load_grid
-from creditrl.experiments.plan import summarised_arms
-from creditrl.experiments.summaries import read_summary
+from creditrl.experiments.plan import summarised_runs
+from creditrl.experiments.summaries import history, read_summary
 from creditrl.experiments.verdicts import Difference, verdict
 
 
@@ -164,16 +165,41 @@ def _load_text(summary: dict[str, Any]) -> str:
     return f"; the 15-minute load average at the runs' ends was {load:.1f} on average on 2 cores"
 
 
-def _pending_section(finding: dict[str, Any], grid, done: int, total: int) -> str:
-    """A finding whose runs are not all summarised: what it asks and how far its grid is."""
+def _pending_section(finding: dict[str, Any], grid, finished: list[tuple[Any, dict[str, Any]]], total: int) -> str:
+    """A finding whose runs are not all summarised: what it asks, how far its grid is and each
+    finished run's own numbers."""
     claim = f"\n*Folk claim:* {finding['claim'].strip()}\n" if finding.get("claim") else ""
     arms = "; ".join(f"**{name}**: `{' '.join(over) or '(base)'}`" for name, over in grid.arms.items())
     return (
         f"## {finding['id']}: {finding['title']}\n\n*Question:* {finding['question'].strip()}\n{claim}\n"
         f"*Setting:* base `{grid.base.name}` with `{' '.join(grid.common) or '-'}`; {grid.budget:,} generated "
         f"{grid.unit} per run; seeds {grid.seeds}. Arms: {arms}.\n{_power(finding)}\n"
-        f"*In progress:* {done} of {total} runs finished and summarised; `creditrl findings` runs the rest "
-        f"(`creditrl compare {finding['grid']}`).\n"
+        f"*In progress:* {len(finished)} of {total} runs finished and summarised; `creditrl findings` runs the rest "
+        f"(`creditrl compare {finding['grid']}`).\n{_runs_so_far(finished, grid.reference)}"
+    )
+
+
+def _runs_so_far(finished: list[tuple[Any, dict[str, Any]]], reference: str) -> str:
+    """Each finished run's held-out exact match at its start, at its end and at its best, and its
+    RL wall time (the PRM's charged) on its CPU: no differences and no verdicts, which wait until
+    the reference arm and another arm have every seed ("" without a finished run)."""
+    if not finished:
+        return ""
+    rows = []
+    for run, summary in finished:
+        h = history(summary)
+        acc = [100 * r["eval/accuracy"] for r in h if "eval/accuracy" in r]
+        cpu = summary.get("launch", {}).get("cpu", "not recorded")
+        name = f"{run.arm} (reference)" if run.arm == reference else run.arm
+        rows.append(
+            f"| {name} | {run.seed} | {acc[0]:.1f}% | {acc[-1]:.1f}% | {max(acc):.1f}% "
+            f"| {charged_s(h, h[-1]):,.0f} s | {cpu} |"
+        )
+    return (
+        "\nThe runs finished so far, each on its own (differences to the reference, their intervals and the "
+        "verdicts wait until the reference arm and another arm have every seed):\n\n"
+        "| arm | seed | held-out exact match at the start | at the end | best | RL wall time | CPU |\n"
+        "|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
     )
 
 
@@ -216,11 +242,12 @@ def _grid_section(
     arms = None  # every arm
     if summaries is not None and not train:
         common = ([f"train.iterations={TOKEN_ITERATIONS}"] if grid.unit == "tokens" else []) + grid.common
-        done = summarised_arms(grid.base, grid.arms, grid.seeds, grid.budget, common, grid.unit, summaries)
+        so_far = summarised_runs(grid.base, grid.arms, grid.seeds, grid.budget, common, grid.unit, summaries)
+        done = {a: sum(run.arm == a for run, _ in so_far) for a in grid.arms}
         finished = [a for a, n in done.items() if n == len(grid.seeds)]
         if len(finished) < len(grid.arms):
             if grid.reference not in finished or len(finished) < 2:
-                pending = _pending_section(finding, grid, sum(done.values()), len(grid.arms) * len(grid.seeds))
+                pending = _pending_section(finding, grid, so_far, len(grid.arms) * len(grid.seeds))
                 return pending, [], [], None
             arms = finished  # the reference and the arms that have every seed: reported now
     where = runs / grid.name

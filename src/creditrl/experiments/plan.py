@@ -153,9 +153,27 @@ def summarised_arms(
 ) -> dict[str, int]:
     """Per arm, how many of its seeds' runs have a matching committed summary (nothing runs)."""
     done = dict.fromkeys(arms, 0)
-    for r in plan_runs(base, arms, seeds, budget, Path("."), "sft", common, unit, summaries):
-        done[r.arm] += summary_matches(read_summary(r.summary), r.identity)
+    for run, _ in summarised_runs(base, arms, seeds, budget, common, unit, summaries):
+        done[run.arm] += 1
     return done
+
+
+def summarised_runs(
+    base: Path,
+    arms: dict[str, list[str]],
+    seeds: list[int],
+    budget: int,
+    common: list[str],
+    unit: str,
+    summaries: Path,
+) -> list[tuple[PlannedRun, dict[str, Any]]]:
+    """The grid's runs that have a matching committed summary, each with it, in plan order."""
+    found = []
+    for r in plan_runs(base, arms, seeds, budget, Path("."), "sft", common, unit, summaries):
+        summary = read_summary(r.summary)
+        if summary_matches(summary, r.identity):
+            found.append((r, summary))
+    return found
 
 
 def summary_files(
