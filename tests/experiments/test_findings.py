@@ -229,7 +229,7 @@ FINDING = (
 )
 
 
-def test_findings_persist_run_summaries_and_rebuild_from_them_alone(tmp_path: Path, monkeypatch):
+def test_findings_persist_run_summaries_and_rebuild_from_them_alone(tmp_path: Path, monkeypatch, capsys):
     """Each finished run leaves a committed-size summary; --no-train rebuilds FINDINGS.md from the
     summaries alone, byte for byte, after the run directories are gone; a grid with runs missing
     is shown in progress; the verdict table opens the file."""
@@ -277,6 +277,9 @@ def test_findings_persist_run_summaries_and_rebuild_from_them_alone(tmp_path: Pa
     again = tmp_path / "again.md"
     assert main(["findings", "--root", str(tmp_path), "--no-train", "--out", str(again)]) == 0
     assert again.read_text() == first
+    printed = capsys.readouterr().out
+    assert f"[creditrl findings] wrote {again} (2 findings)" in printed  # C9 and the legacy page
+    assert re.search(r"\[creditrl findings\] done in \d+ s\n", printed)  # imports included
     # a second grid with the very same grpo arm reads its runs from the first grid's summaries;
     # the same arm with another override is another run
     from creditrl.experiments.grid import load_grid

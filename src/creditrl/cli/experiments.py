@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -31,12 +32,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_findings(args: argparse.Namespace) -> int:
+    started = time.perf_counter()  # before the import: torch and the registries count in the time
     from creditrl.experiments.findings import run_findings
 
     out = Path(args.out) if args.out else None
     run_findings(
         Path(args.root), quick=args.quick, out=out, jobs=args.jobs, train=not args.no_train, only=args.only or ()
     )
+    print(f"[creditrl findings] done in {time.perf_counter() - started:.0f} s")
     return 0
 
 
