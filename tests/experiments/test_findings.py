@@ -334,8 +334,25 @@ def test_findings_persist_run_summaries_and_rebuild_from_them_alone(tmp_path: Pa
     assert "*Reading.* rloo moved " in section and "; grpo is the reference.\n" in section
     assert "the table, the verdicts and the reading above are those of the arms with every seed (" in section
     assert "| rloo | 2 |" in section and "| reinforce |" not in section
+    assert "still waiting for seeds" not in section  # reinforce has no finished run to list
     assert text.count("| rloo vs grpo | better by 5 points |") == 2  # C9's row and C10's
     assert "reinforce vs grpo" not in text
+    # the waiting arm with one of its seeds summarised: that run is listed on its own, with no verdict
+    made = json.loads(files[2].read_text())  # rloo seed 0, under the waiting arm's name and overrides
+    made["arm"] = "reinforce"
+    made["overrides"] = [o.replace("estimator=rloo", "estimator=reinforce") for o in made["overrides"]]
+    waiting = tmp_path / "findings" / "runs" / "g3" / "reinforce" / "seed0.json"
+    waiting.parent.mkdir(parents=True)
+    waiting.write_text(json.dumps(made))
+    assert main(["findings", "--root", str(tmp_path), "--no-train", "--out", str(partial)]) == 0
+    text = partial.read_text()
+    section = text[text.index("## C10:") : text.index("## C9:")]
+    assert "*In progress:* **reinforce** 1 of 2 seeds;" in section
+    listed = section[section.index("The finished runs of the arms still waiting for seeds") :]
+    end = 100 * made["evals"][-1]["eval/accuracy"]
+    assert "| reinforce | 0 | " in listed and f"| {end:.1f}% |" in listed and "| rloo |" not in listed
+    assert "reinforce vs grpo" not in text
+    waiting.unlink()
     # one claim in two settings: small multiples under the verdict table; one setting alone has none
     assert "C4 in each of its settings (C10, C9):\n\n![C4_settings](docs/findings/C4_settings.png)" in text
     assert text.index("C4_settings.png") < text.index("## C10:") and "in each of its settings" not in first

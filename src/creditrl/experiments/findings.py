@@ -179,10 +179,16 @@ def _pending_section(finding: dict[str, Any], grid, finished: list[tuple[Any, di
     )
 
 
-def _runs_so_far(finished: list[tuple[Any, dict[str, Any]]], reference: str) -> str:
+_WAITING = (
+    "The runs finished so far, each on its own (differences to the reference, their intervals and the "
+    "verdicts wait until the reference arm and another arm have every seed):"
+)
+
+
+def _runs_so_far(finished: list[tuple[Any, dict[str, Any]]], reference: str, lead: str = _WAITING) -> str:
     """Each finished run's held-out exact match at its start, at its end and at its best, and its
-    RL wall time (the PRM's charged) on its CPU: no differences and no verdicts, which wait until
-    the reference arm and another arm have every seed ("" without a finished run)."""
+    RL wall time (the PRM's charged) on its CPU, under ``lead``: no differences and no verdicts,
+    which wait until the run's arm (and the reference) have every seed ("" without a run)."""
     if not finished:
         return ""
     rows = []
@@ -196,8 +202,7 @@ def _runs_so_far(finished: list[tuple[Any, dict[str, Any]]], reference: str) -> 
             f"| {charged_s(h, h[-1]):,.0f} s | {cpu} |"
         )
     return (
-        "\nThe runs finished so far, each on its own (differences to the reference, their intervals and the "
-        "verdicts wait until the reference arm and another arm have every seed):\n\n"
+        f"\n{lead}\n\n"
         "| arm | seed | held-out exact match at the start | at the end | best | RL wall time | CPU |\n"
         "|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n"
     )
@@ -273,7 +278,13 @@ def _grid_section(
     wait = "" if reads else ", and the reading waits for the rest"
     return (
         section + f"\n*In progress:* {note}; {what} those of the arms with every seed{wait} "
-        f"(`creditrl compare {finding['grid']}`).\n",
+        f"(`creditrl compare {finding['grid']}`).\n"
+        + _runs_so_far(
+            [(run, s) for run, s in so_far if run.arm not in arms],
+            grid.reference,
+            "The finished runs of the arms still waiting for seeds, each on its own (their differences, "
+            "intervals and verdicts wait until the arm has every seed):",
+        ),
         verdicts,
         days,
         panel,
