@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,10 @@ def test_wandb_offline_writes_its_run_directory(tmp_path: Path, monkeypatch: pyt
     runs = list((run / "wandb").glob("offline-run-*"))
     assert len(runs) == 1
     (data,) = list(runs[0].glob("*.wandb"))  # its records (protobuf: keys are stored as written)
+    # wandb's service process writes the records behind finish(): wait for them, within a bound
+    deadline = time.monotonic() + 60
+    while b"time/rollout_s" not in data.read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.2)
     raw = data.read_bytes()
     for key in ("reward/mean", "eval/accuracy", "policy/entropy", "time/rollout_s"):
         assert key.encode() in raw, key
