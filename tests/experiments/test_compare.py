@@ -482,6 +482,29 @@ def test_a_grid_keeps_its_start_and_runs_only_from_the_one_its_summarised_runs_s
         run([0, 1, 2])
     assert not (tmp_path / "runs" / "grpo" / "seed2").exists()  # nothing launched
 
+    # a grid of the same SFT recipe on other RL problems starts from the kept weights too; its
+    # held-out outcomes there are noted beside the start, so the findings name the start for it
+    from creditrl.experiments.starts import HELDOUT
+
+    other_task = "{min_ops: 2, max_ops: 2, operand_min: 1, operand_max: 2, operators: '+', heldout_mod: 2}"
+    common2 = [f"task.args={other_task}", *common[1:], "train.eval_size=8"]  # 8 problems, not 16
+    summaries2 = tmp_path / "findings" / "runs" / "g2"
+    launch.run_arms(
+        demo_config_path(True), {"grpo": []}, [0], 32, tmp_path / "runs2", "sft", common2, lambda m: None,
+        unit="samples", summaries=summaries2,
+    )  # fmt: skip
+    first2 = json.loads((summaries2 / "grpo" / "seed0.json").read_text())["evals"][0]
+    assert first2["eval/correct"].startswith("8:") and first["eval/correct"].startswith("16:")
+    cfg2 = load_config(demo_config_path(True), common2)
+    assert json.loads((kept / HELDOUT).read_text()) == {sft.sft_key(cfg2): first2["eval/correct"]}
+    assert kept_start(demo_config_path(True), common2, tmp_path / "findings" / "starts", [{"evals": [first2]}]) == kept
+    assert kept_start(demo_config_path(True), common, tmp_path / "findings" / "starts", found) == kept  # still
+    assert verify_checkpoint(kept) is None  # the note is beside the kept files, not among them
+    noted = (kept / HELDOUT).read_text()
+    (kept / HELDOUT).unlink()  # without the note the start is not known to be theirs
+    assert kept_start(demo_config_path(True), common2, tmp_path / "findings" / "starts", [{"evals": [first2]}]) is None
+    (kept / HELDOUT).write_text(noted)
+
     # a damaged kept start is named, not used
     (kept / "model.safetensors").write_bytes(b"0" + (kept / "model.safetensors").read_bytes()[1:])
     shutil.rmtree(cache)

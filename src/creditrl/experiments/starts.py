@@ -3,7 +3,9 @@
 The same SFT recipe trains other weights on another CPU kind or torch version, and a grid's runs
 pair only when they share their start; a start is therefore kept under ``findings/starts`` once
 it is known to be the one the committed runs started from, and a start that is not theirs stops a
-grid before it trains.
+grid before it trains. A kept start's state holds its held-out outcomes on the RL task it was kept
+with; its outcomes on each other RL task it served (a grid of the same SFT recipe on other problems)
+are kept beside it in ``heldout.json``, so that the findings can name it as those runs' start too.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import numpy as np
 from creditrl.config import Config, load_config
 from creditrl.errors import ConfigError
 from creditrl.experiments.summaries import read_summary
+
+HELDOUT = "heldout.json"  # in a kept start: {sft key of an RL task: the start's held-out outcomes there}
 
 
 def grid_start(
@@ -36,23 +40,42 @@ def grid_start(
     _check_start(cfg, path, summarised)
     if kept is not None and weights is None:
         keep_start(path, kept)
+    if kept is not None:
+        _keep_heldout(cfg, path, kept)
     return str(path)
+
+
+def _keep_heldout(cfg: Config, path: Path, kept: Path) -> None:
+    """Note in kept start ``kept`` its held-out outcomes on ``cfg``'s RL task (those of ``path``, the
+    cache entry holding its weights) when its state holds another task's."""
+    from creditrl.train.sft import sft_key, start_outcomes
+
+    own = json.loads((kept / "trainer_state.json").read_text()).get("heldout_correct")
+    outcomes = start_outcomes(cfg, path)
+    file = kept / HELDOUT
+    noted = json.loads(file.read_text()) if file.is_file() else {}
+    key = sft_key(cfg)
+    if outcomes != own and noted.get(key) != outcomes:
+        file.write_text(json.dumps({**noted, key: outcomes}, indent=1, sort_keys=True) + "\n")
 
 
 def kept_start(base: Path, common: list[str], starts: Path, found: list[dict[str, Any]]) -> Path | None:
     """The start kept under ``starts`` for the recipe of ``base`` + ``common`` when it is the one
-    the summarised runs ``found`` started from (its held-out outcomes, as kept, equal their
-    iteration-0 outcomes on every problem); None otherwise (nothing kept, or kept for another task)."""
-    from creditrl.train.sft import recipe_key
+    the summarised runs ``found`` started from (its held-out outcomes on their RL task, as kept, equal
+    their iteration-0 outcomes on every problem); None otherwise (nothing kept, or no outcomes kept
+    for their task)."""
+    from creditrl.train.sft import recipe_key, sft_key
 
-    kept = starts / recipe_key(load_config(base, common))
+    cfg = load_config(base, common)
+    kept = starts / recipe_key(cfg)
     state = kept / "trainer_state.json"
     if not state.is_file():
         return None
-    own = json.loads(state.read_text()).get("heldout_correct")
+    noted = json.loads((kept / HELDOUT).read_text()) if (kept / HELDOUT).is_file() else {}
+    known = [json.loads(state.read_text()).get("heldout_correct"), noted.get(sft_key(cfg))]
     first = _start_evals(found)
-    same = bool(first) and all(e["eval/correct"] == own for e in first)
-    return kept if own is not None and same else None
+    same = any(own is not None and all(e["eval/correct"] == own for e in first) for own in known)
+    return kept if first and same else None
 
 
 def _start_evals(found: list[dict[str, Any]]) -> list[dict[str, Any]]:

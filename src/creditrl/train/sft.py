@@ -311,7 +311,7 @@ def cached_sft(
                 problem = verify_checkpoint(weights)
                 if problem is not None:
                     raise ConfigError(f"kept start {weights}: {problem}")
-                _link_entry(weights, path)
+                _link_entry(weights, path, drop=("heldout.json",))  # the kept start's notes on other tasks
                 recipe.parent.mkdir(parents=True, exist_ok=True)
                 recipe.write_text(path.name)
                 return path, _report_on(cfg, path, task)
