@@ -59,6 +59,38 @@ def test_the_fast_bootstrap_matches_the_slow_loop() -> None:
     assert paired_difference(arm, ref, rounds=4000, seed=1) == fast  # seeded: a rebuild gives the same digits
 
 
+def test_kept_draws_give_the_digits_of_drawing_anew(monkeypatch) -> None:
+    """The draws depend only on the shape and the seed, so a report keeps them for its next pairing;
+    the kept draws, draws made anew (a shape too large to keep) and the per-round gather of the
+    plain formula give the same bootstrap to the bit."""
+    from creditrl.experiments import verdicts
+
+    rng = np.random.default_rng(5)
+    arm, ref = _outcomes(rng, 3, 300, 0.4, 0.03)
+    other_arm, _ = _outcomes(rng, 3, 300, 0.4, 0.0)
+
+    def plain(a: np.ndarray, r: np.ndarray, rounds: int) -> np.ndarray:  # take_along_axis, round by round
+        d = a.astype(np.float64) - r.astype(np.float64)
+        g = np.random.default_rng(0)
+        w = g.multinomial(3, np.full(3, 1 / 3), size=rounds) / 3
+        out = [
+            np.take_along_axis(w[s : s + 1000] @ d, g.integers(0, 300, size=(min(1000, rounds - s), 300)), axis=1)
+            for s in range(0, rounds, 1000)
+        ]
+        return np.concatenate(out).mean(axis=1)
+
+    verdicts._kept_rounds.cache_clear()
+    kept = [paired_difference(arm, ref, rounds=2500), paired_difference(other_arm, ref, rounds=2500)]
+    assert verdicts._kept_rounds.cache_info().hits == 1  # the second pairing drew nothing
+    monkeypatch.setattr(verdicts, "_KEEP", 0)
+    anew = [paired_difference(arm, ref, rounds=2500), paired_difference(other_arm, ref, rounds=2500)]
+    assert kept == anew and verdicts._kept_rounds.cache_info().misses == 1
+    for diff, a in zip(kept, (arm, other_arm), strict=True):
+        boot = plain(a, ref, 2500)
+        lo, hi = np.percentile(boot, [2.5, 97.5])
+        assert (diff.lo, diff.hi, diff.se) == (float(lo), float(hi), float(boot.std(ddof=1)))
+
+
 def test_the_interval_covers_the_true_difference() -> None:
     """Over 60 synthetic experiments with a true difference of 3 points, the 95% interval covers it
     at least as often as it should (the two-level bootstrap is conservative), and is never absurdly wide."""

@@ -36,6 +36,8 @@ the budget, the same paired bootstrap; improving when that interval lies above 0
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Iterator
 from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any
@@ -92,6 +94,32 @@ def outcome_matrix(histories: list[list[dict[str, Any]]], index: int = -1) -> np
     return np.array(rows, dtype=bool)
 
 
+_CHUNK = 1000  # bootstrap rounds drawn and reduced at a time
+_KEEP = 1 << 24  # rounds x problems up to which the draws are kept for the next pairing (128 MB)
+
+
+def _rounds(seeds: int, problems: int, rounds: int, seed: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The bootstrap's draws, which depend only on the shape and the seed, ``_CHUNK`` rounds at a
+    time: each round's seed weights ``(n, seeds)`` and its drawn problems as flat indices into the
+    chunk's ``(n, problems)`` matrix (``take_along_axis``'s values, gathered faster)."""
+    rng = np.random.default_rng(seed)
+    seed_w = rng.multinomial(seeds, np.full(seeds, 1 / seeds), size=rounds) / seeds
+    for start in range(0, rounds, _CHUNK):
+        n = min(rounds, start + _CHUNK) - start
+        drawn = rng.integers(0, problems, size=(n, problems))  # the problems of each round
+        drawn += np.arange(0, n * problems, problems)[:, None]
+        yield seed_w[start : start + n], drawn
+
+
+@functools.lru_cache(maxsize=2)  # a report pairs many arms of one shape: one set of draws serves them all
+def _kept_rounds(seeds: int, problems: int, rounds: int, seed: int) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+    chunks = tuple(_rounds(seeds, problems, rounds, seed))
+    for w, drawn in chunks:
+        w.setflags(write=False)
+        drawn.setflags(write=False)
+    return chunks
+
+
 def paired_difference(arm: np.ndarray, reference: np.ndarray, *, rounds: int = ROUNDS, seed: int = 0) -> Difference:
     """The two-level paired bootstrap of ``mean(arm) - mean(reference)`` (module docstring);
     ``arm`` and ``reference`` are ``(seeds, problems)`` outcome matrices, seeds paired by row."""
@@ -99,14 +127,9 @@ def paired_difference(arm: np.ndarray, reference: np.ndarray, *, rounds: int = R
         raise ValueError(f"paired outcomes need equal shapes, got {arm.shape} and {reference.shape}")
     d = arm.astype(np.float64) - reference.astype(np.float64)
     seeds, problems = d.shape
-    rng = np.random.default_rng(seed)
-    seed_w = rng.multinomial(seeds, np.full(seeds, 1 / seeds), size=rounds) / seeds
-    boot = np.empty(rounds)
-    for start in range(0, rounds, 1000):  # bounded memory: 1,000 rounds at a time
-        stop = min(rounds, start + 1000)
-        drawn = rng.integers(0, problems, size=(stop - start, problems))  # the problems of each round
-        per_problem = seed_w[start:stop] @ d  # each round's seed-weighted difference of every problem
-        boot[start:stop] = np.take_along_axis(per_problem, drawn, axis=1).mean(axis=1)
+    draws = (_kept_rounds if rounds * problems <= _KEEP else _rounds)(seeds, problems, rounds, seed)
+    # each round's seed-weighted difference of every problem, averaged over its drawn problems
+    boot = np.concatenate([(w @ d).ravel()[drawn].mean(axis=1) for w, drawn in draws])
     lo, hi = np.percentile(boot, [2.5, 97.5])
     se = float(boot.std(ddof=1))
     return Difference(float(d.mean()), float(lo), float(hi), se, _Z * se, seeds, problems)
