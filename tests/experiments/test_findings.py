@@ -98,7 +98,7 @@ def test_length_points_pair_each_setting_and_keep_tasks_measured_at_several_leng
     """The by-length figure's numbers: per task measured at two lengths or more, each arm's paired
     difference to the reference in each setting (the verdicts' bootstrap); a task at one length, an
     arm with other seeds than the reference, and settings with different references are left out."""
-    from creditrl.experiments.findings import _length_figure, length_points
+    from creditrl.experiments.findings_figures import length_figure, length_points
     from creditrl.experiments.verdicts import outcome_matrix, paired_difference
 
     ref = _histories([[True] * 4 + [False] * 6] * 2)
@@ -126,9 +126,9 @@ def test_length_points_pair_each_setting_and_keep_tasks_measured_at_several_leng
     assert round(100 * points["chain"]["step"][0][1]["mean"], 6) == -10.0
     assert [n for n, _ in points["chain"]["grpo"]] == [515]
     assert length_points([*panels, setting("chain", 900, {"grpo": ref}, reference="grpo")]) == (None, {})
-    line = _length_figure("C1", panels, tmp_path / "docs", tmp_path)
+    line = length_figure("C1", panels, tmp_path / "docs", tmp_path)
     assert "(chain;" in line and (tmp_path / "docs" / "C1_by_length.png").stat().st_size > 10_000
-    assert _length_figure("C1", panels[2:], tmp_path / "docs", tmp_path) == ""
+    assert length_figure("C1", panels[2:], tmp_path / "docs", tmp_path) == ""
 
 
 def test_finding_files_are_checked(tmp_path: Path):

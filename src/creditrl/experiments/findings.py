@@ -40,9 +40,7 @@ they were written, from ``findings/legacy.md``.
 from __future__ import annotations
 
 import dataclasses
-import re
 import shutil
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +54,8 @@ from creditrl.experiments.compare_report import (
     prm_markdown,
     results_markdown,
 )
-from creditrl.experiments.curves import arm_colours, plot_differences_by_length, plot_panels
 from creditrl.experiments.finding_files import CLAIMS, diff_text, fill, load_finding, names_only
+from creditrl.experiments.findings_figures import length_figure, settings_figure
 from creditrl.experiments.grid import TOKEN_ITERATIONS, load_grid
 from creditrl.experiments.plan import summarised_runs
 from creditrl.experiments.summaries import history, read_summary
@@ -291,86 +289,6 @@ def _grid_section(
     )
 
 
-def _length(finding: dict[str, Any]) -> int:
-    """The generated length a setting's regime names (its first number: "about 155 generated tokens")."""
-    found = re.search(r"\d+", finding["regime"])
-    return int(found.group()) if found else 0
-
-
-def _setting_order(item: tuple[dict[str, Any], dict[str, Any]]) -> tuple[str, int]:
-    return item[0]["task"], _length(item[0])
-
-
-def _settings_figure(claim: str, panels: list[tuple[dict[str, Any], dict[str, Any]]], docs: Path, root: Path) -> str:
-    """A claim measured in several settings: one panel per setting (ordered by task, then by the
-    generated length its regime names), each arm one colour across the panels; its markdown line."""
-    shown = sorted(panels, key=_setting_order)
-    dest = docs / f"{claim}_settings.png"
-    plot_panels(
-        [(textwrap.fill(f"{f['id']}: {f['regime']}", 38), results, f["reference"]) for f, results in shown],
-        dest,
-        f"{claim} in each setting: held-out exact match against generated samples, mean and 95% band over seeds",
-    )
-    ids = ", ".join(f["id"] for f, _ in shown)
-    return f"{claim} in each of its settings ({ids}):\n\n![{dest.stem}]({dest.relative_to(root).as_posix()})\n"
-
-
-def length_points(
-    panels: list[tuple[dict[str, Any], dict[str, Any]]],
-) -> tuple[str | None, dict[str, dict[str, list[tuple[int, dict[str, float]]]]]]:
-    """Each arm's paired difference to the reference at the last evaluation (by the verdicts' rule),
-    by task and generated length, for the tasks a claim measured at two lengths or more:
-    ``(reference, {task: {arm: [(length, {"mean", "lo", "hi"})]}})``; ``(None, {})`` when the
-    settings have different reference arms. An arm whose seeds differ from the reference's is left
-    out of its setting."""
-    from creditrl.experiments.verdicts import outcome_matrix, paired_difference
-
-    references = {f["reference"] for f, _ in panels}
-    if len(references) != 1:
-        return None, {}
-    reference = references.pop()
-    by_task: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {}
-    for item in sorted(panels, key=_setting_order):
-        by_task.setdefault(item[0]["task"], []).append(item)
-    points: dict[str, dict[str, list[tuple[int, dict[str, float]]]]] = {}
-    for task, settings in by_task.items():
-        if len({_length(f) for f, _ in settings}) < 2:
-            continue
-        arms = points.setdefault(task, {})
-        for finding, results in settings:
-            base = outcome_matrix(results[reference])
-            for arm, histories in results.items():
-                outcomes = outcome_matrix(histories)
-                if arm != reference and outcomes.shape == base.shape:
-                    d = paired_difference(outcomes, base)
-                    arms.setdefault(arm, []).append((_length(finding), {"mean": d.mean, "lo": d.lo, "hi": d.hi}))
-    return reference, points
-
-
-def _length_figure(claim: str, panels: list[tuple[dict[str, Any], dict[str, Any]]], docs: Path, root: Path) -> str:
-    """The claim's differences to its reference against generated length (:func:`length_points`),
-    one panel per task measured at several lengths, arms in the colours of the settings figure;
-    its markdown line, or "" when no task was measured at two lengths."""
-    reference, points = length_points(panels)
-    if not points:
-        return ""
-    colours = arm_colours([a for _, results in sorted(panels, key=_setting_order) for a in results])
-    dest = docs / f"{claim}_by_length.png"
-    plot_differences_by_length(
-        points,
-        colours,
-        reference,
-        dest,
-        f"{claim}: difference to {reference} at the last evaluation against generated length, 95% intervals",
-    )
-    tasks = ", ".join(points)
-    return (
-        f"\n{claim}'s differences to **{reference}** against the generated length, where a task was measured at "
-        f"several lengths ({tasks}; each point paired over seeds and problems, as in the verdicts):\n\n"
-        f"![{dest.stem}]({dest.relative_to(root).as_posix()})\n"
-    )
-
-
 def _train_only(root: Path, files: list[Path], only: list[str], quick: bool, runs: Path | None, jobs: int) -> None:
     """Run the grids of the findings ``only`` names, in that order."""
     by_id = {f["id"]: f for f in map(load_finding, files) if "grid" in f}
@@ -424,7 +342,7 @@ def run_findings(
         if panel is not None and finding.get("claim_id"):
             panels.setdefault(finding["claim_id"], []).append(panel)
     figures = "".join(
-        "\n" + _settings_figure(claim, found, docs, out.parent) + _length_figure(claim, found, docs, out.parent)
+        "\n" + settings_figure(claim, found, docs, out.parent) + length_figure(claim, found, docs, out.parent)
         for claim, found in panels.items()
         if len(found) > 1
     )
