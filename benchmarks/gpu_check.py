@@ -1,7 +1,7 @@
 """GPU check of ``policy.engine=vllm`` (:mod:`creditrl.policy.engines.vllm`) against the in-process engines.
 
-Run on a machine with a CUDA GPU and vLLM. Not yet run anywhere: written against vLLM's
-documented API on a machine without GPU/vLLM, its plumbing dry-run on CPU with the test double
+Run on a machine with a CUDA GPU and vLLM. Not yet run with vLLM (the one GPU lent so far had no vLLM:
+docs/results/gpu.md): written against vLLM's documented API, its plumbing dry-run on CPU with the test double
 of tests/policy/test_vllm_engine.py. Expected 3-5 minutes, dominated by three vLLM start-ups
 (``--skip-train`` drops one, ``--dtypes float32`` another)::
 

@@ -1,7 +1,7 @@
 """GPU check of ``policy.device`` / ``policy.precision`` (training on a GPU in fp32, bf16, fp16).
 
-Needs only torch with CUDA (no vLLM). Not yet run on a GPU: written on a 2-core CPU machine and
-dry-run there with ``--device cpu``. Expected under a minute on a GPU::
+Needs only torch with CUDA (no vLLM). Ran on an H200 (every check passed, 72 s; docs/results/gpu.md);
+``--device cpu`` dry-runs it::
 
     PYTHONUNBUFFERED=1 python benchmarks/gpu_train_check.py [--device cuda] [--out gpu_train_check.json]
 
@@ -95,7 +95,11 @@ def train(device: str, precision: str, root: Path) -> dict:
     numbers = [v for r in history for v in r.values() if isinstance(v, float)]
     out = {
         "iterations": len(rows),
-        "s_per_iteration": elapsed / max(1, len(rows)),
+        "s_per_iteration": elapsed / max(1, len(rows)),  # trainer.run() over the iterations: first uses included
+        # each iteration's stages (the first iteration carries the first use of the precision's kernels)
+        "stages_s": [
+            {k[5:]: round(v, 4) for k, v in r.items() if k.startswith("time/") and k != "time/total_s"} for r in rows
+        ],
         "finite": all(math.isfinite(v) for v in numbers),
         "float32_weights": all(p.dtype == torch.float32 for p in trainer.parts.model.parameters()),
         "weights_moved": any(

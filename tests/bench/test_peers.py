@@ -151,3 +151,17 @@ def test_hf_generate_throughput_stops_counting_at_eos(coin_policy):
         model, prompts, 2, 8, temperature=1.0, pad_id=tok.pad_token_id, eos_id=tok.eos_token_id, seed=0
     )
     assert out["new_tokens"] == 4 * 3
+
+
+def test_peer_device_and_precision_set_trls_flags_and_bad_values_are_refused():
+    from creditrl.bench.trl_peer import _grpo_config
+
+    with tempfile.TemporaryDirectory() as out:
+        cpu = _grpo_config(out, 1, PeerSettings())
+        assert (cpu.use_cpu, cpu.bf16, cpu.fp16) == (True, False, False)  # the CPU benchmark's settings
+        gpu = PeerSettings(device="cuda", precision="bf16")
+        assert gpu.device == "cuda" and gpu.precision == "bf16"
+    with pytest.raises(ValueError, match="PeerSettings.device: expected cpu or cuda, got 'tpu'"):
+        PeerSettings(device="tpu")
+    with pytest.raises(ValueError, match="PeerSettings.precision: expected fp32 or bf16, got 'fp16'"):
+        PeerSettings(precision="fp16")

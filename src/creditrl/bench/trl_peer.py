@@ -44,7 +44,9 @@ What is matched (TRL 1.16.0, transformers 5.24.0; every item read in the install
   ``weight_decay=0``; ``max_grad_norm`` clipping through ``torch.nn.utils.clip_grad_norm_``;
   constant lr, no warm-up; ``activation_checkpointing=False`` (TRL's default for the
   deprecated alias ``gradient_checkpointing`` is True), fp32
-  (``bf16=False``; TRL's default is bf16 on), CPU (``use_cpu=True``).
+  (``bf16=False``; TRL's default is bf16 on), CPU (``use_cpu=True``); ``PeerSettings.device`` and
+  ``precision`` set ``use_cpu`` and ``bf16`` for a GPU run (bf16 = autocast over float32 weights, as
+  creditrl's ``policy.precision=bf16``).
 
 Where TRL's GRPO still differs from creditrl's ``grpo`` + token-mean PPO loss
 ---------------------------------------------------------------------------
@@ -139,6 +141,14 @@ class PeerSettings:
     grad_clip: float = 1.0
     seed: int = 0
     adam_beta2: float = 0.99  # creditrl's RLTrainer uses AdamW(betas=(0.9, 0.99)); HF's default is 0.999
+    device: str = "cpu"  # "cpu" (TRL's use_cpu) or "cuda" (the accelerator TRL's Trainer picks)
+    precision: str = "fp32"  # "fp32" or "bf16": TRL's bf16 flag, autocast over float32 weights (policy.precision)
+
+    def __post_init__(self) -> None:
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"PeerSettings.device: expected cpu or cuda, got '{self.device}'")
+        if self.precision not in ("fp32", "bf16"):
+            raise ValueError(f"PeerSettings.precision: expected fp32 or bf16, got '{self.precision}'")
 
 
 def _import_trl() -> Any:
@@ -211,6 +221,11 @@ def make_outcome_reward(tokenizer: PreTrainedTokenizerBase, task: Task, problems
     return outcome
 
 
+def _synchronize() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 class _StepTimer(TrainerCallback):
     """Wall time of every optimizer step, from ``on_step_begin`` to ``on_step_end``."""
 
@@ -219,10 +234,12 @@ class _StepTimer(TrainerCallback):
         self._start: float | None = None
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        _synchronize()
         self._start = time.perf_counter()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._start is not None:
+            _synchronize()  # the step's queued GPU work belongs to it
             self.times.append(time.perf_counter() - self._start)
             self._start = None
 
@@ -300,8 +317,8 @@ def _grpo_config(output_dir: str, iterations: int, settings: PeerSettings) -> An
         weight_decay=0.0,
         max_grad_norm=settings.grad_clip,
         # machinery
-        use_cpu=True,
-        bf16=False,
+        use_cpu=settings.device == "cpu",
+        bf16=settings.precision == "bf16",
         fp16=False,
         activation_checkpointing=False,  # (the deprecated alias gradient_checkpointing defaults to True in TRL)
         report_to="none",
@@ -363,7 +380,8 @@ def trl_grpo_run(
     steps_per_generation=1, gradient accumulation 1), beta=0 (no reference model),
     loss_type='dapo' (token mean over the batch), scale_rewards='group', constant lr with no
     warm-up, AdamW (betas (0.9, settings.adam_beta2), as creditrl), max_grad_norm=grad_clip,
-    use_cpu, no bf16, report_to none, no saving, no eval.
+    ``settings.device`` (use_cpu for "cpu") and ``settings.precision`` (TRL's bf16 flag: autocast,
+    float32 weights), report_to none, no saving, no eval.
 
     ``model`` is trained in place (pass a copy); TRL also patches its ``forward`` with a fused LM
     head, which is removed again afterwards. TRL writes only into a temporary directory, removed

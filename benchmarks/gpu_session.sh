@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# One GPU session: the GPU checks a lent device can run, each bounded in time, results under $OUT.
+# The device's image has torch with CUDA but not every creditrl dependency: the missing ones travel as
+# wheels in .whl/ (pydantic, datasets, math-verify, trl, transformers at constraints.txt's versions; see
+# docs/results/gpu.md for the list) and go to /tmp/site, ahead of the image's packages.
+#   OUT=<dir> bash benchmarks/gpu_session.sh
+set -u
+OUT=${OUT:-runs/gpu}
+mkdir -p "$OUT"
+{
+  date -u +%FT%TZ
+  nvidia-smi -L
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 --version
+  python3 -m pip list 2>/dev/null | grep -i -E "^(torch|numba|numpy|pyarrow|fsspec|accelerate|huggingface|vllm|trl|datasets) "
+} > "$OUT/env.txt" 2>&1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  >> "$OUT/env.txt" 2>&1 || { echo "wheel install failed"; cat "$OUT/env.txt"; exit 1; }
+export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1 CREDITRL_CACHE=/tmp/creditrl-cache TOKENIZERS_PARALLELISM=false
+python3 -c "import torch, transformers, trl; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'transformers', transformers.__version__, 'trl', trl.__version__)" >> "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+run() {  # name, seconds, command...
+  local name=$1 limit=$2; shift 2
+  local began=$SECONDS
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  echo "== $name: rc $? in $((SECONDS - began)) s"
+  tail -n 6 "$OUT/$name.log"
+}
+run gpu_check 60 python3 benchmarks/gpu_check.py --out "$OUT/gpu_check.json"
+run gpu_decode_profile 90 python3 benchmarks/gpu_decode_profile.py --out "$OUT/gpu_decode_profile.json"
+run gpu_train_check 170 python3 benchmarks/gpu_train_check.py --device cuda --out "$OUT/gpu_train_check.json"
+run gpu_realsize 290 python3 benchmarks/gpu_realsize.py --lengths 1024 256 --iterations 2 3 --out "$OUT/gpu_realsize.json"
