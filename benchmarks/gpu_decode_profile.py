@@ -8,9 +8,11 @@ and profiles one call of each with torch.profiler (CPU and CUDA activity)::
     PYTHONUNBUFFERED=1 python benchmarks/gpu_decode_profile.py [--device cuda] [--out gpu_decode_profile.json]
 
 Cases, each at fp32, bf16 and fp16: the tiny preset with its eos reachable (rows stop and leave the cache)
-and with eos unreachable (every row decodes ``--tokens``). Printed: median seconds per call and per decode
-step, and the ten ops with the most self device time (CPU time on a CPU) of each profile. ``--device cpu``
-dry-runs it.
+and with eos unreachable (every row decodes ``--tokens``); on CUDA also bf16 and fp16 with cuDNN's attention
+left out of SDPA's backends. The suspect: cuDNN attention serves only half precision and plans per shape,
+and a decode step's key length is a new shape every step (the slow rollouts got faster from one iteration
+to the next, as a per-shape cache would). Printed: median seconds per call and per decode step, and the ten
+ops with the most self device time (CPU time on a CPU) of each profile. ``--device cpu`` dry-runs it.
 """
 
 from __future__ import annotations
@@ -36,8 +38,18 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def case(model, tok, prompts, precision: str, eos: int | None, args) -> dict:
+def case(model, tok, prompts, precision: str, eos: int | None, args, cudnn: bool = True) -> dict:
+    import contextlib
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.profiler import ProfilerActivity, profile
+
+    backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    with contextlib.nullcontext() if cudnn else sdpa_kernel(backends):
+        return _case(model, tok, prompts, precision, eos, args, cudnn, ProfilerActivity, profile)
+
+
+def _case(model, tok, prompts, precision, eos, args, cudnn, ProfilerActivity, profile) -> dict:
 
     engine = HFEngine(model, eos_id=eos, pad_id=tok.pad_token_id, precision=precision)
     params = SamplingParams(max_new_tokens=args.tokens, temperature=1.0)
@@ -61,6 +73,7 @@ def case(model, tok, prompts, precision: str, eos: int | None, args) -> dict:
     return {
         "precision": precision,
         "eos": "reachable" if eos is not None else "unreachable",
+        "cudnn_attention": cudnn,
         "s_per_call": seconds,
         "steps": steps,
         "ms_per_step": 1000 * seconds / steps,
@@ -101,16 +114,19 @@ def main() -> int:
     task = make_task("arithmetic", min_ops=1, max_ops=3)
     prompts = [encode_prompt(tok, p.prompt) for p in task.sample(args.prompts, split="train", seed=0)]
     results = []
-    for eos in (tok.eos_token_id, None):
-        for precision in ("fp32", "bf16", "fp16"):
-            res = case(model, tok, prompts, precision, eos, args)
-            results.append(res)
-            print(
-                f"{precision} eos {res['eos']}: {res['s_per_call']:.3f} s/call, {res['steps']:.0f} steps, "
-                f"{res['ms_per_step']:.2f} ms/step; top: "
-                + ", ".join(f"{o['op']} {o['self_ms']:.1f} ms x{o['calls']}" for o in res["top_ops"][:4]),
-                flush=True,
-            )
+    cases = [(p, eos, True) for eos in (tok.eos_token_id, None) for p in ("fp32", "bf16", "fp16")]
+    if args.device == "cuda":
+        cases += [(p, tok.eos_token_id, False) for p in ("bf16", "fp16")]
+    for precision, eos, cudnn in cases:
+        res = case(model, tok, prompts, precision, eos, args, cudnn)
+        results.append(res)
+        print(
+            f"{precision} eos {res['eos']}{'' if cudnn else ' without cuDNN attention'}: "
+            f"{res['s_per_call']:.3f} s/call, {res['steps']:.0f} steps, "
+            f"{res['ms_per_step']:.2f} ms/step; top: "
+            + ", ".join(f"{o['op']} {o['self_ms']:.1f} ms x{o['calls']}" for o in res["top_ops"][:4]),
+            flush=True,
+        )
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps({"device": args.device, "torch": torch.__version__, "cases": results}, indent=2))
     return 0

@@ -144,8 +144,11 @@ def render(runs: Path) -> str:
         "about 2e-3): CUDA's kernels round a cached decode step and the full forward alike here.",
         "- **Mixed-precision generation of the tiny model is slow on CUDA**: after the first iteration, its "
         "rollout takes about ten times fp32's, while the update and the reference pass do not slow down. At real "
-        "size bf16 decoding runs at the per-step rate of TRL's. The cause is not yet measured; "
-        "`benchmarks/gpu_decode_profile.py` is prepared to profile it on the next GPU.",
+        "size bf16 decoding runs at the per-step rate of TRL's. The cause is not yet measured. The slow rollouts "
+        "got faster from one iteration to the next, as a per-shape cache would; a suspect is cuDNN's attention, "
+        "which serves only half precision and plans per shape, while a decode step's key length is a new shape "
+        "every step. `benchmarks/gpu_decode_profile.py` (in `gpu_session.sh`) is prepared to profile it on the "
+        "next GPU, with and without cuDNN attention.",
         "- **At real size the iteration is decode-bound, and decode is launch-bound**: about 22 ms per decode "
         "step for 24 layers, nearly the same at 16 and 32 rows (tokens/s doubles with the rows). creditrl's "
         "iteration is about TRL's (1.05x at 1,024 tokens, 1.2x at 256): both run HF-style step-by-step decoding. "
