@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One GPU session: the GPU checks a lent device can run, each bounded in time, results under $OUT.
 # The device's image has torch with CUDA but not every creditrl dependency: the missing ones travel as
-# wheels in .whl/ (pydantic, datasets, math-verify, trl, transformers at constraints.txt's versions; see
-# docs/results/gpu.md for the list) and go to /tmp/site, ahead of the image's packages.
-#   OUT=<dir> bash benchmarks/gpu_session.sh
+# wheels in .whl/ (made by benchmarks/gpu_wheels.sh: transformers, trl, datasets, pydantic, math-verify
+# and their own needs at constraints.txt's versions) and go to /tmp/site, ahead of the image's packages.
+#   bash benchmarks/gpu_wheels.sh; OUT=<dir> bash benchmarks/gpu_session.sh   (the second on the GPU machine)
+# Then, here: python benchmarks/gpu_report.py --runs <the files it wrote> writes docs/results/gpu.md.
 set -u
 OUT=${OUT:-runs/gpu}
 mkdir -p "$OUT"
