@@ -346,5 +346,5 @@ class OptimConfig(Section):
         False,
         description="an approximation: also leave zero-advantage rows out when a KL term is on, "
         "dropping their KL gradient (the KL then regularises the trained rows only); "
-        "`creditrl bench --performance` measures what it changes",
+        "`creditrl bench --performance` measures its gradient, FINDINGS.md (KLSKIP-arith) its training",
     )
