@@ -154,10 +154,10 @@ def test_hf_generate_throughput_stops_counting_at_eos(coin_policy):
 
 
 def test_peer_device_and_precision_set_trls_flags_and_bad_values_are_refused():
-    from creditrl.bench.trl_peer import _grpo_config
+    from creditrl.bench.trl_config import grpo_config
 
     with tempfile.TemporaryDirectory() as out:
-        cpu = _grpo_config(out, 1, PeerSettings())
+        cpu = grpo_config(out, 1, PeerSettings())
         assert (cpu.use_cpu, cpu.bf16, cpu.fp16) == (True, False, False)  # the CPU benchmark's settings
         gpu = PeerSettings(device="cuda", precision="bf16")
         assert gpu.device == "cuda" and gpu.precision == "bf16"

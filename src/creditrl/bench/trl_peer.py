@@ -107,13 +107,13 @@ import tempfile
 import time
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
 
+from creditrl.bench.trl_config import PeerSettings, grpo_config
 from creditrl.policy.tokenizer import decode_response, encode_prompt
 from creditrl.tasks.base import Problem, Task
 
@@ -126,29 +126,6 @@ __all__ = [
 ]
 
 _INSTALL_HINT = "pip install 'creditrl[bench]'"
-
-
-@dataclass
-class PeerSettings:
-    """Settings of one GRPO iteration, shared by creditrl and the peers."""
-
-    prompts_per_iter: int = 16
-    group_size: int = 8
-    max_new_tokens: int = 48
-    temperature: float = 1.0
-    lr: float = 5e-5
-    clip_eps: float = 0.2
-    grad_clip: float = 1.0
-    seed: int = 0
-    adam_beta2: float = 0.99  # creditrl's RLTrainer uses AdamW(betas=(0.9, 0.99)); HF's default is 0.999
-    device: str = "cpu"  # "cpu" (TRL's use_cpu) or "cuda" (the accelerator TRL's Trainer picks)
-    precision: str = "fp32"  # "fp32" or "bf16": TRL's bf16 flag, autocast over float32 weights (policy.precision)
-
-    def __post_init__(self) -> None:
-        if self.device not in ("cpu", "cuda"):
-            raise ValueError(f"PeerSettings.device: expected cpu or cuda, got '{self.device}'")
-        if self.precision not in ("fp32", "bf16"):
-            raise ValueError(f"PeerSettings.precision: expected fp32 or bf16, got '{self.precision}'")
 
 
 def _import_trl() -> Any:
@@ -272,67 +249,6 @@ def _quiet_and_isolated() -> Iterator[None]:
         np.random.set_state(np_state)
 
 
-def _grpo_config(output_dir: str, iterations: int, settings: PeerSettings) -> Any:
-    from trl import GRPOConfig
-
-    batch = settings.prompts_per_iter * settings.group_size
-    return GRPOConfig(
-        output_dir=output_dir,
-        # one optimizer step = one generation batch of prompts_per_iter x group_size completions
-        per_device_train_batch_size=batch,
-        gradient_accumulation_steps=1,
-        steps_per_generation=1,
-        num_generations=settings.group_size,
-        num_iterations=1,
-        max_steps=iterations,
-        shuffle_dataset=False,
-        seed=settings.seed,
-        # sampling
-        max_completion_length=settings.max_new_tokens,
-        temperature=settings.temperature,
-        top_p=1.0,
-        top_k=0,
-        min_p=None,
-        repetition_penalty=1.0,
-        use_vllm=False,
-        pad_to_multiple_of=None,
-        # objective
-        beta=0.0,
-        epsilon=settings.clip_eps,
-        epsilon_high=None,
-        loss_type="dapo",
-        scale_rewards="group",
-        importance_sampling_level="token",
-        mask_truncated_completions=False,
-        top_entropy_quantile=1.0,
-        entropy_coef=0.0,
-        # optimizer
-        learning_rate=settings.lr,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        optim="adamw_torch",
-        adam_beta1=0.9,
-        adam_beta2=settings.adam_beta2,
-        adam_epsilon=1e-8,
-        weight_decay=0.0,
-        max_grad_norm=settings.grad_clip,
-        # machinery
-        use_cpu=settings.device == "cpu",
-        bf16=settings.precision == "bf16",
-        fp16=False,
-        activation_checkpointing=False,  # (the deprecated alias gradient_checkpointing defaults to True in TRL)
-        report_to="none",
-        save_strategy="no",
-        eval_strategy="no",
-        logging_strategy="steps",
-        logging_steps=1,
-        log_completions=False,
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        remove_unused_columns=False,
-    )
-
-
 def _build_trainer(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -358,7 +274,7 @@ def _build_trainer(
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=[reward],
-        args=_grpo_config(output_dir, iterations, settings),
+        args=grpo_config(output_dir, iterations, settings),
         train_dataset=dataset,
         processing_class=tokenizer,
         callbacks=[timer],
