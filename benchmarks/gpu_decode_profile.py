@@ -18,6 +18,7 @@ ops with the most self device time (CPU time on a CPU) of each profile. ``--devi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -26,6 +27,8 @@ import time
 from pathlib import Path
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.profiler import ProfilerActivity, profile
 
 from creditrl.policy.engines import HFEngine, SamplingParams
 from creditrl.policy.model import load_policy
@@ -39,18 +42,8 @@ def sync(device: str) -> None:
 
 
 def case(model, tok, prompts, precision: str, eos: int | None, args, cudnn: bool = True) -> dict:
-    import contextlib
-
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.profiler import ProfilerActivity, profile
-
-    backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-    with contextlib.nullcontext() if cudnn else sdpa_kernel(backends):
-        return _case(model, tok, prompts, precision, eos, args, cudnn, ProfilerActivity, profile)
-
-
-def _case(model, tok, prompts, precision, eos, args, cudnn, ProfilerActivity, profile) -> dict:
-
+    """Time ``--repeats`` calls after one untimed call, then profile one; ``cudnn=False`` leaves cuDNN's
+    attention out of SDPA's backends for all of them."""
     engine = HFEngine(model, eos_id=eos, pad_id=tok.pad_token_id, precision=precision)
     params = SamplingParams(max_new_tokens=args.tokens, temperature=1.0)
 
@@ -61,11 +54,13 @@ def _case(model, tok, prompts, precision, eos, args, cudnn, ProfilerActivity, pr
         sync(args.device)
         return time.perf_counter() - start, max(len(t) for t in g.tokens)
 
-    call(0)
-    timed = [call(1 + r) for r in range(args.repeats)]
+    backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
-    with profile(activities=activities) as prof:
-        call(99)
+    with contextlib.nullcontext() if cudnn else sdpa_kernel(backends):
+        call(0)
+        timed = [call(1 + r) for r in range(args.repeats)]
+        with profile(activities=activities) as prof:
+            call(99)
     key = "self_device_time_total" if args.device == "cuda" else "self_cpu_time_total"
     events = sorted(prof.key_averages(), key=lambda e: getattr(e, key, 0.0), reverse=True)[:10]
     seconds = statistics.median(s for s, _ in timed)

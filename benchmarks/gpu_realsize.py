@@ -36,12 +36,10 @@ from pathlib import Path
 
 import torch
 
-from creditrl.bench.perf_options import NEVER_EOS
-from creditrl.bench.run import BenchOptions, creditrl_iterations, spread
-from creditrl.bench.trl_peer import PeerSettings, trl_grpo_run
+from creditrl.bench.perf_points import save_with_unreachable_eos
+from creditrl.bench.run import BenchOptions, creditrl_iterations, spread, trl_iterations
 from creditrl.policy.model import count_parameters, load_policy
 from creditrl.policy.tokenizer import build_char_tokenizer
-from creditrl.tasks import make_task
 
 QWEN2_05B = {
     "hidden_size": 896,
@@ -59,9 +57,8 @@ def save_model(out: Path, layers: int, seed: int) -> Path:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     tok = build_char_tokenizer()
-    vocab = len(tok)
     config = Qwen2Config(
-        vocab_size=vocab,
+        vocab_size=len(tok),
         num_hidden_layers=layers,
         max_position_embeddings=4096,
         pad_token_id=tok.pad_token_id,
@@ -71,14 +68,7 @@ def save_model(out: Path, layers: int, seed: int) -> Path:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(config)
-    tok.add_special_tokens({"eos_token": NEVER_EOS})
-    if tok.eos_token_id != vocab:
-        raise RuntimeError(f"the appended eos got id {tok.eos_token_id}, not {vocab}")
-    model.config.eos_token_id = None
-    model.generation_config.eos_token_id = tok.eos_token_id
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return save_with_unreachable_eos(model, tok, out)
 
 
 def peak_mb(device: str) -> float | None:
@@ -114,22 +104,10 @@ def point(policy: str, length: int, args: argparse.Namespace) -> dict:
     ours_wall = time.perf_counter() - began
     ours_peak = peak_mb(args.device)
     reset_peak(args.device)
-    model, tok = load_policy(policy)
-    settings = PeerSettings(
-        prompts_per_iter=args.prompts,
-        group_size=args.group,
-        max_new_tokens=length,
-        temperature=1.0,
-        lr=5e-6,
-        seed=0,
-        device=args.device,
-        precision=args.precision,
-    )
     began = time.perf_counter()
-    peer = trl_grpo_run(model, tok, make_task("arithmetic", min_ops=4, max_ops=6), args.iterations, settings)[1:]
+    peer = trl_iterations(policy, opts, args.iterations, device=args.device, precision=args.precision)[1:]
     peer_wall = time.perf_counter() - began
     peer_peak = peak_mb(args.device)
-    del model
     rows = args.prompts * args.group
     ours_s = [r["time/iter_s"] for r in ours]
     peer_s = [r["time_s"] for r in peer]

@@ -31,6 +31,12 @@ def save_never_eos_model(size: ModelSize, out: Path, seed: int = 0) -> Path:
     vocabulary size, so no model can sample it and every row decodes ``max_new_tokens``, in
     creditrl's engine, HF ``generate`` and TRL alike."""
     model, tok = build_tiny(seed, size.preset())
+    return save_with_unreachable_eos(model, tok, out)
+
+
+def save_with_unreachable_eos(model: Any, tok: Any, out: Path) -> Path:
+    """Save ``model`` and ``tok`` to ``out`` with one special token appended to ``tok`` and made eos:
+    its id is the model's vocabulary size, so no row can sample it."""
     tok.add_special_tokens({"eos_token": NEVER_EOS})
     if tok.eos_token_id != model.config.vocab_size:
         raise RuntimeError(f"the appended eos got id {tok.eos_token_id}, not {model.config.vocab_size}")

@@ -221,9 +221,11 @@ def creditrl_iterations(
         return [trainer.iteration(i) for i in range(n)]
 
 
-def trl_iterations(policy: str, opts: BenchOptions, n: int, task: Task | None = None) -> list[dict]:
+def trl_iterations(
+    policy: str, opts: BenchOptions, n: int, task: Task | None = None, device: str = "cpu", precision: str = "fp32"
+) -> list[dict]:
     """``n`` TRL GRPOTrainer steps from ``policy`` at the bench's settings on ``task`` (default the
-    arith config's 4-6-operation arithmetic)."""
+    arith config's 4-6-operation arithmetic), on ``device`` in ``precision`` (``PeerSettings``)."""
     from creditrl.bench.trl_peer import PeerSettings, trl_grpo_run
 
     model, tok = load_policy(policy)
@@ -234,6 +236,8 @@ def trl_iterations(policy: str, opts: BenchOptions, n: int, task: Task | None = 
         temperature=opts.temperature,
         lr=opts.lr,
         seed=opts.seed,
+        device=device,
+        precision=precision,
     )
     return trl_grpo_run(model, tok, task or make_task("arithmetic", min_ops=4, max_ops=6), n, settings)
 
