@@ -292,3 +292,55 @@ def test_the_rss_sampler_splits_its_samples_by_stage():
     seen = [mb for _, mb in live.samples]
     assert len(seen) >= 3 and max(seen) - seen[0] > 60
     del blob
+
+
+def test_the_decode_products_ceiling_counts_every_product_and_explains_the_decode(quick):
+    from creditrl.bench.perf_flags import _decode_explanation
+
+    res, opts = quick
+    rows = opts.prompts * opts.group
+    for p in res["lengths"] + res["sizes"]:
+        c = p["decode"]["products"]
+        assert c["rows"] == rows and c["flops_per_step"] % (2 * rows) == 0
+        assert c["tokens_per_s"] == pytest.approx(rows / c["step_s"]["median"])
+        assert c["gflops"] == pytest.approx(c["flops_per_step"] / c["step_s"]["min"] / 1e9)
+    fast = json.loads(json.dumps(res))
+    p = fast["sizes"][0]
+    for q in fast["lengths"] + fast["sizes"]:
+        q["decode"]["ratio_hf_vs_creditrl"] = 5.0
+    assert _decode_explanation(fast) == []
+    c = p["decode"]["products"]
+    p["decode"].update(ratio_hf_vs_creditrl=1.5)
+    p["decode"]["hf_generate_tokens_per_s"]["median"] = c["tokens_per_s"] / 2  # 3x HF = 1.5x the ceiling
+    p["decode"]["creditrl_tokens_per_s"]["median"] = c["tokens_per_s"] * 0.75
+    text = _decode_explanation(fast)[0]
+    assert f"{1.5 * c['tokens_per_s']:,.0f} tokens/s, above it" in text and "75% of that, HF generate 50%" in text
+    assert "out of reach" in text
+    p["decode"]["hf_generate_tokens_per_s"]["median"] = c["tokens_per_s"] / 4  # 3x HF = 0.75x the ceiling
+    assert "below it" in _decode_explanation(fast)[0] and "leaves room" in _decode_explanation(fast)[0]
+
+
+def test_the_study_floor_is_the_model_flops_of_an_iteration_at_the_peak(quick):
+    from creditrl.bench.perf_flags import _study_floor
+
+    res, _ = quick
+    n = res["lengths"][0]["non_embedding_parameters"]
+    base = {"commit": "abc", "old": [{"samples": 1280, "iterations": 10, "samples_per_iteration_s": 128.0}] * 3}
+    text = _study_floor(res, base, {"response_tokens": 5000})
+    peak = res["limits"]["peak_gflops"]
+    assert "means 0.50 s per iteration" in text  # half of 1 s: twice the samples/s
+    assert f"{10 * n * 5000 / 1e9:.1f} GFLOP for 5,000 tokens" in text
+    assert f"take {10 * n * 5000 / peak / 1e9:.2f} s" in text
+    assert _study_floor(res, {"commit": "abc"}, {"response_tokens": 5000}) == ""
+
+
+def test_decode_products_count_every_linear_weight_of_a_step():
+    from creditrl.bench.perf_points import decode_products
+    from creditrl.policy.model import build_tiny
+
+    model = build_tiny(0)[0]
+    linears = sum(m.weight.numel() for m in model.model.layers.modules() if isinstance(m, torch.nn.Linear))
+    head = model.get_output_embeddings().weight.numel()
+    out = decode_products(model, rows=3, steps=2, repeats=2)
+    assert out["flops_per_step"] == 2 * 3 * (linears + head)
+    assert out["step_s"]["n"] == 2 and out["tokens_per_s"] == pytest.approx(3 / out["step_s"]["median"])

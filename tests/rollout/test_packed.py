@@ -8,7 +8,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 from creditrl.policy.model import build_tiny, sharpen
 from creditrl.rollout import batch as B
-from creditrl.rollout.packed import packed_reason, packed_response_logits
+from creditrl.rollout.packed import MASKED_UP_TO, _layout, packed_reason, packed_response_logits
 
 SMALL = dict(
     vocab_size=40,
@@ -41,7 +41,7 @@ def _batch(vocab: int, lengths: list[int], prompt_len: int = 6, seed: int = 0) -
     lens = torch.tensor(lengths)
     valid = torch.arange(t)[None] < lens[:, None]
     resp = torch.randint(4, vocab, (b, t), generator=g).masked_fill(~valid, 0)
-    resp[0, 1] = 0  # an untrained policy may sample the pad id: nn.Embedding's padding_idx gets no gradient
+    resp[0, min(1, t - 1)] = 0  # an untrained policy may sample the pad id: nn.Embedding's padding_idx gets no gradient
     return B.TrajectoryBatch(
         prompt_ids=prompts,
         prompt_mask=pmask,
@@ -83,6 +83,35 @@ def test_packed_logits_and_gradients_match_the_hf_pass(name: str, lengths: list[
     assert float(packed[~mask].abs().max()) == 0.0  # padding positions hold zeros
     for a, b in zip(g_hf, g_packed):
         assert torch.allclose(b, a, atol=1e-5 * max(1e-3, float(a.abs().max())), rtol=1e-4)
+
+
+@pytest.mark.parametrize("lengths", [[9, 3, 1, 7, 9, 5], [600, 211, 1, 598]])
+def test_layout_groups_rows_by_prompt_length_and_takes_each_attention_where_cheaper(lengths: list[int]) -> None:
+    batch = _batch(40, lengths)
+    first, inverse = B._distinct_prompts(batch)
+    t = batch.response_ids.shape[1]
+    lay = _layout(batch.prompt_mask, batch.response_lengths, first, t)
+    assert [(g.n, g.idx.tolist()) for g in lay.groups] == [(4, [0, 1]), (6, list(range(2, len(lengths))))]
+    short = t - 1 <= MASKED_UP_TO
+    assert all((g.allowed is not None) == short for g in lay.groups)  # the test above covers both passes
+    if short:  # query i sees the n prompt keys and response keys 0..i
+        assert lay.groups[0].allowed.tolist()[2] == [True] * 7 + [False] * 5
+    # every packed input comes back from its own row and column of the groups' outputs
+    width = t - 1
+    slots = torch.cat([g.idx for g in lay.groups])
+    assert torch.equal(slots[lay.unpack // width], lay.rows) and torch.equal(lay.unpack % width, lay.cols)
+    for g in lay.groups:  # the gather reads each row's packed inputs in order
+        live = torch.arange(width)[None] < (batch.response_lengths[g.idx, None] - 1)
+        assert torch.equal(lay.rows[g.gather[live]], g.idx[:, None].expand(-1, width)[live])
+        assert torch.equal(lay.cols[g.gather[live]], torch.arange(width)[None].expand(len(g.idx), -1)[live])
+
+
+def test_packed_logits_when_every_response_is_one_token() -> None:
+    model = _models()["tiny"].eval()
+    batch = _batch(model.config.vocab_size, [1, 1, 1])
+    with torch.no_grad():
+        packed, hf = _packed(model, batch), B._plain_response_forward(model, batch)[0]
+    assert torch.allclose(packed, hf, atol=1e-5)
 
 
 def test_response_forward_takes_the_packed_pass_where_allowed(monkeypatch: pytest.MonkeyPatch) -> None:

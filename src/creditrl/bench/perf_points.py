@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from creditrl.bench.perf_options import NEVER_EOS, TINY, ModelSize, PerformanceOptions
 from creditrl.bench.run import BenchOptions, creditrl_iterations, spread, trl_iterations
@@ -113,6 +114,47 @@ def _log_fn(start: float) -> Callable[[str], None]:
         print(f"[creditrl bench --performance] {time.time() - start:6.0f} s  {msg}", flush=True)
 
     return log
+
+
+def decode_products(model: Any, rows: int, steps: int = 50, repeats: int = 5) -> dict[str, Any]:
+    """The decode's ceiling set by its matrix products alone: one decode step's products of every
+    layer (q|k|v, o, gate|up, down) and the head, on the model's own weights for ``rows`` rows of
+    one token, with no attention, norm, sampling or framework step around them -- ``steps`` steps
+    per repeat. Both engines run these products on every step; tokens/s = rows / step seconds."""
+    layers, head = model.model.layers, model.get_output_embeddings().weight
+    weights = []
+    for layer in layers:
+        at, mlp = layer.self_attn, layer.mlp
+        weights += [
+            torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight]).detach(),
+            at.o_proj.weight.detach(),
+            torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach(),
+            mlp.down_proj.weight.detach(),
+        ]
+    weights.append(head.detach())
+    xs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w in weights}
+    flops = sum(2 * rows * w.numel() for w in weights)
+
+    def step() -> None:
+        for w in weights:
+            F.linear(xs[w.shape[1]], w)
+
+    with torch.inference_mode():
+        step()
+        seconds = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for _ in range(steps):
+                step()
+            seconds.append((time.perf_counter() - start) / steps)
+    best = min(seconds)
+    return {
+        "rows": rows,
+        "step_s": spread(seconds),
+        "tokens_per_s": rows / statistics.median(seconds),
+        "gflops": flops / best / 1e9,
+        "flops_per_step": flops,
+    }
 
 
 def measure_decode(
@@ -247,6 +289,7 @@ def measure_point(
     prompts = [encode_prompt(tok, p.prompt) for p in task.sample(opts.prompts, split="train", seed=opts.seed)]
     geometry = model_geometry(model)
     decode = measure_decode(model, tok, prompts, max_new, opts)
+    products = decode_products(model, opts.prompts * opts.group)
     del model
     settings = BenchOptions(
         policy=policy,
@@ -265,6 +308,7 @@ def measure_point(
     its = measure_iterations(policy, settings, task, overrides, opts)
     res = summarise_point(geometry, [len(p) for p in prompts], decode, its, limits, opts.group)
     res.update(length=length, chain_steps=steps, max_new_tokens=max_new, eos_reachable=stops, **geometry)
+    res["decode"]["products"] = products
     d, it = res["decode"], res["iteration"]
     trl = (
         f"; TRL {it['trl_iter_s']['median']:.3f} s ({it['trl_length']:.0f} tokens/row) -> "

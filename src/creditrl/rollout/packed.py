@@ -12,9 +12,9 @@ parameters, so it is differentiable and serves the update as well as the referen
    response token (the last prompt position emits the first), ``(N, H)`` with ``N = sum L_i - B``,
    through every projection and MLP -- the products that cost almost all of the FLOPs;
 3. attention per row over [its prompt's real keys, its own response keys so far]: the rows of
-   each prompt length in one causal pass over ``[real prompt, response]`` positions, scattered
-   from and gathered back to the packed rows; the causal kernel skips the upper triangle, which
-   matters at long responses, where these products outgrow the projections.
+   each prompt length in one pass over ``[real prompt, response]`` positions, gathered from and
+   back to the packed rows -- masked for short responses, causal for long ones, where the kernel's
+   skipping of the upper triangle matters as these products outgrow the projections.
 
 :func:`packed_reason` says when a model or call is outside it (then the HF pass runs); the
 outputs agree with the HF pass to float rounding (tests compare them, and their gradients).
@@ -79,12 +79,34 @@ def _expand_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
 @dataclass
 class _Layout:
     """Where the packed response inputs sit: row ``rows[n]``, column ``cols[n]`` of the (B, T-1)
-    inputs (token j emits token j + 1); the prompts' attention mask; the rows by prompt length."""
+    inputs (token j emits token j + 1); the prompts' attention mask; the rows by prompt length,
+    each with where its (rows, T-1) inputs sit in the packed ones; where each packed input's
+    attention output sits in the groups' outputs, concatenated and flattened."""
 
     rows: torch.Tensor  # (N,)
     cols: torch.Tensor  # (N,)
     prompt_bias: torch.Tensor  # (u, 1, P, P): causal within each distinct prompt, 0 or -inf-like
-    by_length: list[tuple[int, torch.Tensor]]  # (real prompt length, its rows), for the causal response pass
+    groups: list[_LengthGroup]  # the rows of each real prompt length, for the response attention
+    unpack: torch.Tensor  # (N,): index into the groups' outputs (sum of rows x (T-1))
+
+
+@dataclass
+class _LengthGroup:
+    """The rows whose real prompt length is ``n``: their inputs' packed indices ``gather`` (rows,
+    T-1) -- past a row's end any index (those queries' outputs are dropped and causality keeps those
+    keys from every real query) -- and, for short responses, the mask ``allowed`` (T-1, n + T-1):
+    query i sees the n prompt keys and the response keys up to its own. Without it the pass is
+    causal over all n + T-1 positions, with zero queries at the prompt's (their outputs dropped):
+    more products, but the causal kernel skips the upper triangle, which the masked one computes
+    -- the cheaper one past :data:`MASKED_UP_TO` response inputs (measured on the CPU kernels)."""
+
+    n: int
+    idx: torch.Tensor  # (g,) the rows
+    gather: torch.Tensor  # (g, T-1) into the packed inputs
+    allowed: torch.Tensor | None  # (T-1, n + T-1) bool, or None: causal over [prompt, response]
+
+
+MASKED_UP_TO = 128  # response inputs (T-1) up to which the masked attention runs, not the causal one
 
 
 def _layout(prompt_mask: torch.Tensor, response_lengths: torch.Tensor, first: torch.Tensor, t: int) -> _Layout:
@@ -96,39 +118,50 @@ def _layout(prompt_mask: torch.Tensor, response_lengths: torch.Tensor, first: to
     causal = torch.ones(p, p, dtype=torch.bool, device=device).tril()
     prompt_bias = torch.zeros(first.numel(), 1, p, p, device=device)
     prompt_bias.masked_fill_(~(causal[None, None] & p_real[first][:, None, None, :]), torch.finfo(torch.float32).min)
-    lengths = prompt_mask.sum(-1)
-    by_length = [(int(n), (lengths == n).nonzero().squeeze(-1)) for n in torch.unique(lengths).tolist()]
-    return _Layout(rows, cols, prompt_bias, by_length if t > 1 else [])
+    groups: list[_LengthGroup] = []
+    unpack = rows.new_zeros(0)
+    if rows.numel():
+        packed_at = torch.zeros(live.shape, dtype=torch.long, device=device)
+        packed_at[rows, cols] = torch.arange(rows.numel(), device=device)
+        lengths = prompt_mask.sum(-1)
+        for n in torch.unique(lengths).tolist():
+            idx = (lengths == n).nonzero().squeeze(-1)
+            allowed = None
+            if t - 1 <= MASKED_UP_TO:
+                allowed = torch.ones(t - 1, int(n) + t - 1, dtype=torch.bool, device=device).tril(int(n))
+            groups.append(_LengthGroup(int(n), idx, packed_at[idx], allowed))
+        slot = torch.empty_like(response_lengths)  # each row's place in the concatenated groups
+        slot[torch.cat([g.idx for g in groups])] = torch.arange(response_lengths.numel(), device=device)
+        unpack = slot[rows] * (t - 1) + cols
+    return _Layout(rows, cols, prompt_bias, groups, unpack)
 
 
 def _response_attention(
     att: _Attention,
-    q: torch.Tensor,  # (B, heads, T-1, d): the response inputs' queries, zero past each row's end
+    qr: torch.Tensor,  # (N, heads, d): the packed response inputs' queries
     kp: torch.Tensor,  # (u, kv, P, d): the distinct prompts' keys, left-padded
     vp: torch.Tensor,
-    kr: torch.Tensor,  # (B, kv, T-1, d): the response inputs' keys
+    kr: torch.Tensor,  # (N, kv, d): the packed response inputs' keys
     vr: torch.Tensor,
     inverse: torch.Tensor,  # (B,): each row's distinct prompt
-    by_length: list[tuple[int, torch.Tensor]],
+    lay: _Layout,
 ) -> torch.Tensor:
     """Each row's response queries over [its prompt's real keys, its own response keys so far]:
-    per prompt length l, one causal pass over the l + T - 1 positions ``[real prompt, response]``
-    (zero queries at the prompt positions, whose outputs are dropped), so no mask is read and the
-    kernel skips the causal upper triangle; padding past a row's end comes after its real keys, so
-    causality keeps it out. Returns (B, heads, T-1, d)."""
-    p, parts, order = kp.shape[2], [], []
-    for n, idx in by_length:
-        keys = torch.cat([kp[inverse[idx], :, p - n :], kr[idx]], 2)
-        vals = torch.cat([vp[inverse[idx], :, p - n :], vr[idx]], 2)
-        queries = torch.cat([q.new_zeros(len(idx), q.shape[1], n, q.shape[3]), q[idx]], 2)
-        out = F.scaled_dot_product_attention(
-            queries, _expand_kv(keys, att.heads), _expand_kv(vals, att.heads), is_causal=True
-        )
-        parts.append(out[:, :, n:])
-        order.append(idx)
-    back = torch.empty_like(inverse)
-    back[torch.cat(order)] = torch.arange(inverse.numel(), device=inverse.device)
-    return torch.cat(parts)[back]
+    per prompt length n, one pass over the rows' keys ``[real prompt, response]``, masked or
+    causal (see :class:`_LengthGroup`); padding past a row's end comes after its real keys, so
+    neither lets a real query see it. Returns (N, heads, d)."""
+    p, parts = kp.shape[2], []
+    for g in lay.groups:
+        q, k, v = (x[g.gather].transpose(1, 2) for x in (qr, kr, vr))  # (g, heads|kv, T-1, d)
+        keys = _expand_kv(torch.cat([kp[inverse[g.idx], :, p - g.n :], k], 2), att.heads)
+        vals = _expand_kv(torch.cat([vp[inverse[g.idx], :, p - g.n :], v], 2), att.heads)
+        if g.allowed is not None:
+            out = F.scaled_dot_product_attention(q, keys, vals, attn_mask=g.allowed)
+        else:
+            q = torch.cat([q.new_zeros(q.shape[0], q.shape[1], g.n, q.shape[3]), q], 2)
+            out = F.scaled_dot_product_attention(q, keys, vals, is_causal=True)[:, :, g.n :]
+        parts.append(out.transpose(1, 2))  # (g, T-1, heads, d)
+    return torch.cat(parts).flatten(0, 1)[lay.unpack]
 
 
 class _Attention:
@@ -192,15 +225,10 @@ def packed_response_logits(
         q, k, v = (x.transpose(1, 2) for x in att.project(hp, cos_p, sin_p))  # (u, heads|kv, P, d)
         hp = hp + att.out(att.attend(q, k, v, lay.prompt_bias).transpose(1, 2))
         hp = hp + _mlp(layer.mlp, _rms(hp, layer.post_attention_layernorm))
-        if not lay.by_length:
+        if not lay.groups:
             continue
         qr, kr, vr = att.project(hr, cos_r, sin_r)  # (N, heads|kv, d)
-        qpad, kpad, vpad = (
-            hr.new_zeros(b, t - 1, *x.shape[1:]).index_put((rows, cols), x).transpose(1, 2) for x in (qr, kr, vr)
-        )
-        a = _response_attention(att, qpad, k, v, kpad, vpad, inverse, lay.by_length)
-        a = a.transpose(1, 2)[rows, cols]  # (N, heads, d)
-        hr = hr + att.out(a)
+        hr = hr + att.out(_response_attention(att, qr, k, v, kr, vr, inverse, lay))
         hr = hr + _mlp(layer.mlp, _rms(hr, layer.post_attention_layernorm))
     head = model.get_output_embeddings()
     logits = hp.new_zeros(b, t, head.weight.shape[0])
