@@ -106,6 +106,22 @@ def test_layout_groups_rows_by_prompt_length_and_takes_each_attention_where_chea
         assert torch.equal(lay.cols[g.gather[live]], torch.arange(width)[None].expand(len(g.idx), -1)[live])
 
 
+def test_packed_gradients_are_the_same_bits_on_every_repeat() -> None:
+    # many rows past their end and many rows per prompt: the gradients that gather from shared or
+    # padded places must not depend on how threads interleave their sums
+    torch.set_num_threads(2)
+    model = _models()["llama_gqa"]
+    lengths = [int(n) for n in torch.randint(1, 60, (96,), generator=torch.Generator().manual_seed(2))]
+    batch = _batch(model.config.vocab_size, lengths)
+    weights = torch.randn(batch.response_mask.shape, generator=torch.Generator().manual_seed(1)) * batch.response_mask
+    grads = []
+    for _ in range(8):
+        model.zero_grad()
+        (B.token_logprobs(_packed(model, batch), batch.response_ids) * weights).sum().backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    assert all(torch.equal(g, grads[0]) for g in grads[1:])
+
+
 def test_packed_logits_when_every_response_is_one_token() -> None:
     model = _models()["tiny"].eval()
     batch = _batch(model.config.vocab_size, [1, 1, 1])

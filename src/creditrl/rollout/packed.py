@@ -103,6 +103,7 @@ class _LengthGroup:
     n: int
     idx: torch.Tensor  # (g,) the rows
     gather: torch.Tensor  # (g, T-1) into the packed inputs
+    live: torch.Tensor  # (g, T-1) bool: the entries of ``gather`` within their row
     allowed: torch.Tensor | None  # (T-1, n + T-1) bool, or None: causal over [prompt, response]
 
 
@@ -129,7 +130,7 @@ def _layout(prompt_mask: torch.Tensor, response_lengths: torch.Tensor, first: to
             allowed = None
             if t - 1 <= MASKED_UP_TO:
                 allowed = torch.ones(t - 1, int(n) + t - 1, dtype=torch.bool, device=device).tril(int(n))
-            groups.append(_LengthGroup(int(n), idx, packed_at[idx], allowed))
+            groups.append(_LengthGroup(int(n), idx, packed_at[idx], live[idx], allowed))
         slot = torch.empty_like(response_lengths)  # each row's place in the concatenated groups
         slot[torch.cat([g.idx for g in groups])] = torch.arange(response_lengths.numel(), device=device)
         unpack = slot[rows] * (t - 1) + cols
@@ -152,9 +153,12 @@ def _response_attention(
     neither lets a real query see it. Returns (N, heads, d)."""
     p, parts = kp.shape[2], []
     for g in lay.groups:
-        q, k, v = (x[g.gather].transpose(1, 2) for x in (qr, kr, vr))  # (g, heads|kv, T-1, d)
-        keys = _expand_kv(torch.cat([kp[inverse[g.idx], :, p - g.n :], k], 2), att.heads)
-        vals = _expand_kv(torch.cat([vp[inverse[g.idx], :, p - g.n :], v], 2), att.heads)
+        q, k, v = (_Gather.apply(x, g.gather, g.live).transpose(1, 2) for x in (qr, kr, vr))  # (g, heads|kv, T-1, d)
+        # a prompt's rows share its keys: index_select's gradient adds them up one row after another
+        # (an indexing's would add them from several threads at once, in no fixed order)
+        shared = inverse[g.idx]
+        keys = _expand_kv(torch.cat([kp.index_select(0, shared)[:, :, p - g.n :], k], 2), att.heads)
+        vals = _expand_kv(torch.cat([vp.index_select(0, shared)[:, :, p - g.n :], v], 2), att.heads)
         if g.allowed is not None:
             out = F.scaled_dot_product_attention(q, keys, vals, attn_mask=g.allowed)
         else:
@@ -162,6 +166,27 @@ def _response_attention(
             out = F.scaled_dot_product_attention(q, keys, vals, is_causal=True)[:, :, g.n :]
         parts.append(out.transpose(1, 2))  # (g, T-1, heads, d)
     return torch.cat(parts).flatten(0, 1)[lay.unpack]
+
+
+class _Gather(torch.autograd.Function):
+    """``x[index]`` whose gradient is a plain scatter of the ``live`` entries. The entries past a
+    row's end all point at one input, so autograd's own backward (an accumulating scatter) would add
+    into it from many places at once, which on the CPU runs in parallel in no fixed order; their
+    gradient is zero anyway (those outputs are dropped), and every other input appears exactly once
+    among the live entries, so nothing needs accumulating and the gradient is deterministic."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, index: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(index, live)
+        ctx.rows = x.shape[0]
+        return x[index]
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        index, live = ctx.saved_tensors
+        out = grad.new_zeros(ctx.rows, *grad.shape[index.dim() :])
+        out[index[live]] = grad[live]
+        return out, None, None
 
 
 class _Attention:
@@ -232,7 +257,8 @@ def packed_response_logits(
         hr = hr + _mlp(layer.mlp, _rms(hr, layer.post_attention_layernorm))
     head = model.get_output_embeddings()
     logits = hp.new_zeros(b, t, head.weight.shape[0])
-    logits[:, 0] = F.linear(_rms(hp[:, -1], base.norm), head.weight, head.bias)[inverse]  # the prompt emits token 0
+    first_logits = F.linear(_rms(hp[:, -1], base.norm), head.weight, head.bias)
+    logits[:, 0] = first_logits.index_select(0, inverse)  # the prompt emits token 0 (a deterministic gradient)
     if rows.numel():
         logits = logits.index_put((rows, cols + 1), F.linear(_rms(hr, base.norm), head.weight, head.bias))
     return logits.float()
