@@ -4,6 +4,7 @@ every row decode max_new_tokens, and the derived numbers follow from the raw one
 import json
 import statistics
 import subprocess
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -66,6 +67,7 @@ def test_report_has_every_section_and_the_page_its_header(quick):
     saved = json.loads((opts.out / "performance.json").read_text())
     assert {"limits", "lengths", "sizes", "study", "rss", "forward", "kl_skip", "flags"} <= set(saved)
     page = opts.results.read_text()
+    assert json.loads(opts.results.with_suffix(".json").read_text()) == saved  # the run beside its page
     assert page.startswith("# Performance") and "Written by `" in page and "machine:" in page
     for heading in ("## a. By generated length", "## b. By model size", "## c. Study settings"):
         assert heading in page
@@ -187,6 +189,22 @@ def test_summarise_run_splits_the_time_outside_iterations():
     agree = compare_rows(rows, other)
     assert agree["reward/mean"] == {"max_abs_diff": 0.125, "compared": 3}
     assert agree["eval/accuracy"] == {"max_abs_diff": 0.25, "compared": 2}
+    # the same samples (token counts) while the loss differs by rounding, then a differing sample
+    a = [{"iteration": i, "tokens/generated": 100, "loss/policy": 0.5} for i in range(1, 5)]
+    b = [dict(r) for r in a]
+    b[1]["loss/policy"] = 0.5 * (1 + 1e-7)
+    b[2]["tokens/generated"] = 101
+    assert compare_rows(a, b)["samples"] == {
+        "first_differing_iteration": 3,
+        "loss_abs_diff_before": pytest.approx(0.5e-7),
+        "loss_scale_before": pytest.approx(0.5),
+    }
+    assert compare_rows(a, a)["samples"] == {
+        "first_differing_iteration": None,
+        "loss_abs_diff_before": 0.0,
+        "loss_scale_before": 0.5,
+    }
+    assert compare_rows(rows, other)["samples"] is None  # no token counts in these rows: unknown, not "same"
 
 
 def test_baseline_worktree_is_the_old_commit_and_is_removed():
@@ -276,8 +294,30 @@ def test_a_section_measured_again_goes_into_the_saved_run_and_is_named(quick, tm
         torch.set_num_threads(threads)
 
 
+def test_the_peak_is_the_process_own_not_the_parent_carried_over_the_exec():
+    from creditrl.bench.perf_rss import own_peak_mb
+
+    assert own_peak_mb() >= peak_rss_now_mb() * 0.99 > 0  # this process: at least its resident set now
+    # a child started by a process holding 2 GB more: ru_maxrss reports the parent's, VmHWM the child's own
+    blob = bytearray(b"x" * (2048 * 2**20))
+    code = (
+        "import resource; from creditrl.bench.perf_rss import own_peak_mb; "
+        "print(own_peak_mb(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    own, carried = float(out[0]), float(out[1])
+    assert own < 1500 and carried > 2048
+    del blob
+
+
+def peak_rss_now_mb() -> float:
+    import os
+
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
 def test_the_rss_sampler_splits_its_samples_by_stage():
-    from creditrl.bench.perf_study import RssSampler
+    from creditrl.bench.perf_rss import RssSampler
 
     sampler = RssSampler()
     sampler.start = 100.0
@@ -285,6 +325,11 @@ def test_the_rss_sampler_splits_its_samples_by_stage():
     row = {"time/rollout_s": 1.0, "time/reference_s": 1.0, "time/score_s": 0.5, "time/update_s": 2.0}
     # score (102.0-102.5 s) holds no sample: it gets the next one, at 103.5 s
     assert sampler.stage_peaks(row) == {"rollout": 10.0, "reference": 30.0, "score": 5.0, "update": 40.0}
+    # the peak so far rose to its final value before the sample at 101.9 s: within the reference stage
+    sampler.highs = [(100.5, 10.0), (101.2, 30.0), (101.9, 55.0), (103.5, 55.0), (104.0, 55.0)]
+    assert sampler.peak_stage(row) == "reference"
+    sampler.highs = [(100.5, 10.0), (101.2, 30.0), (101.9, 30.0), (103.5, 30.0), (104.6, 70.0)]
+    assert sampler.peak_stage(row) == "after the stages"
     with RssSampler(every=0.005) as live:
         time.sleep(0.03)
         blob = bytearray(b"x" * (64 * 2**20))  # 64 MB written, so resident
@@ -317,7 +362,12 @@ def test_the_decode_products_ceiling_counts_every_product_and_explains_the_decod
     assert f"{1.5 * c['tokens_per_s']:,.0f} tokens/s, above it" in text and "75% of that, HF generate 50%" in text
     assert "out of reach" in text
     p["decode"]["hf_generate_tokens_per_s"]["median"] = c["tokens_per_s"] / 4  # 3x HF = 0.75x the ceiling
-    assert "below it" in _decode_explanation(fast)[0] and "leaves room" in _decode_explanation(fast)[0]
+    assert "below it" in _decode_explanation(fast)[0] and "within reach" in _decode_explanation(fast)[0]
+    q = fast["sizes"][1]  # one point of each kind: each gets its own verdict
+    q["decode"].update(ratio_hf_vs_creditrl=1.2)
+    q["decode"]["hf_generate_tokens_per_s"]["median"] = q["decode"]["products"]["tokens_per_s"]
+    both = _decode_explanation(fast)
+    assert len(both) == 2 and "out of reach" in both[0] and "0.3M" in both[0] and "0.1M" in both[1]
 
 
 def test_the_study_floor_is_the_model_flops_of_an_iteration_at_the_peak(quick):
@@ -344,3 +394,20 @@ def test_decode_products_count_every_linear_weight_of_a_step():
     out = decode_products(model, rows=3, steps=2, repeats=2)
     assert out["flops_per_step"] == 2 * 3 * (linears + head)
     assert out["step_s"]["n"] == 2 and out["tokens_per_s"] == pytest.approx(3 / out["step_s"]["median"])
+
+
+def test_the_page_says_where_the_two_codes_samples_part():
+    from creditrl.bench.performance_report import _samples_line
+
+    rows = [{"iteration": i, "tokens/generated": 100, "loss/policy": 1e-3} for i in range(1, 6)]
+    other = [dict(r) for r in rows]
+    other[1]["loss/policy"] = 1e-3 + 2e-9
+    other[3]["tokens/generated"] = 99
+    study = {"baseline": {"commit": "abc", "old": [{"rows": rows}]}, "runs": {"arith": [{"rows": other}]}}
+    line = _samples_line(study)
+    assert "same tokens up to iteration 3, their policy losses within 2.0e-09 of each other" in line
+    assert "(losses of order 1.0e-03)" in line and "At iteration 4 that rounding tipped" in line
+    study["runs"]["arith"] = [{"rows": rows}]
+    assert _samples_line(study).startswith(" Every iteration sampled the same tokens")
+    study["runs"]["arith"] = [{"rows": [{"iteration": 1, "reward/mean": 0.5}]}]  # rows without token counts
+    assert _samples_line(study) == ""

@@ -1,32 +1,26 @@
-"""Sections c, e and f of `creditrl bench --performance`: whole `creditrl train` runs (and the
-baseline commit's, back to back), the peak RSS of one large iteration, the packed forward against
-the HF pass and what the KL row-skipping approximation changes."""
+"""Sections c and f of `creditrl bench --performance`: whole `creditrl train` runs (and the
+baseline commit's, back to back), the packed forward against the HF pass and what the KL
+row-skipping approximation changes (section e, the peak RSS, is :mod:`creditrl.bench.perf_rss`)."""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from creditrl.bench.perf_options import CREDITRL_SRC, ModelSize, PerformanceOptions
-from creditrl.bench.perf_points import _median_ratio, save_never_eos_model
+from creditrl.bench.perf_options import CREDITRL_SRC, PerformanceOptions
+from creditrl.bench.perf_points import _median_ratio
 from creditrl.config import Config, load_config
 from creditrl.config.loader import packaged_config
 from creditrl.inspect.data import load_metrics
-from creditrl.tasks.chain import steps_for_tokens
 
 # -- (c): whole `creditrl train` runs -----------------------------------------------------------------------
 
@@ -76,6 +70,9 @@ def timed_train(src: Path, config: Path, overrides: list[str], run_dir: Path) ->
     return {"command": cmd, "src": str(src), **summarise_run(rows, wall, stamps)}
 
 
+_KEPT = ("iteration", "eval/accuracy", "reward/mean", "tokens/generated", "loss/policy")  # each run's rows, compared
+
+
 def summarise_run(rows: list[dict], wall: float, stamps: list[float] | None = None) -> dict[str, Any]:
     """Samples/s and where the wall time went. The rows' stage times sum to ``time/iter_s``; the
     rest of the wall time is outside the iterations. With ``stamps`` (when each row appeared) that
@@ -100,7 +97,7 @@ def summarise_run(rows: list[dict], wall: float, stamps: list[float] | None = No
         "iterations_s": in_iterations,
         "outside_iterations_s": wall - in_iterations,
         "evaluations": sum("eval/accuracy" in r for r in rows),
-        "rows": [{k: r[k] for k in ("iteration", "eval/accuracy", "reward/mean") if k in r} for r in rows],
+        "rows": [{k: r[k] for k in _KEPT if k in r} for r in rows],
     }
     if any("time/eval_s" in r for r in rows):
         out["eval_s"] = sum(r.get("time/eval_s", 0.0) for r in rows)
@@ -126,7 +123,33 @@ def compare_rows(a: list[dict], b: list[dict], keys: tuple[str, ...] = ("eval/ac
             abs(r[key] - by_it[r["iteration"]][key]) for r in a if key in r and key in by_it.get(r["iteration"], {})
         ]
         out[key] = {"max_abs_diff": max(diffs) if diffs else None, "compared": len(diffs)}
+    out["samples"] = _first_sample_difference(a, by_it)
     return out
+
+
+def _first_sample_difference(a: list[dict], by_it: dict[int, dict]) -> dict[str, Any] | None:
+    """The first iteration whose samples differ (its generated token count does; None: none does),
+    the largest absolute difference of the policy loss before it -- the float rounding the two codes'
+    updates differ by while they train on the same samples -- and the median |policy loss| before it,
+    its scale (None where the rows carry no token counts)."""
+    first, diffs, scale = None, [0.0], []
+    for r in a:
+        o = by_it.get(r["iteration"], {})
+        if "tokens/generated" not in r or "tokens/generated" not in o:
+            continue
+        if r["tokens/generated"] != o["tokens/generated"]:
+            first = r["iteration"]
+            break
+        if "loss/policy" in r and "loss/policy" in o:
+            diffs.append(abs(r["loss/policy"] - o["loss/policy"]))
+            scale.append(abs(o["loss/policy"]))
+    if first is None and not scale:
+        return None  # rows kept without their token counts: unknown
+    return {
+        "first_differing_iteration": first,
+        "loss_abs_diff_before": max(diffs),
+        "loss_scale_before": statistics.median(scale) if scale else 0.0,
+    }
 
 
 @contextlib.contextmanager
@@ -267,117 +290,3 @@ def bench_kl_skip(opts: PerformanceOptions, threads: int, log: Callable[[str], N
         f"{m['update_s_approx']:.3f} s approximate (medians over iterations {list(opts.kl_skip_at)})"
     )
     return out
-
-
-# -- (e): peak RSS of one large iteration --------------------------------------------------------------------
-
-
-class RssSampler:
-    """The resident set size of this process every ``every`` seconds while the block runs (from
-    ``/proc/self/statm``; empty where there is none), with the time of each sample."""
-
-    def __init__(self, every: float = 0.02) -> None:
-        self.every, self.samples, self._stop = every, [], threading.Event()
-
-    def _run(self) -> None:
-        page = os.sysconf("SC_PAGE_SIZE")
-        while not self._stop.is_set():
-            try:
-                resident = int(Path("/proc/self/statm").read_text().split()[1])
-            except OSError:
-                return
-            self.samples.append((time.perf_counter(), resident * page / 2**20))
-            self._stop.wait(self.every)
-
-    def __enter__(self) -> RssSampler:
-        self.start = time.perf_counter()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def stage_peaks(self, row: dict[str, float]) -> dict[str, float]:
-        """The largest sample (MB) within each stage of an iteration's metrics ``row``: the stages
-        run one after another from the block's start, for their ``time/<stage>_s``; a stage shorter
-        than the sampling interval gets the first sample after it."""
-        out, t = {}, self.start
-        for stage in ("rollout", "reference", "score", "value", "credit", "update"):
-            seconds = row.get(f"time/{stage}_s", 0.0)
-            end = t + seconds
-            inside = [mb for at, mb in self.samples if t <= at <= end]
-            if not inside and seconds > 0:  # shorter than the sampling interval: the next sample after it
-                inside = [mb for at, mb in self.samples if at > end][:1] or [mb for _, mb in self.samples][-1:]
-            if inside:
-                out[stage] = max(inside)
-            t = end
-        return out
-
-
-def rss_child(spec_json: str) -> None:
-    """(In a subprocess.) One creditrl iteration on chain.yaml (KL on) from a never-eos model of
-    ``spec["size"]``: prints one JSON line with its peak RSS (this process) and timings."""
-    import resource
-
-    from creditrl.train.rl import RLTrainer
-
-    spec = json.loads(spec_json)
-    if spec["threads"]:
-        torch.set_num_threads(spec["threads"])
-    steps = steps_for_tokens(spec["tokens"])
-    with tempfile.TemporaryDirectory(prefix="creditrl-rss-") as tmp:
-        path = save_never_eos_model(ModelSize(**spec["size"]), Path(tmp) / "model", spec["seed"])
-        cfg = load_config(
-            packaged_config("chain"),
-            [
-                f"rollout.prompts_per_iter={spec['prompts']}",
-                f"rollout.group_size={spec['group']}",
-                f"rollout.max_new_tokens={spec['tokens']}",
-                f"task.args={{min_steps: {steps}, max_steps: {steps}}}",
-                "optim.skip_zero_advantage=false",
-                "train.progress=false",
-                f"train.seed={spec['seed']}",
-            ],
-        )
-        trainer = RLTrainer.from_config(cfg, Path(tmp) / "run", init_path=str(path))
-        with RssSampler() as rss:
-            row = trainer.iteration(0)
-    print(
-        json.dumps(
-            {
-                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                "stage_peak_mb": rss.stage_peaks(row),
-                "iter_s": row["time/iter_s"],
-                "rollout_s": row["time/rollout_s"],
-                "update_s": row["time/update_s"],
-                "response_length": row["response/length"],
-                "samples": spec["prompts"] * spec["group"],
-            }
-        )
-    )
-
-
-def bench_rss(opts: PerformanceOptions, threads: int, log: Callable[[str], None]) -> dict[str, Any]:
-    spec = {
-        "size": asdict(opts.rss_size),
-        "prompts": opts.rss_prompts,
-        "group": opts.rss_group,
-        "tokens": opts.rss_tokens,
-        "threads": threads,
-        "seed": opts.seed,
-    }
-    code = "import sys; from creditrl.bench.perf_study import rss_child; rss_child(sys.argv[1])"
-    env = {**os.environ, "PYTHONPATH": str(CREDITRL_SRC)}
-    proc = subprocess.run([sys.executable, "-c", code, json.dumps(spec)], capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        raise RuntimeError(f"the peak-RSS subprocess exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-    res = json.loads(proc.stdout.strip().splitlines()[-1])
-    res.update(spec=spec, target_mb=opts.rss_target_mb, within_target=res["peak_rss_mb"] <= opts.rss_target_mb)
-    log(
-        f"rss: one iteration of {res['samples']} samples x {opts.rss_tokens} tokens at {opts.rss_size.name} "
-        f"({res['response_length']:.0f} tokens/row, {res['iter_s']:.1f} s): peak RSS {res['peak_rss_mb']:,.0f} MB "
-        f"(target {opts.rss_target_mb:,.0f} MB)"
-    )
-    return res

@@ -24,10 +24,12 @@ e. ``rss``      -- peak RSS of a subprocess running one creditrl iteration of 12
    tokens at the ~10M size, against a 4 GB target.
 
 Results go to ``OUT/performance.json`` and the plots ``OUT/performance_length.png`` and
-``OUT/performance_size.png``; the markdown report is printed (and written with ``--results PAGE``).
+``OUT/performance_size.png``; the markdown report is printed (and written with ``--results PAGE``, with
+the run's JSON beside it as PAGE's name with .json: ``--render`` and ``--update`` take that file).
 
 The code follows the sections: :mod:`~creditrl.bench.perf_options` (the sizes),
-:mod:`~creditrl.bench.perf_points` (a, b, d), :mod:`~creditrl.bench.perf_study` (c, e, f),
+:mod:`~creditrl.bench.perf_points` (a, b, d), :mod:`~creditrl.bench.perf_study` (c, f),
+:mod:`~creditrl.bench.perf_rss` (e),
 :mod:`~creditrl.bench.performance_report` (the page), :mod:`~creditrl.bench.perf_flags` (the flagged points
 and what explains them), :mod:`~creditrl.bench.perf_plots` (the plots); this module runs them in order.
 """
@@ -54,10 +56,10 @@ from creditrl.bench.perf_points import (
     decode_bytes,
     save_never_eos_model,
 )
+from creditrl.bench.perf_rss import bench_rss
 from creditrl.bench.perf_study import (
     bench_forward,
     bench_kl_skip,
-    bench_rss,
     bench_study,
     compare_rows,
     summarise_run,
@@ -120,12 +122,15 @@ def run_performance(opts: PerformanceOptions) -> dict[str, Any]:
 
 def publish(result: dict[str, Any], out: Path, results: Path | None) -> str:
     """The plots, the report (printed) and, with ``results``, the page of a finished run (dated
-    when it was measured)."""
+    when it was measured) and the run's JSON beside it (``results`` with the suffix .json)."""
     plot_lengths(result, out / "performance_length.png")
     plot_sizes(result, out / "performance_size.png")
     report = performance_report(result)
     print(report)
     if results is not None:
+        # the run itself next to its page, so that a later --render or --update starts from the repository
+        results.parent.mkdir(parents=True, exist_ok=True)
+        results.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str))
         stem = results.stem
         figures = {
             f"{stem}_length.png": out / "performance_length.png",

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from creditrl.bench.perf_flags import explanations, point_label
+from creditrl.bench.perf_study import compare_rows
 
 STAGES = ("rollout", "reference", "score", "value", "credit", "update")
 _MEMORY_STAGES = ("rollout", "reference", "update")
@@ -16,6 +17,31 @@ REMEASURED_TITLES = {
     "forward": "f (the packed forward)",
     "kl_skip": "f (zero-advantage rows under a KL term)",
 }
+
+
+def _samples_line(study: dict[str, Any]) -> str:
+    """Where the two codes' first runs' samples part, and the rounding their updates differed by until
+    then (from the rows each run kept)."""
+    b, new = study["baseline"], study["runs"].get("arith", [])
+    if not b.get("old") or not new:
+        return ""
+    same = compare_rows(b["old"][0]["rows"], new[0]["rows"])["samples"]
+    if same is None:
+        return ""
+    first, diff, scale = same["first_differing_iteration"], same["loss_abs_diff_before"], same["loss_scale_before"]
+    losses = f"their policy losses within {diff:.1e} of each other (losses of order {scale:.1e})"
+    if first is None:
+        return f" Every iteration sampled the same tokens, {losses}."
+    return (
+        f" Both sampled the same tokens up to iteration {first - 1}, {losses}: the float rounding of two "
+        f"different forward passes over the same samples. At iteration {first} that rounding tipped a sampled "
+        "token, and from there the two runs draw different samples of the same training, so their later "
+        f"metrics differ by sampling noise, not by what `{b['commit']}` and this code compute."
+    )
+
+
+def _where(stage: str) -> str:
+    return f"in the {stage} stage" if stage in STAGES else stage
 
 
 def _m(d: dict[str, float], fmt: str = ",.0f") -> str:
@@ -114,7 +140,8 @@ def _study_lines(study: dict[str, Any]) -> list[str]:
             "model's forward. Metrics rows, first run of each: the largest "
             f"|difference| of eval/accuracy is {fmt(agree['eval/accuracy']['max_abs_diff'])} over "
             f"{agree['eval/accuracy']['compared']} evaluations, of reward/mean "
-            f"{fmt(agree['reward/mean']['max_abs_diff'])} over {agree['reward/mean']['compared']} iterations.",
+            f"{fmt(agree['reward/mean']['max_abs_diff'])} over {agree['reward/mean']['compared']} iterations."
+            + _samples_line(study),
         ]
         same = b.get("same_code_agreement")
         if same:
@@ -274,7 +301,7 @@ def performance_report(res: dict[str, Any]) -> str:
             f"One creditrl iteration on chain.yaml (KL on, so with its reference model) of {spec['prompts']} "
             f"prompts x {spec['group']} samples x {spec['tokens']:,} tokens from a random-init "
             f"{spec['size']['name']} model with the never-sampled eos ({r['response_length']:.0f} tokens per row), "
-            f"in a subprocess: peak RSS **{r['peak_rss_mb']:,.0f} MB** (`ru_maxrss` of that process), "
+            f"in a subprocess: peak RSS **{r['peak_rss_mb']:,.0f} MB** (`VmHWM`, that process's own high-water mark), "
             f"{'within' if r['within_target'] else 'over'} the {r['target_mb']:,.0f} MB target; the iteration took "
             f"{r['iter_s']:.1f} s (rollout {r['rollout_s']:.1f} s, update {r['update_s']:.1f} s).",
         ]
@@ -282,7 +309,9 @@ def performance_report(res: dict[str, Any]) -> str:
             peaks = ", ".join(f"{k} {v:,.0f} MB" for k, v in r["stage_peak_mb"].items() if k in _MEMORY_STAGES)
             lines += [
                 "",
-                f"The largest resident set within each stage (sampled every 20 ms): {peaks}. The rollout holds the "
+                f"The largest resident set within each stage (sampled every 20 ms): {peaks}"
+                + (f"; the process's peak was reached {_where(r['peak_stage'])}" if "peak_stage" in r else "")
+                + ". The rollout holds the "
                 "KV cache of every row (prompt + max new tokens positions, in float32); the update holds the "
                 "activations of one micro-batch (`optim.micro_batch_positions` padded positions, a group's rows "
                 "split where the whole group is wider); the reference pass one chunk of "

@@ -93,7 +93,8 @@ def write_results(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     for name, source in (figures or {}).items():
-        shutil.copyfile(source, path.parent / name)
+        if Path(source).resolve() != (path.parent / name).resolve():  # a run kept beside its page
+            shutil.copyfile(source, path.parent / name)
     path.write_text(results_page(title, body, command, stamp))
     print(f"results page: {path}", flush=True)
     return path
