@@ -295,13 +295,13 @@ def test_a_section_measured_again_goes_into_the_saved_run_and_is_named(quick, tm
 
 
 def test_the_peak_is_the_process_own_not_the_parent_carried_over_the_exec():
-    from creditrl.bench.perf_rss import own_peak_mb
+    from creditrl.experiments.report import peak_rss_mb as own_peak_mb
 
     assert own_peak_mb() >= peak_rss_now_mb() * 0.99 > 0  # this process: at least its resident set now
     # a child started by a process holding 2 GB more: ru_maxrss reports the parent's, VmHWM the child's own
     blob = bytearray(b"x" * (2048 * 2**20))
     code = (
-        "import resource; from creditrl.bench.perf_rss import own_peak_mb; "
+        "import resource; from creditrl.experiments.report import peak_rss_mb as own_peak_mb; "
         "print(own_peak_mb(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()

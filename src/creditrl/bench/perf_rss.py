@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -23,22 +22,8 @@ from creditrl.bench.perf_options import CREDITRL_SRC, ModelSize, PerformanceOpti
 from creditrl.bench.perf_points import save_never_eos_model
 from creditrl.config import load_config
 from creditrl.config.loader import packaged_config
+from creditrl.experiments.report import peak_rss_mb
 from creditrl.tasks.chain import steps_for_tokens
-
-
-def own_peak_mb() -> float:
-    """This process's own peak resident set (MB): ``VmHWM``, the high-water mark of its address
-    space. ``ru_maxrss`` is not that in a child: Linux carries the larger of the parent's and the
-    child's across the exec, and a subprocess started by a large process (the bench holds several GB
-    by section e) would report the parent's resident set. ``ru_maxrss`` where /proc has no VmHWM."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024  # kB
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
 
 _ROW_STAGES = ("rollout", "reference", "score", "value", "credit", "update")  # in the order they run
 
@@ -46,7 +31,7 @@ _ROW_STAGES = ("rollout", "reference", "score", "value", "credit", "update")  # 
 class RssSampler:
     """The resident set size of this process every ``every`` seconds while the block runs (from
     ``/proc/self/statm``; empty where there is none), with the time of each sample; and with it the
-    process's peak so far (:func:`own_peak_mb`), which no spike between two samples escapes."""
+    process's peak so far (:func:`peak_rss_mb`), which no spike between two samples escapes."""
 
     def __init__(self, every: float = 0.02) -> None:
         self.every, self.samples, self.highs, self._stop = every, [], [], threading.Event()
@@ -60,7 +45,7 @@ class RssSampler:
                 return
             now = time.perf_counter()
             self.samples.append((now, resident * page / 2**20))
-            self.highs.append((now, own_peak_mb()))
+            self.highs.append((now, peak_rss_mb()))
             self._stop.wait(self.every)
 
     def __enter__(self) -> RssSampler:
@@ -74,7 +59,7 @@ class RssSampler:
         self._thread.join()
 
     def peak_stage(self, row: dict[str, float]) -> str:
-        """The stage of ``row`` during which the process's peak (:func:`own_peak_mb`) was reached: the
+        """The stage of ``row`` during which the process's peak (:func:`peak_rss_mb`) was reached: the
         first sample that saw its final value, less one interval (it rose before that sample)."""
         if not self.highs:
             return "unknown"
@@ -135,7 +120,7 @@ def rss_child(spec_json: str) -> None:
     print(
         json.dumps(
             {
-                "peak_rss_mb": own_peak_mb(),
+                "peak_rss_mb": peak_rss_mb(),
                 "stage_peak_mb": rss.stage_peaks(row),
                 "peak_stage": rss.peak_stage(row),
                 "iter_s": row["time/iter_s"],

@@ -149,7 +149,17 @@ def printed_results(path: str | Path | None, title: str) -> Iterator[None]:
 
 
 def peak_rss_mb() -> float:
-    """Peak resident set size of this process so far, in MB (Linux reports ru_maxrss in KiB)."""
+    """This process's own peak resident set so far (MB): ``VmHWM``, the high-water mark of its
+    address space. ``ru_maxrss`` is not that in a child: Linux carries the larger of the parent's and
+    the child's across the exec, so a subprocess started by a large process (the performance bench
+    holds several GB by its section e) would report the parent's resident set. ``ru_maxrss`` (KiB on
+    Linux) where /proc has no VmHWM."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
