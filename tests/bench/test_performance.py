@@ -340,7 +340,7 @@ def test_the_rss_sampler_splits_its_samples_by_stage():
 
 
 def test_the_decode_products_ceiling_counts_every_product_and_explains_the_decode(quick):
-    from creditrl.bench.perf_flags import _decode_explanation
+    from creditrl.bench.perf_flags import _decode_explanation, decode_ceiling
 
     res, opts = quick
     rows = opts.prompts * opts.group
@@ -354,14 +354,15 @@ def test_the_decode_products_ceiling_counts_every_product_and_explains_the_decod
     for q in fast["lengths"] + fast["sizes"]:
         q["decode"]["ratio_hf_vs_creditrl"] = 5.0
     assert _decode_explanation(fast) == []
-    c = p["decode"]["products"]
+    ceiling = decode_ceiling(p["decode"], fast["limits"]["copy_gbs"])
+    assert ceiling < p["decode"]["products"]["tokens_per_s"]  # the KV read adds to the products' time
     p["decode"].update(ratio_hf_vs_creditrl=1.5)
-    p["decode"]["hf_generate_tokens_per_s"]["median"] = c["tokens_per_s"] / 2  # 3x HF = 1.5x the ceiling
-    p["decode"]["creditrl_tokens_per_s"]["median"] = c["tokens_per_s"] * 0.75
+    p["decode"]["hf_generate_tokens_per_s"]["median"] = ceiling / 2  # 3x HF = 1.5x the ceiling
+    p["decode"]["creditrl_tokens_per_s"]["median"] = ceiling * 0.75
     text = _decode_explanation(fast)[0]
-    assert f"{1.5 * c['tokens_per_s']:,.0f} tokens/s, above it" in text and "75% of that, HF generate 50%" in text
-    assert "out of reach" in text
-    p["decode"]["hf_generate_tokens_per_s"]["median"] = c["tokens_per_s"] / 4  # 3x HF = 0.75x the ceiling
+    assert f"{1.5 * ceiling:,.0f} tokens/s, above it" in text and "75% of that, HF generate 50%" in text
+    assert f"the ceiling is {ceiling:,.0f} tokens/s" in text and "out of reach" in text
+    p["decode"]["hf_generate_tokens_per_s"]["median"] = ceiling / 4  # 3x HF = 0.75x the ceiling
     assert "below it" in _decode_explanation(fast)[0] and "within reach" in _decode_explanation(fast)[0]
     q = fast["sizes"][1]  # one point of each kind: each gets its own verdict
     q["decode"].update(ratio_hf_vs_creditrl=1.2)
@@ -394,6 +395,20 @@ def test_decode_products_count_every_linear_weight_of_a_step():
     out = decode_products(model, rows=3, steps=2, repeats=2)
     assert out["flops_per_step"] == 2 * 3 * (linears + head)
     assert out["step_s"]["n"] == 2 and out["tokens_per_s"] == pytest.approx(3 / out["step_s"]["median"])
+    # the ceiling is the faster library's
+    assert out["tokens_per_s"] == pytest.approx(max(out["by_library"].values()))
+    assert out["by_library"][out["library"]] == pytest.approx(out["tokens_per_s"])
+
+
+def test_the_decode_ceiling_adds_the_kv_read_at_the_copy_bandwidth_to_the_products():
+    from creditrl.bench.perf_flags import decode_ceiling
+
+    # 1,000 tokens/s of products = 1 ms per token; 10 positions x 1e6 bytes over 100 tokens at 1 GB/s = 0.1 ms
+    d = {
+        "products": {"tokens_per_s": 1000.0},
+        "traffic": {"kv_bytes_per_position": 1e6, "kv_positions_read": 10, "tokens": 100},
+    }
+    assert decode_ceiling(d, 1.0) == pytest.approx(1 / (1e-3 + 1e-4))
 
 
 def test_the_page_says_where_the_two_codes_samples_part():

@@ -13,6 +13,9 @@ def test_spread_and_peak():
     assert spread([3.0, 1.0, 2.0]) == {"min": 1.0, "median": 2.0, "max": 3.0, "n": 3}
     peak = matmul_peak(64, repeats=3)
     assert 0 < peak["min"] <= peak["median"] <= peak["max"] and peak["n"] == 3
+    # the faster library's spread: its best is the best of every library measured
+    assert peak["max"] == max(peak["by_library"].values()) == peak["by_library"][peak["library"]]
+    assert "torch" in peak["by_library"]
 
 
 @pytest.fixture(scope="module")

@@ -590,3 +590,41 @@ def test_long_responses_match_hf_generate_and_a_full_forward(peaked):
     for prompt, tokens, logprobs in zip(sampled.prompt_ids, sampled.tokens, sampled.logprobs):
         assert len(tokens) == n
         assert max_abs_diff(logprobs, reference_logprobs(model, prompt, tokens)) < 2e-4
+
+
+# ----------------------------------------------------------------------------- oneDNN products
+
+
+@pytest.mark.parametrize("name", ["tiny", "qwen2"])
+def test_onednn_products_give_hf_engines_tokens_and_logprobs(request, monkeypatch, kernels, name):
+    """The compiled step's products through oneDNN on weights reordered once per call (the default
+    from hidden 256; forced here on small models, qwen2 for the bias path) give HFEngine's tokens and
+    log-probs, greedy and sampled; the tensor-op step (kernels="torch") never reorders."""
+    from creditrl.policy.engines.decoder import Decoder
+
+    if name == "tiny":
+        model, tok, prompts = request.getfixturevalue("trained_tiny")
+        eos, pad = tok.eos_token_id, tok.pad_token_id
+    else:
+        (model, eos), pad, prompts = request.getfixturevalue(name), PAD, PROMPTS
+    packed_for, prepack = [], Decoder.prepack
+    monkeypatch.setattr(Decoder, "prepack", lambda self, rows: (packed_for.append(rows), prepack(self, rows))[1])
+    static, hf = StaticEngine(model, eos_id=eos, pad_id=pad, products="onednn"), HFEngine(model, eos_id=eos, pad_id=pad)
+    cases = [(SamplingParams(max_new_tokens=10, temperature=0.0), 0), (SamplingParams(max_new_tokens=10), 5)]
+    for params, seed in cases:
+        a = static.generate(prompts, 4, params, generator=torch.Generator().manual_seed(seed))
+        b = hf.generate(prompts, 4, params, generator=torch.Generator().manual_seed(seed))
+        assert a.tokens == b.tokens and a.finished == b.finished
+        assert max(abs(x - y) for ra, rb in zip(a.logprobs, b.logprobs) for x, y in zip(ra, rb)) < 1e-5
+    assert packed_for == ([] if kernels == "torch" else [4 * len(prompts)] * 2)
+
+
+def test_onednn_products_are_chosen_from_hidden_256_and_named_choices_only(peaked):
+    from creditrl.policy.engines.decoder import ONEDNN_FROM_HIDDEN, onednn_available
+
+    model, tok = peaked
+    auto = StaticEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    assert ONEDNN_FROM_HIDDEN == 256 and not auto.use_onednn(128) and auto.use_onednn(384) == onednn_available()
+    assert not StaticEngine(model, eos_id=2, pad_id=0, products="torch").use_onednn(4096)
+    with pytest.raises(ValueError, match="products: expected one of \\('auto', 'torch', 'onednn'\\), got 'mkl'"):
+        StaticEngine(model, eos_id=2, pad_id=0, products="mkl")

@@ -99,39 +99,52 @@ def explanations(res: dict[str, Any]) -> list[str]:
     return lines
 
 
+def decode_ceiling(d: dict[str, Any], copy_gbs: float) -> float:
+    """Tokens/s no engine passes at a decode point: per generated token, its share of a step's
+    products alone (``d["products"]``, the faster library) plus its share of the KV cache read
+    at the copy bandwidth (``d["traffic"]``); every engine runs both, one after the other."""
+    t = d["traffic"]
+    kv_s = t["kv_bytes_per_position"] * t["kv_positions_read"] / t["tokens"] / (copy_gbs * 1e9)
+    return 1 / (1 / d["products"]["tokens_per_s"] + kv_s)
+
+
 def _decode_explanation(res: dict[str, Any]) -> list[str]:
-    """Why the decode is < 3x HF generate where it is: against the ceiling of its products alone."""
+    """Why the decode is < 3x HF generate where it is: against the ceiling of its products and KV reads."""
     above, below = [], []
+    copy_gbs = res["limits"]["copy_gbs"]
     for section, points in (("a", res["lengths"]), ("b", res["sizes"])):
         for p in points:
             d = p["decode"]
             if d["ratio_hf_vs_creditrl"] >= MIN_SPEEDUP or "products" not in d:
                 continue
             c, need = d["products"], MIN_SPEEDUP * d["hf_generate_tokens_per_s"]["median"]
-            (above if need > c["tokens_per_s"] else below).append(
+            ceiling = decode_ceiling(d, copy_gbs)
+            libs = ", ".join(f"{k} {v:,.0f}" for k, v in c.get("by_library", {}).items())
+            (above if need > ceiling else below).append(
                 f"{section}. {point_label(section, p)}: the products alone run {c['tokens_per_s']:,.0f} tokens/s "
-                f"({c['gflops']:.0f} GFLOP/s at {c['rows']} rows); creditrl's decode reaches "
-                f"{100 * d['creditrl_tokens_per_s']['median'] / c['tokens_per_s']:.0f}% of that, HF generate "
-                f"{100 * d['hf_generate_tokens_per_s']['median'] / c['tokens_per_s']:.0f}%, and 3x HF generate "
-                f"would be {need:,.0f} tokens/s, {'above' if need > c['tokens_per_s'] else 'below'} it"
+                f"({c['gflops']:.0f} GFLOP/s at {c['rows']} rows{'; ' + libs if libs else ''}), and with the KV "
+                f"cache read at the copy bandwidth the ceiling is {ceiling:,.0f} tokens/s; creditrl's decode reaches "
+                f"{100 * d['creditrl_tokens_per_s']['median'] / ceiling:.0f}% of that, HF generate "
+                f"{100 * d['hf_generate_tokens_per_s']['median'] / ceiling:.0f}%, and 3x HF generate "
+                f"would be {need:,.0f} tokens/s, {'above' if need > ceiling else 'below'} it"
             )
     lines = []
     if above:
         lines.append(
             f"- **Decode < 3x HF generate, out of reach**: {'; '.join(above)}. So 3x is beyond any fp32 decode "
-            "that runs these products on this machine's BLAS: at this row count a step's products are skinny "
-            "(rows x hidden) x (hidden x out) matrices that stream every weight from memory for a few rows, well "
-            "below both the square-matmul peak and the copy bandwidth. HF generate pays the same products; the "
-            "static engine removes its per-step framework cost, a shrinking share as the model grows. More rows "
-            "per step (larger groups or batches) or fewer bytes per weight (bf16 or int8 weights) would raise "
-            "the ceiling itself."
+            "that runs these products and reads this cache on this machine: at this row count a step's products "
+            "are skinny (rows x hidden) x (hidden x out) matrices that stream every weight for a few rows, well "
+            "below the square-matmul peak. HF generate pays the same products (through torch's F.linear); the "
+            "static engine removes its per-step framework cost and runs the products through the faster library, "
+            "but cannot go below their time. More rows per step (larger groups or batches) or fewer bytes per "
+            "weight (bf16 or int8 weights) would raise the ceiling itself."
         )
     if below:
         lines.append(
             f"- **Decode < 3x HF generate, within reach**: {'; '.join(below)}. The ceiling leaves room there: the "
-            "gap is the engine's own per-step cost (attention over the cache, norms, sampling, launches) next to "
-            "products this small, which only fewer, larger kernels per step (a fused or compiled decode step) "
-            "would cut."
+            "gap is the engine's own per-step cost (attention's arithmetic over the cache, norms, sampling, "
+            "launches) beyond the products and the cache's bytes, which only fewer, larger kernels per step "
+            "(a fused or compiled decode step) would cut."
         )
     return lines
 

@@ -152,6 +152,14 @@ def _study_lines(study: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _libraries(spread: dict[str, Any]) -> str:
+    """ ", the faster of torch's (X) and oneDNN's (Y)" for a limit measured by both libraries."""
+    by = spread.get("by_library")
+    if not by or len(by) < 2:
+        return ""
+    return ", the faster of " + " and ".join(f"{k}'s ({v:.0f})" for k, v in by.items())
+
+
 def _bytes_lines(res: dict[str, Any]) -> list[str]:
     p = max(res["lengths"], key=lambda q: q["length"]) if res["lengths"] else None
     if p is None:
@@ -281,15 +289,17 @@ def performance_report(res: dict[str, Any]) -> str:
         "|---|---|---|",
         f"| copy: `dst.copy_(src)` of {o['copy_mb']} MB fp32, bytes moved = 2 x size (GB/s) | "
         f"{lim['copy']['max']:.2f} | {lim['copy']['median']:.2f} |",
-        f"| fp32 {o['matmul_n']}^3 matmul (GFLOP/s) | {lim['matmul']['max']:.1f} | {lim['matmul']['median']:.1f} |",
+        f"| fp32 {o['matmul_n']}^3 matmul (GFLOP/s){_libraries(lim['matmul'])} | {lim['matmul']['max']:.1f} | "
+        f"{lim['matmul']['median']:.1f} |",
         *_bytes_lines(res),
         "",
         "The decode and update columns of sections a and b are against these two (the best of their repeats). "
         "The decode tables' last column is a third limit, measured at each point on the point's own model: one "
         "decode step's matrix products alone (q|k|v, o, gate|up and down of every layer, and the head, for the "
-        "batch's rows of one token each, `F.linear` on the model's fp32 weights, 50 steps, median of 5), with no "
-        "attention, norm, sampling or framework step. Both engines run these products on every step, so no "
-        "fp32 decode on this BLAS passes that rate at that row count.",
+        "batch's rows of one token each, on the model's fp32 weights, 50 steps, median of 5, by torch's `F.linear` "
+        "and by oneDNN's linear on weights reordered once, the faster of the two), with no attention, norm, "
+        "sampling or framework step. Every engine runs these products on every step, so no fp32 decode on this "
+        "machine passes that rate at that row count.",
     ]
     if "rss" in res:
         r = res["rss"]

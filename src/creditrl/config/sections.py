@@ -38,8 +38,9 @@ class PolicyConfig(Section):
     )
     kernels: Kernels = Field(
         "auto",
-        description="static engine decode step: `numba` (compiled kernels) or "
-        "`torch` (tensor ops); `auto` resolves to `numba` in fp32 when numba imports",
+        description="static engine decode step: `numba` (compiled kernels; from hidden size 256 its "
+        "matrix products run through oneDNN on weights reordered once per call) or `torch` (tensor ops); "
+        "`auto` resolves to `numba` in fp32 when numba imports",
     )
     forward: Forward = Field(
         "auto",
