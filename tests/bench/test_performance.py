@@ -236,7 +236,7 @@ def test_a_policy_that_can_stop_gets_the_length_margin(tmp_path):
 
 
 def test_a_saved_run_re_renders_with_its_own_command_and_the_explanations(quick, tmp_path):
-    from creditrl.bench.perf_flags import _attention_share
+    from creditrl.bench.perf_flags import _attention_share, prompt_length
     from creditrl.bench.performance import render_saved
 
     res, opts = quick
@@ -249,9 +249,46 @@ def test_a_saved_run_re_renders_with_its_own_command_and_the_explanations(quick,
     p = res["lengths"][0]
     rows = opts.prompts * opts.group
     att, lin = _attention_share(p, rows)
-    t = p["iteration"]["creditrl_length"]
-    assert att == pytest.approx(3 * p["layers"] * 4 * rows * p["kv_heads"] * p["head_dim"] * t * (t + 8))
-    assert lin == pytest.approx(6 * p["non_embedding_parameters"] * rows * (t + 8))
+    t, n = p["iteration"]["creditrl_length"], prompt_length(p)
+    # causal: response query i sees the n prompt keys and i + 1 response keys
+    keys = sum(n + i + 1 for i in range(int(t))) if t == int(t) else t * n + t * (t + 1) / 2
+    assert att == pytest.approx(3 * p["layers"] * 4 * rows * p["kv_heads"] * p["head_dim"] * keys)
+    assert lin == pytest.approx(6 * p["non_embedding_parameters"] * rows * (t + n))
+
+
+def test_the_prompt_length_follows_from_the_kv_positions_a_decode_read():
+    from creditrl.bench.perf_flags import prompt_length
+    from creditrl.bench.perf_points import decode_bytes
+
+    geometry = {"non_embedding_parameters": 10, "layers": 2, "kv_heads": 2, "head_dim": 4}
+    lengths = [5, 3, 7, 7]
+    traffic = decode_bytes(geometry, [8, 8, 8, 8], lengths)
+    p = {"decode": {"traffic": traffic}, "raw": {"decode": {"creditrl": {"lengths": [[1], lengths]}}}}
+    assert prompt_length(p) == pytest.approx(8.0)
+    traffic = decode_bytes(geometry, [4, 4, 10, 10], lengths)  # the generated-token-weighted mean
+    p["decode"]["traffic"] = traffic
+    assert prompt_length(p) == pytest.approx((5 * 4 + 3 * 4 + 7 * 10 + 7 * 10) / 22)
+
+
+def test_the_iteration_explanation_says_what_rollout_would_close_each_point_or_that_none_would():
+    from creditrl.bench.perf_flags import _iteration_explanation
+
+    def point(length, trl, update, rollout):
+        it = {
+            "trl_iter_s": {"median": trl},
+            "creditrl_update_s": {"median": update},
+            "creditrl_rollout_s": {"median": rollout},
+            "ratio_trl_vs_creditrl": trl / (update + rollout),
+        }
+        return {"length": length, "iteration": it}
+
+    res = {"lengths": [point(64, 3.0, 0.5, 1.0), point(256, 3.0, 1.5, 0.5), point(512, 9.0, 1.0, 1.0)], "sizes": []}
+    (text,) = _iteration_explanation(res)
+    assert "close it at length 64 (a rollout of at most 0.500 s, now 1.000 s)." in text
+    assert "At length 256 (2.00x) not even a rollout of zero seconds would" in text
+    assert "length 512" not in text  # 4.5x: not flagged
+    res["lengths"] = res["lengths"][2:]
+    assert _iteration_explanation(res) == []
 
 
 def test_a_re_render_keeps_the_date_of_the_measurement(quick, tmp_path):

@@ -51,14 +51,35 @@ def flags(res: dict[str, Any]) -> list[str]:
     return out
 
 
+def prompt_length(p: dict[str, Any]) -> float:
+    """A point's mean prompt length, from its last decode call: the KV positions it read are
+    ``sum_r g_r p_r + g_r (g_r - 1) / 2`` over rows generating ``g_r`` tokens after ``p_r`` prompt
+    tokens (:func:`~creditrl.bench.perf_points.decode_bytes`), so the ``g``-weighted mean of ``p_r``
+    follows from the rows' lengths."""
+    t = p["decode"]["traffic"]
+    lengths = p["raw"]["decode"]["creditrl"]["lengths"][-1]
+    return (t["kv_positions_read"] - sum(g * (g - 1) // 2 for g in lengths)) / sum(lengths)
+
+
 def _attention_share(p: dict[str, Any], rows: int) -> tuple[float, float]:
-    """(attention FLOPs, 6 N x positions) of one update at a point: the score and value products of
-    every layer, forward and backward (3x), ``4 x rows x heads x head_dim x T x (P + T)`` per layer."""
-    t = p["iteration"]["creditrl_length"]
+    """(attention FLOPs, 6 N x positions) of one update at a point of mean response length T and
+    prompt length P: the score and value products the causal attention needs -- response query i
+    sees P + i + 1 keys, so ``4 x width x (T P + T (T + 1) / 2)`` per row and layer forward, 3x
+    with the backward -- next to the projections' and the MLP's 6 N per position."""
+    t, n = p["iteration"]["creditrl_length"], prompt_length(p)
     width = p["kv_heads"] * p["head_dim"]  # heads x head_dim: the query width (no grouped-query here)
-    attention = 3 * p["layers"] * 4 * rows * width * t * (t + 8)
-    linear = 6 * p["non_embedding_parameters"] * rows * (t + 8)
+    attention = 3 * p["layers"] * 4 * rows * width * (t * n + t * (t + 1) / 2)
+    linear = 6 * p["non_embedding_parameters"] * rows * (t + n)
     return attention, linear
+
+
+def _iteration_bound(it: dict[str, Any]) -> str:
+    """The iteration ratio creditrl would reach with a rollout of zero seconds: TRL's iteration over
+    creditrl's update alone."""
+    if "trl_iter_s" not in it:
+        return ""
+    bound = it["trl_iter_s"]["median"] / it["creditrl_update_s"]["median"]
+    return f"; with a rollout of zero seconds the iteration would be {bound:.2f}x TRL's"
 
 
 def explanations(res: dict[str, Any]) -> list[str]:
@@ -67,27 +88,36 @@ def explanations(res: dict[str, Any]) -> list[str]:
     rows = o["prompts"] * o["group"]
     lines = ["", "### What explains them", ""]
     counted = []  # the update's share of the peak with its attention products counted, per point
+    longest = (0.0, 0.0, 0)  # (attention, linear, length) of the longest length point
     for section, points in (("a", res["lengths"]), ("b", res["sizes"])):
         for p in points:
             it, d = p["iteration"], p["decode"]
             att, lin = _attention_share(p, rows)
             counted.append(it["update_peak_share"] * (att + lin) / lin)
+            if section == "a" and p["length"] > longest[2]:
+                longest = (att, lin, p["length"])
             share = it["creditrl_update_s"]["median"] / it["creditrl_iter_s"]["median"]
             lines.append(
                 f"- {section}. {point_label(section, p)}: creditrl's iteration is rollout "
                 f"{it['creditrl_rollout_s']['median']:.3f} s + update {it['creditrl_update_s']['median']:.3f} s "
-                f"({100 * share:.0f}% update); decode {d['ratio_hf_vs_creditrl']:.2f}x HF generate; the update's "
+                f"({100 * share:.0f}% update){_iteration_bound(it)}; decode {d['ratio_hf_vs_creditrl']:.2f}x HF "
+                "generate; the update's causal "
                 f"attention products are {att / 1e9:.1f} GFLOP next to 6 N x positions = {lin / 1e9:.1f} GFLOP, so "
                 f"counted with them the update runs {100 * it['update_peak_share'] * (att + lin) / lin:.0f}% of the "
                 "matmul peak."
             )
     lines += [
         "",
-        "- **Iteration < 3x TRL**: TRL's GRPOTrainer does the same update (a forward and backward over the same "
-        "positions, every row), so the iteration ratio is bounded by the update's share of creditrl's iteration: "
-        "the faster decode only shortens the rollout part. Closing it needs a faster update, not a faster rollout.",
-        "- **Update < 50% of the peak**: the 6 N formula counts the projections and the MLP only; the attention "
-        "products grow as T^2 and, for the 128-wide tiny model, exceed them past ~500 tokens (above). The packed "
+        *_iteration_explanation(res),
+        "- **Update < 50% of the peak**: the 6 N formula counts the projections and the MLP only; the causal "
+        "attention products grow as T^2"
+        + (
+            f" and, for the length points' model, are {100 * longest[0] / longest[1]:.0f}% of the projections' "
+            f"FLOPs at {longest[2]:,} tokens (above)"
+            if longest[1]
+            else ""
+        )
+        + ". The packed "
         "pass runs them through PyTorch's CPU attention (masked for short responses, causal for long ones), one "
         "call per prompt length, at 32-wide heads (a low arithmetic intensity); counted with them the update "
         f"reaches {100 * min(counted, default=0):.0f}-{100 * max(counted, default=0):.0f}% of the peak. Short "
@@ -97,6 +127,41 @@ def explanations(res: dict[str, Any]) -> list[str]:
         *_study_explanation(res),
     ]
     return lines
+
+
+def _iteration_explanation(res: dict[str, Any]) -> list[str]:
+    """Why the iteration is < 3x TRL's where it is: what the rollout would have to take for 3x, or
+    that even a rollout of zero seconds would not reach it (TRL's iteration over the update alone)."""
+    faster_rollout, faster_update = [], []
+    for section, points in (("a", res["lengths"]), ("b", res["sizes"])):
+        for p in points:
+            it = p["iteration"]
+            if it.get("ratio_trl_vs_creditrl", MIN_SPEEDUP) >= MIN_SPEEDUP:
+                continue
+            trl, update = it["trl_iter_s"]["median"], it["creditrl_update_s"]["median"]
+            room = trl / MIN_SPEEDUP - update
+            if room > 0:
+                faster_rollout.append(
+                    f"{point_label(section, p)} (a rollout of at most {room:.3f} s, now "
+                    f"{it['creditrl_rollout_s']['median']:.3f} s)"
+                )
+            else:
+                faster_update.append(f"{point_label(section, p)} ({trl / update:.2f}x)")
+    if not faster_rollout and not faster_update:
+        return []
+    text = (
+        "- **Iteration < 3x TRL**: TRL's GRPOTrainer does the same update (a forward and backward over the same "
+        "positions, every row), so 3x means creditrl's update and rollout together within a third of TRL's "
+        "iteration."
+    )
+    if faster_rollout:
+        text += f" A faster rollout alone would close it at {'; '.join(faster_rollout)}."
+    if faster_update:
+        text += (
+            f" At {' and '.join(faster_update)} not even a rollout of zero seconds would: the update alone is over a "
+            "third of TRL's iteration, so closing it needs a faster update."
+        )
+    return [text]
 
 
 def decode_ceiling(d: dict[str, Any], copy_gbs: float) -> float:
