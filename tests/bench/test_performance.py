@@ -463,3 +463,19 @@ def test_the_page_says_where_the_two_codes_samples_part():
     assert _samples_line(study).startswith(" Every iteration sampled the same tokens")
     study["runs"]["arith"] = [{"rows": [{"iteration": 1, "reward/mean": 0.5}]}]  # rows without token counts
     assert _samples_line(study) == ""
+
+
+def test_a_decode_over_the_copy_bandwidth_says_why_and_the_rows_it_computed(quick):
+    from creditrl.bench.performance_report import _over_bandwidth
+
+    res, _ = quick
+    for p in res["lengths"] + res["sizes"]:
+        computed, decoded = p["decode"]["computed_row_steps"]
+        assert 0 < computed <= decoded
+    p = json.loads(json.dumps(res["lengths"][0]))
+    p["decode"]["bandwidth_share"] = 0.99
+    assert _over_bandwidth(p) == ""
+    p["decode"].update(bandwidth_share=1.08, computed_row_steps=[300, 1200])
+    text = _over_bandwidth(p)
+    assert "Above 100%" in text and "it computed 25% of the row-steps it decoded" in text
+    assert f"{p['decode']['traffic']['weights_bytes'] / 1e6:.2f} MB of weights" in text

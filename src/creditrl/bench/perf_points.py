@@ -200,6 +200,7 @@ def measure_decode(
         out["hf"]["s"].append(res["time_s"])
         out["hf"]["tokens"].append(res["new_tokens"])
         elapsed, lengths = static(opts.seed + r)
+        out["creditrl"]["computed_row_steps"] = list(engine.last_rows)  # share_rows: (computed, decoded)
         out["creditrl"]["s"].append(elapsed)
         out["creditrl"]["tokens"].append(sum(lengths))
         out["creditrl"]["lengths"].append(lengths)
@@ -250,6 +251,7 @@ def summarise_point(
                 [s / n for n, s in zip(h["tokens"], h["s"])], [s / n for n, s in zip(d["tokens"], d["s"])]
             ),
             "bytes_per_token": statistics.median(t["bytes_per_token"] for t in traffic),
+            "computed_row_steps": d.get("computed_row_steps"),
             "traffic": traffic[-1],
             "gb_per_s": spread(gbs),
             "bandwidth_share": statistics.median(gbs) / limits["copy_gbs"],

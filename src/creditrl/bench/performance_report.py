@@ -177,8 +177,26 @@ def _bytes_lines(res: dict[str, Any]) -> list[str]:
         f"{t['kv_bytes_per_position']:,} x {t['kv_positions_read']:,}) / {t['tokens']:,} = "
         f"**{t['bytes_per_token']:,.0f} bytes per token**. At creditrl's "
         f"{d['creditrl_tokens_per_s']['median']:,.0f} tokens/s that is {d['gb_per_s']['median']:.2f} GB/s, "
-        f"{100 * d['bandwidth_share']:.0f}% of the measured copy bandwidth.",
+        f"{100 * d['bandwidth_share']:.0f}% of the measured copy bandwidth." + _over_bandwidth(p),
     ]
+
+
+def _over_bandwidth(p: dict[str, Any]) -> str:
+    """Why a decode can move more than the copy bandwidth by this count (nothing below 100%)."""
+    d = p["decode"]
+    if d["bandwidth_share"] <= 1:
+        return ""
+    computed = d.get("computed_row_steps")  # the engine's last call: (slot-steps computed, row-steps decoded)
+    shared = (
+        f" (in the last call it computed {100 * computed[0] / computed[1]:.0f}% of the row-steps it decoded)"
+        if computed and computed[1]
+        else ""
+    )
+    return (
+        " Above 100% means not every byte this count charges came from memory: identical samples share one cache "
+        f"slot and one decode step (`share_rows`){shared}, so fewer KV bytes are read than counted, and the "
+        f"{d['traffic']['weights_bytes'] / 1e6:.2f} MB of weights can stay in the CPU's caches between steps."
+    )
 
 
 def _exactness_lines(res: dict[str, Any]) -> list[str]:

@@ -26,8 +26,9 @@ from creditrl.policy.engines import kernels as compiled
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 # from this hidden size the compiled decode step runs its products through oneDNN on weights reordered
 # once per call (Decoder.prepack): measured on the bench's 16 rows (2 threads), one step's products
-# alone run 2.0x (hidden 384) and 2.2x (640) the rate of torch's F.linear, and 0.8x at hidden 128,
-# where the products are too small for the primitive's fixed cost per call
+# alone run 2.0x (hidden 384) and 2.2x (640) the rate of torch's F.linear; at hidden 128 the tiny
+# preset's whole decode ran 0.8-1.0x with them (interleaved), its products too small for the
+# primitive's fixed cost per call
 ONEDNN_FROM_HIDDEN = 256
 
 
