@@ -11,6 +11,7 @@ from typing import Any
 MIN_SPEEDUP = 3.0  # creditrl's iteration vs TRL's, and its decode vs HF generate
 MIN_BANDWIDTH_SHARE = 0.5  # decode bytes/s against the measured copy bandwidth
 MIN_PEAK_SHARE = 0.5  # update model FLOP/s against the matmul peak
+LIBRARY = {"torch": "torch", "onednn": "oneDNN"}  # the products' libraries, as the page names them
 
 
 def point_label(section: str, p: dict[str, Any]) -> str:
@@ -184,7 +185,7 @@ def _decode_explanation(res: dict[str, Any]) -> list[str]:
                 continue
             c, need = d["products"], MIN_SPEEDUP * d["hf_generate_tokens_per_s"]["median"]
             ceiling = decode_ceiling(d, copy_gbs)
-            libs = ", ".join(f"{k} {v:,.0f}" for k, v in c.get("by_library", {}).items())
+            libs = ", ".join(f"{LIBRARY.get(k, k)} {v:,.0f}" for k, v in c.get("by_library", {}).items())
             (above if need > ceiling else below).append(
                 f"{section}. {point_label(section, p)}: the products alone run {c['tokens_per_s']:,.0f} tokens/s "
                 f"({c['gflops']:.0f} GFLOP/s at {c['rows']} rows{'; ' + libs if libs else ''}), and with the KV "

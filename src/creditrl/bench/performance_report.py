@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from creditrl.bench.perf_flags import explanations, point_label
+from creditrl.bench.perf_flags import LIBRARY, explanations, point_label
 from creditrl.bench.perf_study import compare_rows
 
 STAGES = ("rollout", "reference", "score", "value", "credit", "update")
@@ -157,7 +157,7 @@ def _libraries(spread: dict[str, Any]) -> str:
     by = spread.get("by_library")
     if not by or len(by) < 2:
         return ""
-    return ", the faster of " + " and ".join(f"{k}'s ({v:.0f})" for k, v in by.items())
+    return ", the faster of " + " and ".join(f"{LIBRARY.get(k, k)} ({v:.0f})" for k, v in by.items())
 
 
 def _bytes_lines(res: dict[str, Any]) -> list[str]:
