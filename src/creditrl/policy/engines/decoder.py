@@ -26,7 +26,8 @@ from creditrl.policy.engines import kernels as compiled
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 # from this hidden size the compiled decode step runs its products through oneDNN on weights reordered
 # once per call (Decoder.prepack): measured on the bench's 16 rows (2 threads), one step's products
-# alone run 2.0x (hidden 384) and 2.2x (640) the rate of torch's F.linear; at hidden 128 the tiny
+# alone run 2.0-2.9x (hidden 384) and 2.2-2.6x (640) the rate of torch's F.linear (a micro-benchmark,
+# and the bench's products-alone column); at hidden 128 the tiny
 # preset's whole decode ran 0.8-1.0x with them (interleaved), its products too small for the
 # primitive's fixed cost per call
 ONEDNN_FROM_HIDDEN = 256
@@ -38,7 +39,8 @@ def onednn_available() -> bool:
 
 
 def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear(x, w, bias)`` through oneDNN on ``packed = reorder_weight(w)``."""
+    """``F.linear(x, w, bias)`` through oneDNN on ``packed = reorder_weight(w)`` (or on ``w`` itself,
+    which oneDNN then reorders at every call)."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 

@@ -39,8 +39,8 @@ per call (:mod:`creditrl.policy.engines.kv_cache`). This module is the sampling 
   (:mod:`creditrl.policy.engines.kernels`); ``kernels="torch"`` keeps every step in tensor ops;
 * **oneDNN products** (``products``): from a hidden size of 256 the compiled step's products run
   through oneDNN's linear on weights reordered once per call, with the residual add as its
-  post-op. At the bench's 16 rows a step's products alone run 2.0-2.2x torch's ``F.linear`` (MKL)
-  at hidden 384-640; at the tiny preset's 128 the primitive's fixed cost per call makes them slower.
+  post-op. At the bench's 16 rows a step's products alone run 2.0-2.9x torch's ``F.linear`` (MKL)
+  at hidden 384-640; at the tiny preset's 128 the primitive's fixed cost per call makes them no faster.
 
 Sampling consumes the generator exactly like :class:`~creditrl.policy.engines.hf.HFEngine` (one
 draw per request per step), so both engines give the same tokens for the same seed up to float
