@@ -123,19 +123,11 @@ def decode_products(model: Any, rows: int, steps: int = 50, repeats: int = 5) ->
     per repeat, by torch's ``F.linear`` and (where this torch has it) oneDNN's linear on weights
     reordered once. Every engine runs these products on every step; tokens/s = rows / step
     seconds, of the faster library (``library``), with each library's rate in ``by_library``."""
-    from creditrl.policy.engines.decoder import onednn_available, onednn_linear, reorder_weight
+    from creditrl.policy.engines.decoder import Decoder, onednn_available, onednn_linear, reorder_weight
 
-    layers, head = model.model.layers, model.get_output_embeddings().weight
-    weights = []
-    for layer in layers:
-        at, mlp = layer.self_attn, layer.mlp
-        weights += [
-            torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight]).detach(),
-            at.o_proj.weight.detach(),
-            torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach(),
-            mlp.down_proj.weight.detach(),
-        ]
-    weights.append(head.detach())
+    with torch.no_grad():  # the engine's own fused weights (q|k|v and gate|up concatenated)
+        dec = Decoder(model)
+    weights = [w for ly in dec.layers for w in (ly.qkv, ly.o, ly.gate_up, ly.down)] + [dec.lm_head.detach()]
     xs = {w.shape[1]: torch.randn(rows, w.shape[1]) for w in weights}
     flops = sum(2 * rows * w.numel() for w in weights)
     found: dict[str, list[float]] = {}

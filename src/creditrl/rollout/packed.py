@@ -104,6 +104,7 @@ class _LengthGroup:
     idx: torch.Tensor  # (g,) the rows
     gather: torch.Tensor  # (g, T-1) into the packed inputs
     live: torch.Tensor  # (g, T-1) bool: the entries of ``gather`` within their row
+    targets: torch.Tensor  # gather[live]: the packed inputs they hold, each once (the gather's gradient)
     allowed: torch.Tensor | None  # (T-1, n + T-1) bool, or None: causal over [prompt, response]
 
 
@@ -130,7 +131,8 @@ def _layout(prompt_mask: torch.Tensor, response_lengths: torch.Tensor, first: to
             allowed = None
             if t - 1 <= MASKED_UP_TO:
                 allowed = torch.ones(t - 1, int(n) + t - 1, dtype=torch.bool, device=device).tril(int(n))
-            groups.append(_LengthGroup(int(n), idx, packed_at[idx], live[idx], allowed))
+            gather, within = packed_at[idx], live[idx]
+            groups.append(_LengthGroup(int(n), idx, gather, within, gather[within], allowed))
         slot = torch.empty_like(response_lengths)  # each row's place in the concatenated groups
         slot[torch.cat([g.idx for g in groups])] = torch.arange(response_lengths.numel(), device=device)
         unpack = slot[rows] * (t - 1) + cols
@@ -153,7 +155,9 @@ def _response_attention(
     neither lets a real query see it. Returns (N, heads, d)."""
     p, parts = kp.shape[2], []
     for g in lay.groups:
-        q, k, v = (_Gather.apply(x, g.gather, g.live).transpose(1, 2) for x in (qr, kr, vr))  # (g, heads|kv, T-1, d)
+        q, k, v = (
+            _Gather.apply(x, g.gather, g.live, g.targets).transpose(1, 2) for x in (qr, kr, vr)
+        )  # (g, heads|kv, T-1, d)
         # a prompt's rows share its keys: index_select's gradient adds them up one row after another
         # (an indexing's would add them from several threads at once, in no fixed order)
         shared = inverse[g.idx]
@@ -169,24 +173,24 @@ def _response_attention(
 
 
 class _Gather(torch.autograd.Function):
-    """``x[index]`` whose gradient is a plain scatter of the ``live`` entries. The entries past a
+    """``x[index]`` whose gradient is a plain scatter of the ``live`` entries (into ``targets``). The entries past a
     row's end all point at one input, so autograd's own backward (an accumulating scatter) would add
     into it from many places at once, which on the CPU runs in parallel in no fixed order; their
     gradient is zero anyway (those outputs are dropped), and every other input appears exactly once
     among the live entries, so nothing needs accumulating and the gradient is deterministic."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, index: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(index, live)
+    def forward(ctx, x: torch.Tensor, index: torch.Tensor, live: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(index, live, targets)
         ctx.rows = x.shape[0]
         return x[index]
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        index, live = ctx.saved_tensors
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        index, live, targets = ctx.saved_tensors  # targets = index[live], computed once per layout
         out = grad.new_zeros(ctx.rows, *grad.shape[index.dim() :])
-        out[index[live]] = grad[live]
-        return out, None, None
+        out[targets] = grad[live]
+        return out, None, None, None
 
 
 class _Attention:
