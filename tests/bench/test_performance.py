@@ -16,6 +16,7 @@ from creditrl.bench.hf_peer import hf_generate_throughput
 from creditrl.bench.perf_flags import flags
 from creditrl.bench.perf_options import BASELINE, CREDITRL_SRC
 from creditrl.bench.perf_points import model_geometry
+from creditrl.bench.perf_profile import KINDS
 from creditrl.bench.perf_study import baseline_worktree
 from creditrl.bench.performance import (
     ModelSize,
@@ -65,7 +66,7 @@ def test_quick_options_are_quick_and_cover_every_section():
 def test_report_has_every_section_and_the_page_its_header(quick):
     res, opts = quick
     saved = json.loads((opts.out / "performance.json").read_text())
-    assert {"limits", "lengths", "sizes", "study", "rss", "forward", "kl_skip", "flags"} <= set(saved)
+    assert {"limits", "lengths", "sizes", "study", "rss", "forward", "kl_skip", "profile", "flags"} <= set(saved)
     page = opts.results.read_text()
     assert json.loads(opts.results.with_suffix(".json").read_text()) == saved  # the run beside its page
     assert page.startswith("# Performance") and "Written by `" in page and "machine:" in page
@@ -73,6 +74,14 @@ def test_report_has_every_section_and_the_page_its_header(quick):
         assert heading in page
     for heading in ("## d. Bandwidth and peak", "## e. Peak RSS", "## f. The packed forward", "## Flagged points"):
         assert heading in page
+    assert "## g. Where the time goes" in page and "| study arith |" in page
+    # section g: the study's iteration, the first length and the middle size, each stage split by kind
+    assert set(res["profile"]) == {"study arith", "length 8", "size 0.3M"}
+    for r in res["profile"].values():
+        assert r["iterations"] == 1 and {"rollout", "update"} <= set(r["stages"])
+        for s in r["stages"].values():
+            assert sum(s[k] for k in KINDS) == pytest.approx(s["wall_s"], rel=1e-6)
+        assert r["stages"]["update"]["products"] > 0
     for fig in ("page_length.png", "page_size.png"):
         assert f"({fig})" in page and (opts.results.parent / fig).stat().st_size > 0
     assert [p["length"] for p in res["lengths"]] == [8, 16]

@@ -7,6 +7,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from creditrl.bench.perf_profile import KINDS
+
 # where a point is flagged in the page
 MIN_SPEEDUP = 3.0  # creditrl's iteration vs TRL's, and its decode vs HF generate
 MIN_BANDWIDTH_SHARE = 0.5  # decode bytes/s against the measured copy bandwidth
@@ -123,11 +125,27 @@ def explanations(res: dict[str, Any]) -> list[str]:
         "call per prompt length, at 32-wide heads (a low arithmetic intensity); counted with them the update "
         f"reaches {100 * min(counted, default=0):.0f}-{100 * max(counted, default=0):.0f}% of the peak. Short "
         "responses (64 tokens) lose instead to the fixed costs of a small batch (16 rows): one optimizer step and the "
-        "kernel launches of a 4-layer model over about 1,000 positions.",
+        "kernel launches of a 4-layer model over about 1,000 positions." + _update_profile(res),
         *_decode_explanation(res),
         *_study_explanation(res),
     ]
     return lines
+
+
+def _update_profile(res: dict[str, Any]) -> str:
+    """Section g's split of the profiled points' update stage, as a sentence ("" without one)."""
+    parts = []
+    for label, prof in res.get("profile", {}).items():
+        u = prof["stages"].get("update")
+        if label.startswith("study") or not u:
+            continue
+        longest = ", ".join(name.split("::")[-1] for name, _ in u["top_ops"][1:3])
+        parts.append(
+            f"at {label}, {100 * u['products'] / u['wall_s']:.0f}% products, {100 * u['attention'] / u['wall_s']:.0f}% "
+            f"attention, {100 * u['other ops'] / u['wall_s']:.0f}% other PyTorch ops (next after the products: "
+            f"{longest}) and {100 * u['outside ops'] / u['wall_s']:.0f}% outside them"
+        )
+    return f" Profiled (section g), the update's time is {'; '.join(parts)}." if parts else ""
 
 
 def _iteration_explanation(res: dict[str, Any]) -> list[str]:
@@ -231,6 +249,23 @@ def _study_floor(res: dict[str, Any], base: dict[str, Any], fwd: dict[str, Any])
         f"{flops / 1e9:.1f} GFLOP for {tokens:,} tokens at N = {n:,}) take {flops / peak / 1e9:.2f} s at the "
         f"{peak:.0f} GFLOP/s square-matmul peak, which leaves {target - flops / peak / 1e9:.2f} s for every "
         "attention, norm, sampling step, optimizer step, score and kernel launch of the iteration."
+        + _study_profile(res, target, flops)
+    )
+
+
+def _study_profile(res: dict[str, Any], target: float, flops: float) -> str:
+    """What section g's profile of the arith iteration says about the 2x target's ``target`` seconds
+    (``flops``: the iteration's model FLOPs)."""
+    prof = res.get("profile", {}).get("study arith")
+    if not prof:
+        return ""
+    kinds = {k: sum(s[k] for s in prof["stages"].values()) for k in KINDS}
+    return (
+        f" Profiled (section g), one iteration spends {kinds['products']:.2f} s in matrix products "
+        f"(the model FLOPs at {flops / 1e9 / kinds['products']:.0f} GFLOP/s), {kinds['attention']:.2f} s in "
+        f"attention, {kinds['other ops']:.2f} s in other PyTorch ops and {kinds['outside ops']:.2f} s outside them: "
+        f"the products alone, at the rates they reach, are {100 * kinds['products'] / target:.0f}% of the "
+        f"{target:.2f} s that 2x allows."
     )
 
 

@@ -74,6 +74,9 @@ class PerformanceOptions:
     kl_skip: bool = True  # (f): what optim.skip_zero_advantage_kl changes, on arith.yaml
     kl_skip_iterations: int = 31
     kl_skip_at: tuple[int, ...] = (5, 15, 30)
+    profile: bool = True  # (g): where the iteration's time goes, by stage and kind of work
+    profile_warmup: int = 2  # (g): unprofiled iterations first (the first also warms the kernels)
+    profile_iterations: int = 3
     trl: bool = True
     seed: int = 0
     out: Path = field(default_factory=lambda: Path("runs/bench"))
@@ -111,4 +114,6 @@ def quick_options(opts: PerformanceOptions) -> PerformanceOptions:
         forward_repeats=1,
         kl_skip_iterations=3,
         kl_skip_at=(1, 2),
+        profile_warmup=1,
+        profile_iterations=1,
     )

@@ -274,26 +274,17 @@ def summarise_point(
     return out
 
 
-def measure_point(
-    policy: str, length: int, opts: PerformanceOptions, limits: dict[str, float], log: Callable[[str], None], label: str
-) -> dict[str, Any]:
-    """Decode and GRPO iteration of ``policy`` on the chain task at ``steps_for_tokens(length)``."""
-    model, tok = load_policy(policy)
-    model.eval()
-    stops = can_stop(model, tok)
-    max_new = length + opts.length_margin if stops else length
+def point_settings(policy: str, length: int, opts: PerformanceOptions, stops: bool) -> dict[str, Any]:
+    """One point's GRPO settings: the chain task at ``steps_for_tokens(length)`` (a band of chain
+    lengths around it), ``max_new_tokens`` (``length`` plus a margin where the policy can stop), the
+    bench's settings and the trainer's overrides."""
     # a band of chain lengths around the one of ~length tokens (one length alone has 25 prompts, about
     # 1 in 10 held out), no longer than the chains the chain config's SFT saw (its counter never passed them)
     from creditrl.experiments.long_report import band, sft_longest
 
     steps = steps_for_tokens(length)
     lo, hi = band(steps, sft_longest(load_config(packaged_config("chain"))))
-    task = make_task("chain", min_steps=lo, max_steps=hi)
-    prompts = [encode_prompt(tok, p.prompt) for p in task.sample(opts.prompts, split="train", seed=opts.seed)]
-    geometry = model_geometry(model)
-    decode = measure_decode(model, tok, prompts, max_new, opts)
-    products = decode_products(model, opts.prompts * opts.group)
-    del model
+    max_new = length + opts.length_margin if stops else length
     settings = BenchOptions(
         policy=policy,
         prompts=opts.prompts,
@@ -308,6 +299,25 @@ def measure_point(
         f"task.args={{min_steps: {lo}, max_steps: {hi}}}",
         f"optim.skip_zero_advantage={str(opts.skip_zero_advantage).lower()}",
     ]
+    task = make_task("chain", min_steps=lo, max_steps=hi)
+    return {"steps": steps, "max_new": max_new, "settings": settings, "overrides": overrides, "task": task}
+
+
+def measure_point(
+    policy: str, length: int, opts: PerformanceOptions, limits: dict[str, float], log: Callable[[str], None], label: str
+) -> dict[str, Any]:
+    """Decode and GRPO iteration of ``policy`` on the chain task at ``steps_for_tokens(length)``."""
+    model, tok = load_policy(policy)
+    model.eval()
+    stops = can_stop(model, tok)
+    point = point_settings(policy, length, opts, stops)
+    steps, max_new, task = point["steps"], point["max_new"], point["task"]
+    settings, overrides = point["settings"], point["overrides"]
+    prompts = [encode_prompt(tok, p.prompt) for p in task.sample(opts.prompts, split="train", seed=opts.seed)]
+    geometry = model_geometry(model)
+    decode = measure_decode(model, tok, prompts, max_new, opts)
+    products = decode_products(model, opts.prompts * opts.group)
+    del model
     its = measure_iterations(policy, settings, task, overrides, opts)
     res = summarise_point(geometry, [len(p) for p in prompts], decode, its, limits, opts.group)
     res.update(length=length, chain_steps=steps, max_new_tokens=max_new, eos_reachable=stops, **geometry)

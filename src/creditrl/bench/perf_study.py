@@ -173,7 +173,7 @@ def baseline_worktree(commit: str) -> Iterator[Path]:
         subprocess.run(["git", "-C", top, "worktree", "prune"], capture_output=True)
 
 
-def _study_overrides(opts: PerformanceOptions, name: str, threads: int) -> list[str]:
+def study_overrides_of(opts: PerformanceOptions, name: str, threads: int) -> list[str]:
     iterations = opts.study_iterations.get(name)  # None: the config's own
     return [
         *([f"train.iterations={iterations}"] if iterations else []),
@@ -206,14 +206,14 @@ def bench_study(opts: PerformanceOptions, threads: int, log: Callable[[str], Non
     runs_dir = opts.out / "study"
     out: dict[str, Any] = {"threads": threads, "runs": {}}
     for name in opts.study:
-        _ensure_sft(name, _study_overrides(opts, name, threads), log)
+        _ensure_sft(name, study_overrides_of(opts, name, threads), log)
         if name == "arith" and opts.baseline:
             continue  # the baseline comparison's runs of the current code are the arith study runs
-        r = timed_train(CREDITRL_SRC, packaged_config(name), _study_overrides(opts, name, threads), runs_dir / name)
+        r = timed_train(CREDITRL_SRC, packaged_config(name), study_overrides_of(opts, name, threads), runs_dir / name)
         out["runs"][name] = [r]
         _log_run(log, name, r)
     if opts.baseline:
-        overrides = _study_overrides(opts, "arith", threads)
+        overrides = study_overrides_of(opts, "arith", threads)
         if "arith" not in opts.study:
             _ensure_sft("arith", overrides, log)
         old: list[dict] = []
@@ -253,7 +253,7 @@ def bench_study(opts: PerformanceOptions, threads: int, log: Callable[[str], Non
 # -- (f): the packed forward against the HF pass, and the KL row-skipping approximation --------------------------
 
 
-def _start_of(name: str, overrides: list[str]) -> tuple[Config, str]:
+def study_start(name: str, overrides: list[str]) -> tuple[Config, str]:
     """A study config and the path its run starts from (the cached SFT policy, or policy.model)."""
     from creditrl.train.build import start_policy
 
@@ -266,7 +266,7 @@ def bench_forward(opts: PerformanceOptions, threads: int, log: Callable[[str], N
 
     out: dict[str, Any] = {}
     for name in opts.forward:
-        cfg, start = _start_of(name, _study_overrides(opts, name, threads))
+        cfg, start = study_start(name, study_overrides_of(opts, name, threads))
         r = out[name] = forward_ab(cfg, start, opts.forward_repeats)
         log(
             f"forward/{name}: {r['rows']} rows, {r['response_tokens']:,} response tokens of {r['padded_positions']:,} "
@@ -280,8 +280,8 @@ def bench_forward(opts: PerformanceOptions, threads: int, log: Callable[[str], N
 def bench_kl_skip(opts: PerformanceOptions, threads: int, log: Callable[[str], None]) -> dict[str, Any]:
     from creditrl.bench.kl_skip import kl_skip_effect
 
-    overrides = [o for o in _study_overrides(opts, "arith", threads) if not o.startswith("train.iterations=")]
-    cfg, start = _start_of("arith", [*overrides, "train.eval_every=100000"])
+    overrides = [o for o in study_overrides_of(opts, "arith", threads) if not o.startswith("train.iterations=")]
+    cfg, start = study_start("arith", [*overrides, "train.eval_every=100000"])
     out = kl_skip_effect(cfg, start, opts.kl_skip_iterations, opts.kl_skip_at)
     m = out["median"]
     log(

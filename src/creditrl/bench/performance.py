@@ -22,6 +22,10 @@ d. ``limits``   -- a STREAM-style copy (bandwidth) and the fp32 matmul peak, in 
    update's model FLOP/s against the peak, at every point of (a) and (b).
 e. ``rss``      -- peak RSS of a subprocess running one creditrl iteration of 128 samples x 1,024
    tokens at the ~10M size, against a 4 GB target.
+f. ``forward``, ``kl_skip`` -- the packed forward against the HF pass; what leaving zero-advantage
+   rows out under a KL term would change.
+g. ``profile``  -- where an iteration's time goes (study arith.yaml, the first length, the middle
+   size), by stage and by kind of work (:mod:`~creditrl.bench.perf_profile`).
 
 Results go to ``OUT/performance.json`` and the plots ``OUT/performance_length.png`` and
 ``OUT/performance_size.png``; the markdown report is printed (and written with ``--results PAGE``, with
@@ -29,7 +33,7 @@ the run's JSON beside it as PAGE's name with .json: ``--render`` and ``--update`
 
 The code follows the sections: :mod:`~creditrl.bench.perf_options` (the sizes),
 :mod:`~creditrl.bench.perf_points` (a, b, d), :mod:`~creditrl.bench.perf_study` (c, f),
-:mod:`~creditrl.bench.perf_rss` (e),
+:mod:`~creditrl.bench.perf_rss` (e), :mod:`~creditrl.bench.perf_profile` (g),
 :mod:`~creditrl.bench.performance_report` (the page), :mod:`~creditrl.bench.perf_flags` (the flagged points
 and what explains them), :mod:`~creditrl.bench.perf_plots` (the plots); this module runs them in order.
 """
@@ -56,6 +60,7 @@ from creditrl.bench.perf_points import (
     decode_bytes,
     save_never_eos_model,
 )
+from creditrl.bench.perf_profile import profile_workloads
 from creditrl.bench.perf_rss import bench_rss
 from creditrl.bench.perf_study import (
     bench_forward,
@@ -112,6 +117,8 @@ def run_performance(opts: PerformanceOptions) -> dict[str, Any]:
     result["forward"] = bench_forward(opts, threads, log)
     if opts.kl_skip:
         result["kl_skip"] = bench_kl_skip(opts, threads, log)
+    if opts.profile:
+        result["profile"] = profile_workloads(opts, threads, log)
     result["peak_rss_mb"] = peak_rss_mb()
     result["flags"] = flags(result)
     log(f"peak RSS of the bench process: {result['peak_rss_mb']:.0f} MB; {len(result['flags'])} points flagged")
@@ -163,7 +170,13 @@ def render_saved(path: Path, results: Path | None) -> str:
 
 
 # the sections that stand alone, so they can be measured again into a saved run
-REMEASURABLE = {"study": bench_study, "rss": bench_rss, "forward": bench_forward, "kl_skip": bench_kl_skip}
+REMEASURABLE = {
+    "study": bench_study,
+    "rss": bench_rss,
+    "forward": bench_forward,
+    "kl_skip": bench_kl_skip,
+    "profile": profile_workloads,
+}
 
 
 def remeasure(path: Path, sections: list[str], opts: PerformanceOptions) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from creditrl.bench.perf_flags import LIBRARY, explanations, point_label
+from creditrl.bench.perf_profile import profile_lines
 from creditrl.bench.perf_study import compare_rows
 
 STAGES = ("rollout", "reference", "score", "value", "credit", "update")
@@ -16,6 +17,7 @@ REMEASURED_TITLES = {
     "rss": "e (peak RSS)",
     "forward": "f (the packed forward)",
     "kl_skip": "f (zero-advantage rows under a KL term)",
+    "profile": "g (where the time goes)",
 }
 
 
@@ -346,6 +348,8 @@ def performance_report(res: dict[str, Any]) -> str:
                 "`optim.inference_positions` positions, without gradients.",
             ]
     lines += _exactness_lines(res)
+    if res.get("profile"):
+        lines += ["", *profile_lines(res["profile"])]
     lines += ["", "## Flagged points", ""]
     lines += [f"- {f}" for f in res["flags"]] or ["None."]
     lines += explanations(res)

@@ -94,7 +94,7 @@ def matmul_peak(n: int, repeats: int = 5) -> dict[str, Any]:
     return {**found[best], "library": best, "by_library": {k: v["max"] for k, v in found.items()}}
 
 
-def _bench_config(opts: BenchOptions, overrides: list[str] | None = None, base: Path | None = None) -> Config:
+def bench_config(opts: BenchOptions, overrides: list[str] | None = None, base: Path | None = None) -> Config:
     """``base`` (default: the arith config) at the bench's GRPO settings, then ``overrides``."""
     return load_config(
         base if base is not None else arith_config_path(False),
@@ -227,7 +227,7 @@ def creditrl_iterations(
     (``base``: the config under the bench's settings, default the arith config)."""
     from creditrl.train.rl import RLTrainer
 
-    cfg = _bench_config(opts, overrides, base)
+    cfg = bench_config(opts, overrides, base)
     with tempfile.TemporaryDirectory(prefix="creditrl-bench-") as run_dir:
         trainer = RLTrainer.from_config(cfg, Path(run_dir), init_path=policy)
         return [trainer.iteration(i) for i in range(n)]

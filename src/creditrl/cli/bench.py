@@ -69,7 +69,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "--sections",
         metavar="LIST",
         help="with --performance and --update: measure only these sections again (comma-separated: study, rss, "
-        "forward, kl_skip)",
+        "forward, kl_skip, profile)",
     )
     p.add_argument(
         "--update",

@@ -26,9 +26,13 @@ from creditrl.train.outcomes import pack_outcomes, unpack_outcomes  # noqa: F401
 from creditrl.train.stages import generated_tokens
 from creditrl.values.stage import ValueOut
 
+STAGE_LABEL = "creditrl/"  # each stage is a ``torch.profiler`` range named STAGE_LABEL + stage
+
 
 class StageTimer:
-    """Wall time per stage: ``with timer("rollout"): ...``; ``times`` maps stage -> seconds."""
+    """Wall time per stage: ``with timer("rollout"): ...``; ``times`` maps stage -> seconds. Each
+    stage is also a ``torch.profiler.record_function`` range (``creditrl/rollout``, ...), so a
+    profile of training attributes every op to its stage (nearly free when no profiler runs)."""
 
     def __init__(self) -> None:
         self.times: dict[str, float] = {}
@@ -37,7 +41,8 @@ class StageTimer:
     def __call__(self, stage: str) -> Iterator[None]:
         start = time.perf_counter()
         try:
-            yield
+            with torch.profiler.record_function(STAGE_LABEL + stage):
+                yield
         finally:
             self.times[stage] = self.times.get(stage, 0.0) + time.perf_counter() - start
 

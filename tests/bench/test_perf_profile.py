@@ -1,0 +1,100 @@
+"""Section g of `creditrl bench --performance`: every op's own time goes to the stage holding it and
+to one kind of work, the kinds partition each stage, and the page's explanations quote the profile."""
+
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from creditrl.bench.perf_flags import _study_profile, _update_profile
+from creditrl.bench.perf_profile import KINDS, op_kind, profile_lines, split_events
+from creditrl.train.metrics import STAGE_LABEL, StageTimer
+
+
+@dataclass
+class Event:  # the fields of torch.autograd.profiler_util.FunctionEvent that split_events reads
+    name: str
+    cpu_time_total: float  # microseconds, children included
+    cpu_parent: "Event | None" = None
+    children: list = field(default_factory=list)
+
+    @property
+    def self_cpu_time_total(self) -> float:
+        return self.cpu_time_total - sum(c.cpu_time_total for c in self.children)
+
+
+def _child(parent: Event, name: str, us: float) -> Event:
+    e = Event(name, us, parent)
+    parent.children.append(e)
+    return e
+
+
+def test_op_kinds():
+    assert op_kind("aten::mm") == op_kind("aten::addmm") == op_kind("mkldnn::_linear_pointwise") == "products"
+    assert op_kind("aten::_scaled_dot_product_flash_attention_for_cpu_backward") == "attention"
+    assert op_kind("aten::mul") == op_kind("aten::cat") == "other ops"
+    assert op_kind("autograd::engine::evaluate_function: MmBackward0") == "outside ops"
+    assert op_kind("Optimizer.step#AdamW.step") == op_kind("_GatherBackward") == "outside ops"
+
+
+def test_own_times_go_to_the_enclosing_stage_and_partition_it():
+    update = Event(STAGE_LABEL + "update", 1000.0)
+    linear = _child(update, "aten::linear", 600.0)
+    _child(linear, "aten::mm", 500.0)  # linear's own 100 us are an other op
+    _child(update, "aten::_scaled_dot_product_flash_attention_for_cpu", 150.0)
+    step = _child(update, "Optimizer.step#AdamW.step", 200.0)
+    _child(step, "aten::mul", 120.0)
+    rollout = Event(STAGE_LABEL + "rollout", 400.0)
+    _child(rollout, "aten::addmm", 100.0)
+    stray = Event("aten::mm", 9999.0)  # outside every stage: not counted
+    events = [update, *update.children, *linear.children, *step.children, rollout, *rollout.children, stray]
+    out = split_events(events, iterations=2)
+    u = out["update"]
+    assert u["wall_s"] == pytest.approx(500e-6)  # 1,000 us over 2 iterations
+    assert u["products"] == pytest.approx(250e-6) and u["attention"] == pytest.approx(75e-6)
+    assert u["other ops"] == pytest.approx((100 + 120) / 2 * 1e-6)
+    assert u["outside ops"] == pytest.approx((1000 - 600 - 150 - 200 + 200 - 120) / 2 * 1e-6)
+    assert sum(u[k] for k in KINDS) == pytest.approx(u["wall_s"])
+    assert u["top_ops"][0] == ["aten::mm", pytest.approx(250e-6)]
+    assert out["rollout"]["products"] == pytest.approx(50e-6) and out["rollout"]["outside ops"] == pytest.approx(150e-6)
+
+
+def test_a_real_profile_of_stage_timer_ranges_partitions_each_stage():
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    timer = StageTimer()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(2):
+            with timer("update"):
+                (a @ b).relu().sum()
+                sum(range(20000))  # Python time: outside ops
+    u = split_events(prof.events(), iterations=2)["update"]
+    assert sum(u[k] for k in KINDS) == pytest.approx(u["wall_s"], rel=1e-6)
+    assert u["products"] > 0 and u["other ops"] > 0 and u["outside ops"] > 0 and u["attention"] == 0
+    assert u["wall_s"] == pytest.approx(timer.times["update"] / 2, rel=0.5)
+    assert {name for name, _ in u["top_ops"]} >= {"aten::mm"}
+
+
+def _profile(products: float, other: float, wall: float) -> dict:
+    rest = wall - products - other
+    stage = {"wall_s": wall, "products": products, "attention": 0.0, "other ops": other, "outside ops": rest}
+    stage["top_ops"] = [["aten::mm", products], ["aten::mul", other / 2], ["aten::cat", other / 4]]
+    return {"plain_iter_s": wall, "profiled_iter_s": wall, "stages": {"update": stage}}
+
+
+def test_the_explanations_quote_the_profile():
+    res = {"profile": {"study arith": _profile(0.3, 0.1, 0.5), "length 8": _profile(0.2, 0.6, 1.0)}}
+    study = _study_profile(res, target=0.4, flops=30e9)
+    assert "0.30 s in matrix products (the model FLOPs at 100 GFLOP/s)" in study
+    assert "75% of the 0.40 s that 2x allows" in study
+    update = _update_profile(res)
+    assert (
+        "at length 8, 20% products, 0% attention, 60% other PyTorch ops (next after the products: mul, cat)" in update
+    )
+    assert "study" not in update
+    assert _study_profile({}, 0.4, 1.0) == _update_profile({}) == ""
+    lines = profile_lines(res["profile"])
+    assert lines[0] == "## g. Where the time goes"
+    assert "| length 8 | 1.000 / 1.000 | update | 1.000 | 0.200 (20%) | 0.000 (0%) | 0.600 (60%) | 0.200 (20%) |" in (
+        "\n".join(lines)
+    )
