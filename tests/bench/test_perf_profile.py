@@ -88,9 +88,7 @@ def test_the_explanations_quote_the_profile():
     assert "0.30 s in matrix products (the model FLOPs at 100 GFLOP/s)" in study
     assert "75% of the 0.40 s that 2x allows" in study
     update = _update_profile(res)
-    assert (
-        "at length 8, 20% products, 0% attention, 60% other PyTorch ops (next after the products: mul, cat)" in update
-    )
+    assert "at length 8, 20% products, 0% attention, 60% other PyTorch ops (the longest: mul, cat)" in update
     assert "study" not in update
     assert _study_profile({}, 0.4, 1.0) == _update_profile({}) == ""
     lines = profile_lines(res["profile"])

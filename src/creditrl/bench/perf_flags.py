@@ -7,7 +7,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from creditrl.bench.perf_profile import KINDS
+from creditrl.bench.perf_profile import KINDS, op_kind
 
 # where a point is flagged in the page
 MIN_SPEEDUP = 3.0  # creditrl's iteration vs TRL's, and its decode vs HF generate
@@ -139,11 +139,11 @@ def _update_profile(res: dict[str, Any]) -> str:
         u = prof["stages"].get("update")
         if label.startswith("study") or not u:
             continue
-        longest = ", ".join(name.split("::")[-1] for name, _ in u["top_ops"][1:3])
+        longest = ", ".join(name.split("::")[-1] for name, _ in u["top_ops"] if op_kind(name) == "other ops")
         parts.append(
             f"at {label}, {100 * u['products'] / u['wall_s']:.0f}% products, {100 * u['attention'] / u['wall_s']:.0f}% "
-            f"attention, {100 * u['other ops'] / u['wall_s']:.0f}% other PyTorch ops (next after the products: "
-            f"{longest}) and {100 * u['outside ops'] / u['wall_s']:.0f}% outside them"
+            f"attention, {100 * u['other ops'] / u['wall_s']:.0f}% other PyTorch ops (the longest: {longest}) and "
+            f"{100 * u['outside ops'] / u['wall_s']:.0f}% outside them"
         )
     return f" Profiled (section g), the update's time is {'; '.join(parts)}." if parts else ""
 

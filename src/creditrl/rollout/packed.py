@@ -39,9 +39,17 @@ def _rms(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
     return norm.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """``sin`` with its first half negated, once per pass: HF's ``rotate_half(x) * sin``, i.e.
+    ``cat(-x2, x1) * sin``, is then ``x.roll(half) * signed``, the same bits (a product's sign is the
+    operands'), in one op whose gradient is one op too, where the slices' each add a zero-filled
+    full-size gradient."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
+def _rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * signed_sin
 
 
 def packed_reason(model: torch.nn.Module, width: int) -> str | None:
@@ -207,18 +215,22 @@ class _Attention:
         self.q_norm, self.k_norm = getattr(at, "q_norm", None), getattr(at, "k_norm", None)
         self.o = at.o_proj
 
-    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """q, k, v (..., heads|kv, d) of ``x`` (..., H), rotated at the positions of ``cos``/``sin`` (..., 1, d)."""
+    def project(self, x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """q, k, v (..., heads|kv, d) of ``x`` (..., H), rotated at the positions of ``cos`` and
+        :func:`_signed_sin` (..., 1, d)."""
         qkv = F.linear(_rms(x, self.ln), self.w, self.bias)
-        q_size, kv_size = self.heads * self.d, self.kv * self.d
-        q = qkv[..., :q_size].unflatten(-1, (self.heads, self.d))
-        k = qkv[..., q_size : q_size + kv_size].unflatten(-1, (self.kv, self.d))
-        v = qkv[..., q_size + kv_size :].unflatten(-1, (self.kv, self.d))
+        # split, not three slices: its gradient is one concatenation, the slices' three zero-filled adds
+        q, k, v = qkv.split([self.heads * self.d, self.kv * self.d, self.kv * self.d], -1)
+        q, k, v = (
+            q.unflatten(-1, (self.heads, self.d)),
+            k.unflatten(-1, (self.kv, self.d)),
+            v.unflatten(-1, (self.kv, self.d)),
+        )
         if self.q_norm is not None:
             q = _rms(q, self.q_norm)
         if self.k_norm is not None:
             k = _rms(k, self.k_norm)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+        return _rotary(q, cos, signed_sin), _rotary(k, cos, signed_sin), v
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """softmax(q k^T / sqrt(d) + bias) v over (b, heads|kv, s, d) tensors -> (b, heads, s, d)."""
@@ -249,6 +261,7 @@ def packed_response_logits(
     p_pos = (prompt_mask[first].cumsum(-1) - 1).clamp(min=0)  # as positions_from_mask
     cos_p, sin_p = (x[:, :, None] for x in base.rotary_emb(hp, p_pos))  # (u, P, 1, d)
     cos_r, sin_r = (x[0, :, None] for x in base.rotary_emb(hr[None], (prompt_mask.sum(-1)[rows] + cols)[None]))
+    sin_p, sin_r = _signed_sin(sin_p), _signed_sin(sin_r)
     for layer in base.layers:
         att = _Attention(model, layer)
         q, k, v = (x.transpose(1, 2) for x in att.project(hp, cos_p, sin_p))  # (u, heads|kv, P, d)
