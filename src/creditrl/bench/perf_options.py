@@ -76,7 +76,7 @@ class PerformanceOptions:
     kl_skip_at: tuple[int, ...] = (5, 15, 30)
     profile: bool = True  # (g): where the iteration's time goes, by stage and kind of work
     profile_warmup: int = 2  # (g): unprofiled iterations first (the first also warms the kernels)
-    profile_iterations: int = 3
+    profile_iterations: int = 5
     trl: bool = True
     seed: int = 0
     out: Path = field(default_factory=lambda: Path("runs/bench"))
