@@ -4,8 +4,9 @@ import json
 
 import pytest
 
+from creditrl.bench.limits import matmul_peak, spread
 from creditrl.bench.report import markdown_report
-from creditrl.bench.run import BenchOptions, matmul_peak, run_bench, spread
+from creditrl.bench.run import BenchOptions, run_bench
 from creditrl.cli import main
 
 

@@ -13,8 +13,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from creditrl.bench.limits import spread
 from creditrl.bench.perf_options import NEVER_EOS, TINY, ModelSize, PerformanceOptions
-from creditrl.bench.run import BenchOptions, creditrl_iterations, spread, trl_iterations
+from creditrl.bench.run import BenchOptions, creditrl_iterations, trl_iterations
 from creditrl.config import load_config
 from creditrl.config.loader import packaged_config
 from creditrl.policy.engines import SamplingParams, StaticEngine
@@ -52,20 +53,6 @@ def save_with_unreachable_eos(model: Any, tok: Any, out: Path) -> Path:
 def can_stop(model: Any, tok: Any) -> bool:
     """Whether ``model`` can sample ``tok``'s eos (False for :func:`save_never_eos_model`'s)."""
     return tok.eos_token_id is not None and tok.eos_token_id < model.get_output_embeddings().weight.shape[0]
-
-
-def copy_bandwidth(mb: int, repeats: int) -> dict[str, float]:
-    """STREAM-style copy: ``dst.copy_(src)`` of an ``mb`` MB fp32 buffer; GB/s with bytes moved =
-    2 x size (read + write), per repeat (after one untimed copy)."""
-    src = torch.rand(mb * 2**20 // 4)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    rates = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        dst.copy_(src)
-        rates.append(2 * src.numel() * 4 / (time.perf_counter() - start) / 1e9)
-    return spread(rates)
 
 
 def model_geometry(model: Any) -> dict[str, int]:

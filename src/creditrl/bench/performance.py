@@ -32,7 +32,8 @@ Results go to ``OUT/performance.json`` and the plots ``OUT/performance_length.pn
 the run's JSON beside it as PAGE's name with .json: ``--render`` and ``--update`` take that file).
 
 The code follows the sections: :mod:`~creditrl.bench.perf_options` (the sizes),
-:mod:`~creditrl.bench.perf_points` (a, b, d), :mod:`~creditrl.bench.perf_study` (c, f),
+:mod:`~creditrl.bench.perf_points` (a, b, d; the limits in :mod:`~creditrl.bench.limits`),
+:mod:`~creditrl.bench.perf_study` (c, f),
 :mod:`~creditrl.bench.perf_rss` (e), :mod:`~creditrl.bench.perf_profile` (g),
 :mod:`~creditrl.bench.performance_report` (the page), :mod:`~creditrl.bench.perf_flags` (the flagged points
 and what explains them), :mod:`~creditrl.bench.perf_plots` (the plots); this module runs them in order.
@@ -49,6 +50,7 @@ from typing import Any
 
 import torch
 
+from creditrl.bench.limits import copy_bandwidth, matmul_peak
 from creditrl.bench.perf_flags import flags
 from creditrl.bench.perf_options import ModelSize, PerformanceOptions, quick_options
 from creditrl.bench.perf_plots import plot_lengths, plot_sizes
@@ -56,7 +58,6 @@ from creditrl.bench.perf_points import (
     _log_fn,
     bench_lengths,
     bench_sizes,
-    copy_bandwidth,
     decode_bytes,
     save_never_eos_model,
 )
@@ -70,7 +71,6 @@ from creditrl.bench.perf_study import (
     summarise_run,
 )
 from creditrl.bench.performance_report import performance_report
-from creditrl.bench.run import matmul_peak
 from creditrl.experiments.report import command_line, peak_rss_mb, utc_stamp, write_results
 
 __all__ = [

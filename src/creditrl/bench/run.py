@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from creditrl.bench.limits import matmul_peak, spread
 from creditrl.bench.report import markdown_report, plot_curve
 from creditrl.config import Config, load_config
 from creditrl.config.loader import arith_config_path
@@ -64,34 +65,6 @@ class BenchOptions:
     out: Path = field(default_factory=lambda: Path("runs/bench"))
     seed: int = 0
     results: Path | None = None  # also write the tables as a results page here (e.g. docs/results/bench.md)
-
-
-def spread(xs: list[float]) -> dict[str, float]:
-    return {"min": min(xs), "median": statistics.median(xs), "max": max(xs), "n": len(xs)}
-
-
-def matmul_peak(n: int, repeats: int = 5) -> dict[str, Any]:
-    """fp32 GFLOP/s of an n x n x n matmul, per repeat, by torch's ``@`` (MKL here) and, where this
-    torch has it, oneDNN's linear: the spread of the faster library (``library``), and each
-    library's best in ``by_library`` (on this machine's AMD cores oneDNN's is the higher)."""
-    from creditrl.policy.engines.decoder import onednn_available, onednn_linear
-
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    products: dict[str, Callable[[], Any]] = {"torch": lambda: a @ b}
-    if onednn_available():
-        products["onednn"] = lambda: onednn_linear(a, b, None)
-    found = {}
-    with torch.inference_mode():
-        for name, product in products.items():
-            product()
-            rates = []
-            for _ in range(repeats):
-                start = time.perf_counter()
-                product()
-                rates.append(2 * n**3 / (time.perf_counter() - start) / 1e9)
-            found[name] = spread(rates)
-    best = max(found, key=lambda k: found[k]["max"])
-    return {**found[best], "library": best, "by_library": {k: v["max"] for k, v in found.items()}}
 
 
 def bench_config(opts: BenchOptions, overrides: list[str] | None = None, base: Path | None = None) -> Config:
