@@ -180,8 +180,3 @@ def profile_lines(profiles: dict[str, Any]) -> list[str]:
                 f"{_share(s['other ops'], s['wall_s'])} | {_share(s['outside ops'], s['wall_s'])} | {top} |"
             )
     return lines
-
-
-def products_seconds(profile: dict[str, Any]) -> float:
-    """One profiled iteration's seconds in matrix products, over every stage."""
-    return sum(s["products"] for s in profile["stages"].values())
