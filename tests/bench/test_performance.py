@@ -488,3 +488,29 @@ def test_a_decode_over_the_copy_bandwidth_says_why_and_the_rows_it_computed(quic
     text = _over_bandwidth(p)
     assert "Above 100%" in text and "it computed 25% of the row-steps it decoded" in text
     assert f"{p['decode']['traffic']['weights_bytes'] / 1e6:.2f} MB of weights" in text
+
+
+def test_the_targets_table_splits_each_target_into_the_points_that_meet_it_and_those_that_miss(quick):
+    import copy
+
+    from creditrl.bench.perf_flags import targets
+
+    res = copy.deepcopy(quick[0])
+    a, b = res["lengths"]
+    a["iteration"]["ratio_trl_vs_creditrl"], b["iteration"]["ratio_trl_vs_creditrl"] = 3.5, 2.0
+    for p in res["sizes"]:
+        p["iteration"]["ratio_trl_vs_creditrl"] = 3.0  # exactly the target: met
+    b["decode"]["bandwidth_share"] = 0.25
+    res["study"]["baseline"] = {"commit": "abc", "speedup": 1.04}
+    rows = targets(res)
+    assert rows[:2] == ["| target | this run |", "|---|---|"] and len(rows) == 2 + 6
+    assert rows[2] == (
+        "| GRPO iteration >= 3x TRL's, at every length and size | met at length 8 (3.50x), size 0.1M (3.00x), "
+        "size 0.3M (3.00x); **missed** at length 16 (2.00x) |"
+    )
+    assert rows[4] == "| decode at the longest length >= 50% of the copy bandwidth | **missed** at length 16 (25%) |"
+    assert rows[6] == "| study settings (arith.yaml) >= 2x `abc`'s samples/s end to end | **missed**: 1.04x |"
+    assert rows[7].startswith("| peak RSS <= 4,096 MB, 4 samples x 32 tokens at 0.1M | **met**: ")
+    b["decode"]["bandwidth_share"] = 0.6
+    assert targets(res)[4].endswith("| **met**: length 16 (60%) |")
+    assert "## Targets" in quick[1].results.read_text()

@@ -303,3 +303,54 @@ def _study_explanation(res: dict[str, Any]) -> list[str]:
             "is rows x (prompt + max new tokens) x layers x 2 x the KV width in float32."
         )
     return out
+
+
+def _split(points: list[tuple[str, float, bool]], fmt: str) -> str:
+    met = [f"{label} ({fmt.format(v)})" for label, v, ok in points if ok]
+    missed = [f"{label} ({fmt.format(v)})" for label, v, ok in points if not ok]
+    if not missed:
+        return f"**met**{' at every point' if len(met) > 1 else ''}: {', '.join(met)}"
+    return f"{'met at ' + ', '.join(met) + '; ' if met else ''}**missed** at {', '.join(missed)}"
+
+
+def targets(res: dict[str, Any]) -> list[str]:
+    """The benchmark's targets as a table: each one, and where this run meets it and where not."""
+    every = [(section, p) for section, points in (("a", res["lengths"]), ("b", res["sizes"])) for p in points]
+    iteration, decode, update = [], [], []
+    for s, p in every:
+        it, label = p["iteration"], point_label(s, p)
+        if "ratio_trl_vs_creditrl" in it:
+            iteration.append((label, it["ratio_trl_vs_creditrl"], it["ratio_trl_vs_creditrl"] >= MIN_SPEEDUP))
+        ratio = p["decode"]["ratio_hf_vs_creditrl"]
+        decode.append((label, ratio, ratio >= MIN_SPEEDUP))
+        update.append((label, 100 * it["update_peak_share"], it["update_peak_share"] >= MIN_PEAK_SHARE))
+    x = f"{MIN_SPEEDUP:.0f}x"
+    rows = ["| target | this run |", "|---|---|"]
+    if iteration:
+        rows.append(f"| GRPO iteration >= {x} TRL's, at every length and size | {_split(iteration, '{:.2f}x')} |")
+    rows.append(f"| decode >= {x} HF generate's, at every length and size | {_split(decode, '{:.2f}x')} |")
+    if res["lengths"]:
+        p = max(res["lengths"], key=lambda p: p["length"])
+        share = p["decode"]["bandwidth_share"]
+        rows.append(
+            f"| decode at the longest length >= {100 * MIN_BANDWIDTH_SHARE:.0f}% of the copy bandwidth | "
+            f"{_split([(point_label('a', p), 100 * share, share >= MIN_BANDWIDTH_SHARE)], '{:.0f}%')} |"
+        )
+    rows.append(
+        f"| update >= {100 * MIN_PEAK_SHARE:.0f}% of the matmul peak ({res['limits']['peak_gflops']:.0f} GFLOP/s), at "
+        f"every length and size | {_split(update, '{:.0f}%')} |"
+    )
+    base = res.get("study", {}).get("baseline")
+    if base:
+        rows.append(
+            f"| study settings (arith.yaml) >= 2x `{base['commit']}`'s samples/s end to end | "
+            f"{'**met**' if base['speedup'] >= 2 else '**missed**'}: {base['speedup']:.2f}x |"
+        )
+    if "rss" in res:
+        r = res["rss"]
+        rows.append(
+            f"| peak RSS <= {r['target_mb']:,.0f} MB, {r['samples']} samples x {r['response_length']:,.0f} tokens at "
+            f"{r['spec']['size']['name']} | {'**met**' if r['within_target'] else '**missed**'}: "
+            f"{r['peak_rss_mb']:,.0f} MB |"
+        )
+    return rows

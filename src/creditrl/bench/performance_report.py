@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from creditrl.bench.perf_flags import LIBRARY, explanations, point_label
+from creditrl.bench.perf_flags import LIBRARY, explanations, point_label, targets
 from creditrl.bench.perf_profile import profile_lines
 from creditrl.bench.perf_study import compare_rows
 
@@ -267,6 +267,12 @@ def performance_report(res: dict[str, Any]) -> str:
         f"{str(o['skip_zero_advantage']).lower()}`) as TRL does. Iteration tokens/s = generated tokens / "
         "iteration seconds. Update GFLOP/s = 6 x non-embedding parameters x the trained positions "
         "(`tokens/padded`) / update seconds.",
+        "",
+        "## Targets",
+        "",
+        *targets(res),
+        "",
+        "Every missed target is explained, from this run's numbers, under [Flagged points](#flagged-points).",
         "",
         "## a. By generated length",
         "",
