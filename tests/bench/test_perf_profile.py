@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from creditrl.bench.perf_flags import _study_profile, _update_profile
+from creditrl.bench.perf_flags import _rollout_profile, _study_profile, _update_profile
 from creditrl.bench.perf_profile import KINDS, op_kind, profile_lines, split_events
 from creditrl.train.metrics import STAGE_LABEL, StageTimer
 
@@ -75,23 +75,49 @@ def test_a_real_profile_of_stage_timer_ranges_partitions_each_stage():
     assert {name for name, _ in u["top_ops"]} >= {"aten::mm"}
 
 
-def _profile(products: float, other: float, wall: float) -> dict:
+def _profile(products: float, other: float, wall: float, stage: str = "update") -> dict:
     rest = wall - products - other
-    stage = {"wall_s": wall, "products": products, "attention": 0.0, "other ops": other, "outside ops": rest}
-    stage["top_ops"] = [["aten::mm", products], ["aten::mul", other / 2], ["aten::cat", other / 4]]
-    return {"plain_iter_s": wall, "profiled_iter_s": wall, "stages": {"update": stage}}
+    split = {"wall_s": wall, "products": products, "attention": 0.0, "other ops": other, "outside ops": rest}
+    split["top_ops"] = [["aten::mm", products], ["aten::mul", other / 2], ["aten::cat", other / 4]]
+    return {"plain_iter_s": wall, "profiled_iter_s": wall, "stages": {stage: split}}
 
 
-def test_the_explanations_quote_the_profile():
-    res = {"profile": {"study arith": _profile(0.3, 0.1, 0.5), "length 8": _profile(0.2, 0.6, 1.0)}}
+def _point(length: int, update_share: float, decode_ratio: float) -> dict:
+    return {
+        "length": length,
+        "iteration": {"update_peak_share": update_share},
+        "decode": {"ratio_hf_vs_creditrl": decode_ratio},
+    }
+
+
+def test_the_explanations_quote_the_profile_of_the_points_below_each_target():
+    res = {
+        "lengths": [_point(8, 0.3, 2.0), _point(16, 0.6, 4.0)],  # length 16 meets both targets
+        "sizes": [],
+        "profile": {
+            "study arith": _profile(0.3, 0.1, 0.5),
+            "length 8": {
+                "stages": {**_profile(0.2, 0.6, 1.0)["stages"], **_profile(0.1, 0.1, 0.4, "rollout")["stages"]}
+            },
+            "length 16": _profile(0.5, 0.1, 1.0),
+        },
+    }
     study = _study_profile(res, target=0.4, flops=30e9)
     assert "0.30 s in matrix products (the model FLOPs at 100 GFLOP/s)" in study
     assert "75% of the 0.40 s that 2x allows" in study
     update = _update_profile(res)
-    assert "at length 8, 20% products, 0% attention, 60% other PyTorch ops (the longest: mul, cat)" in update
-    assert "study" not in update
-    assert _study_profile({}, 0.4, 1.0) == _update_profile({}) == ""
-    lines = profile_lines(res["profile"])
+    assert update == (
+        " Profiled (section g), the update's time is at length 8, 20% products, 0% attention, 60% other PyTorch ops "
+        "(the longest: mul, cat) and 20% outside them."
+    )
+    rollout = _rollout_profile(res)
+    assert "the training rollout's time is at length 8, 25% products, 25% other PyTorch ops and 50% outside them:" in (
+        rollout
+    )
+    assert "length 16" not in rollout
+    none = {"lengths": res["lengths"], "sizes": []}
+    assert _study_profile(none, 0.4, 1.0) == _update_profile(none) == _rollout_profile(none) == ""
+    lines = profile_lines({"length 8": _profile(0.2, 0.6, 1.0)})
     assert lines[0] == "## g. Where the time goes"
     assert "| length 8 | 1.000 / 1.000 | update | 1.000 | 0.200 (20%) | 0.000 (0%) | 0.600 (60%) | 0.200 (20%) |" in (
         "\n".join(lines)

@@ -75,8 +75,8 @@ def test_report_has_every_section_and_the_page_its_header(quick):
     for heading in ("## d. Bandwidth and peak", "## e. Peak RSS", "## f. The packed forward", "## Flagged points"):
         assert heading in page
     assert "## g. Where the time goes" in page and "| study arith |" in page
-    # section g: the study's iteration, the first length and the middle size, each stage split by kind
-    assert set(res["profile"]) == {"study arith", "length 8", "size 0.3M"}
+    # section g: the study's iteration and every point's, each stage split by kind
+    assert set(res["profile"]) == {"study arith", "length 8", "length 16", "size 0.1M", "size 0.3M"}
     for r in res["profile"].values():
         assert r["iterations"] == 1 and {"rollout", "update"} <= set(r["stages"])
         for s in r["stages"].values():

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 from creditrl.bench.perf_profile import KINDS, op_kind
@@ -132,12 +133,19 @@ def explanations(res: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _flagged(res: dict[str, Any], below: Callable[[dict[str, Any]], bool]) -> list[str]:
+    """The labels of the points of (a) and (b) for which ``below(point)``."""
+    return [point_label(s, p) for s, points in (("a", res["lengths"]), ("b", res["sizes"])) for p in points if below(p)]
+
+
 def _update_profile(res: dict[str, Any]) -> str:
-    """Section g's split of the profiled points' update stage, as a sentence ("" without one)."""
+    """Section g's split of the update stage at the points whose update is below the peak target,
+    as a sentence ("" without a profile of one)."""
     parts = []
-    for label, prof in res.get("profile", {}).items():
-        u = prof["stages"].get("update")
-        if label.startswith("study") or not u:
+    profiles = res.get("profile", {})
+    for label in _flagged(res, lambda p: p["iteration"]["update_peak_share"] < MIN_PEAK_SHARE):
+        u = profiles.get(label, {}).get("stages", {}).get("update")
+        if not u:
             continue
         longest = ", ".join(name.split("::")[-1] for name, _ in u["top_ops"] if op_kind(name) == "other ops")
         parts.append(
@@ -230,7 +238,29 @@ def _decode_explanation(res: dict[str, Any]) -> list[str]:
             "launches) beyond the products and the cache's bytes, which only fewer, larger kernels per step "
             "(a fused or compiled decode step) would cut."
         )
+    if lines:
+        lines[-1] += _rollout_profile(res)
     return lines
+
+
+def _rollout_profile(res: dict[str, Any]) -> str:
+    """Section g's split of the rollout stage at the points whose decode is below 3x, as a sentence."""
+    parts = []
+    profiles = res.get("profile", {})
+    for label in _flagged(res, lambda p: p["decode"]["ratio_hf_vs_creditrl"] < MIN_SPEEDUP):
+        r = profiles.get(label, {}).get("stages", {}).get("rollout")
+        if r:
+            parts.append(
+                f"at {label}, {100 * r['products'] / r['wall_s']:.0f}% products, "
+                f"{100 * r['other ops'] / r['wall_s']:.0f}% other PyTorch ops and "
+                f"{100 * r['outside ops'] / r['wall_s']:.0f}% outside them"
+            )
+    if not parts:
+        return ""
+    return (
+        f" Profiled (section g), the training rollout's time is {'; '.join(parts)}: outside PyTorch's ops are the "
+        "compiled (numba) attention, norms and sampling, and the Python of each step."
+    )
 
 
 def _study_floor(res: dict[str, Any], base: dict[str, Any], fwd: dict[str, Any]) -> str:

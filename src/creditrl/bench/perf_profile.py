@@ -105,8 +105,8 @@ def profile_iterations(cfg: Config, init: str, warmup: int, iterations: int) -> 
 
 
 def profile_workloads(opts: Any, threads: int, log: Callable[[str], None]) -> dict[str, Any]:
-    """Section g: the study's arith.yaml iteration (KL on), the first length point's iteration and
-    the middle model size's iteration, each profiled by stage and kind of work."""
+    """Section g: the study's arith.yaml iteration (KL on) and the GRPO iteration of every length
+    and size point of sections a and b, each profiled by stage and kind of work."""
     from creditrl.bench.perf_points import can_stop, length_policy, point_settings, save_never_eos_model
     from creditrl.bench.perf_study import study_overrides_of, study_start
     from creditrl.bench.run import bench_config
@@ -118,24 +118,17 @@ def profile_workloads(opts: Any, threads: int, log: Callable[[str], None]) -> di
     cfg, start = study_start("arith", [*overrides, "train.eval_every=100000"])
     out["study arith"] = profile_iterations(cfg, start, opts.profile_warmup, opts.profile_iterations)
     with tempfile.TemporaryDirectory(prefix="creditrl-profile-models-") as tmp:
-        points = []
-        if opts.lengths:
-            points.append((f"length {opts.lengths[0]}", length_policy(opts, Path(tmp)), opts.lengths[0]))
-        if opts.sizes:
-            size = opts.sizes[len(opts.sizes) // 2]
-            points.append(
-                (
-                    f"size {size.name}",
-                    str(save_never_eos_model(size, Path(tmp) / size.name, opts.seed)),
-                    opts.size_length,
-                )
-            )
-        for label, policy, length in points:
-            model, tok = load_policy(policy)
-            point = point_settings(policy, length, opts, can_stop(model, tok))
+        policy = length_policy(opts, Path(tmp)) if opts.lengths else ""
+        points = [(f"length {n:,}", policy, n) for n in opts.lengths]
+        for size in opts.sizes:
+            path = save_never_eos_model(size, Path(tmp) / size.name, opts.seed)
+            points.append((f"size {size.name}", str(path), opts.size_length))
+        for label, start, length in points:
+            model, tok = load_policy(start)
+            point = point_settings(start, length, opts, can_stop(model, tok))
             del model
             cfg = bench_config(point["settings"], point["overrides"], packaged_config("chain"))
-            out[label] = profile_iterations(cfg, policy, opts.profile_warmup, opts.profile_iterations)
+            out[label] = profile_iterations(cfg, start, opts.profile_warmup, opts.profile_iterations)
     for label, r in out.items():
         parts = ", ".join(
             f"{stage} {s['wall_s']:.3f} s ({100 * s['products'] / s['wall_s']:.0f}% products)"
@@ -162,7 +155,7 @@ def profile_lines(profiles: dict[str, Any]) -> list[str]:
         "*attention* (PyTorch's scaled-dot-product kernels, forward and backward), *other ops* (every other "
         "PyTorch op: elementwise, norms, indexing, copies, the optimizer's) and *outside ops* (the rest of the "
         "stage: Python, the autograd engine and the numba decode kernels). Seconds per iteration. *study arith* "
-        "is arith.yaml (KL on, no evaluation); the length and size points are section a's and b's GRPO iteration.",
+        "is arith.yaml (KL on, no evaluation); the length and size points are sections a's and b's GRPO iterations.",
         "",
         "| workload | iteration s: plain / profiled | stage | stage s | products | attention | other ops | "
         "outside ops | longest ops |",
