@@ -55,52 +55,68 @@ def _stage_of(event: Any) -> str | None:
     return None
 
 
-def split_events(events: list[Any], iterations: int) -> dict[str, dict[str, Any]]:
-    """Seconds per iteration of each stage and, within it, of each kind (the events' own times, so
-    nothing is counted twice; the stage range's own time is ``outside ops``) and the ops that took the
-    most time."""
-    seconds: dict[str, dict[str, float]] = defaultdict(lambda: dict.fromkeys(KINDS, 0.0))
-    wall: dict[str, float] = defaultdict(float)
-    by_op: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+def tally(events: list[Any], acc: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+    """Add ``events``' seconds into ``acc`` (a new one by default), per stage: the stage ranges'
+    ``wall``, each kind's own time (the events' own times, so nothing is counted twice; the stage
+    range's own time is ``outside ops``) and each op's (``ops``, every kind but ``outside ops``)."""
+    acc = {} if acc is None else acc
     for e in events:
         stage = _stage_of(e)
         if stage is None:
             continue
+        s = acc.setdefault(stage, {"wall": 0.0, **dict.fromkeys(KINDS, 0.0), "ops": defaultdict(float)})
         own = e.self_cpu_time_total / 1e6
         if e.name == STAGE_LABEL + stage:
-            wall[stage] += e.cpu_time_total / 1e6
+            s["wall"] += e.cpu_time_total / 1e6
         kind = op_kind(e.name)
-        seconds[stage][kind] += own
+        s[kind] += own
         if kind != "outside ops":
-            by_op[stage][e.name] += own
+            s["ops"][e.name] += own
+    return acc
+
+
+def per_iteration(acc: dict[str, dict[str, Any]], iterations: int) -> dict[str, dict[str, Any]]:
+    """:func:`tally`'s sums as seconds per iteration, with each stage's five longest ops."""
     out: dict[str, dict[str, Any]] = {}
-    for stage, total in wall.items():
-        if total <= 0:
+    for stage, s in acc.items():
+        if s["wall"] <= 0:
             continue
-        top = sorted(by_op[stage].items(), key=lambda kv: -kv[1])[:5]
+        top = sorted(s["ops"].items(), key=lambda kv: -kv[1])[:5]
         out[stage] = {
-            "wall_s": total / iterations,
-            **{k: v / iterations for k, v in seconds[stage].items()},
-            "top_ops": [[name, s / iterations] for name, s in top],
+            "wall_s": s["wall"] / iterations,
+            **{k: s[k] / iterations for k in KINDS},
+            "top_ops": [[name, sec / iterations] for name, sec in top],
         }
     return out
 
 
+def split_events(events: list[Any], iterations: int) -> dict[str, dict[str, Any]]:
+    """Seconds per iteration of each stage and of each kind within it, over ``iterations`` iterations'
+    ``events`` (:func:`tally`, :func:`per_iteration`)."""
+    return per_iteration(tally(events), iterations)
+
+
 def profile_iterations(cfg: Config, init: str, warmup: int, iterations: int) -> dict[str, Any]:
-    """``warmup`` unprofiled iterations of ``cfg`` from ``init``, the next ``iterations`` under the
-    profiler: the stage split (:func:`split_events`) and the unprofiled iterations' median seconds."""
+    """``warmup`` unprofiled iterations of ``cfg`` from ``init``, then ``iterations`` more, each under
+    its own profiler (the events of several long iterations at once took over 15 GB): the stage
+    split (:func:`split_events`) and the unprofiled iterations' median seconds."""
     from creditrl.train.rl import RLTrainer
 
+    acc: dict[str, dict[str, Any]] = {}
+    rows = []
     with tempfile.TemporaryDirectory(prefix="creditrl-profile-") as run_dir:
         trainer = RLTrainer.from_config(cfg, Path(run_dir), init_path=init)
         plain = [trainer.iteration(i)["time/iter_s"] for i in range(warmup)]
-        with profile(activities=[ProfilerActivity.CPU]) as prof:  # with_flops (shapes) would add 10-20%
-            rows = [trainer.iteration(i) for i in range(warmup, warmup + iterations)]
+        for i in range(warmup, warmup + iterations):
+            with profile(activities=[ProfilerActivity.CPU]) as prof:  # with_flops (shapes) would add 6-17%
+                rows.append(trainer.iteration(i))
+            tally(prof.events(), acc)
+            del prof
     return {
         "iterations": iterations,
         "plain_iter_s": statistics.median(plain[1:] or plain),
         "profiled_iter_s": statistics.median(r["time/iter_s"] for r in rows),
-        "stages": split_events(prof.events(), iterations),
+        "stages": per_iteration(acc, iterations),
     }
 
 
