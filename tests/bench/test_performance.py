@@ -328,8 +328,8 @@ def test_a_section_measured_again_goes_into_the_saved_run_and_is_named(quick, tm
     assert all(0 < mb <= after["rss"]["peak_rss_mb"] + 1 for mb in after["rss"]["stage_peak_mb"].values())
     page = (tmp_path / "p.md").read_text()
     assert f"Written by `{res['command']}`" in page
-    assert "Section e (peak RSS) was measured again by `" in page and "largest resident set within each stage" in page
-    with pytest.raises(ValueError, match="--sections: unknown lengths; valid: study, rss, forward, kl_skip"):
+    assert "\n- section e (peak RSS): by `" in page and "largest resident set within each stage" in page
+    with pytest.raises(ValueError, match="--sections: unknown lengths; valid: study, rss, forward, kl_skip, profile"):
         remeasure(saved, ["lengths"], opts)
     threads = torch.get_num_threads()
     try:

@@ -252,8 +252,12 @@ def performance_report(res: dict[str, Any]) -> str:
     }.get(o["policy"], f"`{o['policy']}`")
     lines = [
         *(
-            f"Section {REMEASURED_TITLES[name]} was measured again by `{r['command']}` on {r['date']}, "
-            "into this run's saved results; the other sections are the run's."
+            ["Measured again into this run's saved results (the other sections are the run's):", ""]
+            if res.get("remeasured")
+            else []
+        ),
+        *(
+            f"- section {REMEASURED_TITLES[name]}: by `{r['command']}` on {r['date']}"
             for name, r in res.get("remeasured", {}).items()
         ),
         *([""] if res.get("remeasured") else []),
