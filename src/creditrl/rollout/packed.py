@@ -41,9 +41,9 @@ def _rms(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
 
 def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
     """``sin`` with its first half negated, once per pass: HF's ``rotate_half(x) * sin``, i.e.
-    ``cat(-x2, x1) * sin``, is then ``x.roll(half) * signed``, the same bits (a product's sign is the
-    operands'), in one op whose gradient is one op too, where the slices' each add a zero-filled
-    full-size gradient."""
+    ``cat(-x2, x1) * sin``, is then ``x.roll(half) * signed``, the same bits (a product's sign is its
+    operands'). The roll's gradient is one op; the two slices of ``rotate_half`` each gave a
+    zero-filled full-size gradient to add up."""
     half = sin.shape[-1] // 2
     return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
