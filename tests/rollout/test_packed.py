@@ -164,13 +164,13 @@ def test_packed_reason_names_what_it_cannot_run() -> None:
 def test_the_rolled_rotary_is_hf_rotate_half_bit_for_bit_with_its_gradient() -> None:
     from transformers.models.llama.modeling_llama import rotate_half
 
-    from creditrl.rollout.packed import _rotary, _signed_sin
+    from creditrl.policy.engines.decoder import rotary, signed_sin
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(5, 4, 3, 16, generator=g, requires_grad=True)
     cos, sin = torch.randn(5, 4, 1, 16, generator=g), torch.randn(5, 4, 1, 16, generator=g)
     grad = torch.randn(5, 4, 3, 16, generator=g)
-    ours = _rotary(x, cos, _signed_sin(sin))
+    ours = rotary(x, cos, signed_sin(sin))
     (dx_ours,) = torch.autograd.grad(ours, x, grad)
     hf = x * cos + rotate_half(x) * sin
     (dx_hf,) = torch.autograd.grad(hf, x, grad)

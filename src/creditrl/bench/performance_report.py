@@ -250,17 +250,16 @@ def performance_report(res: dict[str, Any]) -> str:
         "sft": "the chain config's SFT policy (tiny preset, stops at eos)",
         "tiny": "the tiny preset, random init, with the never-sampled eos (every row decodes max new tokens)",
     }.get(o["policy"], f"`{o['policy']}`")
+    again = [
+        f"- section {REMEASURED_TITLES[k]}: by `{r['command']}` on {r['date']}"
+        for k, r in res.get("remeasured", {}).items()
+    ]
     lines = [
         *(
-            ["Measured again into this run's saved results (the other sections are the run's):", ""]
-            if res.get("remeasured")
+            ["Measured again into this run's saved results (the other sections are the run's):", "", *again, ""]
+            if again
             else []
         ),
-        *(
-            f"- section {REMEASURED_TITLES[name]}: by `{r['command']}` on {r['date']}"
-            for name, r in res.get("remeasured", {}).items()
-        ),
-        *([""] if res.get("remeasured") else []),
         f"Batch {o['prompts']} prompts x {o['group']} samples at temperature {o['temperature']}, {res['threads']} "
         f"threads, torch {res['torch']}. Every ratio is peer / creditrl median seconds (creditrl's speed-up), "
         "measured in this run with the peers interleaved: creditrl and TRL alternate rounds of "

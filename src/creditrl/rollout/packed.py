@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from creditrl.policy.device import is_fsdp
-from creditrl.policy.engines.decoder import unsupported_reason
+from creditrl.policy.engines.decoder import rotary, signed_sin, unsupported_reason
 
 __all__ = ["packed_reason", "packed_response_logits"]
 
@@ -37,19 +37,6 @@ __all__ = ["packed_reason", "packed_response_logits"]
 def _rms(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
     eps = float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
     return norm.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
-
-
-def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
-    """``sin`` with its first half negated, once per pass: HF's ``rotate_half(x) * sin``, i.e.
-    ``cat(-x2, x1) * sin``, is then ``x.roll(half) * signed``, the same bits (a product's sign is its
-    operands'). The roll's gradient is one op; the two slices of ``rotate_half`` each gave a
-    zero-filled full-size gradient to add up."""
-    half = sin.shape[-1] // 2
-    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
-
-
-def _rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    return x * cos + x.roll(x.shape[-1] // 2, -1) * signed_sin
 
 
 def packed_reason(model: torch.nn.Module, width: int) -> str | None:
@@ -189,14 +176,14 @@ class _Gather(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, index: torch.Tensor, live: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(index, live, targets)
+        ctx.save_for_backward(live, targets)
         ctx.rows = x.shape[0]
         return x[index]
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
-        index, live, targets = ctx.saved_tensors  # targets = index[live], computed once per layout
-        out = grad.new_zeros(ctx.rows, *grad.shape[index.dim() :])
+        live, targets = ctx.saved_tensors  # targets = index[live], computed once per layout
+        out = grad.new_zeros(ctx.rows, *grad.shape[live.dim() :])
         out[targets] = grad[live]
         return out, None, None, None
 
@@ -215,9 +202,9 @@ class _Attention:
         self.q_norm, self.k_norm = getattr(at, "q_norm", None), getattr(at, "k_norm", None)
         self.o = at.o_proj
 
-    def project(self, x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def project(self, x: torch.Tensor, cos: torch.Tensor, signed: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """q, k, v (..., heads|kv, d) of ``x`` (..., H), rotated at the positions of ``cos`` and
-        :func:`_signed_sin` (..., 1, d)."""
+        :func:`~creditrl.policy.engines.decoder.signed_sin` (..., 1, d)."""
         qkv = F.linear(_rms(x, self.ln), self.w, self.bias)
         # split, not three slices: its gradient is one concatenation, the slices' three zero-filled adds
         q, k, v = qkv.split([self.heads * self.d, self.kv * self.d, self.kv * self.d], -1)
@@ -230,7 +217,7 @@ class _Attention:
             q = _rms(q, self.q_norm)
         if self.k_norm is not None:
             k = _rms(k, self.k_norm)
-        return _rotary(q, cos, signed_sin), _rotary(k, cos, signed_sin), v
+        return rotary(q, cos, signed), rotary(k, cos, signed), v
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """softmax(q k^T / sqrt(d) + bias) v over (b, heads|kv, s, d) tensors -> (b, heads, s, d)."""
@@ -261,7 +248,7 @@ def packed_response_logits(
     p_pos = (prompt_mask[first].cumsum(-1) - 1).clamp(min=0)  # as positions_from_mask
     cos_p, sin_p = (x[:, :, None] for x in base.rotary_emb(hp, p_pos))  # (u, P, 1, d)
     cos_r, sin_r = (x[0, :, None] for x in base.rotary_emb(hr[None], (prompt_mask.sum(-1)[rows] + cols)[None]))
-    sin_p, sin_r = _signed_sin(sin_p), _signed_sin(sin_r)
+    sin_p, sin_r = signed_sin(sin_p), signed_sin(sin_r)
     for layer in base.layers:
         att = _Attention(model, layer)
         q, k, v = (x.transpose(1, 2) for x in att.project(hp, cos_p, sin_p))  # (u, heads|kv, P, d)

@@ -103,9 +103,18 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """``sin`` with its first half negated, once per pass: HF's ``rotate_half(x) * sin``, i.e.
+    ``cat(-x2, x1) * sin``, is then ``x.roll(half) * signed``, the same bits (a product's sign is its
+    operands'). The roll's gradient is one op; the two slices of ``rotate_half`` each gave a
+    zero-filled full-size gradient to add up."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
+def rotary(x: torch.Tensor, cos: torch.Tensor, signed: torch.Tensor) -> torch.Tensor:
+    """The rotary embedding of ``x`` at the positions of ``cos`` and :func:`signed_sin`."""
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * signed
 
 
 @dataclass
@@ -253,7 +262,7 @@ class Decoder:
         keys/values wherever the caller keeps its cache and returns the attention output."""
         b, s = ids.shape
         h = F.embedding(ids, self.embed)
-        cos, sin = cos[:, None], sin[:, None]  # broadcast over heads
+        cos, sin = cos[:, None], signed_sin(sin[:, None])  # broadcast over heads
         for i, ly in enumerate(self.layers):
             x = _rms(h, ly.ln1, ly.eps1)
             qkv = F.linear(x, ly.qkv, ly.qkv_bias)
@@ -264,8 +273,7 @@ class Decoder:
                 q = _rms(q, *ly.q_norm)
             if ly.k_norm is not None:
                 k = _rms(k, *ly.k_norm)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+            q, k = rotary(q, cos, sin), rotary(k, cos, sin)
             attn = attend(i, q, k, v)
             h = h + F.linear(attn.transpose(1, 2).reshape(b, s, self.q_size), ly.o, ly.o_bias)
             x = _rms(h, ly.ln2, ly.eps2)
