@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from creditrl.bench.hf_peer import hf_generate_throughput
+from creditrl.bench.limits import update_model_flops
 from creditrl.bench.perf_flags import flags
 from creditrl.bench.perf_options import BASELINE, CREDITRL_SRC
 from creditrl.bench.perf_points import model_geometry
@@ -162,7 +163,20 @@ def test_ratios_are_peer_over_creditrl_medians(quick):
         gbs = statistics.median(t / s / 1e9 for t, s in zip([d["traffic"]["total_bytes"]] * len(cr["s"]), cr["s"]))
         assert d["bandwidth_share"] == pytest.approx(gbs / res["limits"]["copy_gbs"])
         assert it["update_peak_share"] == pytest.approx(it["update_gflops"]["median"] / res["limits"]["peak_gflops"])
+        # 6 N x every row's real prompt and response tokens, padding not counted
+        n, rows = p["non_embedding_parameters"], raw["iterations"]["creditrl"]
+        assert all(0 < r["tokens/prompt"] + r["tokens/generated"] <= r["tokens/padded"] for r in rows)
+        got = statistics.median(
+            6 * n * (r["tokens/prompt"] + r["tokens/generated"]) / r["time/update_s"] / 1e9 for r in rows
+        )
+        assert it["update_gflops"]["median"] == pytest.approx(got)
     assert res["flags"] == flags(res)
+
+
+def test_update_model_flops_count_real_tokens_of_the_trained_rows():
+    row = {"tokens/prompt": 40, "tokens/generated": 60, "tokens/padded": 160}
+    assert update_model_flops(1_000, row) == 6 * 1_000 * 100
+    assert update_model_flops(1_000, {**row, "update/skipped_rows": 0.25}) == 6 * 1_000 * 100 * 0.75
 
 
 def test_flags_name_each_point_below_a_threshold(quick):

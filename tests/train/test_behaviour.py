@@ -48,7 +48,8 @@ def cache(tmp_path_factory: pytest.TempPathFactory):
 
 # counts of failed user-function calls (reward and held-out checks), newer than the fixtures
 COUNTS_ADDED_LATER = ("reward/errors/", "reward/timeouts/", "eval/errors", "eval/timeouts", "value/check_")
-ADDED_LATER = ("eval/correct",)  # the held-out per-problem outcomes (a packed string), newer than the fixtures
+# the held-out per-problem outcomes (a packed string) and the rows' real prompt tokens, newer than the fixtures
+ADDED_LATER = ("eval/correct", "tokens/prompt")
 
 
 def _fixtures(name: str) -> Path:

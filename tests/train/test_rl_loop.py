@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from creditrl.config import load_config
+from creditrl.policy.tokenizer import encode_prompt
 from creditrl.train.checkpoint import latest_name
 from creditrl.train.rl import RLTrainer
 from creditrl.train.sft import cached_sft
@@ -128,11 +129,17 @@ def test_token_budget_stops_the_run_with_a_final_evaluation(sft_dir: str, tmp_pa
         overrides=EASY
         + ["train.iterations=50", "train.eval_every=50", "train.checkpoint_every=50", "train.max_tokens=600"]
     )
-    history = RLTrainer.from_config(cfg, tmp_path / "run", init_path=sft_dir).run().history
+    trainer = RLTrainer.from_config(cfg, tmp_path / "run", init_path=sft_dir)
+    history = trainer.run().history
     last = history[-1]
     assert last["tokens/total"] >= 600 > history[-2]["tokens/total"]  # stopped at the first iteration past it
     assert last["iteration"] < 50 and "eval/accuracy" in last
     assert sum(r["tokens/generated"] for r in history[1:]) == last["tokens/total"]
+    # EASY's prompts ("a+b=" with one-digit operands) all have one length: 64 rows of it, no padding
+    tok, task = trainer.parts.tokenizer, trainer.parts.task
+    (length,) = {len(encode_prompt(tok, p.prompt)) for p in task.sample(32, split="train", seed=0)}
+    assert all(r["tokens/prompt"] == 64 * length for r in history[1:])
+    assert all(r["tokens/prompt"] + r["tokens/generated"] <= r["tokens/padded"] for r in history[1:])
     assert latest_name(tmp_path / "run" / "checkpoints") == f"iter_{last['iteration']:06d}"
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from creditrl.bench.limits import spread
+from creditrl.bench.limits import spread, update_model_flops
 from creditrl.bench.perf_options import NEVER_EOS, TINY, ModelSize, PerformanceOptions
 from creditrl.bench.run import BenchOptions, creditrl_iterations, trl_iterations
 from creditrl.config import load_config
@@ -239,8 +239,7 @@ def summarise_point(
     }
     c = its["creditrl"]
     n = geometry["non_embedding_parameters"]
-    # model FLOPs of the rows the update trained: 6 N x their share of the batch's padded positions
-    flops = [6 * n * r["tokens/padded"] * (1 - r.get("update/skipped_rows", 0.0)) for r in c]
+    flops = [update_model_flops(n, r) for r in c]
     gflops = [f / r["time/update_s"] / 1e9 for f, r in zip(flops, c)]
     it: dict[str, Any] = {
         "creditrl_iter_s": spread([r["time/iter_s"] for r in c]),

@@ -268,8 +268,9 @@ def performance_report(res: dict[str, Any]) -> str:
         "identical for both trainers: outcome reward, token-mean PPO-clip loss, no KL (TRL beta=0), one optimizer "
         "step per iteration, and creditrl trains every row (`optim.skip_zero_advantage="
         f"{str(o['skip_zero_advantage']).lower()}`) as TRL does. Iteration tokens/s = generated tokens / "
-        "iteration seconds. Update GFLOP/s = 6 x non-embedding parameters x the trained positions "
-        "(`tokens/padded`) / update seconds.",
+        "iteration seconds. Update GFLOP/s = 6 x non-embedding parameters x the trained positions (every "
+        "row's real prompt and response tokens, `tokens/prompt` + `tokens/generated`: padding, which the packed "
+        "pass does not compute, is not counted) / update seconds.",
         "",
         "## Targets",
         "",

@@ -74,7 +74,7 @@ def markdown_report(res: dict[str, Any]) -> str:
             f"| TRL / creditrl training every row | {it['ratio_trl_vs_creditrl_every_row']:.2f}x |",
         ]
     lines += [
-        "| update model GFLOP/s (6 N x the trained rows' padded positions) | "
+        "| update model GFLOP/s (6 N x the trained rows' prompt and response tokens, padding not counted) | "
         f"{it['creditrl']['update_gflops']['median']:.0f} "
         f"({100 * it['creditrl']['update_share_of_peak']:.0f}% of the {res['peak_gflops']['max']:.0f} GFLOP/s matmul "
         "peak) |",

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from creditrl.bench.limits import matmul_peak, spread
+from creditrl.bench.limits import matmul_peak, spread, update_model_flops
 from creditrl.bench.report import markdown_report, plot_curve
 from creditrl.config import Config, load_config
 from creditrl.config.loader import arith_config_path
@@ -238,8 +238,7 @@ def bench_iteration(policy: str, opts: BenchOptions, peak: float, log: Callable[
         every += creditrl_iterations(policy, opts, opts.iterations, ["optim.skip_zero_advantage=false"])[1:]
         if opts.trl:
             trl += trl_iterations(policy, opts, opts.iterations)[1:]
-    # model FLOPs of the rows the update trained: 6 N x their share of the batch's padded positions
-    upd_flops = [6 * n_params * r["tokens/padded"] * (1.0 - r.get("update/skipped_rows", 0.0)) for r in rows]
+    upd_flops = [update_model_flops(n_params, r) for r in rows]
     out: dict[str, Any] = {
         "creditrl": {
             "iter_s": spread([r["time/iter_s"] for r in rows]),

@@ -115,6 +115,7 @@ def _batch_metrics(rec: IterationRecord) -> dict[str, Any]:
         "response/truncated": float((~batch.finished).float().mean()),
         "tokens/generated": rec.generated_tokens,
         "tokens/padded": batch.size * (batch.prompt_ids.shape[1] + batch.response_ids.shape[1]),
+        "tokens/prompt": int(batch.prompt_mask.sum()),  # every row's real prompt tokens (no padding)
     }
 
 
@@ -163,6 +164,7 @@ def reduce_row(row: dict[str, Any], upd: dict[str, float], rows: int, tokens: in
             "reward/filtered",
             "tokens/generated",
             "tokens/padded",
+            "tokens/prompt",
             "value/mc_states",
             "value/check_errors",
             "value/check_timeouts",
