@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from creditrl.bench.perf_flags import _rollout_profile, _study_profile, _update_profile
+from creditrl.bench.perf_flags import _rollout_profile, _study_profile, _study_wall, _update_budget, _update_profile
 from creditrl.bench.perf_profile import KINDS, op_kind, profile_lines, split_events
 from creditrl.train.metrics import STAGE_LABEL, StageTimer
 
@@ -75,17 +75,21 @@ def test_a_real_profile_of_stage_timer_ranges_partitions_each_stage():
     assert {name for name, _ in u["top_ops"]} >= {"aten::mm"}
 
 
-def _profile(products: float, other: float, wall: float, stage: str = "update") -> dict:
-    rest = wall - products - other
-    split = {"wall_s": wall, "products": products, "attention": 0.0, "other ops": other, "outside ops": rest}
+def _profile(products: float, other: float, wall: float, stage: str = "update", attention: float = 0.0) -> dict:
+    rest = wall - products - other - attention
+    split = {"wall_s": wall, "products": products, "attention": attention, "other ops": other, "outside ops": rest}
     split["top_ops"] = [["aten::mm", products], ["aten::mul", other / 2], ["aten::cat", other / 4]]
     return {"plain_iter_s": wall, "profiled_iter_s": wall, "stages": {stage: split}}
 
 
-def _point(length: int, update_share: float, decode_ratio: float) -> dict:
+def _point(length: int, update_share: float, decode_ratio: float, update_s: float = 1.0, peak: float = 100) -> dict:
     return {
         "length": length,
-        "iteration": {"update_peak_share": update_share},
+        "iteration": {
+            "update_peak_share": update_share,
+            "creditrl_update_s": {"median": update_s},
+            "update_gflops": {"median": update_share * peak},
+        },
         "decode": {"ratio_hf_vs_creditrl": decode_ratio},
     }
 
@@ -94,6 +98,7 @@ def test_the_explanations_quote_the_profile_of_the_points_below_each_target():
     res = {
         "lengths": [_point(8, 0.3, 2.0), _point(16, 0.6, 4.0)],  # length 16 meets both targets
         "sizes": [],
+        "limits": {"peak_gflops": 100},
         "profile": {
             "study arith": _profile(0.3, 0.1, 0.5),
             "length 8": {
@@ -106,9 +111,9 @@ def test_the_explanations_quote_the_profile_of_the_points_below_each_target():
     assert "0.30 s in matrix products (the model FLOPs at 100 GFLOP/s)" in study
     assert "75% of the 0.40 s that 2x allows" in study
     update = _update_profile(res)
-    assert update == (
+    assert update.startswith(
         " Profiled (section g), the update's time is at length 8, 20% products, 0% attention, 60% other PyTorch ops "
-        "(the longest: mul, cat) and 20% outside them."
+        "(the longest: mul, cat) and 20% outside them. **What 50% of the peak asks**"
     )
     rollout = _rollout_profile(res)
     assert "the training rollout's time is at length 8, 25% products, 25% other PyTorch ops and 50% outside them:" in (
@@ -122,3 +127,42 @@ def test_the_explanations_quote_the_profile_of_the_points_below_each_target():
     assert "| length 8 | 1.000 / 1.000 | update | 1.000 | 0.200 (20%) | 0.000 (0%) | 0.600 (60%) | 0.200 (20%) |" in (
         "\n".join(lines)
     )
+
+
+def test_what_half_the_peak_asks_of_the_update_and_2x_of_the_study_end_to_end():
+    # length 8: 30% of a 100 GFLOP/s peak in 1 s, so 50% means 0.6 s; products 0.4 s + attention 0.1 s fit
+    # length 32: 20% in 2 s, so 0.8 s; products 0.6 s + attention 0.5 s already take longer
+    res = {
+        "lengths": [_point(8, 0.3, 4.0), _point(32, 0.2, 4.0, update_s=2.0)],
+        "sizes": [],
+        "limits": {"peak_gflops": 100},
+        "profile": {
+            "length 8": _profile(0.4, 0.3, 1.0, attention=0.1),
+            "length 32": _profile(0.6, 0.4, 2.0, attention=0.5),
+        },
+    }
+    budget = _update_budget(res)
+    assert (
+        "at length 8, within 0.600 s (now 1.000 s): its products take 0.400 s (75 GFLOP/s, 75% of the peak) and its "
+        "attention 0.100 s, which leaves 0.100 s for its other ops and the Python around them (now 0.500 s)."
+    ) in budget
+    assert (
+        "At length 32, within 0.800 s (now 2.000 s): its products take 0.600 s (67 GFLOP/s, 67% of the peak) and "
+        "its attention 0.500 s: there the products and the attention alone"
+    ) in budget
+    res["lengths"][1]["iteration"]["update_peak_share"] = 0.5  # meets the target: not named
+    assert "length 32" not in _update_budget(res)
+    assert _update_budget({**res, "profile": {}}) == ""
+    # 2x of a median 44 s baseline is 22 s; 6 s outside 40 iterations leaves 0.4 s each
+    study = {
+        "baseline": {"commit": "abc1234", "old": [{"wall_s": w} for w in (40, 44, 48)]},
+        "runs": {"arith": [{"wall_s": 30, "outside_iterations_s": o, "iterations": 40} for o in (5, 7)]},
+    }
+    wall = _study_wall({"study": study}, core=0.5)
+    assert wall == (
+        " End to end, 2x means 22.0 s for the 40-iteration run (`abc1234`: 44.0 s, median); this code spends 6.0 s "
+        "outside the iterations (start-up, evaluations, checkpoints, exit), which leaves 0.40 s per iteration: less "
+        "than the products and the attention alone take (0.50 s)."
+    )
+    assert "more than" in _study_wall({"study": study}, core=0.3)
+    assert _study_wall({"study": {}}, core=0.5) == ""

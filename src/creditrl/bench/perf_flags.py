@@ -153,7 +153,46 @@ def _update_profile(res: dict[str, Any]) -> str:
             f"attention, {100 * u['other ops'] / u['wall_s']:.0f}% other PyTorch ops (the longest: {longest}) and "
             f"{100 * u['outside ops'] / u['wall_s']:.0f}% outside them"
         )
-    return f" Profiled (section g), the update's time is {'; '.join(parts)}." if parts else ""
+    return f" Profiled (section g), the update's time is {'; '.join(parts)}.{_update_budget(res)}" if parts else ""
+
+
+def _update_budget(res: dict[str, Any]) -> str:
+    """What 50% of the peak asks of the update at each point below it: the update seconds it allows
+    (the same FLOPs at half the peak) against section g's products and attention alone."""
+    over, within = [], []
+    peak = res["limits"]["peak_gflops"]
+    for section, points in (("a", res["lengths"]), ("b", res["sizes"])):
+        for p in points:
+            it, label = p["iteration"], point_label(section, p)
+            u = res.get("profile", {}).get(label, {}).get("stages", {}).get("update")
+            if it["update_peak_share"] >= MIN_PEAK_SHARE or not u:
+                continue
+            seconds = it["creditrl_update_s"]["median"]
+            allowed = seconds * it["update_peak_share"] / MIN_PEAK_SHARE
+            rate = it["update_gflops"]["median"] * seconds / u["products"]  # the update's FLOPs over its products' time
+            core = u["products"] + u["attention"]
+            text = (
+                f"at {label}, within {allowed:.3f} s (now {seconds:.3f} s): its products take {u['products']:.3f} s "
+                f"({rate:.0f} GFLOP/s, {100 * rate / peak:.0f}% of the peak) and its attention {u['attention']:.3f} s"
+            )
+            if core <= allowed:
+                text += (
+                    f", which leaves {allowed - core:.3f} s for its other ops and the Python around them (now "
+                    f"{u['wall_s'] - core:.3f} s)"
+                )
+            (over if core > allowed else within).append(text)
+    if not over and not within:
+        return ""
+    out = " **What 50% of the peak asks** of the update (profiled seconds against plain ones):"
+    if within:
+        out += f" {'; '.join(within)}."
+    if over:
+        out += (
+            f" {'; '.join(over)[0].upper()}{'; '.join(over)[1:]}: there the products and the attention alone, at the "
+            "rates they reach, already take longer than that, before any other op, so no cut of the other ops or of "
+            "the Python around them reaches 50% of the peak; only faster products and attention would."
+        )
+    return out
 
 
 def _iteration_explanation(res: dict[str, Any]) -> list[str]:
@@ -295,7 +334,27 @@ def _study_profile(res: dict[str, Any], target: float, flops: float) -> str:
         f"(the model FLOPs at {flops / 1e9 / kinds['products']:.0f} GFLOP/s), {kinds['attention']:.2f} s in "
         f"attention, {kinds['other ops']:.2f} s in other PyTorch ops and {kinds['outside ops']:.2f} s outside them: "
         f"the products alone, at the rates they reach, are {100 * kinds['products'] / target:.0f}% of the "
-        f"{target:.2f} s that 2x allows."
+        f"{target:.2f} s that 2x allows.{_study_wall(res, kinds['products'] + kinds['attention'])}"
+    )
+
+
+def _study_wall(res: dict[str, Any], core: float) -> str:
+    """The 2x target end to end: the wall time it allows, less what the current runs spend outside
+    their iterations, per iteration, against ``core`` (the profiled products and attention of one)."""
+    study = res.get("study", {})
+    base, runs = study.get("baseline", {}), study.get("runs", {}).get("arith", [])
+    if not base.get("old") or not runs:
+        return ""
+    wall = statistics.median(r["wall_s"] for r in base["old"]) / 2
+    outside = statistics.median(r["outside_iterations_s"] for r in runs)
+    iterations = runs[0]["iterations"]
+    left = (wall - outside) / iterations
+    verdict = "less than" if left < core else "more than"
+    return (
+        f" End to end, 2x means {wall:.1f} s for the {iterations}-iteration run (`{base['commit']}`: "
+        f"{2 * wall:.1f} s, median); this code spends {outside:.1f} s outside the iterations (start-up, "
+        f"evaluations, checkpoints, exit), which leaves {left:.2f} s per iteration: {verdict} the products and the "
+        f"attention alone take ({core:.2f} s)."
     )
 
 
