@@ -187,8 +187,9 @@ def _update_budget(res: dict[str, Any]) -> str:
     if within:
         out += f" {'; '.join(within)}."
     if over:
+        named = "; ".join(over)
         out += (
-            f" {'; '.join(over)[0].upper()}{'; '.join(over)[1:]}: there the products and the attention alone, at the "
+            f" {named[0].upper()}{named[1:]}: there the products and the attention alone, at the "
             "rates they reach, already take longer than that, before any other op, so no cut of the other ops or of "
             "the Python around them reaches 50% of the peak; only faster products and attention would."
         )
