@@ -8,12 +8,12 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from creditrl.bench.perf_flags import _rollout_profile, _study_profile, _study_wall, _update_budget, _update_profile
-from creditrl.bench.perf_profile import KINDS, op_kind, profile_lines, split_events
+from creditrl.bench.perf_profile import KINDS, op_kind, per_iteration, profile_lines, tally
 from creditrl.train.metrics import STAGE_LABEL, StageTimer
 
 
 @dataclass
-class Event:  # the fields of torch.autograd.profiler_util.FunctionEvent that split_events reads
+class Event:  # the fields of torch.autograd.profiler_util.FunctionEvent that tally reads
     name: str
     cpu_time_total: float  # microseconds, children included
     cpu_parent: "Event | None" = None
@@ -49,7 +49,7 @@ def test_own_times_go_to_the_enclosing_stage_and_partition_it():
     _child(rollout, "aten::addmm", 100.0)
     stray = Event("aten::mm", 9999.0)  # outside every stage: not counted
     events = [update, *update.children, *linear.children, *step.children, rollout, *rollout.children, stray]
-    out = split_events(events, iterations=2)
+    out = per_iteration(tally(events), iterations=2)
     u = out["update"]
     assert u["wall_s"] == pytest.approx(500e-6)  # 1,000 us over 2 iterations
     assert u["products"] == pytest.approx(250e-6) and u["attention"] == pytest.approx(75e-6)
@@ -68,7 +68,7 @@ def test_a_real_profile_of_stage_timer_ranges_partitions_each_stage():
             with timer("update"):
                 (a @ b).relu().sum()
                 sum(range(20000))  # Python time: outside ops
-    u = split_events(prof.events(), iterations=2)["update"]
+    u = per_iteration(tally(prof.events()), iterations=2)["update"]
     assert sum(u[k] for k in KINDS) == pytest.approx(u["wall_s"], rel=1e-6)
     assert u["products"] > 0 and u["other ops"] > 0 and u["outside ops"] > 0 and u["attention"] == 0
     assert u["wall_s"] == pytest.approx(timer.times["update"] / 2, rel=0.5)

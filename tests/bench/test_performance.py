@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from creditrl.bench.hf_peer import hf_generate_throughput
-from creditrl.bench.limits import update_model_flops
 from creditrl.bench.perf_flags import flags
 from creditrl.bench.perf_options import BASELINE, CREDITRL_SRC
 from creditrl.bench.perf_points import model_geometry
@@ -30,6 +29,7 @@ from creditrl.bench.performance import (
     save_never_eos_model,
     summarise_run,
 )
+from creditrl.bench.run import update_model_flops
 from creditrl.cli import build_parser
 from creditrl.policy.engines import SamplingParams, StaticEngine
 from creditrl.policy.model import load_policy

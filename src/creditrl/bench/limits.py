@@ -15,15 +15,6 @@ def spread(xs: list[float]) -> dict[str, float]:
     return {"min": min(xs), "median": statistics.median(xs), "max": max(xs), "n": len(xs)}
 
 
-def update_model_flops(non_embedding: int, row: dict[str, Any]) -> float:
-    """Model FLOPs of one iteration's update from its metrics ``row``: 6 N per position the update
-    trained -- every row's real prompt and response tokens (``tokens/prompt`` + ``tokens/generated``;
-    padding is not counted, as the packed pass does not compute it), times the share of rows
-    trained (``update/skipped_rows``: exactly zero-advantage rows left out)."""
-    positions = row["tokens/prompt"] + row["tokens/generated"]
-    return 6 * non_embedding * positions * (1.0 - row.get("update/skipped_rows", 0.0))
-
-
 def matmul_peak(n: int, repeats: int = 5) -> dict[str, Any]:
     """fp32 GFLOP/s of an n x n x n matmul, per repeat, by torch's ``@`` (MKL here) and, where this
     torch has it, oneDNN's linear: the spread of the faster library (``library``), and each

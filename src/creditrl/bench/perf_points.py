@@ -13,9 +13,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from creditrl.bench.limits import spread, update_model_flops
+from creditrl.bench.limits import spread
 from creditrl.bench.perf_options import NEVER_EOS, TINY, ModelSize, PerformanceOptions
-from creditrl.bench.run import BenchOptions, creditrl_iterations, trl_iterations
+from creditrl.bench.run import BenchOptions, creditrl_iterations, trl_iterations, update_model_flops
 from creditrl.config import load_config
 from creditrl.config.loader import packaged_config
 from creditrl.policy.engines import SamplingParams, StaticEngine

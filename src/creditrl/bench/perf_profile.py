@@ -90,16 +90,10 @@ def per_iteration(acc: dict[str, dict[str, Any]], iterations: int) -> dict[str, 
     return out
 
 
-def split_events(events: list[Any], iterations: int) -> dict[str, dict[str, Any]]:
-    """Seconds per iteration of each stage and of each kind within it, over ``iterations`` iterations'
-    ``events`` (:func:`tally`, :func:`per_iteration`)."""
-    return per_iteration(tally(events), iterations)
-
-
 def profile_iterations(cfg: Config, init: str, warmup: int, iterations: int) -> dict[str, Any]:
     """``warmup`` unprofiled iterations of ``cfg`` from ``init``, then ``iterations`` more, each under
     its own profiler (the events of several long iterations at once took over 15 GB): the stage
-    split (:func:`split_events`) and the unprofiled iterations' median seconds."""
+    split (:func:`tally`, :func:`per_iteration`) and the unprofiled iterations' median seconds."""
     from creditrl.train.rl import RLTrainer
 
     acc: dict[str, dict[str, Any]] = {}

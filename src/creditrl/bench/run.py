@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from creditrl.bench.limits import matmul_peak, spread, update_model_flops
+from creditrl.bench.limits import matmul_peak, spread
 from creditrl.bench.report import markdown_report, plot_curve
 from creditrl.config import Config, load_config
 from creditrl.config.loader import arith_config_path
@@ -225,6 +225,15 @@ def trl_iterations(
         precision=precision,
     )
     return trl_grpo_run(model, tok, task or make_task("arithmetic", min_ops=4, max_ops=6), n, settings)
+
+
+def update_model_flops(non_embedding: int, row: dict[str, Any]) -> float:
+    """Model FLOPs of one iteration's update from its metrics ``row``: 6 N per position the update
+    trained -- every row's real prompt and response tokens (``tokens/prompt`` + ``tokens/generated``;
+    padding is not counted, as the packed pass does not compute it), times the share of rows
+    trained (``update/skipped_rows``: exactly zero-advantage rows left out)."""
+    positions = row["tokens/prompt"] + row["tokens/generated"]
+    return 6 * non_embedding * positions * (1.0 - row.get("update/skipped_rows", 0.0))
 
 
 def bench_iteration(policy: str, opts: BenchOptions, peak: float, log: Callable[[str], None]) -> dict[str, Any]:
