@@ -2,12 +2,14 @@
 
 ``estimate(name, rewards, reward_mask, response_mask, ...)`` runs a registered estimator;
 ``estimate_at(resolution, name, ...)`` runs it with one time step per token or per reasoning
-step; ``normalise(name, advantages, response_mask, ...)`` runs a registered normaliser.
+step (and with VAPO's length-adaptive and VC-PPO's decoupled lambdas, :mod:`.lambdas`);
+``normalise(name, advantages, response_mask, ...)`` runs a registered normaliser.
 """
 
 # Importing the estimator modules is what registers the estimators in ESTIMATORS.
 from creditrl.credit.estimators import discounted_cumsum, reward_to_go
 from creditrl.credit.gae import gae
+from creditrl.credit.lambdas import length_adaptive_lam
 from creditrl.credit.min_form import min_form, min_to_go
 from creditrl.credit.normalise import NORMALISERS, normalise
 from creditrl.credit.registry import ESTIMATORS, estimate, register_estimator, requires
@@ -22,6 +24,7 @@ __all__ = [
     "estimate",
     "estimate_at",
     "gae",
+    "length_adaptive_lam",
     "min_form",
     "min_to_go",
     "normalise",

@@ -56,8 +56,12 @@ def _discount_matrix(c: float, n: int, like: Tensor) -> Tensor:
     return torch.where(gap >= 0, powers, 0).to(like.dtype)
 
 
-def discounted_cumsum(x: Tensor, c: float) -> Tensor:
+def discounted_cumsum(x: Tensor, c: float | Tensor) -> Tensor:
     """y[:, t] = sum_{s >= t} c^(s - t) x[:, s] over plain columns (no mask); x, y (B, T).
+
+    ``c`` is one decay for every row (a float) or one per row (a float (B,) tensor: row b decays by
+    ``c[b]``, as a per-response lambda needs, see :func:`creditrl.credit.lambdas.length_adaptive_lam`);
+    the per-row form runs the same blocked scan with one (n, n) matrix per row.
 
     Equivalently ``y_t = x_t + c * y_{t+1}`` with ``y_T = 0``, for any decay c in [0, 1]: the
     discount gamma for a reward-to-go, gamma * lam for GAE. A blocked scan, with no Python loop
@@ -71,6 +75,8 @@ def discounted_cumsum(x: Tensor, c: float) -> Tensor:
     appear, so it is stable for every c in [0, 1] (a closed form through c^-t overflows for long
     T), and it needs O(n^2) memory for M where a (T, T) discount matrix would need O(T^2).
     """
+    if isinstance(c, Tensor):
+        return _row_discounted_cumsum(x, c)
     rows, length = x.shape
     if c == 1.0 or length == 0:
         return x.flip(1).cumsum(1).flip(1)
@@ -88,6 +94,33 @@ def discounted_cumsum(x: Tensor, c: float) -> Tensor:
         n - torch.arange(n, device=x.device),
     ).to(x.dtype)
     y = local + carry[:, :, None] * decay  # (B, blocks, n)
+    return y.view(rows, blocks * n)[:, :length]
+
+
+def _row_discounted_cumsum(x: Tensor, c: Tensor) -> Tensor:
+    """:func:`discounted_cumsum` with decay ``c[b]`` on row b; x (B, T), c float (B,) in [0, 1].
+
+    The blocked scan of :func:`discounted_cumsum` with a batch of matrices M_b[s, i] = c_b^(s - i)
+    (s >= i), built in float64 like the scalar one; the block starts recurse with decays c_b^n.
+    """
+    rows, length = x.shape
+    if length == 0:
+        return x.clone()
+    c64 = c.to(device=x.device, dtype=torch.float64)  # (B,)
+    n = min(length, BLOCK)
+    blocks = -(-length // n)
+    steps = torch.arange(n, device=x.device)
+    gap = steps[:, None] - steps[None, :]  # (n, n): s - i
+    # torch.pow gives 0^0 = 1, so each diagonal is 1 even for c_b = 0 (y = x on that row).
+    matrices = torch.where(gap >= 0, torch.pow(c64[:, None, None], gap.clamp(min=0)), 0).to(x.dtype)  # (B, n, n)
+    padded = torch.nn.functional.pad(x, (0, blocks * n - length))
+    local = padded.view(rows, blocks, n) @ matrices  # (B, blocks, n)
+    if blocks == 1:
+        return local.view(rows, n)[:, :length]
+    starts = _row_discounted_cumsum(local[:, :, 0], c64**n)  # (B, blocks)
+    carry = torch.nn.functional.pad(starts[:, 1:], (0, 1))  # (B, blocks): Y_{j+1}, 0 after the last
+    decay = torch.pow(c64[:, None], (n - steps)[None, :]).to(x.dtype)  # (B, n): c_b^(n - i)
+    y = local + carry[:, :, None] * decay[:, None, :]  # (B, blocks, n)
     return y.view(rows, blocks * n)[:, :length]
 
 
@@ -180,7 +213,7 @@ def reinforce(
     group_ids: Tensor | None = None,
     values: Tensor | None = None,
     gamma: float = 1.0,
-    lam: float = 1.0,
+    lam: float | Tensor = 1.0,
 ) -> tuple[Tensor, Tensor]:
     """REINFORCE without a baseline (Williams, 1992): ``A[b, t] = G[b, t]``, ``returns = G``.
 
@@ -201,7 +234,7 @@ def reinforce_baseline(
     group_ids: Tensor | None = None,
     values: Tensor | None = None,
     gamma: float = 1.0,
-    lam: float = 1.0,
+    lam: float | Tensor = 1.0,
 ) -> tuple[Tensor, Tensor]:
     """Reward-to-go minus the group-mean return: ``A[b, t] = G[b, t] - mean_{j in group(b)} R_j``
     (b included, so a lone response gets G - R_b). Followed by the batch normaliser this is
@@ -225,7 +258,7 @@ def rloo(
     group_ids: Tensor | None = None,
     values: Tensor | None = None,
     gamma: float = 1.0,
-    lam: float = 1.0,
+    lam: float | Tensor = 1.0,
 ) -> tuple[Tensor, Tensor]:
     """REINFORCE leave-one-out (Kool et al., 2019; Ahmadian et al., 2024, arXiv:2402.14740):
     ``A[b, t] = G[b, t] - mean_{j in group(b), j != b} R_j``; 0 for a group of size 1.
@@ -252,7 +285,7 @@ def grpo(
     group_ids: Tensor | None = None,
     values: Tensor | None = None,
     gamma: float = 1.0,
-    lam: float = 1.0,
+    lam: float | Tensor = 1.0,
 ) -> tuple[Tensor, Tensor]:
     """GRPO outcome supervision (Shao et al., 2024, DeepSeekMath, arXiv:2402.03300, sec. 4.1.2):
     ``A[b, t] = (R_b - mean_g R) / (std_g R + EPS)`` on every valid token.
@@ -277,7 +310,7 @@ def dr_grpo(
     group_ids: Tensor | None = None,
     values: Tensor | None = None,
     gamma: float = 1.0,
-    lam: float = 1.0,
+    lam: float | Tensor = 1.0,
 ) -> tuple[Tensor, Tensor]:
     """Dr. GRPO (Liu et al., 2025, arXiv:2503.20783): ``A[b, t] = R_b - mean_g R`` on every valid
     token, GRPO without the std division that favours groups of low spread.
@@ -301,7 +334,7 @@ def grpo_process(
     group_ids: Tensor | None = None,
     values: Tensor | None = None,
     gamma: float = 1.0,
-    lam: float = 1.0,
+    lam: float | Tensor = 1.0,
 ) -> tuple[Tensor, Tensor]:
     """GRPO process supervision (Shao et al., 2024, DeepSeekMath, arXiv:2402.03300, sec. 4.1.3).
 

@@ -11,7 +11,8 @@ recursion runs straight across it, so V_{k+1} is the value at the next *valid* p
     returns = A + V                                  (the critic's lambda-return target)
 
 With lam = 1, A_k = G_k - V_k (reward-to-go minus the baseline); with lam = 0, A_k = delta_k
-(one-step TD error).
+(one-step TD error). ``lam`` may also be one value per response, a float (B,) tensor: row b then
+runs the recursion with lam_b (VAPO's length-adaptive lambda, :mod:`creditrl.credit.lambdas`).
 """
 
 import torch
@@ -30,12 +31,13 @@ def gae(
     group_ids: Tensor | None = None,
     values: Tensor | None = None,
     gamma: float = 1.0,
-    lam: float = 1.0,
+    lam: float | Tensor = 1.0,
 ) -> tuple[Tensor, Tensor]:
     """GAE(gamma, lam) over each response's valid tokens (see the module docstring).
 
     rewards float (B, T), reward_mask and response_mask bool (B, T), values float (B, T) V(s_t),
-    the value of the state before token t -> (advantages, returns) float (B, T), both exactly 0
+    the value of the state before token t, lam a float or float (B,) (row b's lambda) ->
+    (advantages, returns) float (B, T), both exactly 0
     where ``response_mask`` is 0; ``returns = A + V`` on valid tokens. Every reward on a valid
     token counts (``reward_mask`` is unused, so shaping terms on unplaced tokens count too);
     ``group_ids`` is unused.
@@ -48,6 +50,6 @@ def gae(
     v = torch.where(response_mask, values, 0).gather(1, order)  # (B, T), same packing
     v_next = torch.nn.functional.pad(v[:, 1:], (0, 1))  # (B, T)
     delta = r + gamma * v_next - v  # (B, T), 0 for k >= L_b
-    adv = discounted_cumsum(delta, gamma * lam)  # (B, T)
+    adv = discounted_cumsum(delta, gamma * lam)  # (B, T); a (B,) lam decays each row by its own gamma * lam_b
     returns = adv + v
     return expand(adv, order, response_mask), expand(returns, order, response_mask)

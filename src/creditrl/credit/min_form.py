@@ -52,7 +52,7 @@ def min_form(
     group_ids: Tensor | None = None,
     values: Tensor | None = None,
     gamma: float = 1.0,
-    lam: float = 1.0,
+    lam: float | Tensor = 1.0,
 ) -> tuple[Tensor, Tensor]:
     """Min-form credit (see the module docstring): ``A[b, t] = M[b, t] - mean_{j != b} M_j``.
 

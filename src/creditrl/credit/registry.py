@@ -13,6 +13,10 @@ with B responses and T padded response positions:
   response for observation/tool tokens, and trailing padding);
 - ``group_ids``: long (B,), responses to the same prompt share an id (any values, any order);
 - ``values``: float (B, T), V(s_t), the value of the state before token t is emitted;
+- ``gamma``: the discount, a float in [0, 1];
+- ``lam``: the GAE lambda, a float in [0, 1] or one per response (a float (B,) tensor, e.g. VAPO's
+  length-adaptive lambda, :func:`creditrl.credit.lambdas.length_adaptive_lam`); estimators that do
+  not bootstrap on values ignore it;
 - ``advantages``, ``returns``: float (B, T), exactly 0 where ``response_mask`` is 0.
 
 Because the signature is shared, a trainer never special-cases an estimator (verl's trainer has to,
@@ -41,7 +45,7 @@ class EstimatorFn(Protocol):
         group_ids: Tensor | None = None,
         values: Tensor | None = None,
         gamma: float = 1.0,
-        lam: float = 1.0,
+        lam: float | Tensor = 1.0,
     ) -> tuple[Tensor, Tensor]: ...
 
 
@@ -137,10 +141,10 @@ def check_inputs(
     group_ids: Tensor | None = None,
     values: Tensor | None = None,
     gamma: float = 1.0,
-    lam: float = 1.0,
+    lam: float | Tensor = 1.0,
 ) -> None:
     """Check the shared estimator inputs (shapes and dtypes as in the module docstring): ranks,
-    shapes, dtypes, a single device, and gamma and lam in [0, 1]."""
+    shapes, dtypes, a single device, and gamma and lam (each entry of a per-response lam) in [0, 1]."""
     check_float("rewards", rewards)
     shape = tuple(rewards.shape)
     check_mask("reward_mask", reward_mask, shape)
@@ -152,12 +156,25 @@ def check_inputs(
     if group_ids is not None:
         check_group_ids(group_ids, shape[0])
         tensors.append(group_ids)
+    if isinstance(lam, Tensor):
+        check_row_lam(lam, shape[0])
+        tensors.append(lam)
     devices = {t.device for t in tensors}
     if len(devices) > 1:
         raise ValueError(f"all inputs must be on one device; got {sorted(str(d) for d in devices)}")
     for label, x in (("gamma", gamma), ("lam", lam)):
-        if not 0.0 <= x <= 1.0:
+        if not isinstance(x, Tensor) and not 0.0 <= x <= 1.0:
             raise ValueError(f"{label} must lie in [0, 1]; got {x}")
+
+
+def check_row_lam(lam: Tensor, batch: int) -> None:
+    """Check a per-response lambda: a floating-point tensor of shape (B,) = (batch,), every entry in [0, 1]."""
+    if not lam.is_floating_point() or tuple(lam.shape) != (batch,):
+        raise ValueError(
+            f"a per-response lam must be a floating-point tensor of shape (B,) = ({batch},); got {_describe(lam)}"
+        )
+    if lam.numel() and not bool(((lam >= 0) & (lam <= 1)).all()):
+        raise ValueError(f"lam must lie in [0, 1]; got entries from {float(lam.min())} to {float(lam.max())}")
 
 
 def estimate(
@@ -169,7 +186,7 @@ def estimate(
     group_ids: Tensor | None = None,
     values: Tensor | None = None,
     gamma: float = 1.0,
-    lam: float = 1.0,
+    lam: float | Tensor = 1.0,
 ) -> tuple[Tensor, Tensor]:
     """Run the estimator registered as ``name`` after checking every input once.
 

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from creditrl.config.types import Resolution
+from creditrl.credit.lambdas import length_adaptive_lam
 from creditrl.credit.registry import check_inputs, check_mask, estimate
 
 RESOLUTIONS = tuple(r for r in typing.get_args(Resolution) if r != "auto")
@@ -121,7 +122,9 @@ def estimate_at(
     group_ids: Tensor | None = None,
     values: Tensor | None = None,
     gamma: float = 1.0,
-    lam: float = 1.0,
+    lam: float | Tensor = 1.0,
+    lam_alpha: float = 0.0,
+    lam_critic: float | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Run estimator ``name`` with one time step per token (``"token"``) or per reasoning step
     (``"step"``); returns ``(advantages, returns)`` float (B, T), 0 where ``response_mask`` is 0.
@@ -133,27 +136,52 @@ def estimate_at(
     step's advantage and return. gamma and lam then discount per *step*, not per token. With
     ``gae``, values V(s_k), gamma = 1 and lam = 0 this is VinePPO's step advantage
     ``A_k = r_k + V(s_{k+1}) - V(s_k)`` (V after the last step = 0); with lam = 1 it is
-    ``sum_{j >= k} r_j - V(s_k)``.
+    ``sum_{j >= k} r_j - V(s_k)``. A learned critic at step resolution is trained on these
+    returns at every token of the step: all of them share the step's target, the return from
+    the state V(s_k) scores.
 
-    Raises ValueError for an unknown resolution, a missing ``step_ends`` at step resolution, or
-    any input ``estimate`` refuses.
+    The lambdas (:mod:`creditrl.credit.lambdas`): ``lam_alpha > 0`` gives the *advantages*
+    VAPO's per-response ``lam_b = clamp(1 - 1 / (lam_alpha * l_b), 0, 1)`` in place of ``lam``,
+    l_b the row's number of time steps at this resolution (valid tokens, or steps);
+    ``lam_critic`` is the lambda of the *returns* (the critic's targets; None = ``lam``). When the
+    returns' lambda differs from the advantages' the estimator runs a second time on the same
+    inputs and only its returns are kept (VC-PPO's decoupled GAE); otherwise it runs once, so
+    ``lam_alpha = 0`` with ``lam_critic`` None is exactly the single estimate.
+
+    Raises ValueError for an unknown resolution, a missing ``step_ends`` at step resolution, a
+    negative ``lam_alpha``, or any input ``estimate`` refuses.
     """
     if resolution not in RESOLUTIONS:
         raise ValueError(f"unknown resolution {resolution!r}; valid: {', '.join(RESOLUTIONS)}")
-    options = {"group_ids": group_ids, "gamma": gamma, "lam": lam}
+    if lam_alpha < 0:
+        raise ValueError(f"lam_alpha must be >= 0 (0 = off); got {lam_alpha}")
+    options = {"group_ids": group_ids, "gamma": gamma}
     if resolution == "token":
-        return estimate(name, rewards, reward_mask, response_mask, values=values, **options)
-    if step_ends is None:
-        raise ValueError("resolution 'step' needs step_ends (a bool (B, T) tensor); got None")
-    # Check the token tensors here: a shape error must name them, not their step compressions.
-    check_inputs(rewards, reward_mask, response_mask, values=values, **options)
-    view = step_view(step_ends, response_mask)
-    adv, ret = estimate(
-        name,
-        sum_to_steps(rewards, view),  # (B, K)
-        any_to_steps(reward_mask & response_mask, view),  # (B, K)
-        step_mask(view),  # (B, K)
-        values=None if values is None else first_to_steps(values, view),  # (B, K)
-        **options,
-    )
+        inputs, lengths, view = (rewards, reward_mask, response_mask, values), response_mask.sum(1), None
+    else:
+        if step_ends is None:
+            raise ValueError("resolution 'step' needs step_ends (a bool (B, T) tensor); got None")
+        # Check the token tensors here: a shape error must name them, not their step compressions.
+        check_inputs(rewards, reward_mask, response_mask, values=values, lam=lam, **options)
+        view = step_view(step_ends, response_mask)
+        inputs = (
+            sum_to_steps(rewards, view),  # (B, K)
+            any_to_steps(reward_mask & response_mask, view),  # (B, K)
+            step_mask(view),  # (B, K)
+            None if values is None else first_to_steps(values, view),  # (B, K)
+        )
+        lengths = view.num_steps
+
+    def run(lam_: float | Tensor) -> tuple[Tensor, Tensor]:
+        return estimate(name, *inputs[:3], values=inputs[3], lam=lam_, **options)
+
+    policy_lam = length_adaptive_lam(lengths, lam_alpha) if lam_alpha > 0 else lam
+    adv, ret = run(policy_lam)
+    critic_lam = lam if lam_critic is None else lam_critic
+    if critic_lam is not policy_lam and (
+        isinstance(policy_lam, Tensor) or isinstance(critic_lam, Tensor) or critic_lam != policy_lam
+    ):
+        ret = run(critic_lam)[1]
+    if view is None:
+        return adv, ret
     return from_steps(adv, view), from_steps(ret, view)
