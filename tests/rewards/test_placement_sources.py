@@ -397,20 +397,20 @@ def failing_on_second(kind):
             return [math.nan]
         if kind == "inf":
             return [-math.inf]
-        if kind == "none":
-            return [None]
+        if kind == "text":
+            return ["1"]
         return [1.0, 2.0]  # wrong count
 
     return fn
 
 
-BAD = ["raise", "nan", "inf", "count", "none"]
+BAD = ["raise", "nan", "inf", "count", "text"]
 DETAIL = {
     "raise": "boom",
     "nan": "non-finite",
     "inf": "non-finite",
     "count": "returned 2 scores, expected 1",
-    "none": "a sequence-granularity score must be a number, got None",
+    "text": "returned a score of type str ('1'); a score is a real number, a bool or None",
 }
 
 
@@ -455,6 +455,14 @@ def test_span_source_wrong_count_is_an_error_with_zeros_per_span(task, problem, 
 def test_none_span_scores_pass_at_span_granularities(task, problem):
     res = run(lambda t, p, c, s: [None, 1, 0.0], task, [problem], "token", "raise", [["a", "b", "c"]])
     assert res.scores == [[None, 1.0, 0.0]] and res.errors == 0
+
+
+def test_a_none_sequence_score_places_nothing_and_is_counted(task, problem):
+    res = run(lambda t, p, c, s: [None], task, [problem] * 2, "sequence", "raise")
+    assert res.scores == [[None], [None]] and res.errors == 0 and res.nones == 2 and res.keep == [True, True]
+    last = torch.tensor([[False, False, True]] * 2)
+    rewards, placed = place(res.scores, end_mask=last, response_mask=torch.ones(2, 3, dtype=torch.bool))
+    assert not placed.any() and not rewards.any()
 
 
 def test_empty_response_is_not_scored(task, problem):

@@ -87,8 +87,9 @@ class ScoreWorker:
         )
 
     def _bound(self, name: str, source: RewardSource) -> None:
-        if source.batch_fn is None:  # a model-backed source runs here (creditrl.tasks.bounded)
-            self.bounded.register(name, functools.partial(source.fn, self.task))
+        worker = source.worker_fn()  # None: a model-backed source runs here (creditrl.tasks.bounded)
+        if worker is not None:
+            self.bounded.register(name, functools.partial(worker, self.task))
 
     def crash_on_call(self, k: int) -> None:
         """Test hook: exit the process at the start of the k-th score call from now."""

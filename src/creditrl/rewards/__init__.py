@@ -1,7 +1,9 @@
 """Rewards: sources that score spans, placement of the scores into (B, T) tensors, shaping."""
 
+from creditrl.rewards import reward_model as _reward_model  # noqa: F401  (registers "rm:PATH")
 from creditrl.rewards import text_metrics as _text_metrics  # noqa: F401  (registers bleu, chrf, rouge)
 from creditrl.rewards import unit_tests as _unit_tests  # noqa: F401  (registers "unit_tests")
+from creditrl.rewards.functions import function_source
 from creditrl.rewards.placement import (
     GRANULARITIES,
     Granularity,
@@ -20,13 +22,14 @@ from creditrl.rewards.sources import (
     ScoreResult,
     SourceFactory,
     check_granularity,
-    function_source,
     get_source,
     make_source,
     register_source,
     register_source_factory,
+    register_source_prefix,
     reward_function,
     score_batch,
+    score_value,
     source_names,
 )
 
@@ -54,7 +57,9 @@ __all__ = [
     "make_source",
     "register_source",
     "register_source_factory",
+    "register_source_prefix",
     "reward_function",
     "score_batch",
+    "score_value",
     "source_names",
 ]

@@ -7,27 +7,35 @@ A reward source scores the spans of one response (the spans of a granularity's s
 
 A source may also carry a ``batch_fn(task, problems, completions, spans_list)`` that scores a
 whole batch at once (a model-backed source such as a PRM runs one forward pass); the stage uses
-it first and falls back to ``fn`` per response if it raises. Sources that need options (a PRM's
-path) are built by a factory: ``register_source_factory`` / ``make_source(name, options)``.
+it first and falls back to ``fn`` per response if it raises. A user's function (``user_fn``, same
+signature, see :mod:`creditrl.rewards.functions`) is also called once per batch, but in the
+bounded worker and without a fallback: when that call fails, every response of the batch has
+failed. Sources that need options (a PRM's path) are built by a factory:
+``register_source_factory`` / ``make_source(name, options)``; a name with a prefix
+(``rm:PATH``, ``module:function``) by the resolver registered for it (``register_source_prefix``).
 
-A ``None`` score is "no label": nothing is placed on that span. Each source declares the
-granularities it can score and a default one; at ``sequence`` granularity there is one span
-(the whole response) and the score may not be ``None``.
+A score is a real number, a bool or ``None`` (numpy scalars included, :func:`score_value`);
+``None`` is "no label" ("does not apply" in TRL's words): nothing is placed on that span, and at
+``sequence`` granularity nothing from that source lands on the response. Each source declares
+the granularities it can score and a default one; at ``sequence`` granularity there is one span.
 
 The scoring stage runs a source over a batch under an explicit error policy: a source that
-raises, returns NaN/inf, the wrong number of scores, or runs over ``reward.timeout_s`` is never
-silently used (``raise`` stops with one line naming it, ``zero`` scores it 0.0, ``skip`` drops the
-response from the loss); each such response is counted in ``reward/errors`` and per source in
-``reward/errors/<source>`` / ``reward/timeouts/<source>``.
+raises, returns NaN/inf, a score of another type, the wrong number of scores, or runs over
+``reward.timeout_s`` is never silently used (``raise`` stops with one line naming it, ``zero``
+scores it 0.0, ``skip`` drops the response from the loss); each such response is counted in
+``reward/errors`` and per source in ``reward/errors/<source>`` / ``reward/timeouts/<source>``.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 import typing
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from creditrl.config.types import OnError
 from creditrl.rewards.placement import GRANULARITIES
@@ -54,6 +62,17 @@ class RewardSource:
     # ``ids_fn(prompt_ids, span_ids) -> scores`` (per response: its prompt's ids, each span's ids);
     # the stage uses it in place of ``batch_fn`` and falls back as for ``batch_fn`` if it raises
     ids_fn: IdsFn | None = None
+    # a user's function scoring a whole batch: called once per batch in the bounded worker
+    # (creditrl.tasks.bounded), never retried per response; ``fn`` is its one-response form
+    user_fn: BatchFn | None = None
+
+    def worker_fn(self) -> Callable[..., Any] | None:
+        """What a bounded worker runs for this source, the task as its first argument: ``user_fn``
+        (one call per batch), else ``fn`` (one per response); None for a model-backed source
+        (``batch_fn``), which runs in the caller (a forked worker must not run torch)."""
+        if self.user_fn is not None:
+            return self.user_fn
+        return self.fn if self.batch_fn is None else None
 
     def __post_init__(self) -> None:
         if self.default_granularity not in self.granularities:
@@ -118,20 +137,45 @@ def source_names() -> list[str]:
     return sorted({*REWARD_SOURCES, *SOURCE_FACTORIES})
 
 
+# ``prefix -> resolve(name)`` for names ``prefix:REST``; "" resolves every other name with a ``:``
+SOURCE_PREFIXES: dict[str, Callable[[str], RewardSource | SourceFactory]] = {}
+
+
+def register_source_prefix(
+    prefix: str,
+) -> Callable[[Callable[[str], RewardSource | SourceFactory]], Callable[[str], RewardSource | SourceFactory]]:
+    """Decorator registering ``resolve(name)`` for the source names ``prefix:...`` (``""``: any
+    other name with a ``:``, the ``module:function`` names); duplicates rejected."""
+
+    def deco(resolve: Callable[[str], RewardSource | SourceFactory]) -> Callable[[str], RewardSource | SourceFactory]:
+        if prefix in SOURCE_PREFIXES:
+            raise ValueError(f"reward source prefix '{prefix}:' is already registered")
+        SOURCE_PREFIXES[prefix] = resolve
+        return resolve
+
+    return deco
+
+
 def get_source(name: str) -> RewardSource | SourceFactory:
-    """The static source ``name``, the factory of a source built from options, or, for a
-    ``"module:function"`` import path, :func:`function_source` of that function."""
+    """The static source ``name``, the factory of a source built from options, or, for a name
+    with a prefix (``rm:PATH``, ``module:function``), what the prefix's resolver gives."""
     if name in REWARD_SOURCES:
         return REWARD_SOURCES[name]
     if name in SOURCE_FACTORIES:
         return SOURCE_FACTORIES[name]
     if ":" in name:
-        return function_source(name)
-    raise ValueError(f"unknown reward source '{name}'; valid: {', '.join(source_names())} or module:function")
+        prefix = name.partition(":")[0]
+        resolve = SOURCE_PREFIXES.get(prefix) or SOURCE_PREFIXES.get("")
+        if resolve is not None:
+            return resolve(name)
+    raise ValueError(
+        f"unknown reward source '{name}'; valid: {', '.join(source_names())}, rm:PATH (a reward model) "
+        "or module:function / path/to/file.py:function (a reward function)"
+    )
 
 
 def reward_function(granularity: str = "sequence") -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Declare the granularity of a TRL-style reward function (:func:`function_source`): with
+    """Declare the granularity of a TRL-style reward function (:mod:`creditrl.rewards.functions`): with
     ``step``, ``segment``, ``token`` or ``key_token`` it is also given ``spans`` (each completion's
     span texts) and returns one list of scores per completion, one score (or None) per span."""
     if granularity not in GRANULARITIES:
@@ -142,31 +186,6 @@ def reward_function(granularity: str = "sequence") -> Callable[[Callable[..., An
         return fn
 
     return mark
-
-
-def function_source(spec: str) -> RewardSource:
-    """A reward source from a function with TRL's reward signature, named by import path:
-    ``f(prompts, completions, **kwargs) -> list[float | None]``, one score per completion. The
-    keyword arguments are lists parallel to ``completions``, as TRL passes a dataset's columns:
-    ``answer``, ``solution``, ``problem`` (the :class:`Problem`) and every field of its ``meta``.
-    A function marked with :func:`reward_function` at a dense granularity also gets ``spans`` and
-    returns a list of per-span scores per completion; placement follows that granularity."""
-    from creditrl.rollout.segment import load_callable
-
-    fn = load_callable(spec)
-    granularity = getattr(fn, "granularity", "sequence")
-
-    def score(task: Task, problem: Problem, completion: str, spans: Sequence[str]) -> list[float | None]:
-        columns = {"answer": [problem.answer], "solution": [problem.solution], "problem": [problem]}
-        columns.update({k: [v] for k, v in problem.meta.items() if k not in columns})
-        if granularity != "sequence":
-            columns["spans"] = [list(spans)]
-        out = fn(prompts=[problem.prompt], completions=[completion], **columns)
-        if len(out) != 1:
-            raise ValueError(f"returned {len(out)} scores for 1 completion")
-        return [out[0]] if granularity == "sequence" else list(out[0])
-
-    return RewardSource(name=spec, granularities=frozenset({granularity}), default_granularity=granularity, fn=score)
 
 
 def make_source(name: str, options: dict[str, Any] | None = None) -> RewardSource:
@@ -294,6 +313,45 @@ def step_format_reward(task: Task, problem: Problem, completion: str, spans: Seq
 # ----------------------------------------------------------------------------- scoring stage
 
 
+def score_value(value: Any) -> float | None:
+    """One score as a float (``None`` stays ``None``): a real number or a bool, numpy scalars
+    included. Anything else, text such as ``"1"`` included, is an error naming its type.
+
+    Raises:
+        ValueError: ``value`` is of another type (the message names it) or is NaN/inf.
+    """
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_, numbers.Real)) and not isinstance(value, np.ndarray):
+        number = float(value)
+        if not math.isfinite(number):
+            raise ValueError(f"returned a non-finite score {number}")
+        return number
+    raise ValueError(
+        f"returned a score of type {type(value).__name__} ({shorten(repr(value), 30)}); "
+        "a score is a real number, a bool or None"
+    )
+
+
+def score_list(value: Any, expected: int, what: str) -> list[Any]:
+    """``value`` as a list of ``expected`` items (a list, a tuple or a 1-d numpy array); ``what``
+    names one item for the message (``"score"``, ``"list of span scores"``).
+
+    Raises:
+        ValueError: ``value`` is of another type (the message names it) or of another length.
+    """
+    if isinstance(value, np.ndarray) and value.ndim == 1:
+        value = value.tolist()
+    plural = what if expected == 1 else f"{what}s"
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(
+            f"returned a {type(value).__name__} ({shorten(repr(value), 30)}), expected a list of {expected} {plural}"
+        )
+    if len(value) != expected:
+        raise ValueError(f"returned {len(value)} {what}s, expected {expected}")
+    return list(value)
+
+
 @dataclass
 class ScoreResult:
     scores: list[list[float | None]]  # per response, ready for placement
@@ -301,10 +359,12 @@ class ScoreResult:
     errors: int  # failed responses, timeouts included
     first_error: str | None
     timeouts: int = 0  # of ``errors``, the calls over ``reward.timeout_s``
+    nones: int = 0  # ``None`` scores ("does not apply": nothing placed) of responses that did not fail
 
 
-# runs ``fn(problem, completion, spans)`` of a source on each argument tuple (a bounded worker)
-CallRunner = Callable[[Sequence[tuple[Problem, str, Sequence[str]]]], list[Outcome]]
+# runs ``fn(problem, completion, spans)`` of a source on each argument tuple (a bounded worker), or
+# a user source's ``user_fn(problems, completions, spans_list[, completion_ids])`` on one tuple
+CallRunner = Callable[[Sequence[tuple[Any, ...]]], list[Outcome]]
 
 
 def _check_arguments(
@@ -347,6 +407,35 @@ def _batch_scores(
     return batched if len(batched) == len(problems) else None
 
 
+def _user_call(
+    source: RewardSource,
+    task: Task,
+    rows: list[int],
+    args: tuple[Any, ...],
+    run: CallRunner | None,
+) -> dict[int, Outcome]:
+    """One call of a user source's ``user_fn`` on the ``rows`` that have spans (``args``: their
+    problems, completions, spans and completion ids): each row's outcome, the call's error for
+    every row when the call failed or returned a list of another length."""
+    if not rows:
+        return {}
+    if run is not None:
+        (outcome,) = run([args])
+    else:
+        try:
+            outcome = Outcome(value=source.user_fn(task, *args))  # type: ignore[misc]
+        except Exception as exc:  # noqa: BLE001 - under the error policy, like a bounded call's
+            outcome = Outcome(error=f"{type(exc).__name__}: {exc}")
+    if outcome.error is None:
+        try:
+            values = score_list(outcome.value, len(rows), "score")
+        except ValueError as exc:
+            outcome = Outcome(error=str(exc))
+        else:
+            return {i: Outcome(value=v) for i, v in zip(rows, values)}
+    return dict.fromkeys(rows, outcome)
+
+
 def score_batch(
     source: RewardSource,
     task: Task,
@@ -358,28 +447,37 @@ def score_batch(
     on_error: str = "raise",
     first_index: int = 0,
     run: CallRunner | None = None,
+    completion_ids: Sequence[Sequence[int]] | None = None,
 ) -> ScoreResult:
     """Score every response's spans with ``source`` under the ``on_error`` policy (module doc).
 
     ``granularity`` (default: the source's default) must be one the source supports
-    (ValueError otherwise, whatever the policy). Every response needs ``len(spans[i])`` scores
-    (``sequence``: one span, one score, never ``None``). A response without spans (empty) has
-    nothing to place: its score list is empty and the source is not called. ``first_index``:
-    the index of ``problems[0]`` in a larger batch split among workers (error messages name
-    the response by its index in that batch). ``run``: where the per-response ``fn`` calls run
-    (a :class:`~creditrl.tasks.bounded.BoundedCalls` worker bounded by ``reward.timeout_s``: a
-    call over it is an error of that response); default here, unbounded.
+    (ValueError otherwise, whatever the policy). Every response needs ``len(spans[i])`` scores,
+    each checked by :func:`score_value`. A response without spans (empty) has nothing to place:
+    its score list is empty and the source is not called for it. ``first_index``: the index of
+    ``problems[0]`` in a larger batch split among workers (error messages name the response by
+    its index in that batch). ``run``: where the user's calls run (a
+    :class:`~creditrl.tasks.bounded.BoundedCalls` worker bounded by ``reward.timeout_s``: a call
+    over it is an error of its responses); default here, unbounded. A user source
+    (``user_fn``) is called once for all responses with spans, with their ``completion_ids``
+    when given; its failure is an error of each of them.
     """
     granularity = granularity or source.default_granularity
     _check_arguments(source, granularity, on_error, problems, completions, spans)
-    batched = _batch_scores(source, task, problems, completions, spans)
+    rows = [i for i, row_spans in enumerate(spans) if len(row_spans)]
     called: dict[int, Outcome] = {}
-    if batched is None and run is not None:
-        rows = [i for i, row_spans in enumerate(spans) if len(row_spans)]
-        called = dict(zip(rows, run([(problems[i], completions[i], spans[i]) for i in rows])))
+    batched = None
+    if source.user_fn is not None:
+        ids = None if completion_ids is None else [list(completion_ids[i]) for i in rows]
+        picked = ([problems[i] for i in rows], [completions[i] for i in rows], [list(spans[i]) for i in rows], ids)
+        called = _user_call(source, task, rows, picked, run)
+    else:
+        batched = _batch_scores(source, task, problems, completions, spans)
+        if batched is None and run is not None:
+            called = dict(zip(rows, run([(problems[i], completions[i], spans[i]) for i in rows])))
     scores: list[list[float | None]] = []
     keep: list[bool] = []
-    errors, timeouts, first = 0, 0, None
+    errors, timeouts, nones, first = 0, 0, 0, None
     for i, (prob, comp, row_spans) in enumerate(zip(problems, completions, spans)):
         expected = len(row_spans)
         if expected == 0:
@@ -397,13 +495,7 @@ def score_batch(
                 if i in called
                 else source.fn(task, prob, comp, row_spans)
             )
-            out = [None if x is None else float(x) for x in raw]
-            if len(out) != expected:
-                raise ValueError(f"returned {len(out)} scores, expected {expected}")
-            if granularity == "sequence" and None in out:
-                raise ValueError("a sequence-granularity score must be a number, got None")
-            if not all(x is None or math.isfinite(x) for x in out):
-                raise ValueError(f"returned a non-finite score {out}")
+            out = [score_value(x) for x in score_list(raw, expected, "score")]
         except Exception as exc:  # noqa: BLE001 - any failure of user code is subject to the policy
             msg = (
                 f"reward source '{source.name}' failed on response {first_index + i} "
@@ -417,6 +509,7 @@ def score_batch(
             out = [0.0] * expected
             keep.append(on_error != "skip")
         else:
+            nones += out.count(None)
             keep.append(True)
         scores.append(out)
-    return ScoreResult(scores=scores, keep=keep, errors=errors, first_error=first, timeouts=timeouts)
+    return ScoreResult(scores=scores, keep=keep, errors=errors, first_error=first, timeouts=timeouts, nones=nones)

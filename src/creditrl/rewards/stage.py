@@ -71,6 +71,9 @@ class _Placed:
         plain = self.score_fn is score_batch and self.source.batch_fn is None and self.source.ids_fn is None
         bounded = {"run": functools.partial(self.calls.map, self.source.name)} if plain else {}
         source = self.source
+        if source.user_fn is not None and self.score_fn is score_batch:  # TRL's completion_ids
+            sampled = token_rows(batch)[1]
+            bounded["completion_ids"] = [sampled[i] for i in rows]
         if source.ids_fn is not None:  # the sampled ids, not a re-tokenization of the span texts
             prompts, responses = token_rows(batch)
             span_ids = [
@@ -181,8 +184,9 @@ class Scorer:
                 implicit_center=rc.implicit_center,
             )
             made = make_source(source, {**options, "init_seed": cfg.policy.init_seed})
-            if made.batch_fn is None:  # a model-backed source (batch_fn) runs here: see creditrl.tasks.bounded
-                self.calls.register(made.name, functools.partial(made.fn, task))
+            worker = made.worker_fn()  # None: a model-backed source (batch_fn) runs here (creditrl.tasks.bounded)
+            if worker is not None:
+                self.calls.register(made.name, functools.partial(worker, task))
             return _Placed(made, granularity, segmenter(granularity), self.calls)
 
         self.primary = placed(rc.source, rc.granularity)
@@ -229,15 +233,15 @@ class Scorer:
         rewards, reward_mask, keep, result, primary_seg = self.primary(
             batch, task, self.texts_of, keep, on_error, outcome
         )
-        errors = self._count(self.primary, result, counts)
+        errors = self._count(self.primary, result, counts, stats)
         if self.extra:
-            rewards, reward_mask, keep, extra_errors, stats = self._sum(
-                batch, rewards, reward_mask, keep, outcome, counts
+            rewards, reward_mask, keep, extra_errors = self._sum(
+                batch, rewards, reward_mask, keep, outcome, counts, stats
             )
             errors += extra_errors
         if self.dense is not None:
             d_rewards, d_mask, keep, d_result, _ = self.dense(batch, task, self.texts_of, keep, on_error, outcome)
-            errors += self._count(self.dense, d_result, counts)
+            errors += self._count(self.dense, d_result, counts, stats)
             w_seq, w_dense = mix_weights(h.schedule, progress, switch_at=h.switch_at, weight=h.dense_weight)
             if self.calibrator is not None:
                 verdict, valid = dense_verdict(d_rewards, d_mask, batch.response_mask)
@@ -291,24 +295,31 @@ class Scorer:
         keep: list[bool],
         outcome: torch.Tensor,
         counts: CallCounts,
-    ) -> tuple[torch.Tensor, torch.Tensor, list[bool], int, dict[str, float]]:
+        stats: dict[str, float],
+    ) -> tuple[torch.Tensor, torch.Tensor, list[bool], int]:
         """``weights[0] * source + sum_i weights[i] * sources[i]`` (``reward.sources``), each source
-        placed at its own granularity; its mean summed reward per response is logged by name."""
+        placed at its own granularity; its mean summed reward per response is logged by name
+        (into ``stats``). A source that placed nothing on a response (a ``None`` score) adds 0 to
+        it: its term is left out, as TRL's ``nansum`` leaves it out."""
         mask = batch.response_mask
-        stats = {f"reward/by_source/{self.primary.source.name}": float((rewards * mask).sum(-1).mean())}
+        stats[f"reward/by_source/{self.primary.source.name}"] = float((rewards * mask).sum(-1).mean())
         total, total_mask, errors = self.weights[0] * rewards, reward_mask.clone(), 0
         for placed, weight in zip(self.extra, self.weights[1:]):
             r, m, keep, result, _ = placed(batch, self.task, self.texts_of, keep, self.cfg.reward.on_error, outcome)
-            errors += self._count(placed, result, counts)
+            errors += self._count(placed, result, counts, stats)
             stats[f"reward/by_source/{placed.source.name}"] = float((r * mask).sum(-1).mean())
             total, total_mask = total + weight * r, total_mask | m
-        return total, total_mask, keep, errors, stats
+        return total, total_mask, keep, errors
 
     @staticmethod
-    def _count(placed: _Placed, result: ScoreResult, counts: CallCounts) -> int:
-        """Add a source's failed responses to ``counts`` under its name; returns them all."""
-        counts.timeouts[placed.source.name] += result.timeouts
-        counts.errors[placed.source.name] += result.errors - result.timeouts
+    def _count(placed: _Placed, result: ScoreResult, counts: CallCounts, stats: dict[str, float]) -> int:
+        """Add a source's failed responses to ``counts`` under its name, and a user function's
+        ``None`` scores to ``stats`` (``reward/none/<name>``); returns the failed responses."""
+        name = placed.source.name
+        counts.timeouts[name] += result.timeouts
+        counts.errors[name] += result.errors - result.timeouts
+        if placed.source.user_fn is not None:
+            stats[f"reward/none/{name}"] = stats.get(f"reward/none/{name}", 0) + result.nones
         return result.errors
 
     def close(self) -> None:

@@ -16,10 +16,14 @@ They are built with ``functools.partial`` over module-level functions so that th
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import importlib.util
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -134,19 +138,92 @@ def after_text(suffix: str) -> KeyPredicate:
     return partial(_previous_ends_with, suffix)
 
 
+# Folders searched for ``module.py`` when a ``module:attribute``'s module is not importable, before
+# the working directory: a run's config folder (``creditrl train CONFIG`` adds it).
+CALLABLE_FOLDERS: list[Path] = []
+
+
+def add_callable_folder(folder: str | Path) -> None:
+    """Search ``folder`` for the modules of ``module:attribute`` names (see :func:`load_callable`)."""
+    path = Path(folder).resolve()
+    if path not in CALLABLE_FOLDERS:
+        CALLABLE_FOLDERS.append(path)
+
+
+class _NotFound(ValueError):
+    """The module of a ``module:attribute`` name was not found (the message says where it looked)."""
+
+
+def _import_file(path: Path, name: str | None = None) -> Any:
+    """The module in file ``path``, imported once under ``name`` (default: the file's stem, or a
+    name of its own if another module has that name); its folder joins ``sys.path`` (the end),
+    so it can import its siblings."""
+    path = path.resolve()
+    for module in list(sys.modules.values()):
+        if getattr(module, "__file__", None) and Path(module.__file__).resolve() == path:
+            return module
+    name = name or path.stem
+    if name in sys.modules:
+        name = f"_creditrl_file_{hashlib.sha256(str(path).encode()).hexdigest()[:12]}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path} as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    if str(path.parent) not in sys.path:
+        sys.path.append(str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def _import_module(module_name: str, spec: str) -> Any:
+    """The module of ``spec``: a file (``path/to/file.py``), an importable module, or a
+    ``module.py`` in :data:`CALLABLE_FOLDERS` or the working directory."""
+    if module_name.endswith(".py") or "/" in module_name or "\\" in module_name:
+        path = Path(module_name).expanduser()
+        if not path.is_file():
+            raise _NotFound(f"cannot import '{spec}': file '{module_name}' does not exist")
+        return _import_file(path)
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not (module_name + ".").startswith(exc.name + "."):
+            raise  # the module exists; something it imports does not
+        folders = [*CALLABLE_FOLDERS, Path.cwd()]
+        relative = Path(*module_name.split(".")).with_suffix(".py")
+        for folder in folders:
+            if (folder / relative).is_file():
+                return _import_file(folder / relative, module_name)
+        where = ", ".join(dict.fromkeys(str(f) for f in folders))
+        raise _NotFound(
+            f"cannot import module '{module_name}' named in '{spec}': not on sys.path nor in {where}; "
+            f"name a file as path/to/{relative}:{spec.partition(':')[2]}"
+        ) from None
+
+
 def load_callable(spec: str) -> Callable[..., Any]:
     """Import the callable named by ``"package.module:attribute"`` (the attribute may be dotted).
 
+    The module is importable, or a ``module.py`` in one of :data:`CALLABLE_FOLDERS` (the config's
+    folder) or the working directory; ``"path/to/file.py:attribute"`` names a file (relative to
+    the working directory).
+
     Raises:
-        ValueError: naming ``spec`` and what is wrong: no ``:``, the module cannot be imported,
-            the attribute is missing, or it is not callable.
+        ValueError: naming ``spec`` and what is wrong: no ``:``, the module cannot be found (and
+            where it was looked for) or imported, the attribute is missing, or it is not callable.
     """
-    module_name, colon, attr_path = spec.partition(":")
+    module_name, colon, attr_path = spec.rpartition(":") if spec.count(":") > 1 else spec.partition(":")
     if not colon or not module_name or not attr_path:
         raise ValueError(f"'{spec}' is not of the form 'package.module:attribute'")
     try:
-        obj: Any = importlib.import_module(module_name)
-    except Exception as exc:  # noqa: BLE001 - any failure to import (missing, syntax error, ...)
+        obj: Any = _import_module(module_name, spec)
+    except _NotFound:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure to import (syntax error, a missing dependency, ...)
         raise ValueError(f"cannot import module '{module_name}' named in '{spec}': {exc}") from exc
     for part in attr_path.split("."):
         if not hasattr(obj, part):
