@@ -253,7 +253,19 @@ class ValueConfig(Section):
     lr: float = Field(1e-4, gt=0, description="critic learning rate")
     clip_eps: float | None = Field(0.2, gt=0, description="clipped value loss; null = plain squared error")
     coef: float = Field(0.5, ge=0, description="weight of the value loss in the policy loss (shared critic)")
-    warmup_iterations: int = Field(0, ge=0, description="iterations that train only the critic")
+    warmup_iterations: int = Field(
+        0,
+        ge=0,
+        description="the first iterations of `train.iterations` train only the critic, toward the run's own "
+        "returns (lambda `credit.lam_critic`); for VC-PPO's value pretraining see `pretrain_iterations`",
+    )
+    pretrain_iterations: int = Field(
+        0,
+        ge=0,
+        description="value pretraining (VC-PPO, arXiv 2503.01491): before RL, this many iterations sample from "
+        "the start policy and train only the critic toward Monte-Carlo (lambda 1) returns; not counted in "
+        "`train.iterations`, their samples count in `tokens/total`; iteration 0 logs `pretrain/explained_variance`",
+    )
     mc_samples: int = Field(4, gt=0, description="mc: continuations per step boundary (K)")
     mc_rows_per_call: int = Field(
         8192,
@@ -283,6 +295,20 @@ class CreditConfig(Section):
     lam: float = Field(1.0, ge=0, le=1, description="GAE lambda (at the first iteration when `lam_end` is set)")
     lam_end: float | None = Field(
         None, ge=0, le=1, description="linear lambda schedule lam -> lam_end over training; null = constant"
+    )
+    lam_critic: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="lambda of the critic's targets (returns), decoupled from the advantages' `lam` (VC-PPO "
+        "arXiv 2503.01491 and VAPO arXiv 2504.05118 use 1.0); null = `lam` (and its schedule)",
+    )
+    lam_alpha: float = Field(
+        0.0,
+        ge=0,
+        description="length-adaptive lambda of the advantages (VAPO, arXiv 2504.05118; 0.05 there): > 0 gives each "
+        "response lambda = clamp(1 - 1/(lam_alpha * l), 0, 1), l its length in credit time steps (tokens, or "
+        "steps at step resolution), in place of `lam`; 0 = off",
     )
     resolution: Resolution = Field(
         "auto",

@@ -257,6 +257,21 @@ def _critic_and_tree(cfg: Config, task: Task, kind: str) -> None:
         raise ConfigError("value.backbone: only a separate critic has a backbone of its own (value.model=separate)")
     if kind != "critic" and v.warmup_iterations:
         raise ConfigError("value.warmup_iterations: only a learned critic has a warm-up; set it to 0")
+    if kind != "critic" and v.pretrain_iterations:
+        raise ConfigError(
+            "value.pretrain_iterations: only a learned critic is pretrained (value.source=critic or dual_critic); "
+            "set it to 0"
+        )
+    if kind != "critic" and cfg.credit.lam_critic is not None:
+        raise ConfigError(
+            "credit.lam_critic: the returns' lambda is what a learned critic trains on; with value.source="
+            f"'{cfg.value.source}' nothing does, set it to null"
+        )
+    if cfg.credit.lam_alpha and "values" not in requires(cfg.credit.estimator):
+        raise ConfigError(
+            f"credit.lam_alpha: estimator '{cfg.credit.estimator}' does not bootstrap on values and reads no "
+            "lambda; use credit.estimator=gae or set it to 0"
+        )
 
 
 def start_kind(cfg: Config) -> str:

@@ -35,6 +35,7 @@ from creditrl.credit.schedule import linear_schedule
 from creditrl.distributed import ddp
 from creditrl.errors import ConfigError
 from creditrl.inspect.record import record_iteration
+from creditrl.losses import explained_variance
 from creditrl.policy.model import LORA_BASE_FILE, is_lora
 from creditrl.rewards.sources import score_batch
 from creditrl.tasks import Task
@@ -55,6 +56,7 @@ from creditrl.train.trackers import Tracker, make_trackers
 log = logging.getLogger("creditrl")
 FINAL = "final"  # RUN_DIR/final: the trained policy, loadable with from_pretrained
 RANK_SEED_STRIDE = 2**32  # data-parallel rank r samples its rollouts from iteration_seed + r * stride
+PRETRAIN_SEED_OFFSET = 2**48  # value pretraining iteration k draws from iteration_seed(seed, k) + offset
 
 
 def iteration_seed(seed: int, iteration: int) -> int:
@@ -248,10 +250,48 @@ class RLTrainer:
         self._count(batch.size, record.generated_tokens, timer.total)
         return iteration_row(record, timer.times, self.totals)
 
-    def _rollout(self, it: int, generator: torch.Generator):
-        """This iteration's problems (the same on every rank; each keeps its share) and their samples."""
+    def _pretrain_critic(self) -> dict[str, float]:
+        """Value pretraining (VC-PPO, Yuan et al., 2025, arXiv:2503.01491): ``value.pretrain_iterations``
+        rounds of rollout -> score -> value -> Monte-Carlo returns (lambda 1, whatever ``credit.lam``,
+        ``lam_critic`` or ``lam_alpha`` say) -> a critic-only update, all from the start policy, before
+        RL's first iteration. Their problems and samples come from ``iteration_seed(train.seed, k) +
+        PRETRAIN_SEED_OFFSET``, apart from RL's. Returns iteration 0's ``pretrain/*`` metrics: each
+        batch's explained variance is measured before the critic trains on it (a fresh sample), the
+        first (the untrained critic) and the last; the last update's value loss; ``time/pretrain_s``."""
         p, cfg = self.parts, self.cfg
-        problems = p.task.sample(cfg.rollout.prompts_per_iter, split="train", seed=iteration_seed(cfg.train.seed, it))
+        start, evs, update = time.perf_counter(), [], {}
+        for k in range(cfg.value.pretrain_iterations):
+            seed = iteration_seed(cfg.train.seed, k) + PRETRAIN_SEED_OFFSET
+            gen = torch.Generator().manual_seed(seed + RANK_SEED_STRIDE * ddp.rank())
+            batch = self._rollout(k, gen, seed=seed)
+            scored = p.scorer(batch, progress=0.0, generator=gen, ref_logprobs=None)
+            values = p.value_stage(batch, scored.step_ends, gen)
+            mc = {"lam": 1.0, "lam_critic": 1.0, "lam_alpha": 0.0}  # Monte-Carlo returns
+            adv, ret = stages.credit(batch, scored, cfg, values=values.values, step_ends=values.step_ends, **mc)
+            mask = batch.response_mask & scored.keep[:, None]
+            (ev,) = ddp.all_reduce_mean([explained_variance(values.values, ret, mask)])
+            evs.append(ev)
+            update = stages.learn(p, batch, scored, adv, ret, values, None, gen, train_policy=False)
+            self._count(batch.size, stages.generated_tokens(batch), 0.0)
+            log.info(
+                "creditrl: value pretraining %d/%d: explained variance %.3f", k + 1, cfg.value.pretrain_iterations, ev
+            )
+        seconds = time.perf_counter() - start
+        self.totals["time_s"] += seconds
+        return {
+            "pretrain/iterations": len(evs),
+            "pretrain/explained_variance_first": evs[0],
+            "pretrain/explained_variance": evs[-1],
+            "pretrain/loss_value": update.get("loss/value", 0.0),
+            "time/pretrain_s": seconds,
+        }
+
+    def _rollout(self, it: int, generator: torch.Generator, *, seed: int | None = None):
+        """This iteration's problems (the same on every rank; each keeps its share) and their samples;
+        ``seed`` replaces the problems' seed ``iteration_seed(train.seed, it)``."""
+        p, cfg = self.parts, self.cfg
+        seed = iteration_seed(cfg.train.seed, it) if seed is None else seed
+        problems = p.task.sample(cfg.rollout.prompts_per_iter, split="train", seed=seed)
         return stages.rollout(
             p.engine,
             p.tokenizer,
@@ -306,11 +346,13 @@ class RLTrainer:
         cfg = self.cfg
         history = rundir.read_metrics(self.metrics_path) if self.resumed else []
         if self.start_iteration == 0 and not history:
+            pretrain = self._pretrain_critic() if cfg.value.pretrain_iterations else {}
             row = {
                 "iteration": 0,
-                "samples/total": 0,
-                "tokens/total": 0,
-                "time/total_s": 0.0,
+                "samples/total": self.totals["samples"],
+                "tokens/total": self.totals["tokens"],
+                "time/total_s": self.totals["time_s"],
+                **pretrain,
                 **({"time/prm_s": self.parts.prm_s} if self.parts.prm_s else {}),
                 **self.parts.prm,
                 **self._evaluate_on_main(),

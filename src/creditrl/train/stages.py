@@ -104,12 +104,17 @@ def credit(
     values: torch.Tensor | None = None,
     lam: float | None = None,
     step_ends: torch.Tensor | None = None,
+    lam_critic: float | None = None,
+    lam_alpha: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Advantages and returns (B, T) through the estimator registry, then the normaliser.
 
     Only the kept responses enter (``scored.keep``): a response dropped by the reward error
     policy or the hybrid filter neither receives credit nor counts in its group's statistics.
-    ``lam`` overrides ``credit.lam`` (the lambda schedule); the resolution is ``token`` or
+    ``lam`` overrides ``credit.lam`` (the lambda schedule), ``lam_critic`` and ``lam_alpha`` the
+    returns' lambda ``credit.lam_critic`` (None: the config's) and ``credit.lam_alpha`` (value
+    pretraining asks for Monte-Carlo returns: ``lam = lam_critic = 1``, ``lam_alpha = 0``, see
+    :func:`creditrl.credit.estimate_at` and :mod:`creditrl.credit.lambdas`); the resolution is ``token`` or
     ``step`` (one time step per reasoning step, see :func:`creditrl.credit.estimate_at`);
     ``step_ends`` (B, T) overrides the scored step ends as the time steps (a tree's segments).
 
@@ -137,6 +142,8 @@ def credit(
         values=None if values is None else values[rows],
         gamma=cfg.credit.gamma,
         lam=cfg.credit.lam if lam is None else lam,
+        lam_alpha=cfg.credit.lam_alpha if lam_alpha is None else lam_alpha,
+        lam_critic=cfg.credit.lam_critic if lam_critic is None else lam_critic,
     )
     if global_batch:
         adv[rows] = ddp.batch_whitening(a, mask, EPS)
