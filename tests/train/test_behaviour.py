@@ -21,7 +21,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "behaviour"
 ROOT = FIXTURES.parents[2]
@@ -43,6 +42,7 @@ def cache(tmp_path_factory: pytest.TempPathFactory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CREDITRL_CACHE", str(tmp_path_factory.mktemp("cache")))
         mp.chdir(ROOT)
+        generate.seed_cache(list(CASES))
         yield
 
 
@@ -50,12 +50,6 @@ def cache(tmp_path_factory: pytest.TempPathFactory):
 COUNTS_ADDED_LATER = ("reward/errors/", "reward/timeouts/", "eval/errors", "eval/timeouts", "value/check_")
 # the held-out per-problem outcomes (a packed string) and the rows' real prompt tokens, newer than the fixtures
 ADDED_LATER = ("eval/correct", "tokens/prompt")
-
-
-def _fixtures(name: str) -> Path:
-    """The folder of case ``name``'s fixtures for this CPU's kind."""
-    own = FIXTURES / torch.backends.cpu.get_cpu_capability() / name
-    return own if own.is_dir() else FIXTURES / name
 
 
 def _rows(text: str) -> list[dict]:
@@ -80,7 +74,7 @@ def test_the_packed_forward_keeps_the_metrics_to_float_rounding(cache, tmp_path:
 
 def _compare(name: str, got: dict[str, str], *, rel: float, abs: float) -> int:
     """Assert every fixture value of ``name`` is matched in ``got``; returns how many were compared."""
-    want = {p.stem: p.read_text() for p in sorted(_fixtures(name).glob("*.jsonl"))}
+    want = {p.stem: p.read_text() for p in sorted((FIXTURES / name).glob("*.jsonl"))}
     assert sorted(got) == sorted(want)
     compared = 0
     for arm, text in want.items():
