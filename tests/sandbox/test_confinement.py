@@ -29,7 +29,7 @@ x86_64 = pytest.mark.skipif(platform.machine() != "x86_64", reason="raw syscall 
 
 REPO = Path(__file__).resolve().parents[2]
 VENV = Path(sys.prefix)
-LAYERS = {"minroot", "seccomp", "readonly", "hidden", "tmpfs", "uid", "net", "pid", "proc", "ipc"}
+LAYERS = {"minroot", "seccomp", "readonly", "hidden", "tmpfs", "uid", "net", "pid", "proc", "ipc", "shm", "memcg"}
 
 PRELUDE = """\
 import ctypes, errno, os, socket, sys

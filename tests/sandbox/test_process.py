@@ -15,7 +15,7 @@ import pytest
 from creditrl.sandbox import Limits, execute, run_python
 
 ROOT = os.geteuid() == 0
-FULL = {"hidden", "ipc", "minroot", "net", "pid", "proc", "readonly", "seccomp", "tmpfs", "uid"}
+FULL = {"hidden", "ipc", "memcg", "minroot", "net", "pid", "proc", "readonly", "seccomp", "shm", "tmpfs", "uid"}
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 
@@ -63,8 +63,40 @@ def test_cpu_limit() -> None:
 
 
 def test_memory_limit() -> None:
+    """With a memory cgroup the kernel kills the program; with RLIMIT_AS alone it gets a
+    MemoryError, which no one outside can tell from a printed one: its exit status, then."""
     r = run_python("x = bytearray(400 * 2**20)", memory_mb=128)
-    assert r.reason == "memory limit" and "MemoryError" in r.stderr
+    if "memcg" in r.isolation:
+        assert (r.reason, r.returncode) == ("memory limit", -9)
+    else:
+        assert r.reason == "exit status 1" and "MemoryError" in r.stderr
+
+
+def test_a_printed_memory_error_is_not_the_memory_limit() -> None:
+    r = run_python("import sys\nprint('MemoryError', file=sys.stderr)\nraise SystemExit(1)", memory_mb=128)
+    assert (r.reason, r.returncode, r.stderr) == ("exit status 1", 1, "MemoryError\n")
+
+
+def test_a_program_that_catches_sigxcpu_meets_the_cpu_limit() -> None:
+    """It survives the soft limit's SIGXCPU and is killed at the hard one (SIGKILL): still the CPU
+    limit, told apart from any other SIGKILL by the CPU time it used."""
+    spin = "import signal\nsignal.signal(signal.SIGXCPU, lambda *a: None)\nwhile True: pass"
+    r = execute(spin, Limits(timeout_s=20, cpu_s=1))
+    assert (r.reason, r.returncode, r.timed_out) == ("cpu limit", -9, False)
+    killed = run_python("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")
+    assert (killed.reason, killed.returncode) == ("signal SIGKILL", -9)
+    faked = run_python("import os, signal\nos.kill(os.getpid(), signal.SIGXCPU)")
+    assert (faked.reason, faked.returncode) == ("signal SIGXCPU", -24)
+
+
+def test_a_lone_surrogate_gives_one_line_and_no_run() -> None:
+    before = sandbox_dirs()
+    r = run_python("print('\\ud800')\nx = '\ud800'")
+    assert not r.ok and r.returncode is None and "\n" not in r.reason
+    assert r.reason == "invalid source: character '\\ud800' at index 21 is not encodable as UTF-8"
+    assert sandbox_dirs() == before
+    escaped = run_python("print(len('\udcff'))")  # a stray byte that surrogateescape decoded: its byte back
+    assert escaped.returncode == 1 and "SyntaxError" in escaped.stderr
 
 
 def test_output_is_capped_and_a_flood_is_killed() -> None:

@@ -18,8 +18,14 @@ minimal root. It needs no privileges, only ``no_new_privs``, which the launcher 
 Default: allow. Refused with EPERM (so Python raises ``PermissionError``):
 
 * ``socket()`` of any family but AF_INET / AF_INET6 (AF_UNIX, AF_NETLINK, AF_PACKET, ...; the empty
-  network namespace already makes those two useless), ``socketpair()`` other than AF_UNIX stream
-  pairs (asyncio's self-pipe; a datagram socket could ``sendto()`` any socket path);
+  network namespace already makes those two useless), ``socketpair()`` other than AF_UNIX pairs of
+  type SOCK_STREAM (asyncio's self-pipe): the type's low 4 bits (the flags SOCK_NONBLOCK and
+  SOCK_CLOEXEC masked off) are compared with an allow-list of one, since on AF_UNIX the kernel
+  treats SOCK_RAW as datagram, and a datagram socket could ``sendto()`` any socket path;
+* memory outside the run's memory cgroup or address-space limit: ``memfd_create`` and
+  ``memfd_secret`` (files with no path, whose pages a limit per process does not see) and
+  ``shmget`` (SysV shared memory; the run's own IPC namespace allows none either, but without root
+  the program could raise those limits);
 * namespaces and the file view: ``unshare``, ``setns``, ``clone`` with a namespace flag, every
   mount call (old and new API), ``pivot_root``, ``chroot``; ``clone3`` gets ENOSYS (its flags sit
   in memory, where a filter cannot look), so glibc falls back to ``clone``, which is checked;
@@ -42,7 +48,7 @@ import os
 __all__ = ["filter_program", "install"]
 
 PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 22, 2
-AF_INET, AF_INET6, AF_UNIX, SOCK_DGRAM, SOCK_TYPE_MASK = 2, 10, 1, 2, 0xF
+AF_INET, AF_INET6, AF_UNIX, SOCK_STREAM, SOCK_TYPE_MASK = 2, 10, 1, 1, 0xF
 NAMESPACE_FLAGS = {  # clone() flags that make a namespace
     "CLONE_NEWNS": 0x00020000,
     "CLONE_NEWCGROUP": 0x02000000,
@@ -62,7 +68,9 @@ DENIED = (  # refused outright with EPERM; libseccomp >= 2.5.0 (Linux 5.8's sysc
     *("open_by_handle_at", "name_to_handle_at", "swapon", "swapoff", "reboot", "acct", "quotactl"),
     *("settimeofday", "clock_settime", "clock_adjtime", "adjtimex", "syslog"),
     *("sethostname", "setdomainname", "iopl", "ioperm", "lookup_dcookie", "vhangup", "fanotify_init"),
+    *("memfd_create", "shmget"),
 )
+DENIED_IF_KNOWN = ("memfd_secret",)  # Linux 5.14, libseccomp 2.5.2: an older library cannot name it
 
 
 class _SockFprog(ctypes.Structure):
@@ -77,9 +85,11 @@ def _rules(sc) -> object:
     f.set_attr(sc.Attr.ACT_BADARCH, sc.KILL_PROCESS)
     deny = sc.ERRNO(errno.EPERM)
 
-    def add(action: int, name: str, *args) -> None:
+    def add(action: int, name: str, *args, optional: bool = False) -> None:
         number = sc.resolve_syscall(sc.Arch.NATIVE, name)
         if number == -1:  # __NR_SCMP_ERROR: this libseccomp does not know the name
+            if optional:
+                return
             raise OSError(errno.ENOSYS, f"libseccomp does not know the syscall {name}")
         f.add_rule(action, number, *args)
 
@@ -90,12 +100,16 @@ def _rules(sc) -> object:
         add(deny, "socket", sc.Arg(0, sc.EQ, family))
     add(deny, "socket", sc.Arg(0, sc.GT, AF_INET6))
     add(deny, "socketpair", sc.Arg(0, sc.NE, AF_UNIX))
-    add(deny, "socketpair", sc.Arg(1, sc.MASKED_EQ, SOCK_TYPE_MASK, SOCK_DGRAM))
+    for sock_type in range(SOCK_TYPE_MASK + 1):  # no "masked not-equal": every other type, one by one
+        if sock_type != SOCK_STREAM:
+            add(deny, "socketpair", sc.Arg(1, sc.MASKED_EQ, SOCK_TYPE_MASK, sock_type))
     for flag in NAMESPACE_FLAGS.values():
         add(deny, "clone", sc.Arg(0, sc.MASKED_EQ, flag, flag))
     add(sc.ERRNO(errno.ENOSYS), "clone3")
     for name in DENIED:
         add(deny, name)
+    for name in DENIED_IF_KNOWN:
+        add(deny, name, optional=True)
     return f
 
 

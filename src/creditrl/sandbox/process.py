@@ -10,7 +10,14 @@ environment; the launcher limits and isolates itself (see its docstring) and exe
   ``output_bytes`` of stdout and of stderr (16 times that of the channel) and killing the
   program once one of them has written 8 times that, so a huge output never grows the
   parent's memory;
-* it removes the working directory afterwards, whatever the program left in it.
+* it removes the working directory afterwards, whatever the program left in it (the launcher
+  does first, also when the caller dies, see below).
+
+No orphans: the launcher dies with its caller's thread (``PR_SET_PDEATHSIG``, SIGTERM), and then
+ends the run as at a timeout: it kills the PID namespace (whose init dies with the launcher) or,
+without one, every descendant (the launcher is a child subreaper, so a ``setsid`` double-forked
+grandchild is still below it), removes the memory cgroup and the working directory, and exits.
+That is also how every run ends, so nothing a program starts outlives it, with or without root.
 
 Isolation depends on privileges; :attr:`SandboxResult.isolation` says what held:
 
@@ -35,16 +42,27 @@ hidden      the creditrl package (its bundled tests) and ``hidden_paths`` are   
             out of its root, or covered by empty directories where an exposed
             tree holds them
 ipc         own IPC / UTS namespaces                                            root
+shm         own IPC namespace whose SysV shared-memory limits (kernel.shmmax,   root, or
+            shmall, shmmni) are 0: no segment can be made                       user namespaces
+memcg       a memory cgroup per run (v1 ``memory.limit_in_bytes`` or v2         root, or a
+            ``memory.max``, no swap) bounds the whole run at ``memory_mb``:     delegated
+            anonymous memory, shared memory (charged to the group that touches  cgroup v2
+            it), memfd and working-directory files, kernel memory; past it the
+            kernel kills (``memory limit``); RLIMIT_AS is the bound without it
 seccomp     a syscall filter refuses (EPERM) sockets other than AF_INET/6,      pyseccomp and
-            namespaces, mounts, pivot_root/chroot, ptrace, keyrings, bpf,       libseccomp
-            io_uring, module loading and more (:mod:`._seccomp`)                >= 2.5.0, any
-                                                                                user
+            socketpairs other than AF_UNIX stream, memfd_create, shmget,        libseccomp
+            namespaces, mounts, pivot_root/chroot, ptrace, keyrings, bpf,       >= 2.5.0, any
+            io_uring, module loading and more (:mod:`._seccomp`)                user
 ==========  ==================================================================  ==============
 
 Not root (the documented fallback): the program runs as the caller's uid under the same
-rlimits and the same ``seccomp`` filter, in a network namespace when unprivileged user namespaces
-are enabled (``net`` absent otherwise); it can then read the caller's files, write where the
-caller may, and signal the caller. Where the filter cannot be built (pyseccomp or libseccomp
+rlimits and the same ``seccomp`` filter, in network and IPC namespaces when unprivileged user
+namespaces are enabled (``net`` and ``shm`` absent otherwise; as the caller's uid it could raise
+its IPC namespace's limits again, so there the filter's ``shmget`` refusal is what holds); memory
+is bounded per process by RLIMIT_AS (no ``memcg``: an unprivileged user has no memory cgroup of its
+own unless a v2 subtree is delegated to it); it can read the caller's files, write where the
+caller may (a shared-memory tmpfs such as ``/dev/shm`` included, outside any memory bound), and
+signal the caller. Where the filter cannot be built (pyseccomp or libseccomp
 missing), the first run warns and ``seccomp`` is absent from every run's isolation. The
 environment is always clean (no inherited variables), whatever the privileges, and the program
 runs the base interpreter of a virtual environment (``sys._base_executable``), never the
@@ -66,7 +84,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from creditrl.sandbox import _seccomp
+from creditrl.sandbox import _cleanup, _seccomp
 from creditrl.sandbox.result import Limits, SandboxResult, reason_for
 
 __all__ = ["Limits", "SandboxResult", "execute", "run_python"]
@@ -125,10 +143,48 @@ def _reap_uid(uid: int) -> None:
     subprocess.run([sys.executable, "-I", "-S", "-c", code], env={}, capture_output=True, timeout=10, check=False)
 
 
+def _encoded(source: str) -> bytes | str:
+    """The program's bytes, or why it has none: a lone surrogate (not one that ``surrogateescape``
+    decoding made of a stray byte) has no UTF-8 encoding."""
+    try:
+        return source.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError as exc:
+        return f"invalid source: character {source[exc.start]!r} at index {exc.start} is not encodable as UTF-8"
+
+
+def _start(cfg: dict, program: bytes, fds: list[int], workdir: str) -> subprocess.Popen:
+    """Start the launcher: its source by descriptor (its command line names no host path), the
+    configuration as the first line of its stdin, then the program."""
+    source_fd = os.open(_LAUNCHER, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        proc = subprocess.Popen(
+            [cfg["python"], "-I", "-S", f"/dev/fd/{source_fd}"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            pass_fds=[source_fd, *fds],
+            start_new_session=True,
+            env={},
+            cwd=workdir,
+        )
+    finally:
+        os.close(source_fd)
+    try:
+        proc.stdin.write(json.dumps(cfg).encode() + b"\n" + program)
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
+    return proc
+
+
 def execute(source: str, limits: Limits, *, hidden_paths: tuple[str, ...] = (), channel: bool = False) -> SandboxResult:
     """Run ``source`` as ``main.py`` under ``limits``; with ``channel``, fd 3 is a pipe whose
-    bytes (at most ``limits.output_bytes * 16``) come back in :attr:`SandboxResult.channel`."""
+    bytes (at most ``limits.output_bytes * 16``) come back in :attr:`SandboxResult.channel`.
+    A source that cannot be encoded (a lone surrogate) gives a result whose reason says so."""
     start = time.monotonic()
+    program = _encoded(source)
+    if isinstance(program, str):
+        return SandboxResult(ok=False, returncode=None, stdout="", stderr="", timed_out=False, reason=program)
     root = os.geteuid() == 0
     uid = _UID_BASE + secrets.randbelow(_UID_SPAN) if root else None
     workdir = tempfile.mkdtemp(prefix="creditrl-sandbox-")
@@ -136,6 +192,8 @@ def execute(source: str, limits: Limits, *, hidden_paths: tuple[str, ...] = (), 
     chan_r, chan_w = os.pipe() if channel else (None, None)
     cfg = {
         "python": _interpreter(),
+        "package_dir": str(_LAUNCHER.parent),
+        "parent_pid": os.getpid(),
         "site_packages": _SITE_PACKAGES,
         "seccomp": None if (bpf := _seccomp.filter_program()) is None else bpf.hex(),
         "workdir": workdir,
@@ -149,25 +207,11 @@ def execute(source: str, limits: Limits, *, hidden_paths: tuple[str, ...] = (), 
     proc = None
     try:
         try:
-            proc = subprocess.Popen(
-                [sys.executable, "-I", "-S", str(_LAUNCHER), json.dumps(cfg)],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                pass_fds=[fd for fd in (status_w, chan_w) if fd is not None],
-                start_new_session=True,
-                env={},
-                cwd=workdir,
-            )
+            proc = _start(cfg, program, [fd for fd in (status_w, chan_w) if fd is not None], workdir)
             for fd in (status_w, chan_w):
                 if fd is not None:
                     os.close(fd)
             status_w = chan_w = None
-            try:
-                proc.stdin.write(source.encode("utf-8", "surrogateescape"))
-                proc.stdin.close()
-            except BrokenPipeError:
-                pass
             out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
             caps = {out_fd: limits.output_bytes, err_fd: limits.output_bytes, status_r: 1 << 16}
             if chan_r is not None:
@@ -185,20 +229,28 @@ def execute(source: str, limits: Limits, *, hidden_paths: tuple[str, ...] = (), 
         if root and "pid" not in status.get("isolation", ()):
             _reap_uid(uid)
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        try:
+            _cleanup.remove_tree(workdir)  # the launcher removed it already, unless it failed early
+        except OSError:
+            shutil.rmtree(workdir, ignore_errors=True)
     returncode = proc.returncode
     if "wait_status" in status:  # the program's own status, not the launcher's
         returncode = os.waitstatus_to_exitcode(status["wait_status"])
     timed_out, flooded = seen.pop("timed_out"), seen.pop("flooded")
-    stdout = data[out_fd].decode("utf-8", "replace")
-    stderr = data[err_fd].decode("utf-8", "replace")
-    setup_error = status.get("error")
-    reason = reason_for(returncode, timed_out, flooded, stderr, setup_error)
+    reason = reason_for(
+        returncode,
+        timed_out=timed_out,
+        flooded=flooded,
+        setup_error=status.get("error"),
+        cpu_s=status.get("cpu_s"),
+        cpu_limit_s=cfg["limits"]["cpu_s"],
+        oom_kills=status.get("oom_kills", 0),
+    )
     return SandboxResult(
         ok=reason == "",
         returncode=returncode,
-        stdout=stdout,
-        stderr=stderr,
+        stdout=data[out_fd].decode("utf-8", "replace"),
+        stderr=data[err_fd].decode("utf-8", "replace"),
         timed_out=timed_out,
         reason=reason,
         isolation=tuple(status.get("isolation", ())),

@@ -8,17 +8,24 @@ from dataclasses import dataclass, field
 
 __all__ = ["Limits", "SandboxResult", "reason_for"]
 
+_CPU_SLACK_S = 0.25  # the CPU time a killed process reports lags the limit check (measured: up to 0.08 s)
+
 
 @dataclass(frozen=True)
 class Limits:
-    """Resource limits of one run (per process; RLIMIT_NPROC counts processes and threads).
+    """Resource limits of one run (per process but ``memory_mb``; RLIMIT_NPROC counts processes
+    and threads).
 
-    Memory is an address-space limit per process, so a run uses at most about
-    ``processes * memory_mb``; there is no cgroup.
+    ``memory_mb`` bounds the whole run where a memory cgroup can be made (root, or a delegated
+    cgroup v2 subtree; ``memcg`` in :attr:`SandboxResult.isolation`): every page it pins, shared
+    memory and the files of its working directory included; a program past it is killed by the
+    kernel (``memory limit``). Elsewhere it is an address-space limit per process (RLIMIT_AS), so a
+    run uses at most about ``processes * memory_mb`` of anonymous memory (``MemoryError``), and
+    the filter refuses the shared memory (``memfd_create``, ``shmget``) that RLIMIT_AS does not see.
     """
 
     timeout_s: float = 5.0  # wall time, then the group is killed
-    memory_mb: int = 512  # RLIMIT_AS per process
+    memory_mb: int = 512  # the run's memory cgroup; RLIMIT_AS per process without one
     cpu_s: int | None = None  # RLIMIT_CPU per process; None = ceil(timeout_s) + 1
     processes: int = 16  # RLIMIT_NPROC for the run's uid (threads count)
     file_mb: int = 16  # RLIMIT_FSIZE: largest file it may write
@@ -60,7 +67,7 @@ class SandboxResult:
     the exit status, ``-N`` for death by signal N (a kill on timeout gives ``-9``) and 125 when
     the sandbox could not be set up. ``reason`` is ``""`` when ok, else one of ``timeout``,
     ``output limit``, ``cpu limit``, ``memory limit``, ``file size limit``, ``signal NAME``,
-    ``exit status N`` or ``setup failed: ...``.
+    ``exit status N``, ``setup failed: ...`` or ``invalid source: ...`` (no process started).
     """
 
     ok: bool
@@ -79,8 +86,24 @@ class SandboxResult:
         return "net" in self.isolation
 
 
-def reason_for(returncode: int | None, timed_out: bool, flooded: bool, stderr: str, setup_error: str | None) -> str:
-    """The :attr:`SandboxResult.reason` of a run (``""`` when it went well)."""
+def reason_for(
+    returncode: int | None,
+    *,
+    timed_out: bool = False,
+    flooded: bool = False,
+    setup_error: str | None = None,
+    cpu_s: float | None = None,
+    cpu_limit_s: int | None = None,
+    oom_kills: int = 0,
+) -> str:
+    """The :attr:`SandboxResult.reason` of a run (``""`` when it went well).
+
+    A limit is named only when it fired: ``memory limit`` when the run's memory cgroup counted an
+    OOM kill (``oom_kills``), ``cpu limit`` when the program died of SIGXCPU after its soft CPU limit
+    ``cpu_limit_s`` or of SIGKILL after the hard one (``cpu_limit_s + 1``, what a program that
+    catches SIGXCPU meets), by its CPU time ``cpu_s``. What the program prints never counts: a
+    ``MemoryError`` under RLIMIT_AS alone (no cgroup) is its ``exit status``.
+    """
     if setup_error:
         return f"setup failed: {setup_error}"
     if timed_out:
@@ -89,12 +112,18 @@ def reason_for(returncode: int | None, timed_out: bool, flooded: bool, stderr: s
         return "output limit"
     if returncode == 0:
         return ""
-    if returncode is not None and returncode < 0:
-        named = {signal.SIGXCPU: "cpu limit", signal.SIGXFSZ: "file size limit"}
-        try:
-            return named.get(-returncode, f"signal {signal.Signals(-returncode).name}")
-        except ValueError:
-            return f"signal {-returncode}"
-    if "MemoryError" in stderr[-2000:]:
+    if oom_kills > 0:
         return "memory limit"
+    if returncode is not None and returncode < 0:
+        signum = -returncode
+        if cpu_s is not None and cpu_limit_s is not None:
+            reached = {signal.SIGXCPU: cpu_limit_s, signal.SIGKILL: cpu_limit_s + 1}.get(signum)
+            if reached is not None and cpu_s >= reached - _CPU_SLACK_S:
+                return "cpu limit"
+        if signum == signal.SIGXFSZ:
+            return "file size limit"
+        try:
+            return f"signal {signal.Signals(signum).name}"
+        except ValueError:
+            return f"signal {signum}"
     return f"exit status {returncode}"
