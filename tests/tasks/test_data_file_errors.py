@@ -175,14 +175,14 @@ def test_missing_file_directory_and_extension(tmp_path):
 
 def test_unreadable_file(tmp_path, monkeypatch):
     path = write_jsonl(tmp_path / "x.jsonl", [{"a": 1}])
-    real = Path.read_bytes
+    real = Path.open
 
-    def refused(self):  # as a chmod 0 file refuses a non-root reader (the suite runs as root)
+    def refused(self, *args, **kwargs):  # as a chmod 0 file refuses a non-root reader (the suite runs as root)
         if self == path:
             raise PermissionError(13, "Permission denied", str(self))
-        return real(self)
+        return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "read_bytes", refused)
+    monkeypatch.setattr(Path, "open", refused)
     assert message(read_rows, path) == f"{path}: cannot read it: Permission denied"
 
 

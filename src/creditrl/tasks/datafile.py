@@ -17,6 +17,19 @@ Formats, chosen by the file's extension (each caller says which it accepts):
 - ``.json``: a JSON array of objects (rows counted from 1), or JSON Lines as in ``.jsonl``;
 - ``.parquet``: one object per row, read with ``pyarrow`` (nothing is cached on disk).
 
+Bounds, so that no file can exhaust memory or the stack::
+
+    data/x.jsonl, line 2: the line is 52428831 bytes, over max_row_bytes=16777216; expected rows of at most ...
+    data/x.jsonl, line 7: invalid JSON: arrays and objects nested more than 100 deep; expected one JSON object per line
+
+- a row is at most ``max_row_bytes`` (default :data:`MAX_ROW_BYTES`, 16 MiB): JSON Lines are read
+  with a bounded ``readline``, and a longer line is measured in 1 MiB pieces and never held whole;
+  a JSON array is read whole (its file's size bounds it), then each element's compact JSON text is
+  measured; a Parquet row counts its text and binary cells. A longer row is refused, or, with
+  ``long_rows="skip"``, left out with one warning naming the rows;
+- arrays and objects nest at most :data:`MAX_JSON_DEPTH` deep (deeper is refused, also where
+  Python's JSON decoder would stop with a RecursionError).
+
 Where a caller reads with :func:`read_dataset`, a source may also be a folder written by
 ``datasets``' ``save_to_disk``, or (allowed only when ``local_files_only`` is false) a hub dataset
 name, both read with ``datasets``; their rows are counted from 1.
@@ -28,20 +41,46 @@ command line prints it as one line and exits with status 2, without a traceback.
 from __future__ import annotations
 
 import codecs
+import itertools
 import json
+import logging
+import os
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from creditrl.errors import ConfigError
 
-__all__ = ["FORMATS", "DataFileError", "DataRows", "read_dataset", "read_rows", "short_repr", "type_name"]
+__all__ = [
+    "FORMATS",
+    "LONG_ROWS",
+    "MAX_JSON_DEPTH",
+    "MAX_ROW_BYTES",
+    "DataFileError",
+    "DataRows",
+    "read_dataset",
+    "read_rows",
+    "short_repr",
+    "type_name",
+]
 
 FORMATS: dict[str, str] = {".jsonl": "JSON Lines", ".json": "JSON", ".parquet": "Parquet"}
 """The extensions :func:`read_rows` can read, and the name of each format."""
 
+MAX_ROW_BYTES = 16 * 2**20
+"""The longest row a reader takes by default (16 MiB): far above a problem with its tests, far
+below what a tokenizer can hold (a 50 MB question took 24 GB in one)."""
+
+MAX_JSON_DEPTH = 100
+"""How deeply a row's arrays and objects may nest."""
+
+LONG_ROWS = ("error", "skip")
+"""What a reader does with a row over its ``max_row_bytes``: refuse the file, or leave the row out."""
+
 _PARQUET_MAGIC = b"PAR1"
+_PIECE = 2**20  # how much of an over-long line is held at once while it is measured
+log = logging.getLogger(__name__)
 
 
 class DataFileError(ConfigError):
@@ -106,16 +145,37 @@ def _suffix(path: Path, suffixes: Iterable[str]) -> str:
     return suffix
 
 
-def _read_bytes(path: Path) -> bytes:
-    """The bytes of ``path``; a missing file, a directory or a read failure is a DataFileError."""
+def _open(path: Path) -> BinaryIO:
+    """``path`` opened to read bytes; a missing file, a directory or a read failure is a DataFileError."""
     if not path.exists():
         raise _error(path, "no such file")
     if path.is_dir():
         raise _error(path, "is a directory; expected a data file")
     try:
-        return path.read_bytes()
+        return path.open("rb")
     except OSError as exc:
         raise _error(path, f"cannot read it: {exc.strerror or exc}") from None
+
+
+@dataclass
+class _Reading:
+    """How rows are read (at most ``max_bytes`` each; ``skip``: a longer row is dropped, not refused)
+    and what the reading met: the rows skipped, and whether any line held more than whitespace."""
+
+    max_bytes: int
+    skip: bool
+    skipped: list[tuple[int, int]] = field(default_factory=list)  # (line or row, bytes)
+    text: bool = False
+
+    def too_long(self, rows: DataRows, number: int, size: int) -> None:
+        """Note (``skip``) or refuse a row of ``size`` bytes, over ``max_bytes``."""
+        if not self.skip:
+            raise rows.error(
+                number,
+                f"the {rows.unit} is {size} bytes, over max_row_bytes={self.max_bytes}; expected rows of at most "
+                f"{self.max_bytes} bytes (raise max_row_bytes, or set long_rows=skip to skip such rows)",
+            )
+        self.skipped.append((number, size))
 
 
 def _decode(path: Path, data: bytes) -> str:
@@ -139,119 +199,294 @@ def _expect_object(rows: DataRows, number: int, value: Any) -> dict[str, Any]:
     return value
 
 
-def _json_lines(path: Path, text: str) -> DataRows:
-    """Every non-blank line of ``text`` decoded as one JSON object."""
+def _depth(value: Any, limit: int) -> int:
+    """How deeply ``value``'s lists and objects nest (a scalar: 0), counted no further than ``limit + 1``."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, (list, dict)):
+            deepest = max(deepest, level)
+            if deepest > limit:
+                break
+            stack.extend((v, level + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def _too_deep(data: bytes, value: Any, limit: int) -> bool:
+    """Whether ``value`` (parsed from ``data``) nests deeper than ``limit``. Counting brackets is
+    fast; only text holding more of them than the limit is walked."""
+    return data.count(b"[") + data.count(b"{") > limit and _depth(value, limit) > limit
+
+
+def _nested(expected: str) -> str:
+    return f"invalid JSON: arrays and objects nested more than {MAX_JSON_DEPTH} deep; expected {expected}"
+
+
+# ----------------------------------------------------------------------------- JSON Lines, read line by line
+
+
+def _content(raw: bytes) -> bytes:
+    """A line without its line ending."""
+    return raw[:-2] if raw.endswith(b"\r\n") else raw[:-1] if raw.endswith(b"\n") else raw
+
+
+def _line_length(handle: BinaryIO, raw: bytes) -> tuple[int, int]:
+    """The length (line ending excluded) of a line that starts with ``raw``, and the bytes it takes
+    with its ending: the rest is read in 1 MiB pieces and dropped, so a line of any length takes 1 MiB."""
+    size, tail = len(raw), raw[-2:]
+    while not tail.endswith(b"\n") and (piece := handle.readline(_PIECE)):
+        size, tail = size + len(piece), (tail + piece)[-2:]
+    ending = 2 if tail == b"\r\n" else 1 if tail.endswith(b"\n") else 0
+    return size - ending, size
+
+
+def _decode_line(rows: DataRows, number: int, raw: bytes, start: int) -> str:
+    """A line's bytes as text (a byte-order mark that starts the file dropped); a bad byte names
+    its line, its byte in the line and its file offset."""
+    bom = len(codecs.BOM_UTF8) if start == 0 and raw.startswith(codecs.BOM_UTF8) else 0
+    try:
+        return raw[bom:].decode("utf-8")
+    except UnicodeDecodeError as exc:
+        at = bom + exc.start
+        raise rows.error(
+            number,
+            f"invalid UTF-8 (byte 0x{raw[at]:02x} at byte {at + 1} of the line, file offset {start + at}); "
+            "expected UTF-8 text",
+        ) from None
+
+
+def _parse_line(rows: DataRows, number: int, content: bytes, text: str) -> dict[str, Any]:
+    """One line's JSON object; invalid JSON or nesting deeper than :data:`MAX_JSON_DEPTH` names the line."""
+    expected = "one JSON object per line"
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise rows.error(number, f"invalid JSON: {exc.msg} at column {exc.colno}; expected {expected}") from None
+    except RecursionError:  # json's C decoder stops at the interpreter's recursion limit
+        raise rows.error(number, _nested(expected)) from None
+    if _too_deep(content, value, MAX_JSON_DEPTH):
+        raise rows.error(number, _nested(expected))
+    return _expect_object(rows, number, value)
+
+
+def _json_lines(path: Path, handle: BinaryIO, reading: _Reading) -> DataRows:
+    """Every non-blank line as one JSON object, read with a bounded ``readline``: a line longer than
+    ``reading.max_bytes`` is measured in pieces and never held whole."""
     rows = DataRows(path, "line", [])
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
+    offset = 0
+    for number in itertools.count(1):
+        raw = handle.readline(reading.max_bytes + 2)  # room for the longest row and "\r\n"
+        if not raw:
+            break
+        start, content = offset, _content(raw)
+        if len(content) > reading.max_bytes or (len(raw) == reading.max_bytes + 2 and not raw.endswith(b"\n")):
+            size, taken = _line_length(handle, raw)
+            offset += taken
+            reading.text = True
+            reading.too_long(rows, number, size)
             continue
-        try:
-            value = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise rows.error(
-                number, f"invalid JSON: {exc.msg} at column {exc.colno}; expected one JSON object per line"
-            ) from None
+        offset += len(raw)
+        text = _decode_line(rows, number, content, start)
+        if text.strip():
+            reading.text = True
+            rows.rows.append((number, _parse_line(rows, number, content, text)))
+    return rows
+
+
+# ----------------------------------------------------------------------------- a JSON array, read whole
+
+
+def _json_array(path: Path, data: bytes, reading: _Reading) -> DataRows:
+    """``data`` as one JSON array of objects, rows counted from 1. The array is read whole (the
+    file's size bounds it); when the file is over ``reading.max_bytes``, every row's size (its JSON
+    text, written compactly) is checked."""
+    expected = "a JSON array of objects"
+    try:
+        values = json.loads(_decode(path, data))
+    except json.JSONDecodeError as exc:
+        raise DataFileError(
+            f"{path}, line {exc.lineno}: invalid JSON: {exc.msg} at column {exc.colno}; expected {expected}"
+        ) from None
+    except RecursionError:
+        raise _error(path, _nested(expected)) from None
+    if not isinstance(values, list):
+        raise _error(path, f"expected a JSON array of objects, got {type_name(values)}")
+    if _too_deep(data, values, MAX_JSON_DEPTH + 1):  # + 1: the array itself
+        raise _error(path, _nested(expected))
+    rows = DataRows(path, "row", [])
+    reading.text = True
+    for number, value in enumerate(values, start=1):
+        if len(data) > reading.max_bytes:
+            size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
+            if size > reading.max_bytes:
+                reading.too_long(rows, number, size)
+                continue
         rows.rows.append((number, _expect_object(rows, number, value)))
     return rows
 
 
-def _json_array(path: Path, text: str) -> DataRows:
-    """``text`` as one JSON array of objects, rows counted from 1."""
-    try:
-        values = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise DataFileError(
-            f"{path}, line {exc.lineno}: invalid JSON: {exc.msg} at column {exc.colno}; "
-            "expected a JSON array of objects"
-        ) from None
-    if not isinstance(values, list):
-        raise _error(path, f"expected a JSON array of objects, got {type_name(values)}")
-    rows = DataRows(path, "row", [])
-    rows.rows.extend((n, _expect_object(rows, n, v)) for n, v in enumerate(values, start=1))
-    return rows
+def _starts_an_array(handle: BinaryIO) -> bool:
+    """Whether the first character past a byte-order mark and whitespace is ``[`` (the handle goes
+    back to the start)."""
+    first = handle.read(len(codecs.BOM_UTF8)).removeprefix(codecs.BOM_UTF8).lstrip()
+    while not first and (piece := handle.read(_PIECE)):
+        first = piece.lstrip()
+    handle.seek(0)
+    return first[:1] == b"["
 
 
-def _json(path: Path, data: bytes, suffix: str) -> DataRows:
-    """A ``.jsonl`` file, or a ``.json`` one (an array when its first character is ``[``)."""
-    text = _decode(path, data)
-    if suffix == ".json" and text.lstrip().startswith("["):
-        return _json_array(path, text)
-    return _json_lines(path, text)
+# ----------------------------------------------------------------------------- Parquet
 
 
-def _parquet_table_rows(path: Path, data: bytes) -> list[dict[str, Any]]:
-    """The rows of a Parquet file (its bytes already read) as dicts, row group by row group."""
+def _parquet_file(path: Path, handle: BinaryIO) -> Any:
+    """The ``pyarrow.parquet.ParquetFile`` of ``path`` (memory-mapped), after its magic bytes are checked."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    if not data:
+    size = os.fstat(handle.fileno()).st_size
+    head = handle.read(len(_PARQUET_MAGIC))
+    if not size:
         raise _error(path, "empty file (0 bytes); expected a Parquet file")
-    if data[:4] != _PARQUET_MAGIC:
-        hint = "; it looks like JSON: name it .jsonl" if data.lstrip()[:1] in (b"{", b"[") else ""
+    if head != _PARQUET_MAGIC:
+        start = (head + handle.read(64)).lstrip()[:1]
+        hint = "; it looks like JSON: name it .jsonl" if start in (b"{", b"[") else ""
         magic = "it does not start with the Parquet magic bytes 'PAR1'"
         raise _error(path, f"not a Parquet file ({magic}); expected a Parquet file{hint}")
-    if len(data) < 12 or data[-4:] != _PARQUET_MAGIC:
+    handle.seek(max(size - len(_PARQUET_MAGIC), 0))
+    if size < 12 or handle.read() != _PARQUET_MAGIC:
         raise _error(
             path,
-            f"truncated Parquet file: it starts as Parquet but its footer is missing ({len(data)} bytes); "
+            f"truncated Parquet file: it starts as Parquet but its footer is missing ({size} bytes); "
             "expected a complete Parquet file",
         )
     try:
-        parquet = pq.ParquetFile(pa.BufferReader(data))
+        return pq.ParquetFile(str(path), memory_map=True)
     except (pa.ArrowException, OSError) as exc:
         raise _error(
             path, f"corrupt Parquet file: its footer cannot be read ({exc}); expected a valid Parquet file"
         ) from None
-    out: list[dict[str, Any]] = []
+
+
+def _cell_bytes(value: Any) -> int:
+    """The bytes of a Parquet row's text and binary cells, nested ones too (numbers count 8)."""
+    size, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            size += len(item.encode())
+        elif isinstance(item, (bytes, bytearray)):
+            size += len(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        else:
+            size += 8
+    return size
+
+
+def _parquet(path: Path, handle: BinaryIO, reading: _Reading) -> DataRows:
+    """The rows of a Parquet file as dicts, row group by row group; a row over ``reading.max_bytes``
+    (its text and binary cells) is refused or skipped. Rows are measured only in a row group whose
+    uncompressed size is over the limit."""
+    import pyarrow as pa
+
+    parquet = _parquet_file(path, handle)
+    rows = DataRows(path, "row", [])
+    first = 1
     for group in range(parquet.num_row_groups):
+        meta = parquet.metadata.row_group(group)
         try:
-            out.extend(parquet.read_row_group(group).to_pylist())
+            table = parquet.read_row_group(group).to_pylist()
         except (pa.ArrowException, OSError) as exc:
-            first, count = len(out) + 1, parquet.metadata.row_group(group).num_rows
             raise _error(
                 path,
-                f"corrupt Parquet file: rows {first}-{first + count - 1} (row group {group}) cannot be read ({exc})",
+                f"corrupt Parquet file: rows {first}-{first + meta.num_rows - 1} (row group {group}) cannot be "
+                f"read ({exc})",
             ) from None
-    return out
+        reading.text = reading.text or bool(table)
+        for number, row in enumerate(table, start=first):
+            if meta.total_byte_size > reading.max_bytes and (size := _cell_bytes(row)) > reading.max_bytes:
+                reading.too_long(rows, number, size)
+                continue
+            rows.rows.append((number, row))
+        first += len(table)
+    return rows
 
 
-def _empty(path: Path, data: bytes, suffix: str) -> DataFileError:
-    """The error for a file with no rows: 0 bytes, only whitespace, or a table with no rows."""
+def _empty(path: Path, suffix: str, reading: _Reading) -> DataFileError:
+    """The error for a file with no rows: 0 bytes, only whitespace, only rows skipped as too long,
+    or a table with no rows."""
     expected = {
         ".jsonl": "one JSON object per line",
         ".json": "a JSON array of objects or one JSON object per line",
         ".parquet": "a Parquet table with at least one row",
     }[suffix]
-    if not data:
+    if not path.stat().st_size:
         return _error(path, f"empty file (0 bytes); expected {expected}")
-    if suffix != ".parquet" and not data.strip():
+    if reading.skipped:
+        return _error(path, f"no rows: all {len(reading.skipped)} are over max_row_bytes={reading.max_bytes}")
+    if suffix != ".parquet" and not reading.text:
         return _error(path, f"no rows: the file holds only whitespace; expected {expected}")
     return _error(path, f"no rows; expected {expected}")
 
 
-def read_rows(path: str | Path, *, suffixes: Iterable[str] = tuple(FORMATS), allow_empty: bool = False) -> DataRows:
-    """Read the rows of a user data file (module docstring for the formats).
+def _read(path: Path, suffix: str, reading: _Reading) -> DataRows:
+    with _open(path) as handle:
+        if suffix == ".parquet":
+            return _parquet(path, handle, reading)
+        if suffix == ".json" and _starts_an_array(handle):
+            return _json_array(path, handle.read(), reading)
+        return _json_lines(path, handle, reading)
+
+
+def read_rows(
+    path: str | Path,
+    *,
+    suffixes: Iterable[str] = tuple(FORMATS),
+    allow_empty: bool = False,
+    max_row_bytes: int = MAX_ROW_BYTES,
+    long_rows: str = "error",
+) -> DataRows:
+    """Read the rows of a user data file (module docstring for the formats and the limits).
 
     Args:
         path: The file; its extension picks the format.
         suffixes: The extensions the caller accepts (a subset of :data:`FORMATS`).
         allow_empty: Whether a file without rows gives no rows (else it is an error).
+        max_row_bytes: The longest row, in bytes (a JSON Lines line without its ending; the compact
+            JSON text of a JSON array's element; a Parquet row's text and binary cells).
+        long_rows: ``"error"``: a longer row is refused; ``"skip"``: it is left out, and one
+            warning names the rows skipped.
 
     Raises:
         DataFileError: One line naming the file, and the line or row where there is one: an
             extension not in ``suffixes``, a missing or unreadable file, invalid UTF-8, invalid
-            JSON, a row that is not an object, a file that is not Parquet or is truncated or
-            corrupt, or (unless ``allow_empty``) a file with no rows.
+            JSON, JSON nested deeper than :data:`MAX_JSON_DEPTH`, a row that is not an object, a
+            row over ``max_row_bytes`` (unless skipped), a file that is not Parquet or is
+            truncated or corrupt, or (unless ``allow_empty``) a file with no rows.
     """
     path = Path(path)
     suffix = _suffix(path, suffixes)
-    data = _read_bytes(path)
-    if suffix == ".parquet":
-        rows = DataRows(path, "row", list(enumerate(_parquet_table_rows(path, data), start=1)))
-    else:
-        rows = _json(path, data, suffix)
+    if long_rows not in LONG_ROWS:
+        raise ValueError(f"long_rows must be one of {', '.join(LONG_ROWS)}, got {long_rows!r}")
+    if isinstance(max_row_bytes, bool) or not isinstance(max_row_bytes, int) or max_row_bytes < 1:
+        raise ValueError(f"max_row_bytes must be a positive integer, got {max_row_bytes!r}")
+    reading = _Reading(max_row_bytes, long_rows == "skip")
+    rows = _read(path, suffix, reading)
+    if reading.skipped:
+        shown = ", ".join(f"{rows.unit} {n} ({size} bytes)" for n, size in reading.skipped[:5])
+        more = f" and {len(reading.skipped) - 5} more" if len(reading.skipped) > 5 else ""
+        log.warning(
+            "creditrl: %s: skipped %d rows over max_row_bytes=%d: %s%s",
+            path,
+            len(reading.skipped),
+            max_row_bytes,
+            shown,
+            more,
+        )
     if not rows.rows and not allow_empty:
-        raise _empty(path, data, suffix)
+        raise _empty(path, suffix, reading)
     return rows
 
 
@@ -285,11 +520,14 @@ def read_dataset(
     split: str = "train",
     config: str | None = None,
     local_files_only: bool = True,
+    max_row_bytes: int = MAX_ROW_BYTES,
+    long_rows: str = "error",
 ) -> DataRows:
     """The rows of a data source a user names: a data file (:func:`read_rows`), a folder written by
     ``datasets``' ``save_to_disk`` (a dataset, or a dataset dict whose ``split`` is read), or, when
     ``local_files_only`` is false, a hub dataset name read with
-    ``datasets.load_dataset(source, config, split=split)``.
+    ``datasets.load_dataset(source, config, split=split)``. ``max_row_bytes`` and ``long_rows``
+    apply to data files (:func:`read_rows`); a dataset's rows are already in memory-mapped Arrow.
 
     Raises:
         DataFileError: :func:`read_rows`'s errors; a source that is no file or folder (naming
@@ -300,7 +538,7 @@ def read_dataset(
     if path.is_dir():
         return _datasets_rows(str(path), split, config, True)
     if path.exists() or path.suffix.lower() in FORMATS:
-        return read_rows(path, suffixes=suffixes)
+        return read_rows(path, suffixes=suffixes, max_row_bytes=max_row_bytes, long_rows=long_rows)
     if local_files_only:
         raise _error(path, "no such file or dataset folder; a hub dataset name needs local_files_only=false")
     return _datasets_rows(str(source), split, config, False)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from creditrl.tasks.base import SPLITS, Problem, draw_from_pool, register_task
-from creditrl.tasks.datafile import DataRows, read_dataset, short_repr
+from creditrl.tasks.datafile import MAX_ROW_BYTES, DataRows, read_dataset, short_repr
 from creditrl.tasks.math_verify import answers_match, extract_math_answer, gold_problem, gold_text, same_math_answer
 from creditrl.tasks.prompts import Prompt, Turns, read_prompt, read_turns
 
@@ -62,6 +62,7 @@ class MathRow(NamedTuple):
     messages: Turns = ()  # a conversation prompt's turns; () for a question or a text prompt
     templated: bool = True  # whether ``question`` goes into the prompt template
     columns: tuple[tuple[str, Any], ...] = ()  # the row's other columns (reward functions' keyword arguments)
+    number: int = 0  # its line (JSON Lines) or row (a JSON array, Parquet, a dataset) in the source, from 1
 
 
 class _Keys(NamedTuple):
@@ -143,13 +144,21 @@ def _row(rows: DataRows, number: int, row: dict[str, Any], keys: _Keys, timeout_
     messages = prompt.messages if prompt.messages != (("user", prompt.text),) else ()
     used = {prompt_key, keys.answer, keys.solution, "completion"}
     columns = tuple((k, v) for k, v in row.items() if k not in used)
-    return MathRow(prompt.text, answer, solution, messages, templated, columns)
+    return MathRow(prompt.text, answer, solution, messages, templated, columns, number)
 
 
 @functools.lru_cache(maxsize=16)
 def _load_cached(source: str, stamp: tuple[int, int] | None, keys: _Keys, options: tuple) -> tuple[MathRow, ...]:
-    timeout_s, split, config, local_files_only = options
-    data = read_dataset(source, suffixes=_FORMATS, split=split, config=config, local_files_only=local_files_only)
+    timeout_s, split, config, local_files_only, max_row_bytes, long_rows = options
+    data = read_dataset(
+        source,
+        suffixes=_FORMATS,
+        split=split,
+        config=config,
+        local_files_only=local_files_only,
+        max_row_bytes=max_row_bytes,
+        long_rows=long_rows,
+    )
     return tuple(_row(data, number, row, keys, timeout_s) for number, row in data.rows)
 
 
@@ -165,6 +174,8 @@ def load_math_rows(
     split: str = "train",
     dataset_config: str | None = None,
     local_files_only: bool = True,
+    max_row_bytes: int = MAX_ROW_BYTES,
+    long_rows: str = "error",
 ) -> list[MathRow]:
     """Read the :class:`MathRow` rows of a JSONL (``.jsonl``, or ``.json``: JSON Lines or an
     array of objects) or Parquet file with :func:`~creditrl.tasks.datafile.read_rows`, of a
@@ -177,14 +188,17 @@ def load_math_rows(
     solution is the ``solution_key`` cell when set, else a final assistant turn, else a TRL
     ``completion`` cell (text or assistant turns). Numbers in a text column are written out
     (``3`` -> ``"3"``); answers are stripped. Results are cached per source, modification time
-    and size.
+    and size. A file's row over ``max_row_bytes`` is refused, or left out under
+    ``long_rows="skip"`` (:func:`~creditrl.tasks.datafile.read_rows`); the row number of each
+    :class:`MathRow` is its line or row in the file.
 
     Raises:
         DataFileError: (a ValueError) One line naming the file, the line (JSONL) or row (a JSON
             array, Parquet, a dataset), counted from 1, and the field: the file is missing, of an
             unknown type, not UTF-8, not JSON or not Parquet (or truncated), holds no rows, a
-            field is missing, a cell is null, not text or empty, a conversation is malformed, or
-            math-verify cannot parse a gold answer (or takes over ``timeout_s``).
+            field is missing, a cell is null, not text or empty, a conversation is malformed, a
+            row is over ``max_row_bytes`` or nested too deeply, or math-verify cannot parse a gold
+            answer (or takes over ``timeout_s``).
     """
     p, stamp, source = Path(path), None, str(path)
     if p.is_file():
@@ -193,7 +207,8 @@ def load_math_rows(
     elif p.is_dir():  # a save_to_disk folder: re-saving it rewrites its files
         stamp, source = (max((f.stat().st_mtime_ns for f in p.rglob("*")), default=0), 0), str(p.resolve())
     keys = _Keys(question_key, answer_key, solution_key, prompt_key, messages_key)
-    return list(_load_cached(source, stamp, keys, (timeout_s, split, dataset_config, local_files_only)))
+    options = (timeout_s, split, dataset_config, local_files_only, max_row_bytes, long_rows)
+    return list(_load_cached(source, stamp, keys, options))
 
 
 # ----------------------------------------------------------------------------- task
@@ -226,6 +241,14 @@ class MathTask:
             dataset folder or hub dataset.
         local_files_only: Whether hub dataset names are refused (the default follows
             ``policy.local_files_only``).
+        max_row_bytes: The longest row of a data file, in bytes (default 16 MiB); a longer one is
+            one error line naming the file, the line and its length, read without holding it
+            (:func:`~creditrl.tasks.datafile.read_rows`).
+        long_rows: ``"error"`` (default) refuses a file with a longer row; ``"skip"`` leaves such
+            rows out, with one warning naming them.
+
+    A problem's ``meta`` holds its ``file`` and ``row`` (the line of a JSON Lines file, else the
+    row), which the prompt-length guard names (``rollout.max_prompt_tokens``).
     """
 
     name: str = "math"
@@ -248,6 +271,8 @@ class MathTask:
         heldout_split: str = "test",
         dataset_config: str | None = None,
         local_files_only: bool = True,
+        max_row_bytes: int = MAX_ROW_BYTES,
+        long_rows: str = "error",
     ) -> None:
         if "{question}" not in prompt_template:
             raise ValueError(f"prompt_template must contain '{{question}}', got {prompt_template!r}")
@@ -268,29 +293,31 @@ class MathTask:
             "timeout_s": timeout_s,
             "dataset_config": dataset_config,
             "local_files_only": local_files_only,
+            "max_row_bytes": max_row_bytes,
+            "long_rows": long_rows,
         }
         train_path = str(train_file) if train_file else str(DEFAULT_TRAIN_FILE)
         self.pools: dict[str, list[Problem]] = {s: [] for s in SPLITS}
-        for number, row in enumerate(load_math_rows(train_path, split=train_split, **keys), start=1):
+        for row in load_math_rows(train_path, split=train_split, **keys):
             split = "train" if heldout_file else self.split_of(row.question)
-            self.pools[split].append(self._problem(row, train_path, number, split))
+            self.pools[split].append(self._problem(row, train_path, split))
         if heldout_file:
-            for number, row in enumerate(load_math_rows(heldout_file, split=heldout_split, **keys), start=1):
-                self.pools["heldout"].append(self._problem(row, str(heldout_file), number, "heldout"))
+            for row in load_math_rows(heldout_file, split=heldout_split, **keys):
+                self.pools["heldout"].append(self._problem(row, str(heldout_file), "heldout"))
 
     def split_of(self, question: str) -> str:
         """``"heldout"`` iff ``int(sha256(question).hexdigest(), 16) % heldout_mod == 0``."""
         digest = int(hashlib.sha256(question.encode()).hexdigest(), 16)
         return "heldout" if digest % self.heldout_mod == 0 else "train"
 
-    def _problem(self, row: MathRow, file: str, number: int, split: str) -> Problem:
+    def _problem(self, row: MathRow, file: str, split: str) -> Problem:
         prompt = self.prompt_template.replace("{question}", row.question) if row.templated else row.question
         columns = {k: v for k, v in row.columns if k not in ("file", "row", "split", "question")}
         return Problem(
             prompt=prompt,
             answer=row.answer,
             solution=row.solution if row.solution is not None else f" {gold_text(row.answer)}",
-            meta={**columns, "file": file, "row": number, "split": split, "question": row.question},
+            meta={**columns, "file": file, "row": row.number, "split": split, "question": row.question},
             messages=row.messages,
         )
 
