@@ -21,9 +21,44 @@ from creditrl.config.errors import ConfigError
 from creditrl.config.schema import Config
 from creditrl.config.validation import validated
 
+MAX_YAML_BYTES = 4 * 2**20
+"""The largest YAML file read (a config, a grid or a finding file is a few kB)."""
+
+MAX_YAML_VALUES = 100_000
+"""The most values (scalars, lists and mappings) a YAML document may hold once its aliases are
+expanded: an anchor reused a few times is fine, while a 450-byte "billion laughs" document of nine
+levels, each alias repeated nine times, would expand to 9**9 values."""
+
+MAX_YAML_DEPTH = 100
+"""How deeply a YAML document's lists and mappings may nest."""
+
+
+class _Refused(yaml.YAMLError):
+    """A document this loader does not build: aliases that expand too far or refer to themselves,
+    or nesting too deep. ``mark`` is where it was found."""
+
+    def __init__(self, message: str, mark: yaml.Mark | None) -> None:
+        super().__init__(message)
+        self.mark = mark
+
 
 class _Loader(yaml.SafeLoader):
-    """SafeLoader that also reads ``1e-4`` as a float (YAML 1.1 needs a dot: ``1.0e-4``)."""
+    """SafeLoader that also reads ``1e-4`` as a float (YAML 1.1 needs a dot: ``1.0e-4``) and refuses
+    a document whose aliases expand it past :data:`MAX_YAML_VALUES` values or into a cycle, or that
+    nests deeper than :data:`MAX_YAML_DEPTH`. The check runs on the composed node graph, where an
+    alias is the anchored node itself, before any Python object is built."""
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            self.aliases.append((event.anchor, event.start_mark))
+        return super().compose_node(parent, index)
+
+    def compose_document(self) -> yaml.Node:
+        self.aliases: list[tuple[str, yaml.Mark]] = []
+        node = super().compose_document()
+        _check_expansion(node, self.aliases)
+        return node
 
 
 _Loader.add_implicit_resolver(
@@ -33,8 +68,81 @@ _Loader.add_implicit_resolver(
 )
 
 
-def _yaml(text: str) -> Any:
-    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+def _check_expansion(root: yaml.Node, aliases: list[tuple[str, yaml.Mark]]) -> None:
+    """Raise :class:`_Refused` when the document under ``root`` nests deeper than
+    :data:`MAX_YAML_DEPTH`, or (``aliases``: the aliases met, in order) expands past
+    :data:`MAX_YAML_VALUES` values or into a cycle. Each node is sized once."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    first = f"the first, *{aliases[0][0]}, at line {aliases[0][1].line + 1}" if aliases else ""
+
+    def size(node: yaml.Node, depth: int) -> int:
+        if id(node) in sizes:
+            return sizes[id(node)]
+        if id(node) in open_nodes:
+            raise _Refused(f"a YAML alias refers to a value that holds it ({first})", node.start_mark)
+        if depth > MAX_YAML_DEPTH:
+            raise _Refused(f"YAML lists and mappings nested more than {MAX_YAML_DEPTH} deep", node.start_mark)
+        total = 1
+        if isinstance(node, (yaml.SequenceNode, yaml.MappingNode)):
+            open_nodes.add(id(node))
+            children = node.value if isinstance(node, yaml.SequenceNode) else [n for pair in node.value for n in pair]
+            for child in children:
+                total += size(child, depth + 1)
+                if total > MAX_YAML_VALUES and aliases:
+                    raise _Refused(
+                        f"YAML aliases expand the document to more than {MAX_YAML_VALUES} values "
+                        f"({len(aliases)} aliases; {first}); write the values out, or reuse fewer",
+                        aliases[0][1],
+                    )
+            open_nodes.discard(id(node))
+        sizes[id(node)] = total
+        return total
+
+    size(root, 1)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """A PyYAML error as one line: ``line L, column C: problem`` (what PyYAML prints over several lines)."""
+    if isinstance(exc, _Refused):
+        line = f"line {exc.mark.line + 1}: " if exc.mark else ""
+        return f"{line}{exc}"
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        context = f" ({exc.context})" if exc.context else ""
+        return f"{where}not valid YAML: {exc.problem}{context}"
+    return f"not valid YAML: {' '.join(str(exc).split())}"
+
+
+def load_yaml(text: str, where: str) -> Any:
+    """``text`` parsed as YAML, the one way every YAML a user hands in is read (configs, ``--set``
+    values, grid and finding files). A problem is one :class:`ConfigError` line starting with
+    ``where``: invalid YAML (with its line and column), aliases that expand the document past
+    :data:`MAX_YAML_VALUES` values or into a cycle, nesting deeper than :data:`MAX_YAML_DEPTH`."""
+    try:
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        problem = _yaml_problem(exc)
+        raise ConfigError(f"{where}, {problem}" if problem.startswith("line ") else f"{where}: {problem}") from None
+    except RecursionError:  # the composer recurses once per level: deeper than the interpreter's stack
+        raise ConfigError(f"{where}: YAML lists and mappings nested more than {MAX_YAML_DEPTH} deep") from None
+
+
+def read_yaml_file(path: str | Path, kind: str = "YAML") -> Any:
+    """The YAML document in ``path`` (:func:`load_yaml`); ConfigError naming ``kind`` when the file
+    is missing, and the file when it is over :data:`MAX_YAML_BYTES`, unreadable or not UTF-8."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{kind} file not found: {p}")
+    size = p.stat().st_size
+    if size > MAX_YAML_BYTES:
+        raise ConfigError(f"{p}: {size} bytes, over the {MAX_YAML_BYTES}-byte limit of a {kind} file")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}: cannot read it: {getattr(exc, 'strerror', None) or exc}") from None
+    return load_yaml(text, str(p))
 
 
 # ----------------------------------------------------------------------------- layers
@@ -71,21 +179,16 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"--set {key.strip()}: '{p}' is set to a value above, not a section")
-        node[parts[-1]] = _yaml(raw)
+        node[parts[-1]] = load_yaml(raw, f"--set {key.strip()}")
     return out
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    """The sections of a YAML config file; ConfigError when it is missing, invalid or not a mapping."""
-    p = Path(path)
-    if not p.exists():
-        raise ConfigError(f"config file not found: {p}")
-    try:
-        loaded = _yaml(p.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
+    """The sections of a YAML config file (:func:`read_yaml_file`); ConfigError when it is missing,
+    invalid, refused or not a mapping."""
+    loaded = read_yaml_file(path, "config") or {}
     if not isinstance(loaded, dict):
-        raise ConfigError(f"{p}: expected a mapping of sections at the top level")
+        raise ConfigError(f"{path}: expected a mapping of sections at the top level")
     return loaded
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import yaml
 
 from creditrl.config import ConfigError, load_config
-from creditrl.config.loader import arith_config_path, demo_config_path, packaged_config
+from creditrl.config.loader import arith_config_path, demo_config_path, packaged_config, read_yaml_file
 from creditrl.train.resolve import checked
 
 KEYS = {"name", "base", "set", "seeds", "budget", "target", "init", "arms", "grid", "reference"}
@@ -99,9 +99,7 @@ def _str_list(raw: Any, where: str) -> list[str]:
 def load_grid(path: str | Path, *, quick: bool = False, seeds: int | None = None) -> Grid:
     """Parse and validate a grid file; every arm's config is loaded once so a bad key fails here."""
     path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"grid file not found: {path}")
-    data = yaml.safe_load(path.read_text()) or {}
+    data = read_yaml_file(path, "grid") or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a grid file is a mapping (base, set, seeds, budget, target, init, arms, grid)")
     if unknown := set(data) - KEYS:
