@@ -350,7 +350,9 @@ class Scorer:
         self, batch: TrajectoryBatch, primary_seg: Segmentation, outcome: torch.Tensor, counts: CallCounts
     ) -> tuple[torch.Tensor, torch.Tensor, list[bool]]:
         """The task's step ends (B, T), each response's share of steps the step checker accepts
-        (B,; 0 where it failed) and which checks succeeded; without steps, no ends and the outcome."""
+        (B,; 0 where it failed) and which checks succeeded; without steps, no ends and the outcome;
+        for a task without a step checker (no separator of its own: steps cut by ``cut_fn``), the
+        ends and the outcome."""
         if self.steps is None:
             return torch.zeros_like(batch.response_mask), outcome.clone(), [True] * batch.size
         # the primary source's spans are the steps when it scores at step granularity: reuse them
@@ -359,6 +361,8 @@ class Scorer:
             if self.primary.granularity == "step"
             else segment(batch.response_ids, batch.response_lengths, self.texts_of, self.steps)
         )
+        if getattr(self.task, "step_separator", None) is None:
+            return seg.end_mask & batch.response_mask, outcome.clone(), [True] * batch.size
         completions = batch.extras["completions"]
         labels, ok = covered(
             "check_steps",

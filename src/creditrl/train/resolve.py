@@ -51,12 +51,28 @@ def task_args(cfg: Config, key: str = "task.args") -> dict[str, Any]:
     args = dict(cfg.sft.task_args if key == "sft.task_args" and cfg.sft.task_args else cfg.task.args)
     if "local_files_only" not in args and takes_argument(cfg.task.name, "local_files_only"):
         args["local_files_only"] = cfg.policy.local_files_only
+    separator = cfg.reward.step_separator
+    if separator is not None and takes_argument(cfg.task.name, "step_separator"):
+        given = args.get("step_separator")
+        if given is not None and given != separator:
+            raise ConfigError(
+                f"{key}: step_separator {given!r} differs from reward.step_separator {separator!r}; "
+                "set only reward.step_separator"
+            )
+        args["step_separator"] = separator
     return args
 
 
 def run_task(cfg: Config, key: str = "task.args") -> Task:
-    """:func:`build_task` of ``cfg``'s task with :func:`task_args`."""
-    return build_task(cfg.task.name, task_args(cfg, key), key)
+    """:func:`build_task` of ``cfg``'s task with :func:`task_args`. ``reward.step_separator`` is
+    the task's step separator: passed to a factory that takes ``step_separator`` (math), set on a
+    task with a separator of its own (arithmetic's ``;``); a task without steps (code) keeps none
+    (the separator then only cuts the spans of step rewards)."""
+    task = build_task(cfg.task.name, task_args(cfg, key), key)
+    separator = cfg.reward.step_separator
+    if separator and getattr(task, "step_separator", None) not in (None, separator):
+        task.step_separator = separator
+    return task
 
 
 def build_task(name: str, args: Any, key: str = "task.args") -> Task:
