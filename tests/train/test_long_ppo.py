@@ -18,6 +18,7 @@ from creditrl.train.resolve import checked
 from creditrl.train.rl import RLTrainer
 from small_runs import TINY_RUN
 
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "long_ppo.yaml"
 PPO = ["credit.estimator=gae", "value.source=critic", "credit.lam=0.95", "value.lr=1e-3"]
 LONG_PPO = PPO + ["credit.lam_critic=1.0", "credit.lam_alpha=0.05", "value.pretrain_iterations=2"]
 
@@ -30,6 +31,12 @@ def test_the_defaults_leave_the_options_off() -> None:
     cfg = load_config()
     assert (cfg.credit.lam_critic, cfg.credit.lam_alpha, cfg.value.pretrain_iterations) == (None, 0.0, 0)
     assert checked(load_config(overrides=TINY_RUN + LONG_PPO)).credit.lam_critic == 1.0
+
+
+def test_the_example_config_is_the_repaired_ppo() -> None:
+    cfg = checked(load_config(EXAMPLE))
+    assert (cfg.credit.estimator, cfg.value.source, cfg.credit.resolution) == ("gae", "critic", "token")
+    assert (cfg.credit.lam_critic, cfg.credit.lam_alpha, cfg.value.pretrain_iterations) == (1.0, 0.05, 10)
 
 
 @pytest.mark.parametrize(

@@ -310,6 +310,13 @@ class CreditConfig(Section):
         "response lambda = clamp(1 - 1/(lam_alpha * l), 0, 1), l its length in credit time steps (tokens, or "
         "steps at step resolution), in place of `lam`; 0 = off",
     )
+    outcome_coef: float = Field(
+        0.0,
+        ge=0,
+        description="weight w of a separate outcome term added to the advantages, w * (o_b - mean of the group's "
+        "other outcomes) on every token (PURE's PRM+VR with `min_form` on `reward.source=prm`, arXiv 2504.15275; "
+        "PRIME); 0 = off",
+    )
     resolution: Resolution = Field(
         "auto",
         description="one time step per `token` or per reasoning `step`; "

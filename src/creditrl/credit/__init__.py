@@ -12,6 +12,7 @@ from creditrl.credit.gae import gae
 from creditrl.credit.lambdas import length_adaptive_lam
 from creditrl.credit.min_form import min_form, min_to_go
 from creditrl.credit.normalise import NORMALISERS, normalise
+from creditrl.credit.outcome import outcome_advantage
 from creditrl.credit.registry import ESTIMATORS, estimate, register_estimator, requires
 from creditrl.credit.resolution import RESOLUTIONS, StepView, estimate_at, step_view
 
@@ -28,6 +29,7 @@ __all__ = [
     "min_form",
     "min_to_go",
     "normalise",
+    "outcome_advantage",
     "register_estimator",
     "requires",
     "reward_to_go",

@@ -11,7 +11,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from creditrl.config import Config
-from creditrl.credit import estimate_at, normalise
+from creditrl.credit import estimate_at, normalise, outcome_advantage
 from creditrl.credit.estimators import EPS
 from creditrl.distributed import ddp
 from creditrl.policy.device import inference, module_device
@@ -114,7 +114,9 @@ def credit(
     ``lam`` overrides ``credit.lam`` (the lambda schedule), ``lam_critic`` and ``lam_alpha`` the
     returns' lambda ``credit.lam_critic`` (None: the config's) and ``credit.lam_alpha`` (value
     pretraining asks for Monte-Carlo returns: ``lam = lam_critic = 1``, ``lam_alpha = 0``, see
-    :func:`creditrl.credit.estimate_at` and :mod:`creditrl.credit.lambdas`); the resolution is ``token`` or
+    :func:`creditrl.credit.estimate_at` and :mod:`creditrl.credit.lambdas`); ``credit.outcome_coef``
+    adds the outcome's own leave-one-out advantage before the normaliser (:mod:`creditrl.credit.outcome`,
+    PURE's PRM+VR); the resolution is ``token`` or
     ``step`` (one time step per reasoning step, see :func:`creditrl.credit.estimate_at`);
     ``step_ends`` (B, T) overrides the scored step ends as the time steps (a tree's segments).
 
@@ -145,6 +147,9 @@ def credit(
         lam_alpha=cfg.credit.lam_alpha if lam_alpha is None else lam_alpha,
         lam_critic=cfg.credit.lam_critic if lam_critic is None else lam_critic,
     )
+    if cfg.credit.outcome_coef:  # the verifiable outcome as a channel of its own (creditrl.credit.outcome)
+        outcome = scored.outcome[rows].to(a.dtype)  # (kept B,)
+        a = a + cfg.credit.outcome_coef * outcome_advantage(outcome, mask, batch.group_ids[rows])
     if global_batch:
         adv[rows] = ddp.batch_whitening(a, mask, EPS)
     else:
