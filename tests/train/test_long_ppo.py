@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from creditrl.config import load_config
+from creditrl.credit import estimate
 from creditrl.errors import ConfigError
 from creditrl.train import stages
 from creditrl.train.resolve import checked
@@ -124,8 +125,24 @@ def test_a_critic_at_step_resolution_runs(tmp_path: Path) -> None:
     cfg = load_config(overrides=TINY_RUN + PPO + over)
     trainer = RLTrainer.from_config(cfg, tmp_path / "run")
     assert trainer.cfg.credit.resolution == "step"
-    rows = trainer.run().history
+    targets = []
+    learn = stages.learn
+
+    def spy(parts, batch, scored, adv, ret, *a, **k):
+        targets.append((batch, scored, ret))
+        return learn(parts, batch, scored, adv, ret, *a, **k)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(stages, "learn", spy)
+        rows = trainer.run().history
     assert finite(rows) and [r["iteration"] for r in rows] == [0, 1, 2]
+    assert len(targets) == 3  # one pretraining round, two iterations
+    # lam_critic = 1, gamma = 1: every token of step k is trained toward the rewards of steps k, k+1, ...
+    # (the step rewards sit on step ends, so that is each token's reward-to-go)
+    for batch, scored, ret in targets:
+        mask = batch.response_mask & scored.keep[:, None]
+        _, to_go = estimate("reinforce", scored.rewards, scored.reward_mask, batch.response_mask)
+        assert torch.allclose(ret[mask], to_go[mask], atol=1e-5)
     assert "pretrain/explained_variance" in rows[0]
     for r in rows[1:]:
         assert r["reward/placed_per_response"] >= 1.0
