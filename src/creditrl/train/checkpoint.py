@@ -6,7 +6,9 @@ SHA-256 of every other file. It is written in a temporary directory first, then 
 crash while writing leaves at most a ``*.tmp`` directory behind, never a half-written checkpoint
 under the final name. :func:`verify_checkpoint` checks a checkpoint against its manifest and
 :func:`resume_checkpoint` picks the newest intact one (flipped bytes, truncation or a missing
-file in a newer one: a one-line warning naming the damaged file, then the next older one).
+file in a newer one: a one-line warning naming the damaged file, then the next older one). A write
+that fails (a full disk, a read-only directory) removes its temporary directory and raises
+:class:`CheckpointWriteError`, one line naming the checkpoint and the last intact one.
 """
 
 from __future__ import annotations
@@ -30,7 +32,41 @@ from creditrl.errors import ConfigError
 
 LATEST = "latest"
 MANIFEST = "manifest.json"
+LOW_SPACE = 1 << 20  # bytes: less free space than this after a failed write reads as a full disk
 log = logging.getLogger("creditrl")
+
+
+class CheckpointWriteError(ConfigError):
+    """A checkpoint could not be written; the ones written before it are intact."""
+
+
+def _why_unwritten(exc: BaseException, where: Path) -> str:
+    """Why a write into ``where`` failed: the errno's text, else a full disk (torch's zip writer
+    and safetensors say so only as ``unexpected pos ...`` or ``I/O error``), else the error itself."""
+    if isinstance(exc, OSError) and exc.errno:
+        return os.strerror(exc.errno)
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:
+        free = None
+    if free is not None and free < LOW_SPACE:
+        return f"no space left on the device ({free:,} bytes free)"
+    first = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {first[0] if first else ''}"
+
+
+def write_failure(exc: BaseException, path: Path) -> CheckpointWriteError:
+    """The one-line error of a failed write of checkpoint ``path``, naming the last intact one."""
+    intact = latest_name(path.parent) if path.parent.is_dir() else None
+    last = f"the last intact checkpoint is {intact}" if intact else "no checkpoint was written before it"
+    return CheckpointWriteError(f"cannot write checkpoint {path}: {_why_unwritten(exc, path.parent)}; {last}")
+
+
+def _write_errors() -> tuple[type[BaseException], ...]:
+    """What a failed write raises: OSError; RuntimeError from torch's zip writer; safetensors' own."""
+    from safetensors import SafetensorError
+
+    return (OSError, RuntimeError, SafetensorError)
 
 
 def rng_state() -> dict[str, Any]:
@@ -51,26 +87,38 @@ def save_checkpoint(
     state: dict[str, Any],
     extra: dict[str, Any] | None = None,
     files: dict[str, str] | None = None,
+    rng: dict[str, Any] | None = None,
 ) -> Path:
     """Write a checkpoint to ``path`` atomically (replacing an older one of the same name).
 
     ``extra`` holds further training state (critic weights and optimizer, calibrator) in
     ``extra.pt``; ``files`` are further small text files (name -> content), e.g. a LoRA
-    checkpoint's base-model pointer."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent))
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    if optimizer is not None:
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    torch.save(rng_state(), tmp / "rng.pt")
-    if extra:
-        torch.save(extra, tmp / "extra.pt")
-    (tmp / "trainer_state.json").write_text(json.dumps({**state, "checksums": MANIFEST}, indent=2))
-    for name, text in (files or {}).items():
-        (tmp / name).write_text(text)
-    write_manifest(tmp)
+    checkpoint's base-model pointer; ``rng`` the RNG states to save (default: the current ones).
+
+    Raises:
+        CheckpointWriteError: The write failed (a full disk, an unwritable directory); its
+            temporary directory is gone and an older checkpoint of the same name stays.
+    """
+    path, errors, tmp = Path(path), _write_errors(), None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent))
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if optimizer is not None:
+            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(rng or rng_state(), tmp / "rng.pt")
+        if extra:
+            torch.save(extra, tmp / "extra.pt")
+        (tmp / "trainer_state.json").write_text(json.dumps({**state, "checksums": MANIFEST}, indent=2))
+        for name, text in (files or {}).items():
+            (tmp / name).write_text(text)
+        write_manifest(tmp)
+    except errors as exc:
+        failure = write_failure(exc, path)  # before the partial files go: the free space they took tells
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise failure from exc
     if path.exists():
         old = path.with_name(path.name + ".old")
         shutil.rmtree(old, ignore_errors=True)
