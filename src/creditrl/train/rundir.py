@@ -4,7 +4,9 @@
   the holder's PID) for as long as a run lives; a second run on the same directory fails at once
   with a one-line error naming that PID. The kernel drops the lock when its process dies, so a
   killed run never leaves a stale lock. The lock is re-entrant within a process (the command
-  line takes it before the run is built, the trainer again while it runs).
+  line takes it before the run is built, the trainer again while it runs). A directory it
+  created is removed again when the run leaves nothing but the lock (a config error, say); one
+  it cannot write is a one-line error.
 * :func:`check_fresh` refuses to start a new run in a directory that already holds one (metrics
   or checkpoints) unless asked to overwrite it; :func:`clear_run` removes a run's files.
 * :func:`remove_partial_checkpoints` deletes ``*.tmp`` folders a killed checkpoint write left.
@@ -41,7 +43,16 @@ __all__ = [
 
 LOCK = ".lock"
 RUN_STATE = "run.json"  # what a run started from (its init path), for a resume before any checkpoint
-RUN_FILES = ("config.yaml", RUN_STATE, "metrics.jsonl", "checkpoints", "inspect", "launch.json", "final")
+RUN_FILES = (
+    "config.yaml",
+    RUN_STATE,
+    "metrics.jsonl",
+    "checkpoints",
+    "inspect",
+    "launch.json",
+    "final",
+    "tensorboard",  # its event files would otherwise mix with a new run's
+)
 log = logging.getLogger("creditrl")
 
 _held: dict[Path, tuple[int, int]] = {}  # this process's locks: resolved run dir -> (fd, depth)
@@ -74,8 +85,13 @@ def hold(run_dir: Path) -> Iterator[None]:
             fd, depth = _held[key]
             _held[key] = (fd, depth - 1)
         return
-    key.mkdir(parents=True, exist_ok=True)
-    fd = os.open(key / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    created = not key.exists()
+    try:
+        key.mkdir(parents=True, exist_ok=True)
+        fd = os.open(key / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise ConfigError(f"cannot write the run directory {run_dir}: {reason}; choose another --run-dir") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -93,6 +109,9 @@ def hold(run_dir: Path) -> Iterator[None]:
         if _held[key][1] == 1:
             del _held[key]
             os.ftruncate(fd, 0)
+            if created and [p.name for p in key.iterdir()] == [LOCK]:  # nothing of a run: leave no trace
+                (key / LOCK).unlink()
+                key.rmdir()
             os.close(fd)  # closing the last descriptor releases the flock
         else:
             _held[key] = (fd, _held[key][1] - 1)
