@@ -6,6 +6,10 @@ Every tracker gets each ``metrics.jsonl`` row under the same ``/``-grouped names
 ``WANDB_MODE`` (``offline`` writes its run directory under ``RUN_DIR/wandb`` without a network);
 ``tensorboard`` writes event files to ``RUN_DIR/tensorboard``; ``mlflow`` logs to
 ``MLFLOW_TRACKING_URI`` (default ``RUN_DIR/mlruns``); ``trackio`` to its local store.
+
+A resumed run replays the iterations after its checkpoint. TensorBoard, which keeps appending to
+the same directory, is told to drop what it holds from the first replayed iteration on (its
+``purge_step``), so that no iteration appears twice; the others start a new run of their own.
 """
 
 from __future__ import annotations
@@ -47,7 +51,9 @@ def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 class Tracker(Protocol):
-    """One tracker of a run: ``log(row)`` per metrics row, ``close()`` at the end."""
+    """One tracker of a run: ``log(row)`` per metrics row, ``close()`` at the end. Made with
+    ``(run_dir, config, first)``: ``first`` is the first iteration this process logs (after a
+    resume, what the tracker holds from there on is superseded)."""
 
     def log(self, row: dict[str, Any]) -> None: ...
 
@@ -55,10 +61,11 @@ class Tracker(Protocol):
 
 
 class TensorBoard:
-    def __init__(self, run_dir: Path, config: dict[str, Any]) -> None:
+    def __init__(self, run_dir: Path, config: dict[str, Any], first: int = 0) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+        # purge_step: TensorBoard hides the events of earlier files from that step on
+        self.writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=first or None)
         self.writer.add_text("config", "\n".join(f"    {k}: {v}" for k, v in _flat(config).items()))
 
     def log(self, row: dict[str, Any]) -> None:
@@ -71,7 +78,7 @@ class TensorBoard:
 
 
 class Wandb:
-    def __init__(self, run_dir: Path, config: dict[str, Any]) -> None:
+    def __init__(self, run_dir: Path, config: dict[str, Any], first: int = 0) -> None:
         import wandb
 
         self.wandb = wandb
@@ -91,7 +98,7 @@ class Wandb:
 
 
 class Mlflow:
-    def __init__(self, run_dir: Path, config: dict[str, Any]) -> None:
+    def __init__(self, run_dir: Path, config: dict[str, Any], first: int = 0) -> None:
         import mlflow
 
         self.mlflow = mlflow
@@ -108,7 +115,7 @@ class Mlflow:
 
 
 class Trackio:
-    def __init__(self, run_dir: Path, config: dict[str, Any]) -> None:
+    def __init__(self, run_dir: Path, config: dict[str, Any], first: int = 0) -> None:
         import trackio
 
         self.trackio = trackio
@@ -122,7 +129,7 @@ class Trackio:
 
 
 # name -> (tracker, the module its library imports as, the pip package)
-TRACKERS: dict[str, tuple[Callable[[Path, dict[str, Any]], Tracker], str, str]] = {
+TRACKERS: dict[str, tuple[Callable[[Path, dict[str, Any], int], Tracker], str, str]] = {
     "tensorboard": (TensorBoard, "tensorboard", "tensorboard"),
     "wandb": (Wandb, "wandb", "wandb"),
     "mlflow": (Mlflow, "mlflow", "mlflow"),
@@ -130,9 +137,9 @@ TRACKERS: dict[str, tuple[Callable[[Path, dict[str, Any]], Tracker], str, str]] 
 }
 
 
-def make_trackers(names: list[str], run_dir: Path, config: dict[str, Any]) -> list[Tracker]:
-    """The trackers ``names`` (``train.report_to``) of a run; a tracker whose library is missing is
-    a one-line error naming what to install."""
+def make_trackers(names: list[str], run_dir: Path, config: dict[str, Any], first: int = 0) -> list[Tracker]:
+    """The trackers ``names`` (``train.report_to``) of a run that logs from iteration ``first`` on;
+    a tracker whose library is missing is a one-line error naming what to install."""
     import importlib.util
 
     out = []
@@ -147,5 +154,5 @@ def make_trackers(names: list[str], run_dir: Path, config: dict[str, Any]) -> li
                 f"train.report_to: '{name}' needs the '{package}' package: pip install {package} "
                 "(or pip install 'creditrl[trackers]')"
             )
-        out.append(make(Path(run_dir), config))
+        out.append(make(Path(run_dir), config, first))
     return out
