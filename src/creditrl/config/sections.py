@@ -127,6 +127,13 @@ class RolloutConfig(Section):
     prompts_per_iter: int = Field(16, gt=0, description="distinct prompts per RL iteration")
     group_size: int = Field(8, gt=0, description="samples per prompt (G)")
     max_new_tokens: int = Field(64, gt=0, description="longest response")
+    max_prompt_tokens: int = Field(
+        0,
+        ge=0,
+        description="longest prompt in tokens: a longer one (a data file's row, any task's problem) is one error "
+        "line naming its file and row, before any engine sees it; 0 = the policy's context "
+        "(`max_position_embeddings`, else 32768)",
+    )
     temperature: float = Field(1.0, ge=0, description="sampling temperature")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling threshold")
 

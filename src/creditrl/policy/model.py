@@ -26,7 +26,7 @@ from transformers import (
 from creditrl.config import Config
 from creditrl.config.types import ChatTemplate, Dtype
 from creditrl.errors import ConfigError
-from creditrl.policy.tokenizer import build_char_tokenizer
+from creditrl.policy.tokenizer import DEFAULT_CONTEXT, build_char_tokenizer, set_prompt_limit
 
 
 @dataclass
@@ -92,6 +92,7 @@ def load_policy(
     dtype: str = "float32",
     local_files_only: bool = True,
     chat_template: str = "auto",
+    max_prompt_tokens: int = 0,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load ``tiny`` (built locally), a causal LM + tokenizer saved at a local path, a LoRA
     checkpoint (a directory with ``creditrl_lora_base.json``: its base is loaded, then the
@@ -102,7 +103,9 @@ def load_policy(
     ``dtype`` is the weights' dtype (``float32``, ``bfloat16``, ``float16``). ``chat_template``:
     ``auto`` keeps the tokenizer's chat template if it has one (prompts are then rendered through
     it, see :func:`creditrl.policy.tokenizer.encode_prompt`), ``template`` requires one, ``none``
-    removes it (raw prompts).
+    removes it (raw prompts). ``max_prompt_tokens`` (``rollout.max_prompt_tokens``) is the
+    tokenizer's prompt limit (:func:`creditrl.policy.tokenizer.set_prompt_limit`); 0: the model's
+    context (:func:`context_length`).
     """
     if dtype not in DTYPES:
         raise ValueError(f"policy.dtype: expected one of {DTYPES}, got '{dtype}'")
@@ -137,7 +140,19 @@ def load_policy(
         raise ValueError(
             f"policy.chat_template: 'template', but the tokenizer of '{name_or_path}' has no chat template"
         )
+    set_prompt_limit(tokenizer, max_prompt_tokens or context_length(model))
     return model, tokenizer
+
+
+def context_length(model: PreTrainedModel) -> int:
+    """The positions ``model`` was built for: its config's ``max_position_embeddings`` (or GPT-2's
+    ``n_positions``), else :data:`~creditrl.policy.tokenizer.DEFAULT_CONTEXT`."""
+    config = model.config
+    for key in ("max_position_embeddings", "n_positions"):
+        value = getattr(config, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return DEFAULT_CONTEXT
 
 
 def _in_hub_cache(name: str) -> bool:
@@ -195,4 +210,9 @@ def count_parameters(model: torch.nn.Module) -> int:
 def policy_options(cfg: Config) -> dict:
     """The :func:`load_policy` keyword arguments a config's ``policy`` section sets."""
     p = cfg.policy
-    return {"dtype": p.dtype, "local_files_only": p.local_files_only, "chat_template": p.chat_template}
+    return {
+        "dtype": p.dtype,
+        "local_files_only": p.local_files_only,
+        "chat_template": p.chat_template,
+        "max_prompt_tokens": cfg.rollout.max_prompt_tokens,
+    }
