@@ -36,27 +36,20 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from creditrl.train import rundir  # light: the lock is taken before torch is imported
+    from creditrl.train.lifecycle import Interrupted, Signals
 
-    if args.resume and (args.config or args.set or args.overwrite):
-        raise ConfigError(
-            "--resume continues a run with its saved config.yaml; do not pass CONFIG, --set or --overwrite"
-        )
+    if args.resume and (args.config or args.overwrite):
+        raise ConfigError("--resume continues a run with its saved config.yaml; do not pass CONFIG or --overwrite")
     where = Path(args.resume) if args.resume else run_dir(args.run_dir, "train")
     main = rundir.launch_rank() == 0  # rank 0 of a torchrun launch (or the only process) owns the run directory
-    with rundir.hold(where) if main else contextlib.nullcontext():  # before the (long) build: one run per directory
-        if main and not args.resume:
-            rundir.check_fresh(where, overwrite=args.overwrite)
-        from creditrl.distributed import ddp
-        from creditrl.train.rl import RLTrainer
-
-        if args.resume:
-            trainer = RLTrainer.resume(where)
-        else:
-            trainer = RLTrainer.from_config(load_config(args.config, args.set), where, overwrite=args.overwrite)
-        try:
-            result = trainer.run()
-        finally:
-            ddp.shutdown()  # leave the data-parallel process group of a torchrun launch (no-op otherwise)
+    try:
+        with Signals(active=main), rundir.hold(where) if main else contextlib.nullcontext():
+            result = _train(args, where, main)
+    except Interrupted as exc:
+        print(f"creditrl: {_interrupted_line(exc, args, where)}", file=sys.stderr)
+        return exc.exit_code
+    except OSError as exc:
+        return _unwritable(exc, where)
     if not main:
         return 0
     last_eval = next((r for r in reversed(result.history) if "eval/accuracy" in r), {})
@@ -66,6 +59,50 @@ def cmd_train(args: argparse.Namespace) -> int:
         f"step accuracy {last_eval.get('eval/step_accuracy', float('nan')):.3f}"
     )
     return 0
+
+
+def _train(args: argparse.Namespace, where: Path, main: bool):
+    """Build the run (a new one, or ``--resume``) and train it, inside the run directory's lock."""
+    from creditrl.train import rundir
+
+    if main and not args.resume:  # before the (long) build: one run per directory
+        rundir.check_fresh(where, overwrite=args.overwrite)
+    cfg = None if args.resume else load_config(args.config, args.set)  # a bad key fails before torch loads
+    from creditrl.distributed import ddp
+    from creditrl.train.rl import RLTrainer
+
+    if cfg is None:
+        trainer = RLTrainer.resume(where, args.set)
+    else:
+        trainer = RLTrainer.from_config(cfg, where, overwrite=args.overwrite)
+    try:
+        return trainer.run()
+    finally:
+        ddp.shutdown()  # leave the data-parallel process group of a torchrun launch (no-op otherwise)
+
+
+def _interrupted_line(exc: KeyboardInterrupt, args: argparse.Namespace, where: Path) -> str:
+    """The trainer's own line, or, when the signal came while the run was being built, what to run next."""
+    from creditrl.train.lifecycle import resume_command
+
+    if str(exc):
+        return str(exc)
+    if args.resume:
+        return f"stopped by {exc.name} while the run was being built; resume with: {resume_command(where)}"
+    return f"stopped by {exc.name} while the run was being built; nothing was trained: run the same command again"
+
+
+def _unwritable(exc: OSError, where: Path) -> int:
+    """A full disk or an unwritable file while training: one line (any other OSError is a bug: re-raised)."""
+    from creditrl.train.checkpoint import latest_name
+    from creditrl.train.lifecycle import WRITE_ERRNOS, os_error_line, resume_command
+
+    if exc.errno not in WRITE_ERRNOS:
+        raise exc
+    resumable = latest_name(where / "checkpoints") is not None
+    then = f"resume with: {resume_command(where)}" if resumable else "run the same command again"
+    print(f"creditrl: error: cannot write {os_error_line(exc)}; {then}", file=sys.stderr)
+    return 2
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -128,7 +165,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     )
     add_config_args(p)
     p.add_argument("--run-dir", help="where to write (default runs/train-TIMESTAMP)")
-    p.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its newest intact checkpoint")
+    p.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue a run from its newest intact checkpoint; --set may change only keys that leave the trained "
+        "iterations as they were (train.iterations, cadences, trackers)",
+    )
     p.add_argument(
         "--overwrite", action="store_true", help="start afresh in a --run-dir that already holds a run (its files go)"
     )

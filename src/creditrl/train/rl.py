@@ -12,6 +12,11 @@ keeps its ``prompts_per_iter / N`` whole prompt groups and samples them with its
 (``iteration_seed + rank * RANK_SEED_STRIDE``); the update trains DDP wrappers of the policy and
 critic with global loss denominators; metrics are reduced over the ranks; rank 0 alone
 evaluates and writes ``metrics.jsonl``, the inspector's records and the checkpoints.
+
+Ctrl-C and SIGTERM stop a run at its last finished iteration, checkpoint it when it has no
+checkpoint yet, and raise :class:`~creditrl.train.lifecycle.Interrupted` naming the resume command
+(:mod:`creditrl.train.lifecycle`). A new run that fails before its first checkpoint leaves no run
+files behind, so the same command can simply run again.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from creditrl.config import Config, load_config
+from creditrl.config import Config
 from creditrl.credit.schedule import linear_schedule
 from creditrl.distributed import ddp
 from creditrl.errors import ConfigError
@@ -42,14 +47,19 @@ from creditrl.tasks import Task
 from creditrl.train import rundir, stages
 from creditrl.train.build import RunParts, build_run
 from creditrl.train.checkpoint import (
+    CheckpointWriteError,
+    latest_name,
     load_extra,
     load_training_state,
     mark_latest,
     push_folder,
     resume_checkpoint,
+    rng_state,
     save_checkpoint,
+    write_failure,
 )
 from creditrl.train.evaluate import evaluate
+from creditrl.train.lifecycle import Interrupted, Signals, checked_resume_config, resume_command
 from creditrl.train.metrics import IterationRecord, StageTimer, iteration_row, pack_outcomes, progress_line
 from creditrl.train.trackers import Tracker, make_trackers
 
@@ -83,6 +93,9 @@ class RLTrainer:
         if ddp.is_main():  # only rank 0 writes (a default timestamped name may differ on other ranks)
             self.run_dir.mkdir(parents=True, exist_ok=True)
         self.start_iteration = 0
+        self.finished = 0  # the last iteration logged and, where due, checkpointed
+        self.finished_rng: dict[str, Any] | None = None  # the RNG states right after it
+        self.signals = Signals(active=False)  # SIGINT / SIGTERM while run() runs
         self.totals = {"samples": 0, "tokens": 0, "time_s": 0.0}
 
     @classmethod
@@ -103,7 +116,13 @@ class RLTrainer:
     def metrics_path(self) -> Path:
         return self.run_dir / "metrics.jsonl"
 
-    def save(self, iteration: int) -> None:
+    def save(self, iteration: int, rng: dict[str, Any] | None = None) -> None:
+        """Checkpoint ``iteration`` (``rng``: the RNG states to save, default the current ones).
+
+        Raises:
+            CheckpointWriteError: One line naming the checkpoint, the last intact one and what
+                to run next.
+        """
         p = self.parts
         name = f"iter_{iteration:06d}"
         state = {"iteration": iteration, "totals": self.totals, "init_path": p.init_path}
@@ -116,14 +135,27 @@ class RLTrainer:
             extra["grad_scaler"] = p.scaler.state_dict()
         files = {LORA_BASE_FILE: json.dumps({"base": p.init_path})} if is_lora(p.model) else None
         optimizer = None if p.learners.sharded else p.optimizer  # an FSDP optimizer holds this rank's shards only
-        save_checkpoint(self.run_dir / "checkpoints" / name, p.model, p.tokenizer, optimizer, state, extra, files=files)
-        mark_latest(self.run_dir / "checkpoints", name)
+        path = self.run_dir / "checkpoints" / name
+        try:
+            save_checkpoint(path, p.model, p.tokenizer, optimizer, state, extra, files=files, rng=rng)
+            try:
+                mark_latest(path.parent, name)
+            except OSError as exc:
+                raise write_failure(exc, path) from exc
+        except CheckpointWriteError as exc:
+            if self.resumed or latest_name(path.parent):
+                then = f"resume with: {resume_command(self.run_dir)}"
+            else:
+                then = "run the same command again"
+            raise CheckpointWriteError(f"{exc}; {then}") from exc.__cause__
 
     @classmethod
-    def resume(cls, run_dir: Path) -> RLTrainer:
-        """Rebuild a trainer from ``run_dir``'s config and latest checkpoint (the same build path)."""
+    def resume(cls, run_dir: Path, overrides: list[str] | tuple[str, ...] = ()) -> RLTrainer:
+        """Rebuild a trainer from ``run_dir``'s config and latest checkpoint (the same build path).
+        ``overrides`` (``--set``) may change only what leaves the trained iterations as they were
+        (:data:`creditrl.train.lifecycle.RESUMABLE`: the number of iterations, cadences, trackers)."""
         run_dir = Path(run_dir)
-        cfg = load_config(run_dir / "config.yaml")
+        cfg = checked_resume_config(run_dir / "config.yaml", list(overrides))
         if cfg.backend.learner == "fsdp" and ddp.launched():
             raise ConfigError(
                 f"{run_dir}: resuming a backend.learner=fsdp run is not supported (its checkpoints hold "
@@ -139,6 +171,7 @@ class RLTrainer:
             trainer._restart()
             return trainer
         state = json.loads((ckpt / "trainer_state.json").read_text())
+        log.info("creditrl: resuming %s from checkpoint %s (iteration %d)", run_dir, ckpt.name, state["iteration"])
         trainer = cls(build_run(cfg, init_path=state["init_path"], checkpoint=ckpt), run_dir)
         trainer._restore(ckpt)
         return trainer
@@ -154,7 +187,7 @@ class RLTrainer:
             p.scorer.load_state_dict(extra["scorer"])
         if p.scaler is not None and "grad_scaler" in extra:
             p.scaler.load_state_dict(extra["grad_scaler"])
-        self.start_iteration = state["iteration"]
+        self.start_iteration = self.finished = state["iteration"]
         self.totals = state["totals"]
         self._restart()
 
@@ -236,6 +269,7 @@ class RLTrainer:
                 packed=cfg.policy.forward == "auto",
                 max_positions=cfg.optim.inference_positions,
             )
+        self.signals.hold()  # from here the run's state changes: a signal waits for the iteration's end
         with timer("score"):
             scored = p.scorer(batch, progress=progress, generator=gen, ref_logprobs=ref_logp)
         with timer("value"):
@@ -333,18 +367,39 @@ class RLTrainer:
         ``overwrite``."""
         if not ddp.is_main():  # data-parallel: rank 0 writes the run directory, evaluates and checkpoints
             return self._run()
-        with rundir.hold(self.run_dir):
+        with rundir.hold(self.run_dir), Signals() as self.signals:
             if not self.resumed:
                 rundir.check_fresh(self.run_dir, overwrite=self.overwrite)
-            rundir.remove_partial_checkpoints(self.run_dir)
-            self.cfg.dump(self.run_dir / "config.yaml")
-            (self.run_dir / rundir.RUN_STATE).write_text(json.dumps({"init_path": self.parts.init_path}))
-            self.trackers = make_trackers(self.cfg.train.report_to, self.run_dir, self.cfg.to_dict())
-            return self._run()
+            try:
+                rundir.remove_partial_checkpoints(self.run_dir)
+                self.cfg.dump(self.run_dir / "config.yaml")
+                (self.run_dir / rundir.RUN_STATE).write_text(json.dumps({"init_path": self.parts.init_path}))
+                first = self.start_iteration + 1 if self.resumed else 0  # trackers drop what they got from there
+                self.trackers = make_trackers(self.cfg.train.report_to, self.run_dir, self.cfg.to_dict(), first)
+                return self._run()
+            except Exception:
+                self.close()
+                if not self.resumed and latest_name(self.run_dir / "checkpoints") is None:
+                    rundir.clear_run(self.run_dir)  # nothing to resume: the same command may simply run again
+                raise
+            finally:
+                self.close()
 
     def _run(self) -> RLResult:
-        cfg = self.cfg
         history = rundir.read_metrics(self.metrics_path) if self.resumed else []
+        try:
+            self._iterations(history)
+            if ddp.is_main():
+                final = self.export_final()
+                if self.cfg.train.push_to_hub:
+                    log.info("creditrl: %s uploaded to %s", final, push_folder(final, self.cfg.train.push_to_hub))
+        except Interrupted as exc:
+            raise self._stopped(exc) from None
+        self.close()
+        return RLResult(self.run_dir, history)
+
+    def _iterations(self, history: list[dict[str, Any]]) -> None:
+        cfg = self.cfg
         if self.start_iteration == 0 and not history:
             pretrain = self._pretrain_critic() if cfg.value.pretrain_iterations else {}
             row = {
@@ -367,27 +422,54 @@ class RLTrainer:
             dynamic_ncols=True,
         )
         last_eval = history[-1].get("eval/accuracy") if history else None
-        for it in bar:
-            row = self.iteration(it)
-            done = it + 1
-            spent = cfg.train.max_tokens and self.totals["tokens"] >= cfg.train.max_tokens
-            if done % cfg.train.eval_every == 0 or done == cfg.train.iterations or spent:
-                row.update(self._evaluate_on_main())
-                last_eval = row.get("eval/accuracy")
-            self._log(row, history)
-            if done % cfg.train.checkpoint_every == 0 or done == cfg.train.iterations or spent:
-                if ddp.is_main():
-                    self.save(done)
-                ddp.barrier()
-            bar.set_postfix(reward=f"{row['reward/mean']:.2f}", acc=f"{row['train/accuracy']:.2f}", eval=last_eval)
-            if spent:  # the token budget (train.max_tokens) is used up
-                break
-        if ddp.is_main():
-            final = self.export_final()
-            if cfg.train.push_to_hub:
-                log.info("creditrl: %s uploaded to %s", final, push_folder(final, cfg.train.push_to_hub))
-        self.close()
-        return RLResult(self.run_dir, history)
+        with bar:  # closed (its line ended) also when a signal stops the run
+            for it in bar:
+                row = self.iteration(it)
+                done = it + 1
+                spent = cfg.train.max_tokens and self.totals["tokens"] >= cfg.train.max_tokens
+                if done % cfg.train.eval_every == 0 or done == cfg.train.iterations or spent:
+                    row.update(self._evaluate_on_main())
+                    last_eval = row.get("eval/accuracy")
+                self._log(row, history)
+                if done % cfg.train.checkpoint_every == 0 or done == cfg.train.iterations or spent:
+                    if ddp.is_main():
+                        self.save(done)
+                    ddp.barrier()
+                self.finished, self.finished_rng = done, rng_state() if self.signals.active else None
+                self.signals.release()  # a signal that came during the iteration stops the run here
+                bar.set_postfix(reward=f"{row['reward/mean']:.2f}", acc=f"{row['train/accuracy']:.2f}", eval=last_eval)
+                if spent:  # the token budget (train.max_tokens) is used up
+                    break
+
+    def _stopped(self, exc: Interrupted) -> Interrupted:
+        """After SIGINT / SIGTERM: a checkpoint of the last finished iteration when it has none, and
+        the one line saying where the run stopped and how to resume it."""
+        self.signals.reset()
+        done, total, ckpts = self.finished, self.cfg.train.iterations, self.run_dir / "checkpoints"
+        resume = f"resume with: {resume_command(self.run_dir)}"
+        if exc.at_once:  # a second signal: the iteration under way is abandoned, its state half-changed
+            intact = latest_name(ckpts)
+            since = f"checkpoint {intact}" if intact else "iteration 0"
+            return exc.with_message(
+                f"stopped by {exc.name} during iteration {done + 1} of {total} (abandoned, not saved); "
+                f"the run continues from {since}; {resume}"
+            )
+        if done == 0:
+            return exc.with_message(f"stopped by {exc.name} before the first iteration finished; {resume}")
+        name = f"iter_{done:06d}"
+        if latest_name(ckpts) == name:
+            return exc.with_message(f"stopped by {exc.name} after iteration {done} of {total} ({name}); {resume}")
+        try:
+            self.save(done, rng=self.finished_rng)
+        except Interrupted:
+            intact = latest_name(ckpts)
+            return exc.with_message(
+                f"stopped by {exc.name} again while writing checkpoint {name}; the run continues from "
+                f"{f'checkpoint {intact}' if intact else 'iteration 0'}; {resume}"
+            )
+        return exc.with_message(
+            f"stopped by {exc.name} after iteration {done} of {total}; checkpoint {name} written; {resume}"
+        )
 
     def export_final(self) -> Path:
         """The trained policy as a plain HF folder, ``RUN_DIR/final`` (``train.merge_lora``: LoRA
@@ -407,7 +489,7 @@ class RLTrainer:
     def close(self) -> None:
         """Stop the Ray workers (backend.name=ray) and drop the data-parallel wrappers (so that
         :func:`creditrl.distributed.ddp.shutdown` can leave the process group cleanly)."""
-        if hasattr(self.parts.engine, "shutdown"):
+        if hasattr(self.parts.engine, "shutdown"):  # each part's close may run more than once
             self.parts.engine.shutdown()
         self.parts.scorer.close()  # the worker process of the bounded user-function calls
         for tracker in self.trackers:
