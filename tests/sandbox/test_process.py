@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
-import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,6 @@ from creditrl.sandbox import Limits, execute, run_python
 
 ROOT = os.geteuid() == 0
 FULL = {"hidden", "ipc", "memcg", "minroot", "net", "pid", "proc", "readonly", "seccomp", "shm", "tmpfs", "uid"}
-SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def sandbox_dirs() -> set[str]:
@@ -120,58 +118,69 @@ def test_limits_are_validated() -> None:
         Limits(cpu_s=0)
 
 
-@pytest.mark.skipif(not ROOT, reason="needs root to switch to an unprivileged user")
-def test_non_root_fallback_runs_as_the_caller(tmp_path: Path) -> None:
+def test_non_root_fallback_runs_as_the_caller(unprivileged) -> None:
     """Not root: same limits, clean environment and seccomp filter, no uid switch nor minimal
-    root; network isolation only where unprivileged user namespaces are allowed. Runs under a
-    system interpreter because the test's own may live under /root (0700); pyseccomp (one
-    module) is copied beside the package for it."""
-    found = [p for p in ("/usr/bin/python3.11", "/usr/local/bin/python3.11", "/usr/bin/python3") if os.path.exists(p)]
-    if not found:
-        pytest.skip("no system interpreter that the user nobody can run")
-    python = found[0]
-    import pyseccomp  # a dependency; only this test needs its file
-
-    work = Path(tempfile.mkdtemp())
-    shutil.copytree(SRC / "creditrl" / "sandbox", work / "creditrl" / "sandbox")
-    (work / "creditrl" / "__init__.py").write_text("")
-    shutil.copy(pyseccomp.__file__, work)
-    os.chmod(work, 0o755)
-    code = (
-        f"import sys, json; sys.path.insert(0, {str(work)!r})\n"
+    root; network and IPC namespaces only where unprivileged user namespaces are allowed."""
+    out = unprivileged.run(
+        "import json\n"
         "from creditrl.sandbox import run_python\n"
         "r = run_python('import os; print(os.getuid(), sorted(os.environ))', timeout_s=3)\n"
         "t = run_python('while True: pass', timeout_s=0.5)\n"
         "u = run_python('import ctypes, errno; libc = ctypes.CDLL(None, use_errno=True);'\n"
         "               'print(libc.unshare(0x10000000), errno.errorcode[ctypes.get_errno()])')\n"
-        "print(json.dumps([r.stdout, r.isolation, t.reason, u.stdout]))"
+        "m = run_python('x = bytearray(400 * 2**20)', memory_mb=128)\n"
+        "print(json.dumps([r.stdout, r.isolation, t.reason, u.stdout, m.reason]))"
     )
-    try:
-        out = subprocess.run(
-            [python, "-I", "-c", code],
-            user=65534,
-            group=65534,
-            extra_groups=[],
-            env={"SECRET": "s3"},
-            cwd="/",
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-    finally:
-        shutil.rmtree(work)
-    missing = re.search(r"No module named '([\w.]+)'", out.stderr) if out.returncode != 0 else None
-    # only a module the system interpreter lacks is the machine's matter; the sandbox package itself
-    # (copied alone) must import nothing of creditrl beyond it, so a missing creditrl module fails
-    if missing and not missing.group(1).startswith("creditrl"):
-        pytest.skip(f"the system interpreter {python} lacks the module {missing.group(1)!r}: {out.stderr[-200:]}")
     assert out.returncode == 0, out.stderr[-2000:]
-    stdout, isolation, reason, unshared = json.loads(out.stdout.strip().splitlines()[-1])
+    stdout, isolation, reason, unshared, memory = json.loads(out.stdout.strip().splitlines()[-1])
     assert stdout.startswith("65534 ") and "SECRET" not in stdout
     assert "uid" not in isolation and "pid" not in isolation and "minroot" not in isolation
+    assert "memcg" not in isolation and memory == "exit status 1"  # RLIMIT_AS: a MemoryError
+    assert {"net", "shm"} <= set(isolation) or "net" not in isolation  # both with a user namespace
     assert reason == "timeout"
     assert "seccomp" in isolation and unshared == "-1 EPERM\n"  # the filter needs no root
+
+
+DAEMON = """\
+import os, sys, time
+r, w = os.pipe()
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.write(w, str(os.getpid()).encode())
+        time.sleep(2)
+        open(MARKER, "w").write("late")
+    os._exit(0)
+os.close(w)
+print(os.read(r, 32).decode())
+os.mkdir("locked")
+os.chmod("locked", 0)
+os.chmod(".", 0o500)
+"""
+
+
+def test_without_root_every_descendant_dies_with_the_run(unprivileged) -> None:
+    """A setsid double-forked grandchild is gone when run_python returns, and a work directory that
+    holds a chmod 0 subdirectory (and is itself read-only) is removed."""
+    tmp = tempfile.mkdtemp(prefix="creditrl-fallback-")
+    os.chmod(tmp, 0o777)
+    marker = os.path.join(tmp, "marker")
+    try:
+        out = unprivileged.run(
+            "import json, os, tempfile\n"
+            f"tempfile.tempdir = {tmp!r}\n"
+            "from creditrl.sandbox import run_python\n"
+            f"r = run_python({DAEMON.replace('MARKER', repr(marker))!r}, timeout_s=10)\n"
+            "pid = int(r.stdout)\n"
+            "print(json.dumps([r.reason, os.path.exists(f'/proc/{pid}'), os.listdir(tempfile.tempdir)]))"
+        )
+        assert out.returncode == 0, out.stderr[-2000:]
+        reason, alive, left = json.loads(out.stdout.strip().splitlines()[-1])
+        assert (reason, alive, left) == ("", False, [])
+        time.sleep(2.5)  # past the grandchild's sleep: it never wrote its file
+        assert os.listdir(tmp) == []
+    finally:
+        shutil.rmtree(tmp)
 
 
 def test_the_sandbox_works_from_a_thread() -> None:

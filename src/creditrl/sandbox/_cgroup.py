@@ -2,7 +2,9 @@
 tmpfs files, kernel memory) is charged to it, so ``memory_mb`` bounds the run as a whole.
 
 Used by :mod:`creditrl.sandbox._launcher` (stdlib only, like it), which creates the group below its
-own memory cgroup, joins it before it forks the program and removes it at the end of the run.
+own memory cgroup and removes it at the end of the run; the program's process joins it before its
+exec, so the group holds the program and its descendants only: the launcher and the namespace's
+init stay outside, and an OOM kill in the group can only end the program's processes.
 
 Either hierarchy, whichever carries the memory controller:
 
@@ -90,10 +92,15 @@ class MemoryGroup:
 
     def __init__(self, version: int, parent_fd: int, name: str, fd: int) -> None:
         self.version, self.parent_fd, self.name, self.fd = version, parent_fd, name, fd
+        self.procs_fd = os.open("cgroup.procs", os.O_WRONLY | os.O_CLOEXEC, dir_fd=fd)  # opened as root
+
+    def fds(self) -> tuple[int, ...]:
+        return self.fd, self.parent_fd, self.procs_fd
 
     def join(self) -> None:
-        """Move the calling process into the group (its children are born there)."""
-        _write(self.fd, "cgroup.procs", "0")
+        """Move the calling process into the group (its children are born there); works after it
+        has dropped its privileges and left the host's view, through the descriptor opened here."""
+        os.write(self.procs_fd, b"0")
 
     def oom_kills(self) -> int:
         """How many processes of the group the kernel's OOM killer ended (the limit fired)."""
@@ -115,11 +122,7 @@ class MemoryGroup:
             pass
 
     def remove(self) -> None:
-        """Leave the group (back to its parent), kill what is left in it, and remove it."""
-        try:
-            _write(self.parent_fd, "cgroup.procs", "0")
-        except OSError:
-            pass
+        """Kill what is left in the group and remove it (this process is not in it)."""
         for _ in range(200):
             self._kill_members()
             try:
@@ -129,7 +132,7 @@ class MemoryGroup:
                 break
             except OSError:
                 time.sleep(0.005)  # EBUSY while the last members finish exiting
-        for fd in (self.fd, self.parent_fd):
+        for fd in self.fds():
             os.close(fd)
 
 
@@ -163,7 +166,13 @@ def create(limit_bytes: int) -> MemoryGroup | None:
             os.close(parent_fd)
             continue
         fd = os.open(name, _O_DIR, dir_fd=parent_fd)
-        group = MemoryGroup(version, parent_fd, name, fd)
+        try:
+            group = MemoryGroup(version, parent_fd, name, fd)
+        except OSError:
+            os.close(fd)
+            os.rmdir(name, dir_fd=parent_fd)
+            os.close(parent_fd)
+            continue
         try:
             if version == 2 and "memory" not in _read(fd, "cgroup.controllers").split():
                 _write(parent_fd, "cgroup.subtree_control", "+memory")  # refused where the parent holds processes

@@ -13,8 +13,9 @@ Steps, in order (each namespace step is best-effort; what succeeded is reported)
 1. read the configuration and the program from stdin, point stdin at ``/dev/null``; die with the
    caller (``PR_SET_PDEATHSIG``: SIGTERM, which ends the run as below) and adopt every orphan of
    the run (``PR_SET_CHILD_SUBREAPER``);
-2. a memory cgroup of ``memory_bytes`` that the launcher joins, so the whole run is charged to it
-   (:mod:`._cgroup`; where one can be made: root, or a delegated v2 subtree);
+2. a memory cgroup of ``memory_bytes`` (:mod:`._cgroup`; where one can be made: root, or a
+   delegated v2 subtree), which the program's process joins before its exec, so all the program
+   and its descendants pin is charged to it;
 3. as root: new network (only a down loopback: no connect anywhere), IPC and UTS namespaces; not
    root: a user namespace (the caller's uid mapped to root) with new network and IPC namespaces,
    then a nested user namespace in which the program is the caller's uid again (no capability);
@@ -70,6 +71,7 @@ class _Run:
     pid_namespace = False
     program_pid = 0  # the child that the launcher waits for, once forked (see _on_sigterm)
     group = None  # the memory cgroup, once made
+    channel_fd: int | None = None  # CHANNEL_FD where there is a channel
     tmp_fd: int | None = None  # the directory that holds the working directory
     workdir_name = ""
 
@@ -148,8 +150,10 @@ def _fail(exc: Exception) -> None:
     _finish(SETUP_FAILED)
 
 
-def _close(*fds: int) -> None:
+def _close(*fds: int | None) -> None:
     for fd in fds:
+        if fd is None:
+            continue
         try:
             os.close(fd)
         except OSError:
@@ -168,6 +172,10 @@ def _program(cfg: dict, isolation: list[str], lifeline: int | None) -> None:
     """The program's process: drop privileges and exec the interpreter (never returns)."""
     signal.pthread_sigmask(signal.SIG_SETMASK, set())  # the mask survives exec
     os.chdir(cfg["workdir"])  # before dropping privileges: the uid need not reach it by path
+    if _Run.group is not None:  # before dropping privileges: the cgroup's files are root's
+        _Run.group.join()
+        isolation.append("memcg")
+    _close(_Run.tmp_fd, *(_Run.group.fds() if _Run.group else ()))
     uid = cfg["uid"]
     if uid is not None:
         os.setgroups([])
@@ -214,8 +222,7 @@ def _init(cfg: dict, isolation: list[str], lifeline: int) -> None:
     It dies with the launcher; when it exits, the kernel kills everything left in the namespace."""
     if not _die_with_parent(signal.SIGKILL, lifeline):
         os._exit(SETUP_FAILED)
-    for fd in (lifeline, _Run.tmp_fd, *((_Run.group.fd, _Run.group.parent_fd) if _Run.group else ())):
-        _close(fd)
+    _close(lifeline)
     if "minroot" in isolation:  # a root of our own, with an empty /proc to mount it on
         _rootfs.mount_proc()
         isolation.append("proc")
@@ -226,7 +233,7 @@ def _init(cfg: dict, isolation: list[str], lifeline: int) -> None:
         except Exception as exc:  # noqa: BLE001
             _report({"error": f"{type(exc).__name__}: {exc}"})
             os._exit(SETUP_FAILED)
-    _close(0, 1, 2, CHANNEL_FD)
+    _close(0, 1, 2, _Run.channel_fd, _Run.tmp_fd, *(_Run.group.fds() if _Run.group else ()))
     _wait_and_report(pid)
     os._exit(0)
 
@@ -242,6 +249,7 @@ def _arrange_fds(cfg: dict) -> None:
     if channel is not None:
         os.dup2(channel, CHANNEL_FD, inheritable=True)
         os.close(channel)
+        _Run.channel_fd = CHANNEL_FD  # else fd 3 is free, and the next descriptor opened gets it
     os.dup2(status, STATUS_FD, inheritable=False)
     os.close(status)
 
@@ -286,9 +294,6 @@ def _setup(cfg: dict, program: bytes) -> list[str]:
         raise ValueError(f"program longer than {MAX_PROGRAM_BYTES} bytes")
     isolation: list[str] = []
     _Run.group = _cgroup.create(cfg["limits"]["memory_bytes"])
-    if _Run.group is not None:
-        _Run.group.join()
-        isolation.append("memcg")
     root = os.geteuid() == 0
     if root:
         if _unshare(CLONE_NEWNET):
@@ -343,7 +348,7 @@ def main() -> None:
             _report({"error": f"{type(exc).__name__}: {exc}"})
             os._exit(SETUP_FAILED)
     _Run.program_pid = pid
-    _close(lifeline_r, 0, CHANNEL_FD)
+    _close(lifeline_r, 0, _Run.channel_fd)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     if "pid" not in isolation:
         _wait_and_report(pid)
