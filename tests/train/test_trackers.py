@@ -101,3 +101,16 @@ def test_progress_off_a_terminal_is_plain_lines(tmp_path: Path) -> None:
     assert len(lines) == 2
     assert lines[0].startswith("creditrl: iteration 1/2, reward ") and "held-out accuracy" in lines[1]
     assert "\r" not in out.stdout + out.stderr
+
+
+def test_sft_progress_off_a_terminal_is_plain_lines(tmp_path: Path) -> None:
+    steps = ["task.args={min_ops: 1, max_ops: 2, operand_max: 3}", "sft.steps=6", "sft.batch_size=2"]
+    sets = [a for s in [*steps, "train.eval_size=2", "train.progress=true"] for a in ("--set", s)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "OMP_NUM_THREADS": "1", "CREDITRL_CACHE": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, "-m", "creditrl.cli", "sft", *sets], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = [x for x in out.stderr.splitlines() if x.startswith("creditrl: sft step")]
+    assert [x.split(",")[0] for x in lines] == [f"creditrl: sft step {n}/6" for n in range(1, 7)]
+    assert "\r" not in out.stdout + out.stderr

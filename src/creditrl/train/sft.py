@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from creditrl.train.scheduled_sampling import mix_inputs, sampling_probability
 
 CACHE_VERSION = 1
 ESTIMATE_AFTER = 10  # SFT steps timed before the log estimates the whole warm start
+PLAIN_LINES = 20  # progress lines of a warm start off a terminal (in place of the bar)
 
 
 # Fields the SFT checkpoint does not depend on (generation engine, RL-only switches), and fields
@@ -165,7 +167,8 @@ def train_sft(
     opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=s.weight_decay, betas=(0.9, 0.98))
     model.train()
     start = time.time()
-    bar = tqdm(range(s.steps), desc="sft", disable=not progress, dynamic_ncols=True)
+    plain = progress and not sys.stderr.isatty()  # a log file: plain lines, not a bar's carriage returns
+    bar = tqdm(range(s.steps), desc="sft", disable=not progress or plain, dynamic_ncols=True)
     loss_ema, replaced = None, []
     mixing = torch.Generator(device=device).manual_seed(s.seed + 7)  # scheduled sampling's draws
     for step in bar:
@@ -194,6 +197,9 @@ def train_sft(
         loss_value = float(loss.detach())
         loss_ema = loss_value if loss_ema is None else 0.95 * loss_ema + 0.05 * loss_value
         bar.set_postfix(loss=f"{loss_ema:.3f}")
+        if plain and ((step + 1) % max(1, s.steps // PLAIN_LINES) == 0 or step + 1 == s.steps):
+            line = f"creditrl: sft step {step + 1}/{s.steps}, loss {loss_ema:.3f}, {time.time() - start:.0f} s"
+            print(line, file=sys.stderr, flush=True)
         if progress and step + 1 == min(ESTIMATE_AFTER, s.steps) < s.steps:
             per_step = (time.time() - start) / (step + 1)
             print(
