@@ -13,6 +13,7 @@ import ast
 import email
 import os
 import platform
+import re
 import secrets
 import socket
 import sys
@@ -77,8 +78,14 @@ def test_a_host_unix_socket_is_unreachable() -> None:
             "attempt('unix', lambda: socket.socket(socket.AF_UNIX, socket.SOCK_STREAM).connect(PATH))\n"
             "attempt('unix_dgram', lambda: socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM).sendto(b'x', PATH))\n"
             "attempt('dgram_pair', lambda: socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM))\n"
+            "attempt('raw_pair', lambda: socket.socketpair(socket.AF_UNIX, socket.SOCK_RAW))\n"  # datagram on AF_UNIX
+            "attempt('seqpacket_pair', lambda: socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET))\n"
+            "flagged = socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC\n"
+            "attempt('flagged_dgram_pair', lambda: socket.socketpair(socket.AF_UNIX, flagged))\n"
             "a, b = socket.socketpair()\n"  # a stream pair (asyncio's self-pipe) still works
-            "a.send(b'x')\nprint('stream_pair', b.recv(1).decode())",
+            "a.send(b'x')\nprint('stream_pair', b.recv(1).decode())\n"
+            "a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_NONBLOCK)\n"
+            "a.send(b'y')\nprint('flagged_stream_pair', b.recv(1).decode())",
             PATH=str(path),
         )
         assert seen == {
@@ -86,7 +93,11 @@ def test_a_host_unix_socket_is_unreachable() -> None:
             "unix": "EPERM",
             "unix_dgram": "EPERM",
             "dgram_pair": "EPERM",
+            "raw_pair": "EPERM",
+            "seqpacket_pair": "EPERM",
+            "flagged_dgram_pair": "EPERM",
             "stream_pair": "x",
+            "flagged_stream_pair": "y",
         }
         with pytest.raises(BlockingIOError):
             listener.accept()
@@ -101,6 +112,22 @@ def test_a_socket_family_with_high_bits_is_refused() -> None:
     """socket(0x1_00000001): the kernel truncates the family to AF_UNIX; the 64-bit rule refuses it."""
     seen, _ = run("print('raw_unix', c(libc.syscall(41, ctypes.c_long(0x100000001), socket.SOCK_STREAM, 0)))")
     assert seen == {"raw_unix": "EPERM"}
+
+
+def test_the_init_s_command_line_holds_nothing_of_the_host() -> None:
+    """The launcher gets its configuration on stdin and its own source by descriptor: /proc/1/cmdline
+    (the namespace's init, a fork of it) names the interpreter (in the root anyway) and /dev/fd."""
+    seen, _ = run(
+        "print('cmdline', open('/proc/1/cmdline', 'rb').read().split(b'\\0')[1:])\n"
+        "print('cwd', os.getcwd())\n"
+        "attempt('environ', lambda: open('/proc/1/environ', 'rb').read())"
+    )
+    arguments = ast.literal_eval(seen["cmdline"])
+    assert arguments[:2] == [b"-I", b"-S"] and re.fullmatch(rb"/dev/fd/\d+\x00?", b"\0".join(arguments[2:]))
+    text = seen["cmdline"]
+    for host in (seen["cwd"], str(REPO), str(VENV), "{", "creditrl"):
+        assert host not in text, host
+    assert seen["environ"] == "EACCES"  # and empty: the launcher's environment is {}
 
 
 def test_netlink_and_packet_sockets_are_refused_inet_is_not() -> None:

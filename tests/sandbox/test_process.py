@@ -129,10 +129,14 @@ def test_non_root_fallback_runs_as_the_caller(unprivileged) -> None:
         "u = run_python('import ctypes, errno; libc = ctypes.CDLL(None, use_errno=True);'\n"
         "               'print(libc.unshare(0x10000000), errno.errorcode[ctypes.get_errno()])')\n"
         "m = run_python('x = bytearray(400 * 2**20)', memory_mb=128)\n"
-        "print(json.dumps([r.stdout, r.isolation, t.reason, u.stdout, m.reason]))"
+        "p = run_python('import socket\\nfor t in (socket.SOCK_RAW, socket.SOCK_DGRAM, socket.SOCK_STREAM):\\n'\n"
+        "               '    try: print(len(socket.socketpair(socket.AF_UNIX, t)))\\n'\n"
+        "               '    except OSError as exc: print(exc.errno)')\n"
+        "print(json.dumps([r.stdout, r.isolation, t.reason, u.stdout, m.reason, p.stdout]))"
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    stdout, isolation, reason, unshared, memory = json.loads(out.stdout.strip().splitlines()[-1])
+    stdout, isolation, reason, unshared, memory, pairs = json.loads(out.stdout.strip().splitlines()[-1])
+    assert pairs == "1\n1\n2\n"  # EPERM for the raw (datagram) and datagram pairs; a stream pair
     assert stdout.startswith("65534 ") and "SECRET" not in stdout
     assert "uid" not in isolation and "pid" not in isolation and "minroot" not in isolation
     assert "memcg" not in isolation and memory == "exit status 1"  # RLIMIT_AS: a MemoryError
