@@ -40,17 +40,24 @@ command line prints it as one line and exits with status 2, without a traceback.
 
 from __future__ import annotations
 
-import codecs
-import itertools
-import json
 import logging
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from creditrl.errors import ConfigError
+from creditrl.tasks.datarows import (
+    LONG_ROWS,
+    MAX_JSON_DEPTH,
+    MAX_ROW_BYTES,
+    DataFileError,
+    DataRows,
+    RowReading,
+    file_error,
+    short_repr,
+    type_name,
+)
+from creditrl.tasks.jsonrows import read_json_array, read_json_lines, starts_an_array
 
 __all__ = [
     "FORMATS",
@@ -68,71 +75,8 @@ __all__ = [
 FORMATS: dict[str, str] = {".jsonl": "JSON Lines", ".json": "JSON", ".parquet": "Parquet"}
 """The extensions :func:`read_rows` can read, and the name of each format."""
 
-MAX_ROW_BYTES = 16 * 2**20
-"""The longest row a reader takes by default (16 MiB): far above a problem with its tests, far
-below what a tokenizer can hold (a 50 MB question took 24 GB in one)."""
-
-MAX_JSON_DEPTH = 100
-"""How deeply a row's arrays and objects may nest."""
-
-LONG_ROWS = ("error", "skip")
-"""What a reader does with a row over its ``max_row_bytes``: refuse the file, or leave the row out."""
-
 _PARQUET_MAGIC = b"PAR1"
-_PIECE = 2**20  # how much of an over-long line is held at once while it is measured
 log = logging.getLogger(__name__)
-
-
-class DataFileError(ConfigError):
-    """A user data file that cannot be read, or holds a bad row: one line naming the file, the
-    line or row, and what was expected."""
-
-
-def type_name(value: Any) -> str:
-    """The JSON-ish name of ``value``'s type for messages: ``null`` for None, else the Python name."""
-    return "null" if value is None else type(value).__name__
-
-
-def short_repr(value: Any, limit: int = 80) -> str:
-    """``repr(value)`` cut to ``limit`` characters (with ``...``), so a huge cell keeps a message short."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _one_line(text: str) -> str:
-    """``text`` with every run of whitespace (newlines included) made one space."""
-    return " ".join(str(text).split())
-
-
-@dataclass(frozen=True)
-class DataRows:
-    """The rows of a data file, numbered as the file's reader sees them.
-
-    Attributes:
-        path: The file, as the caller named it (messages print it so).
-        unit: ``"line"`` (JSON Lines) or ``"row"`` (a JSON array, Parquet).
-        rows: ``(number, row)`` pairs, numbers 1-based; every row is a dict.
-    """
-
-    path: Path
-    unit: str
-    rows: list[tuple[int, dict[str, Any]]]
-
-    def where(self, number: int) -> str:
-        """``"PATH, line N"`` (or ``row N``): the location prefix of a message."""
-        return f"{self.path}, {self.unit} {number}"
-
-    def error(self, number: int, message: str) -> DataFileError:
-        """``PATH, line N: message``."""
-        return DataFileError(f"{self.where(number)}: {_one_line(message)}")
-
-    def field_error(self, number: int, field: str, message: str) -> DataFileError:
-        """``PATH, line N, field 'F': message``."""
-        return DataFileError(f"{self.where(number)}, field '{field}': {_one_line(message)}")
-
-
-def _error(path: Path, message: str) -> DataFileError:
-    return DataFileError(f"{path}: {_one_line(message)}")
 
 
 def _suffix(path: Path, suffixes: Iterable[str]) -> str:
@@ -141,198 +85,20 @@ def _suffix(path: Path, suffixes: Iterable[str]) -> str:
     suffix = path.suffix.lower()
     if suffix not in accepted:
         what = f"unsupported file extension {path.suffix!r}" if path.suffix else "no file extension"
-        raise _error(path, f"{what}; expected one of {', '.join(accepted)}")
+        raise file_error(path, f"{what}; expected one of {', '.join(accepted)}")
     return suffix
 
 
 def _open(path: Path) -> BinaryIO:
     """``path`` opened to read bytes; a missing file, a directory or a read failure is a DataFileError."""
     if not path.exists():
-        raise _error(path, "no such file")
+        raise file_error(path, "no such file")
     if path.is_dir():
-        raise _error(path, "is a directory; expected a data file")
+        raise file_error(path, "is a directory; expected a data file")
     try:
         return path.open("rb")
     except OSError as exc:
-        raise _error(path, f"cannot read it: {exc.strerror or exc}") from None
-
-
-@dataclass
-class _Reading:
-    """How rows are read (at most ``max_bytes`` each; ``skip``: a longer row is dropped, not refused)
-    and what the reading met: the rows skipped, and whether any line held more than whitespace."""
-
-    max_bytes: int
-    skip: bool
-    skipped: list[tuple[int, int]] = field(default_factory=list)  # (line or row, bytes)
-    text: bool = False
-
-    def too_long(self, rows: DataRows, number: int, size: int) -> None:
-        """Note (``skip``) or refuse a row of ``size`` bytes, over ``max_bytes``."""
-        if not self.skip:
-            raise rows.error(
-                number,
-                f"the {rows.unit} is {size} bytes, over max_row_bytes={self.max_bytes}; expected rows of at most "
-                f"{self.max_bytes} bytes (raise max_row_bytes, or set long_rows=skip to skip such rows)",
-            )
-        self.skipped.append((number, size))
-
-
-def _decode(path: Path, data: bytes) -> str:
-    """``data`` as UTF-8 text (a leading byte-order mark dropped); a bad byte names its line."""
-    start = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
-    try:
-        return data[start:].decode("utf-8")
-    except UnicodeDecodeError as exc:
-        offset = start + exc.start
-        line = data.count(b"\n", 0, offset) + 1
-        column = offset - (data.rfind(b"\n", 0, offset) + 1) + 1
-        raise DataFileError(
-            f"{path}, line {line}: invalid UTF-8 (byte 0x{data[offset]:02x} at byte {column} of the line, "
-            f"file offset {offset}); expected UTF-8 text"
-        ) from None
-
-
-def _expect_object(rows: DataRows, number: int, value: Any) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise rows.error(number, f"expected a JSON object, got {type_name(value)}")
-    return value
-
-
-def _depth(value: Any, limit: int) -> int:
-    """How deeply ``value``'s lists and objects nest (a scalar: 0), counted no further than ``limit + 1``."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, level = stack.pop()
-        if isinstance(item, (list, dict)):
-            deepest = max(deepest, level)
-            if deepest > limit:
-                break
-            stack.extend((v, level + 1) for v in (item.values() if isinstance(item, dict) else item))
-    return deepest
-
-
-def _too_deep(data: bytes, value: Any, limit: int) -> bool:
-    """Whether ``value`` (parsed from ``data``) nests deeper than ``limit``. Counting brackets is
-    fast; only text holding more of them than the limit is walked."""
-    return data.count(b"[") + data.count(b"{") > limit and _depth(value, limit) > limit
-
-
-def _nested(expected: str) -> str:
-    return f"invalid JSON: arrays and objects nested more than {MAX_JSON_DEPTH} deep; expected {expected}"
-
-
-# ----------------------------------------------------------------------------- JSON Lines, read line by line
-
-
-def _content(raw: bytes) -> bytes:
-    """A line without its line ending."""
-    return raw[:-2] if raw.endswith(b"\r\n") else raw[:-1] if raw.endswith(b"\n") else raw
-
-
-def _line_length(handle: BinaryIO, raw: bytes) -> tuple[int, int]:
-    """The length (line ending excluded) of a line that starts with ``raw``, and the bytes it takes
-    with its ending: the rest is read in 1 MiB pieces and dropped, so a line of any length takes 1 MiB."""
-    size, tail = len(raw), raw[-2:]
-    while not tail.endswith(b"\n") and (piece := handle.readline(_PIECE)):
-        size, tail = size + len(piece), (tail + piece)[-2:]
-    ending = 2 if tail == b"\r\n" else 1 if tail.endswith(b"\n") else 0
-    return size - ending, size
-
-
-def _decode_line(rows: DataRows, number: int, raw: bytes, start: int) -> str:
-    """A line's bytes as text (a byte-order mark that starts the file dropped); a bad byte names
-    its line, its byte in the line and its file offset."""
-    bom = len(codecs.BOM_UTF8) if start == 0 and raw.startswith(codecs.BOM_UTF8) else 0
-    try:
-        return raw[bom:].decode("utf-8")
-    except UnicodeDecodeError as exc:
-        at = bom + exc.start
-        raise rows.error(
-            number,
-            f"invalid UTF-8 (byte 0x{raw[at]:02x} at byte {at + 1} of the line, file offset {start + at}); "
-            "expected UTF-8 text",
-        ) from None
-
-
-def _parse_line(rows: DataRows, number: int, content: bytes, text: str) -> dict[str, Any]:
-    """One line's JSON object; invalid JSON or nesting deeper than :data:`MAX_JSON_DEPTH` names the line."""
-    expected = "one JSON object per line"
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise rows.error(number, f"invalid JSON: {exc.msg} at column {exc.colno}; expected {expected}") from None
-    except RecursionError:  # json's C decoder stops at the interpreter's recursion limit
-        raise rows.error(number, _nested(expected)) from None
-    if _too_deep(content, value, MAX_JSON_DEPTH):
-        raise rows.error(number, _nested(expected))
-    return _expect_object(rows, number, value)
-
-
-def _json_lines(path: Path, handle: BinaryIO, reading: _Reading) -> DataRows:
-    """Every non-blank line as one JSON object, read with a bounded ``readline``: a line longer than
-    ``reading.max_bytes`` is measured in pieces and never held whole."""
-    rows = DataRows(path, "line", [])
-    offset = 0
-    for number in itertools.count(1):
-        raw = handle.readline(reading.max_bytes + 2)  # room for the longest row and "\r\n"
-        if not raw:
-            break
-        start, content = offset, _content(raw)
-        if len(content) > reading.max_bytes or (len(raw) == reading.max_bytes + 2 and not raw.endswith(b"\n")):
-            size, taken = _line_length(handle, raw)
-            offset += taken
-            reading.text = True
-            reading.too_long(rows, number, size)
-            continue
-        offset += len(raw)
-        text = _decode_line(rows, number, content, start)
-        if text.strip():
-            reading.text = True
-            rows.rows.append((number, _parse_line(rows, number, content, text)))
-    return rows
-
-
-# ----------------------------------------------------------------------------- a JSON array, read whole
-
-
-def _json_array(path: Path, data: bytes, reading: _Reading) -> DataRows:
-    """``data`` as one JSON array of objects, rows counted from 1. The array is read whole (the
-    file's size bounds it); when the file is over ``reading.max_bytes``, every row's size (its JSON
-    text, written compactly) is checked."""
-    expected = "a JSON array of objects"
-    try:
-        values = json.loads(_decode(path, data))
-    except json.JSONDecodeError as exc:
-        raise DataFileError(
-            f"{path}, line {exc.lineno}: invalid JSON: {exc.msg} at column {exc.colno}; expected {expected}"
-        ) from None
-    except RecursionError:
-        raise _error(path, _nested(expected)) from None
-    if not isinstance(values, list):
-        raise _error(path, f"expected a JSON array of objects, got {type_name(values)}")
-    if _too_deep(data, values, MAX_JSON_DEPTH + 1):  # + 1: the array itself
-        raise _error(path, _nested(expected))
-    rows = DataRows(path, "row", [])
-    reading.text = True
-    for number, value in enumerate(values, start=1):
-        if len(data) > reading.max_bytes:
-            size = len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
-            if size > reading.max_bytes:
-                reading.too_long(rows, number, size)
-                continue
-        rows.rows.append((number, _expect_object(rows, number, value)))
-    return rows
-
-
-def _starts_an_array(handle: BinaryIO) -> bool:
-    """Whether the first character past a byte-order mark and whitespace is ``[`` (the handle goes
-    back to the start)."""
-    first = handle.read(len(codecs.BOM_UTF8)).removeprefix(codecs.BOM_UTF8).lstrip()
-    while not first and (piece := handle.read(_PIECE)):
-        first = piece.lstrip()
-    handle.seek(0)
-    return first[:1] == b"["
+        raise file_error(path, f"cannot read it: {exc.strerror or exc}") from None
 
 
 # ----------------------------------------------------------------------------- Parquet
@@ -346,15 +112,15 @@ def _parquet_file(path: Path, handle: BinaryIO) -> Any:
     size = os.fstat(handle.fileno()).st_size
     head = handle.read(len(_PARQUET_MAGIC))
     if not size:
-        raise _error(path, "empty file (0 bytes); expected a Parquet file")
+        raise file_error(path, "empty file (0 bytes); expected a Parquet file")
     if head != _PARQUET_MAGIC:
         start = (head + handle.read(64)).lstrip()[:1]
         hint = "; it looks like JSON: name it .jsonl" if start in (b"{", b"[") else ""
         magic = "it does not start with the Parquet magic bytes 'PAR1'"
-        raise _error(path, f"not a Parquet file ({magic}); expected a Parquet file{hint}")
+        raise file_error(path, f"not a Parquet file ({magic}); expected a Parquet file{hint}")
     handle.seek(max(size - len(_PARQUET_MAGIC), 0))
     if size < 12 or handle.read() != _PARQUET_MAGIC:
-        raise _error(
+        raise file_error(
             path,
             f"truncated Parquet file: it starts as Parquet but its footer is missing ({size} bytes); "
             "expected a complete Parquet file",
@@ -362,7 +128,7 @@ def _parquet_file(path: Path, handle: BinaryIO) -> Any:
     try:
         return pq.ParquetFile(str(path), memory_map=True)
     except (pa.ArrowException, OSError) as exc:
-        raise _error(
+        raise file_error(
             path, f"corrupt Parquet file: its footer cannot be read ({exc}); expected a valid Parquet file"
         ) from None
 
@@ -385,7 +151,7 @@ def _cell_bytes(value: Any) -> int:
     return size
 
 
-def _parquet(path: Path, handle: BinaryIO, reading: _Reading) -> DataRows:
+def _parquet(path: Path, handle: BinaryIO, reading: RowReading) -> DataRows:
     """The rows of a Parquet file as dicts, row group by row group; a row over ``reading.max_bytes``
     (its text and binary cells) is refused or skipped. Rows are measured only in a row group whose
     uncompressed size is over the limit."""
@@ -399,7 +165,7 @@ def _parquet(path: Path, handle: BinaryIO, reading: _Reading) -> DataRows:
         try:
             table = parquet.read_row_group(group).to_pylist()
         except (pa.ArrowException, OSError) as exc:
-            raise _error(
+            raise file_error(
                 path,
                 f"corrupt Parquet file: rows {first}-{first + meta.num_rows - 1} (row group {group}) cannot be "
                 f"read ({exc})",
@@ -414,7 +180,7 @@ def _parquet(path: Path, handle: BinaryIO, reading: _Reading) -> DataRows:
     return rows
 
 
-def _empty(path: Path, suffix: str, reading: _Reading) -> DataFileError:
+def _empty(path: Path, suffix: str, reading: RowReading) -> DataFileError:
     """The error for a file with no rows: 0 bytes, only whitespace, only rows skipped as too long,
     or a table with no rows."""
     expected = {
@@ -423,21 +189,21 @@ def _empty(path: Path, suffix: str, reading: _Reading) -> DataFileError:
         ".parquet": "a Parquet table with at least one row",
     }[suffix]
     if not path.stat().st_size:
-        return _error(path, f"empty file (0 bytes); expected {expected}")
+        return file_error(path, f"empty file (0 bytes); expected {expected}")
     if reading.skipped:
-        return _error(path, f"no rows: all {len(reading.skipped)} are over max_row_bytes={reading.max_bytes}")
+        return file_error(path, f"no rows: all {len(reading.skipped)} are over max_row_bytes={reading.max_bytes}")
     if suffix != ".parquet" and not reading.text:
-        return _error(path, f"no rows: the file holds only whitespace; expected {expected}")
-    return _error(path, f"no rows; expected {expected}")
+        return file_error(path, f"no rows: the file holds only whitespace; expected {expected}")
+    return file_error(path, f"no rows; expected {expected}")
 
 
-def _read(path: Path, suffix: str, reading: _Reading) -> DataRows:
+def _read(path: Path, suffix: str, reading: RowReading) -> DataRows:
     with _open(path) as handle:
         if suffix == ".parquet":
             return _parquet(path, handle, reading)
-        if suffix == ".json" and _starts_an_array(handle):
-            return _json_array(path, handle.read(), reading)
-        return _json_lines(path, handle, reading)
+        if suffix == ".json" and starts_an_array(handle):
+            return read_json_array(path, handle.read(), reading)
+        return read_json_lines(path, handle, reading)
 
 
 def read_rows(
@@ -472,7 +238,7 @@ def read_rows(
         raise ValueError(f"long_rows must be one of {', '.join(LONG_ROWS)}, got {long_rows!r}")
     if isinstance(max_row_bytes, bool) or not isinstance(max_row_bytes, int) or max_row_bytes < 1:
         raise ValueError(f"max_row_bytes must be a positive integer, got {max_row_bytes!r}")
-    reading = _Reading(max_row_bytes, long_rows == "skip")
+    reading = RowReading(max_row_bytes, long_rows == "skip")
     rows = _read(path, suffix, reading)
     if reading.skipped:
         shown = ", ".join(f"{rows.unit} {n} ({size} bytes)" for n, size in reading.skipped[:5])
@@ -501,15 +267,15 @@ def _datasets_rows(source: str, split: str, config: str | None, local_files_only
         else:
             data = datasets.load_dataset(source, config, split=split)
     except Exception as exc:  # noqa: BLE001 - datasets raises many types (missing folder, no such hub repo, offline)
-        raise _error(path, f"cannot load it with datasets: {type(exc).__name__}: {exc}") from None
+        raise file_error(path, f"cannot load it with datasets: {type(exc).__name__}: {exc}") from None
     if isinstance(data, datasets.DatasetDict):
         if split not in data:
-            raise _error(path, f"no split {split!r} (splits: {', '.join(data)})")
+            raise file_error(path, f"no split {split!r} (splits: {', '.join(data)})")
         data = data[split]
     if not isinstance(data, datasets.Dataset):
-        raise _error(path, f"expected a datasets Dataset, got {type(data).__name__}")
+        raise file_error(path, f"expected a datasets Dataset, got {type(data).__name__}")
     if len(data) == 0:
-        raise _error(path, f"split {split!r} has no rows")
+        raise file_error(path, f"split {split!r} has no rows")
     return DataRows(path, "row", list(enumerate(data.to_list(), start=1)))
 
 
@@ -540,5 +306,5 @@ def read_dataset(
     if path.exists() or path.suffix.lower() in FORMATS:
         return read_rows(path, suffixes=suffixes, max_row_bytes=max_row_bytes, long_rows=long_rows)
     if local_files_only:
-        raise _error(path, "no such file or dataset folder; a hub dataset name needs local_files_only=false")
+        raise file_error(path, "no such file or dataset folder; a hub dataset name needs local_files_only=false")
     return _datasets_rows(str(source), split, config, False)
