@@ -124,7 +124,9 @@ def test_non_root_fallback_runs_as_the_caller(unprivileged) -> None:
     out = unprivileged.run(
         "import json\n"
         "from creditrl.sandbox import run_python\n"
-        "r = run_python('import os; print(os.getuid(), sorted(os.environ))', timeout_s=3)\n"
+        "r = run_python('import os; print(os.getuid(), sorted(os.environ), '\n"
+        '               \'[x.split()[1] for x in open("/proc/self/status") if x.startswith("CapEff")])\',\n'
+        "               timeout_s=3)\n"
         "t = run_python('while True: pass', timeout_s=0.5)\n"
         "u = run_python('import ctypes, errno; libc = ctypes.CDLL(None, use_errno=True);'\n"
         "               'print(libc.unshare(0x10000000), errno.errorcode[ctypes.get_errno()])')\n"
@@ -138,6 +140,7 @@ def test_non_root_fallback_runs_as_the_caller(unprivileged) -> None:
     stdout, isolation, reason, unshared, memory, pairs = json.loads(out.stdout.strip().splitlines()[-1])
     assert pairs == "1\n1\n2\n"  # EPERM for the raw (datagram) and datagram pairs; a stream pair
     assert stdout.startswith("65534 ") and "SECRET" not in stdout
+    assert stdout.endswith(" ['0000000000000000']\n")  # no capability, in a user namespace or not
     assert "uid" not in isolation and "pid" not in isolation and "minroot" not in isolation
     assert "memcg" not in isolation and memory == "exit status 1"  # RLIMIT_AS: a MemoryError
     assert {"net", "shm"} <= set(isolation) or "net" not in isolation  # both with a user namespace

@@ -107,23 +107,30 @@ def _zero_shm_limits() -> bool:
 
 def _user_namespaces(isolation: list[str]) -> None:
     """Not root: own network and IPC namespaces through a user namespace where the caller is root
-    (to set the IPC limits), then a nested one where the program is the caller's uid again."""
+    (to set the IPC limits), then a nested one where the program is the caller's uid again, so it
+    execs without capabilities. The group maps are best-effort (an unmapped gid is the overflow gid)."""
     uid, gid = os.getuid(), os.getgid()
     if not _unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWIPC):
         return
     isolation.append("net")
     try:
-        _write_file("/proc/self/setgroups", "deny")
         _write_file("/proc/self/uid_map", f"0 {uid} 1")
-        _write_file("/proc/self/gid_map", f"0 {gid} 1")
     except OSError:
         return  # unmapped: the program runs as the overflow uid, without capabilities
+    _map_group(f"0 {gid} 1")
     if _zero_shm_limits():
         isolation.append("shm")
-    _rootfs.check(libc.unshare(CLONE_NEWUSER), "unshare a nested user namespace")  # no root in it
-    _write_file("/proc/self/setgroups", "deny")
-    _write_file("/proc/self/uid_map", f"{uid} 0 1")
-    _write_file("/proc/self/gid_map", f"{gid} 0 1")
+    _rootfs.check(libc.unshare(CLONE_NEWUSER), "unshare a nested user namespace")
+    _write_file("/proc/self/uid_map", f"{uid} 0 1")  # raises: never exec as the namespace's root
+    _map_group(f"{gid} 0 1")
+
+
+def _map_group(line: str) -> None:
+    try:
+        _write_file("/proc/self/setgroups", "deny")  # required before an unprivileged gid_map
+        _write_file("/proc/self/gid_map", line)
+    except OSError:
+        pass
 
 
 def _set_limits(limits: dict, address_space: bool) -> None:
