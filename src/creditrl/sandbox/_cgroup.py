@@ -11,8 +11,10 @@ Either hierarchy, whichever carries the memory controller:
 * cgroup v1 (a ``cgroup`` mount with the ``memory`` option): ``memory.limit_in_bytes`` and
   ``memory.memsw.limit_in_bytes`` (no swap beyond it); the OOM kills are the ``oom_kill`` line of
   ``memory.oom_control``;
-* cgroup v2 (``cgroup2``, where the parent group delegates ``memory``): ``memory.max``,
-  ``memory.swap.max = 0``, ``oom_kill`` of ``memory.events``, and ``cgroup.kill`` at the end.
+* cgroup v2 (``cgroup2``, where ``memory`` can be passed down: below this process's group, or
+  beside it; :func:`_candidates`): ``memory.max``, ``memory.swap.max = 0``, ``oom_kill`` of
+  ``memory.events``, and ``cgroup.kill`` at the end. (This project's machines mount v1 memory; the
+  v2 path is not exercised by its tests.)
 
 Creating a group needs write access to the caller's own group (root, or a delegated v2 subtree);
 :func:`create` returns None where there is none, and the run falls back on RLIMIT_AS. Every file the
@@ -61,14 +63,19 @@ def _host_path(mount_root: str, mount_point: str, group: str) -> str:
 
 
 def _candidates() -> list[tuple[int, str]]:
-    """(version, directory of this process's group) where a memory controller is mounted, v1 first."""
+    """(version, directory to make the group in) where a memory controller is mounted, v1 first.
+
+    v2 offers this process's own group, then its parent: a v2 group that holds processes cannot
+    pass a controller to its children (the "no internal processes" rule), but its parent can
+    already pass ``memory`` to a new sibling."""
     groups, out = _own_groups(), []
     for root, point, fstype, options in _mounts():
         if fstype == "cgroup" and "memory" in options and "memory" in groups:
             out.append((1, _host_path(root, point, groups["memory"])))
         elif fstype == "cgroup2" and "" in groups:
-            out.append((2, _host_path(root, point, groups[""])))
-    return sorted(out)
+            own = os.path.normpath(_host_path(root, point, groups[""]))
+            out += [(2, own)] if own == os.path.normpath(point) else [(2, own), (2, os.path.dirname(own))]
+    return sorted(out, key=lambda c: c[0])
 
 
 def _write(dir_fd: int, name: str, value: str) -> None:
