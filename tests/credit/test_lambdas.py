@@ -276,3 +276,15 @@ def test_errors():
         estimate("gae", rewards, reward_mask, response_mask, lam=torch.ones(B, dtype=torch.long), **call)
     with pytest.raises(ValueError, match=r"lam must lie in \[0, 1\]; got entries from"):
         estimate("gae", rewards, reward_mask, response_mask, lam=torch.full((B,), 1.5), **call)
+
+
+def test_credit_lengths_count_tokens_or_steps():
+    from creditrl.credit import credit_lengths
+
+    rewards, _, response_mask, _, step_ends = make_batch(3)
+    assert credit_lengths("token", response_mask).tolist() == response_mask.sum(1).tolist()
+    assert credit_lengths("step", response_mask, step_ends).tolist() == [
+        len(row) for row in loop_steps(step_ends, response_mask)
+    ]
+    with pytest.raises(ValueError, match="resolution 'step' needs step_ends"):
+        credit_lengths("step", response_mask)

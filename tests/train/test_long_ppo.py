@@ -79,6 +79,7 @@ def test_long_output_ppo_runs_three_iterations(tmp_path: Path) -> None:
         assert "value/explained_variance" in r and r["value/explained_variance"] <= 1.0
         assert r["loss/value"] > 0 and math.isfinite(r["loss/policy"])
         assert r["policy/updated"] == 1.0
+        assert 0.0 <= r["credit/lam_policy_mean"] < 1.0  # VAPO's lambda: 1 - 1/(0.05 l), clamped
     assert rows[-1]["samples/total"] == 32 + 3 * 16
 
 
@@ -146,4 +147,6 @@ def test_a_critic_at_step_resolution_runs(tmp_path: Path) -> None:
     assert "pretrain/explained_variance" in rows[0]
     for r in rows[1:]:
         assert r["reward/placed_per_response"] >= 1.0
+        # at most 10 tokens, so at most 10 steps: 1 - 1/(0.5 l) is at most 0.8 (and 0 up to 2 steps)
+        assert 0.0 <= r["credit/lam_policy_mean"] <= 0.8 + 1e-9
         assert "value/explained_variance" in r and r["loss/value"] > 0

@@ -14,13 +14,14 @@ from creditrl.credit.min_form import min_form, min_to_go
 from creditrl.credit.normalise import NORMALISERS, normalise
 from creditrl.credit.outcome import outcome_advantage
 from creditrl.credit.registry import ESTIMATORS, estimate, register_estimator, requires
-from creditrl.credit.resolution import RESOLUTIONS, StepView, estimate_at, step_view
+from creditrl.credit.resolution import RESOLUTIONS, StepView, credit_lengths, estimate_at, step_view
 
 __all__ = [
     "ESTIMATORS",
     "NORMALISERS",
     "RESOLUTIONS",
     "StepView",
+    "credit_lengths",
     "discounted_cumsum",
     "estimate",
     "estimate_at",

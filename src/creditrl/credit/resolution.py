@@ -111,6 +111,19 @@ def from_steps(x_steps: Tensor, view: StepView) -> Tensor:
     return spare.gather(1, view.slot)
 
 
+def credit_lengths(resolution: str, response_mask: Tensor, step_ends: Tensor | None = None) -> Tensor:
+    """l_b, each row's number of credit time steps: its valid tokens (``"token"``) or its steps
+    (``"step"``, by the rule of the module docstring; needs ``step_ends``); response_mask and
+    step_ends bool (B, T) -> long (B,). The length VAPO's lambda reads (:mod:`creditrl.credit.lambdas`)."""
+    if resolution not in RESOLUTIONS:
+        raise ValueError(f"unknown resolution {resolution!r}; valid: {', '.join(RESOLUTIONS)}")
+    if resolution == "token":
+        return response_mask.sum(1)
+    if step_ends is None:
+        raise ValueError("resolution 'step' needs step_ends (a bool (B, T) tensor); got None")
+    return step_view(step_ends, response_mask).num_steps
+
+
 def estimate_at(
     resolution: str,
     name: str,

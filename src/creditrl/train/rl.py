@@ -279,6 +279,8 @@ class RLTrainer:
         with timer("update"):
             upd = stages.learn(p, batch, scored, adv, ret, values, ref_logp, gen, train_policy=train_policy)
         stats = p.engine.stats() if cfg.backend.name == "ray" else {}  # backend/restarts, time/sync_s
+        if cfg.credit.lam_alpha:  # VAPO's per-response lambda of the advantages, averaged
+            stats["credit/lam_policy_mean"] = stages.policy_lam_mean(batch, scored, cfg, values.step_ends)
         record = IterationRecord(it + 1, batch, scored, values, adv, ret, upd, lr, lam, train_policy, stats)
         self._inspect(record)  # outside the stage timers
         self._count(batch.size, record.generated_tokens, timer.total)

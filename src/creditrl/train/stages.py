@@ -11,7 +11,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from creditrl.config import Config
-from creditrl.credit import estimate_at, normalise, outcome_advantage
+from creditrl.credit import credit_lengths, estimate_at, length_adaptive_lam, normalise, outcome_advantage
 from creditrl.credit.estimators import EPS
 from creditrl.distributed import ddp
 from creditrl.policy.device import inference, module_device
@@ -156,6 +156,20 @@ def credit(
         adv[rows] = normalise(cfg.credit.normaliser, a, mask, group_ids=batch.group_ids[rows])
     ret[rows] = r
     return adv, ret
+
+
+def policy_lam_mean(
+    batch: TrajectoryBatch, scored: Scored, cfg: Config, step_ends: torch.Tensor | None = None
+) -> float:
+    """The mean over the kept responses of the advantages' lambda under ``credit.lam_alpha`` (VAPO's
+    per-response ``clamp(1 - 1/(alpha l), 0, 1)``, l in credit time steps); ``step_ends`` as in
+    :func:`credit`. Logged as ``credit/lam_policy_mean``."""
+    rows = scored.keep
+    if not bool(rows.any()):
+        return 0.0
+    ends = (scored.step_ends if step_ends is None else step_ends)[rows]
+    lengths = credit_lengths(cfg.credit.resolution, batch.response_mask[rows], ends)
+    return float(length_adaptive_lam(lengths, cfg.credit.lam_alpha).mean())
 
 
 def learn(
