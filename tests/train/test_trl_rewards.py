@@ -356,3 +356,20 @@ def test_the_users_solution_column_reaches_reward_functions_as_it_is(step_reward
     source = function_source(step_rewards)  # imports the file under its own name, step_rewards
     score_batch(source, task, [p], ["x;y"], [["x;", "y"]], granularity="step")
     assert sys.modules["step_rewards"].SEEN["solution"] == [row["solution"]]
+
+
+def test_the_evaluation_reward_leaves_none_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from creditrl.policy.model import build_tiny
+    from creditrl.rewards.stage import Scorer
+
+    (tmp_path / "eval_rewards.py").write_text(
+        "def some(prompts, completions, **kwargs):\n    return [1.0, None, 0.5][: len(completions)]\n"
+    )
+    cfg = checked(load_config(overrides=RUN + [f"reward.source={tmp_path / 'eval_rewards.py'}:some"]))
+    task = make_task(cfg.task.name, **cfg.task.args)
+    scorer = Scorer(cfg, task, build_tiny(0)[1])
+    try:
+        problems = task.sample(3, split="heldout", seed=0)
+        assert scorer.eval_reward(problems, ["a", "b", "c"]) == pytest.approx(0.75)  # (1.0 + 0.5) / 2
+    finally:
+        scorer.close()

@@ -211,3 +211,36 @@ def test_covered_applies_the_policy_and_counts() -> None:
     assert str(err.value) == "check_outcome failed on row 1: returned a non-finite value nan"
     with pytest.raises(UserFunctionError, match=r"^check_outcome failed on row 3: t \(reward.timeout_s\)$"):
         covered("check_outcome", outcomes[3:], "raise", CallCounts(), describe=lambda i: f"row {i + 3}")
+
+
+# A TRL reward function that hangs on its second call (the first is the evaluation before training;
+# a file counts the calls): a call scores a whole batch, so its timeout is an error of each response.
+HANGING_REWARD = textwrap.dedent(
+    """
+    import os, time
+    from pathlib import Path
+
+    def hangs_on_the_second_call(prompts, completions, **kwargs):
+        marker = Path(os.environ["HOSTILE_MARKER"])
+        with marker.open("a") as f:
+            f.write("call\\n")
+        if len(marker.read_text().splitlines()) == 2:
+            time.sleep(600)
+        return [0.5 for _ in completions]
+    """
+)
+
+
+def test_a_batched_reward_function_that_hangs_times_out_for_its_whole_batch(hostile) -> None:
+    (hostile / "hanging_reward.py").write_text(HANGING_REWARD)
+    name = f"{hostile / 'hanging_reward.py'}:hangs_on_the_second_call"
+    over = ["task.name=arithmetic", f"reward.source={name}", "reward.on_error=zero"]
+    start = time.time()
+    RLTrainer.from_config(load_config(overrides=TINY + over), hostile / "run").run()
+    assert time.time() - start < 120  # the 600 s sleep was cut at reward.timeout_s = 2
+    got = rows(hostile / "run")
+    assert [r[f"reward/timeouts/{name}"] for r in got[1:]] == [16, 0]  # every response of the first batch
+    assert [r["reward/mean"] for r in got[1:]] == [0.0, pytest.approx(0.5)]
+    assert got[0]["eval/reward"] == got[-1]["eval/reward"] == 0.5  # evaluations call it once each, bounded too
+    # one call per batch: the first evaluation, iteration 1 (hung), iteration 2, the last evaluation
+    assert len((hostile / "hung.marker").read_text().splitlines()) == 4

@@ -322,6 +322,29 @@ class Scorer:
             stats[f"reward/none/{name}"] = stats.get(f"reward/none/{name}", 0) + result.nones
         return result.errors
 
+    def eval_reward(self, problems: list[Problem], completions: list[str]) -> float | None:
+        """The primary source's mean sequence score over held-out ``completions`` (``eval/reward``:
+        the reward's own measure, e.g. BLEU where exact match is rare), its calls bounded as in
+        training and failures scored 0; ``None`` scores ("does not apply") are left out. None when
+        the source scores spans only."""
+        source = self.primary.source
+        if "sequence" not in source.granularities:
+            return None
+        worker = source.worker_fn() is not None and source.name in self.calls.names
+        bounded = {"run": functools.partial(self.calls.map, source.name)} if worker else {}
+        result = score_batch(
+            source,
+            self.task,
+            problems,
+            completions,
+            [[c] for c in completions],
+            granularity="sequence",
+            on_error="zero",
+            **bounded,
+        )
+        applied = [s[0] for s in result.scores if s[0] is not None]
+        return sum(applied) / max(1, len(applied))
+
     def close(self) -> None:
         """End the worker process of the bounded calls."""
         self.calls.close()

@@ -42,7 +42,6 @@ from creditrl.errors import ConfigError
 from creditrl.inspect.record import record_iteration
 from creditrl.losses import explained_variance
 from creditrl.policy.model import LORA_BASE_FILE, is_lora
-from creditrl.rewards.sources import score_batch
 from creditrl.tasks import Task
 from creditrl.train import rundir, stages
 from creditrl.train.build import RunParts, build_run
@@ -228,18 +227,9 @@ class RLTrainer:
         out.update(
             {"eval/errors": res.errors, "eval/timeouts": res.timeouts, "eval/correct": pack_outcomes(res.correct)}
         )
-        source = p.scorer.primary.source
-        if "sequence" in source.granularities:  # the reward's own measure, e.g. BLEU where exact match is rare
-            scores = score_batch(
-                source,
-                p.task,
-                p.heldout,
-                res.completions,
-                [[c] for c in res.completions],
-                granularity="sequence",
-                on_error="zero",
-            ).scores
-            out["eval/reward"] = sum(s[0] for s in scores) / max(1, len(scores))
+        reward = p.scorer.eval_reward(p.heldout, res.completions)  # the reward's own measure, e.g. BLEU
+        if reward is not None:
+            out["eval/reward"] = reward
         return out
 
     # -- the loop ------------------------------------------------------------------------------
