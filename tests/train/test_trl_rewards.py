@@ -373,3 +373,30 @@ def test_the_evaluation_reward_leaves_none_out(tmp_path: Path, monkeypatch: pyte
         assert scorer.eval_reward(problems, ["a", "b", "c"]) == pytest.approx(0.75)  # (1.0 + 0.5) / 2
     finally:
         scorer.close()
+
+
+def test_creditrl_train_finds_a_module_beside_its_config(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    folder, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    folder.mkdir()
+    elsewhere.mkdir()
+    (folder / "my_rewards.py").write_text("def short(prompts, completions, **kw):\n    return [1.0] * len(prompts)\n")
+    (folder / "config.yaml").write_text("reward:\n  source: my_rewards:short\n")
+    sets = [a for s in RUN + ["train.iterations=1", "train.checkpoint_every=1"] for a in ("--set", s)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+
+    def train(config: Path, run: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "creditrl.cli", "train", str(config), *sets, "--run-dir", run]
+        return subprocess.run(command, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=600)
+
+    done = train(folder / "config.yaml", "run")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert [r["reward/mean"] for r in rows(elsewhere / "run")] == [1.0]
+    (elsewhere / "lost.yaml").write_text("reward:\n  source: not_beside_me:short\n")
+    failed = train(elsewhere / "lost.yaml", "run2")
+    lines = [x for x in failed.stderr.splitlines() if x.strip()]
+    assert failed.returncode == 2 and len(lines) == 1 and "Traceback" not in failed.stderr, failed.stderr[-2000:]
+    assert lines[0].startswith("creditrl: error: reward.source: cannot import module 'not_beside_me'")
+    assert lines[0].endswith("name a file as path/to/not_beside_me.py:short")

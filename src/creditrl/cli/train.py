@@ -74,6 +74,10 @@ def _train(args: argparse.Namespace, where: Path, main: bool):
     if cfg is None:
         trainer = RLTrainer.resume(where, args.set)
     else:
+        if args.config:  # reward.source=module:function finds module.py beside the config
+            from creditrl.rollout.segment import add_callable_folder
+
+            add_callable_folder(Path(args.config).parent)
         trainer = RLTrainer.from_config(cfg, where, overwrite=args.overwrite)
     try:
         return trainer.run()
