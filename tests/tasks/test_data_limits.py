@@ -130,6 +130,20 @@ def test_the_math_task_refuses_or_skips_a_long_row_through_its_arguments(tmp_pat
     assert sorted(p.meta["row"] for p in task.pools["train"] + task.pools["heldout"]) == [1, 3]
 
 
+def test_the_code_task_takes_the_same_limits(tmp_path):
+    from creditrl.tasks.code import CodeTask
+
+    row = {"split": "train", "entry": "one", "prompt": 'def one(): "one"; return ', "solution": "1"}
+    row["tests"] = [{"args": [], "expected": 1}]
+    path = tmp_path / "p.jsonl"
+    path.write_bytes(line({**row, "name": "a"}) + line({**row, "name": "b", "prompt": "#" + "x" * 3000}))
+    with pytest.raises(DataFileError, match=r"p.jsonl, line 2: the line is 3\d\d\d bytes, over max_row_bytes=1000;"):
+        CodeTask(problems=str(path), max_row_bytes=1000)
+    assert [p.meta["name"] for p in CodeTask(problems=str(path), max_row_bytes=1000, long_rows="skip").problems] == [
+        "a"
+    ]
+
+
 # ----------------------------------------------------------------------------- nesting
 
 

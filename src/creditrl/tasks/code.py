@@ -32,7 +32,7 @@ from typing import Any
 
 from creditrl.sandbox import Limits, run_tests
 from creditrl.tasks.base import SPLITS, Problem, draw_from_pool, register_task
-from creditrl.tasks.datafile import DataRows, read_rows, short_repr, type_name
+from creditrl.tasks.datafile import MAX_ROW_BYTES, DataRows, read_rows, short_repr, type_name
 
 __all__ = ["SPLITS", "DEFAULT_PROBLEMS", "CodeTask", "load_problems"]
 
@@ -72,19 +72,20 @@ def _problem(rows: DataRows, number: int, row: dict[str, Any]) -> Problem:
     return Problem(prompt=row["prompt"], answer=row["solution"], solution=row["solution"], meta=meta)
 
 
-def load_problems(path: str | Path) -> list[Problem]:
+def load_problems(path: str | Path, *, max_row_bytes: int = MAX_ROW_BYTES, long_rows: str = "error") -> list[Problem]:
     """Read a problem file (module docstring; ``.jsonl``, or ``.json``: JSON Lines or an array of
     objects) into :class:`Problem` objects, with :func:`~creditrl.tasks.datafile.read_rows`.
 
     ``answer`` and ``solution`` are the reference completion; ``meta`` holds ``name``,
-    ``split``, ``entry``, ``inputs`` (the test arguments) and ``expected`` (their results).
+    ``split``, ``entry``, ``inputs`` (the test arguments) and ``expected`` (their results). A row
+    over ``max_row_bytes`` is refused, or left out under ``long_rows="skip"`` (:func:`read_rows`).
 
     Raises:
         DataFileError: (a ValueError) One line naming the file and the line: a bad file (no
             such file, invalid UTF-8 or JSON, no rows ...), a missing field, one of the wrong
             type, a split not in ``SPLITS``, no tests, or a duplicate name.
     """
-    rows = read_rows(path, suffixes=(".jsonl", ".json"))
+    rows = read_rows(path, suffixes=(".jsonl", ".json"), max_row_bytes=max_row_bytes, long_rows=long_rows)
     problems: list[Problem] = []
     first_line: dict[str, int] = {}
     for number, row in rows.rows:
@@ -109,6 +110,8 @@ class CodeTask:
         memory_mb: Address-space limit per process of a program.
         workers: Programs run in parallel by :meth:`test_results_batch`.
         cache_size: Verdicts remembered (least recently used are dropped).
+        max_row_bytes, long_rows: The longest row of the problem file (default 16 MiB), and
+            whether a longer one is refused (``"error"``) or left out (``"skip"``).
     """
 
     name: str = "code"
@@ -121,9 +124,11 @@ class CodeTask:
         memory_mb: int = 256,
         workers: int = 2,
         cache_size: int = 4096,
+        max_row_bytes: int = MAX_ROW_BYTES,
+        long_rows: str = "error",
     ) -> None:
         path = Path(problems) if problems else DEFAULT_PROBLEMS
-        self.problems = load_problems(path)
+        self.problems = load_problems(path, max_row_bytes=max_row_bytes, long_rows=long_rows)
         self.limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb)
         if workers < 1 or cache_size < 0:
             raise ValueError(f"workers must be >= 1 and cache_size >= 0, got {workers}, {cache_size}")
