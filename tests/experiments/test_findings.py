@@ -70,22 +70,24 @@ def _histories(outcomes: list[list[bool]]) -> list[list[dict]]:
 
 
 def test_fill_gives_the_paired_difference_between_two_arms():
-    """``{diff:A/B.final}`` is A's paired difference to B over seeds and problems, in points with the
-    verdicts' interval: B right on 4 of 10 problems, A on 6 (the same 4 and 2 more) in both seeds,
-    so +20 points, and A is never worse on a problem, so no resampling puts the interval below 0."""
-    from creditrl.experiments.finding_files import diff_text
-    from creditrl.experiments.verdicts import outcome_matrix, paired_difference
+    """``{diff:A/B.final}`` is A's paired difference to B, seed by seed over the same problems, in
+    points with the 95% seed-level t-interval: B right on 4 of 10 problems in each of 3 seeds, A on
+    6, 7 and 6, so +23.3 points, with scipy's paired t-interval."""
+    from scipy import stats
 
-    b = [[True] * 4 + [False] * 6] * 2
-    a = [[True] * 6 + [False] * 4] * 2
+    from creditrl.experiments.finding_files import diff_text
+
+    b = [[True] * 4 + [False] * 6] * 3
+    a = [[True] * k + [False] * (10 - k) for k in (6, 7, 6)]
     rows = [{**ROWS[0], "arm": "grpo"}, {**ROWS[0], "arm": "gae + mc (VinePPO)"}]
     results = {"grpo": _histories(a), "gae + mc (VinePPO)": _histories(b)}
     text = fill("{diff:grpo/gae_mc_VinePPO.final}", rows, results=results)
-    mean, lo, hi = (float(x) for x in re.findall(r"[-+][0-9.]+", text))
-    assert mean == 20.0 and 0 <= lo < mean < hi, text
-    d = paired_difference(outcome_matrix(results["grpo"]), outcome_matrix(results["gae + mc (VinePPO)"]))
-    assert text == diff_text({"mean": d.mean, "lo": d.lo, "hi": d.hi})
-    assert fill("{diff:gae_mc_VinePPO/grpo.final}", rows, results=results).startswith("-20.0 points")
+    ci = stats.ttest_rel([0.6, 0.7, 0.6], [0.4, 0.4, 0.4]).confidence_interval(0.95)
+    assert text == diff_text({"mean": 0.7 / 3, "lo": ci.low, "hi": ci.high}) == "+23.3 points [+9.0, +37.7]"
+    assert fill("{diff:gae_mc_VinePPO/grpo.final}", rows, results=results) == "-23.3 points [-37.7, -9.0]"
+    assert diff_text({"mean": 0.01, "lo": -0.02, "hi": 0.04, "level": 1 - 0.05 / 8}) == (
+        "+1.0 points [-2.0, +4.0] at 99.38%"
+    )
     with pytest.raises(ValueError, match="a difference between arms is of 'final' only"):
         fill("{diff:grpo/gae_mc_VinePPO.wall_s}", rows, results=results)
     with pytest.raises(ValueError, match="needs the arms' results"):
@@ -168,11 +170,12 @@ def test_committed_findings_name_existing_grids_and_arms():
         grid = load_grid(root / finding["grid"])
         diff = {"mean": 0.01, "lo": -0.01, "hi": 0.03, "se": 0.01, "mde": 0.028, "seeds": 5, "problems": 1024}
         fake = [{**ROWS[0], "arm": name, "diff": diff, "verdict": "inconclusive"} for name in grid.arms]
-        results = {name: _histories([[True, False]]) for name in grid.arms}
+        results = {name: _histories([[True, False], [False, True]]) for name in grid.arms}
         # every placeholder names a real arm and field
         assert "{" not in fill(finding["reading"], fake, results=results), f
         assert {slug(a) for a in grid.arms}
         assert set(finding.get("expect", {})) <= set(grid.arms) - {grid.reference}, f
+        assert finding.get("sequence_level", grid.reference) in grid.arms, f
 
 
 def test_quick_findings_write_the_file_with_filled_numbers(tmp_path: Path, monkeypatch):
@@ -396,3 +399,58 @@ def test_only_names_grid_findings_and_an_unknown_id_is_one_line(tmp_path: Path, 
     (tmp_path / "findings" / "C9.yaml").write_text(FINDING)
     assert main(["findings", "--root", str(tmp_path), "--only", "C9", "C7-x"]) == 2
     assert "--only: no grid finding C7-x; findings: C9" in capsys.readouterr().err
+
+
+def _committed(finding_file: str) -> tuple[dict, dict, list[int]]:
+    """A finding and its grid's per-arm histories, from the committed summaries."""
+    from creditrl.experiments.grid import TOKEN_ITERATIONS, load_grid
+    from creditrl.experiments.plan import summary_files
+    from creditrl.experiments.summaries import history, read_summary
+
+    root = Path(__file__).resolve().parents[2]
+    finding = load_finding(root / "findings" / finding_file)
+    grid = load_grid(root / finding["grid"])
+    common = ([f"train.iterations={TOKEN_ITERATIONS}"] if grid.unit == "tokens" else []) + grid.common
+    where = root / "findings" / "runs" / grid.name
+    files = iter(summary_files(grid.base, grid.arms, grid.seeds, grid.budget, common, grid.unit, where))
+    results = {arm: [history(read_summary(next(files))) for _ in grid.seeds] for arm in grid.arms}
+    return {**finding, "reference": grid.reference}, results, grid.seeds
+
+
+def _reading(finding: dict, results: dict, seeds: list[int]) -> str:
+    from dataclasses import asdict
+
+    from creditrl.experiments.claim_verdicts import comparisons, judge
+    from creditrl.experiments.compare_report import summarise_arm
+
+    rows = [asdict(summarise_arm(arm, hs, None, 0.05)) for arm, hs in results.items()]
+    judged = judge(comparisons(finding, results, finding["reference"], seeds))
+    base = [r for r in judged if r["role"] == "stated baseline"]
+    for r in rows:
+        mine = [x for x in base if x["arm"] == r["arm"]]
+        r["diff"], r["verdict"] = (mine[0]["difference"], mine[0]["verdict"]) if mine else (None, "not judged")
+    return fill(finding["reading"], rows, results=results, verdicts=judged)
+
+
+def test_a_readings_words_follow_the_numbers_when_two_arms_swap() -> None:
+    """C1-short's reading from its committed summaries, then with the summaries of 8-token segments
+    and the outcome with GRPO swapped: every word that says a direction or a verdict follows the
+    numbers (none is typed in the template)."""
+    finding, results, seeds = _committed("C1_arith_short.yaml")
+    text = _reading(finding, results, seeds)
+    swapped = {**results, "segment K=8": results["sequence + GRPO"], "sequence + GRPO": results["segment K=8"]}
+    other = _reading(finding, swapped, seeds)
+    segments = re.compile(r"segments (above|below|not shown different from) it \(([-+][\d.]+) points")
+    assert segments.search(text).groups()[0] == "below" and segments.search(other).groups()[0] == "above"
+    assert float(segments.search(text).group(2)) == -float(segments.search(other).group(2))
+    verdicts = re.compile(r"8-token segments [-+][\d.]+ points \[[^]]+\] at [\d.]+% \((\w+)\)")
+    grpo = re.compile(r"the outcome with GRPO moved ([-+][\d.]+) points \[[^]]+\] at [\d.]+% \((\w+)\)")
+    assert verdicts.search(text).group(1) == "supported"  # no better than the critic arm, as predicted
+    assert verdicts.search(other).group(1) == "inconclusive"  # the GRPO runs under the segment arm's name
+    assert grpo.search(other).group(2) == "contradicted"  # the segment runs are not "the same" as the critic arm
+    assert float(grpo.search(other).group(1)) < 0 < float(grpo.search(text).group(1))
+    starts = re.compile(r"ended at [\d.]+ ± [\d.]+%, (above|below|not shown different from) its start")
+    gae = {**results, "sequence + GAE": results["token"], "token": results["sequence + GAE"]}
+    assert starts.search(text).group(1) == "above" and starts.search(_reading(finding, gae, seeds)).group(1) == (
+        "not shown different from"
+    )

@@ -182,7 +182,8 @@ def difference_rows(
     machines: dict[str, list[str | None]] | None = None,
 ) -> list[dict[str, Any]]:
     """Every arm against ``reference`` at the last evaluation, problem by problem and seed by seed
-    (:func:`creditrl.experiments.verdicts.paired_difference`), with whether each arm (the
+    (:func:`creditrl.experiments.verdicts.paired_difference`: the seed-level paired t, 95%,
+    unadjusted; None with one seed, which gives no interval), with whether each arm (the
     reference too) was still improving at the end and its wall-time ratio to the reference (None
     where the two arms share no kind of CPU, :func:`wall_ratio`)."""
     from creditrl.experiments.verdicts import outcome_matrix, paired_difference, still_improving
@@ -190,7 +191,8 @@ def difference_rows(
     ref = outcome_matrix(results[reference])
     rows = []
     for arm, hs in results.items():
-        diff = None if arm == reference else paired_difference(outcome_matrix(hs), ref)
+        paired = arm != reference and len(hs) > 1
+        diff = paired_difference(outcome_matrix(hs), ref) if paired else None
         late = still_improving(hs)
         rows.append(
             {
@@ -210,15 +212,16 @@ def _points(x: float) -> str:
 def differences_markdown(
     rows: list[dict[str, Any]], reference: str, machines: dict[str, list[str | None]] | None = None
 ) -> str:
-    """The table of :func:`difference_rows`: accuracy points, 95% intervals, the minimum
-    detectable effect, the late change and the cost ratio. Where the runs ran on more than one
-    kind of CPU (``machines`` as in :func:`comparable`, not recorded counting as a kind), the
-    table says how its ratios pair runs (:func:`wall_ratio`)."""
+    """The table of :func:`difference_rows`: accuracy points, 95% intervals and p-values (not
+    adjusted for multiplicity), the minimum detectable effect, the late change and the cost ratio.
+    Where the runs ran on more than one kind of CPU (``machines`` as in :func:`comparable`, not
+    recorded counting as a kind), the table says how its ratios pair runs (:func:`wall_ratio`)."""
     kinds = len({k for ks in (machines or {}).values() for k in ks})
     out = [
         f"Against **{reference}**: paired difference in held-out exact match at the last evaluation "
-        "(points, 95% two-level bootstrap interval over seeds and problems), the smallest difference the run "
-        "could detect (80% power), and each arm's change over the last third of its evaluations."
+        "(points; 95% seed-level paired t-interval over the per-seed differences and its p-value, neither adjusted "
+        "for multiplicity), the smallest difference the same test detects with 80% power, and each arm's change "
+        "over the last third of its evaluations (the same t)."
         + (
             " Wall-time ratios pair runs on one kind of CPU: an arm's ratio to the reference within each kind "
             "both ran on, averaged over those kinds weighted by the arm's runs (a run whose CPU was not recorded "
@@ -232,18 +235,19 @@ def differences_markdown(
             else ""
         )
         + "\n",
-        "| arm | difference | 95% interval | detectable | last third | still improving | wall time vs reference |",
-        "|---|---|---|---|---|---|---|",
+        "| arm | difference | 95% interval | p | detectable | last third | still improving | wall time vs reference |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         d, late = r["difference"], r["improving"]
-        diff = "reference" if d is None else _points(d["mean"])
+        diff = "reference" if r["arm"] == reference else "– (one seed)" if d is None else _points(d["mean"])
         ci = "–" if d is None else f"[{_points(d['lo'])}, {_points(d['hi'])}]"
+        p = "–" if d is None else f"{d['p']:.3f}"
         mde = "–" if d is None else f"{100 * d['mde']:.1f}"
         change = "–" if late is None else f"{_points(late['mean'])} [{_points(late['lo'])}, {_points(late['hi'])}]"
         going = "–" if late is None else ("yes" if late["lo"] > 0 else "no")
         cost = "–" if r["cost"] is None else f"{r['cost']:.2f}x"
-        out.append(f"| {r['arm']} | {diff} | {ci} | {mde} | {change} | {going} | {cost} |")
+        out.append(f"| {r['arm']} | {diff} | {ci} | {p} | {mde} | {change} | {going} | {cost} |")
     return "\n".join(out) + "\n"
 
 

@@ -5,12 +5,14 @@ reading's placeholders filled from a grid's results (:func:`fill`; the syntax is
 from __future__ import annotations
 
 import re
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from creditrl.config import ConfigError
+from creditrl.experiments.claim_verdicts import level_text
 from creditrl.experiments.compare_report import comparable, reach_text, wall_ratio
 from creditrl.experiments.plan import slug
 
@@ -31,6 +33,8 @@ FINDING_KEYS = {
     "regime",
     "task",
     "power",
+    "sequence_level",
+    "sequence_expect",
 }
 CLAIMS = {
     "C1": "length: sequence reward + GAE suffices below ~100 tokens; above ~500 token-level rewards or MCTS are needed",
@@ -44,7 +48,8 @@ CLAIMS = {
 REPORTS = ("values",)  # a finding measured by a report instead of a compare grid: creditrl value-report
 PLOTS = ("accuracy_vs_samples", "accuracy_vs_wall_time", "length_vs_samples")  # what run_compare draws
 DEFAULT_PLOTS = PLOTS[:2]
-_PLACEHOLDER = re.compile(r"\{(ratio:|diff:)?([A-Za-z0-9_]+)(?:/([A-Za-z0-9_]+))?\.([a-z_]+)\}")
+_PLACEHOLDER = re.compile(r"\{(ratio:|diff:|cmp:)?([A-Za-z0-9_]+)(?:/([A-Za-z0-9_]+))?\.([a-z_]+)\}")
+_FROM_RESULTS = ("gain", "moved")  # per-arm fields computed from the runs' histories, not the table's rows
 
 
 def load_finding(path: Path) -> dict[str, Any]:
@@ -72,13 +77,17 @@ def load_finding(path: Path) -> dict[str, Any]:
         if not isinstance(data["expect"], dict) or not data["expect"]:
             raise ConfigError(f"{path}: key 'expect' must map arms to better, worse or same")
         data["expect"] = {str(arm): _expectation(path, arm, e) for arm, e in data["expect"].items()}
+    if "sequence_expect" in data:
+        if "sequence_level" not in data:
+            raise ConfigError(f"{path}: key 'sequence_expect' needs 'sequence_level', the arm it compares with")
+        data["sequence_expect"] = _expectation(path, "sequence_level", data["sequence_expect"])
     return data
 
 
 def _expectation(path: Path, arm: str, text: Any) -> tuple[str, float | None]:
     """``better`` -> ("better", None); ``better by 5`` -> ("better", 0.05); ``no better``."""
     text = str(text).strip()
-    if text in ("no better", "no worse", "same"):
+    if text in ("no better", "no worse", "same", "any"):
         return text, None
     words = text.split()
     if words and words[0] in ("better", "worse") and (len(words) == 1 or (len(words) == 3 and words[1] == "by")):
@@ -87,7 +96,7 @@ def _expectation(path: Path, arm: str, text: Any) -> tuple[str, float | None]:
         except ValueError:
             pass
     raise ConfigError(
-        f"{path}: expect '{arm}': expected better, worse (optionally 'by N' points), same, no better or no worse; "
+        f"{path}: expect '{arm}': expected better, worse (optionally 'by N' points), same, no better, no worse or any; "
         f"got {text!r}"
     )
 
@@ -135,6 +144,7 @@ def fill(
     rows: list[dict[str, Any]],
     machines: dict[str, list[str | None]] | None = None,
     results: dict[str, list[list[dict[str, Any]]]] | None = None,
+    verdicts: list[dict[str, Any]] | None = None,
 ) -> str:
     """Replace every placeholder of ``template`` (module docstring) by the number from ``rows``
     (``CompareRow`` dicts); an unknown arm or field raises ValueError naming it. A ratio of times
@@ -142,8 +152,14 @@ def fill(
     :func:`creditrl.experiments.compare_report.comparable`) is not given: it says so instead;
     with ``results``, a ratio of wall times is taken within each kind of CPU the two arms share
     (:func:`creditrl.experiments.compare_report.wall_ratio`).
-    ``{diff:A/B.final}`` is the paired difference of two arms' final held-out exact match, from
-    ``results`` (each arm's per-seed histories), by the rule the verdicts use."""
+
+    From ``results`` (each arm's per-seed histories): ``{diff:A/B.final}``, the paired difference
+    of two arms' final held-out exact match, at the Holm-adjusted level of the verdict row that
+    compares them where ``verdicts`` (the finding's judged rows) has one, else the unadjusted 95%
+    seed-level t; ``{cmp:A/B.final}``, the words that interval decides: "above", "below" or "not
+    shown different from"; ``{ARM.gain}``, the arm's held-out exact match at the end minus at its
+    start with the 95% seed-level t-interval, and ``{ARM.moved}``, the words it decides: "above
+    its start", "below its start" or "not shown different from its start"."""
     by_slug = {slug(r["arm"]): r for r in rows}
 
     def value(arm: str, field: str) -> Any:
@@ -160,8 +176,9 @@ def fill(
         kind, a, b, field = m.groups()
         if kind and b is None:
             raise ValueError(f"reading: {m.group(0)} needs two arms, {{{kind}A/B.{field}}}")
-        if kind == "diff:":
-            return pair_text(a, b, field)
+        if kind in ("diff:", "cmp:"):
+            d = pair(a, b, field, kind)
+            return diff_text(d) if kind == "diff:" else _side(d)
         if kind:
             if field == "wall_s" and results is not None:  # within each kind of CPU both ran on
                 ratio = wall_ratio(results, machines, value(a, "arm"), value(b, "arm"))
@@ -172,20 +189,38 @@ def fill(
                 return "not comparable, the arms ran on different kinds of CPU"
             num, den = _mean(value(a, field)), _mean(value(b, field))
             return "n/a" if not num or not den else f"{num / den:.1f}x"
+        if field in _FROM_RESULTS:
+            d = gain(a, m.group(0))
+            return diff_text(d) if field == "gain" else f"{_side(d)} its start"
         return _fmt(field, value(a, field))
 
-    def pair_text(a: str, b: str, field: str) -> str:
+    def pair(a: str, b: str, field: str, kind: str) -> dict[str, Any]:
         from creditrl.experiments.verdicts import outcome_matrix, paired_difference
 
         if field != "final":
-            raise ValueError(f"reading: {{diff:{a}/{b}.{field}}}: a difference between arms is of 'final' only")
+            raise ValueError(f"reading: {{{kind}{a}/{b}.{field}}}: a difference between arms is of 'final' only")
         if results is None:
-            raise ValueError(f"reading: {{diff:{a}/{b}.final}} needs the arms' results")
-        x, y = (outcome_matrix(results[value(arm, "arm")]) for arm in (a, b))
-        d = paired_difference(x, y)
-        return diff_text({"mean": d.mean, "lo": d.lo, "hi": d.hi})
+            raise ValueError(f"reading: {{{kind}{a}/{b}.final}} needs the arms' results")
+        x, y = value(a, "arm"), value(b, "arm")
+        judged = [r["difference"] for r in verdicts or [] if (r["arm"], r["reference"]) == (x, y)]
+        if judged:
+            return judged[0]
+        return asdict(paired_difference(outcome_matrix(results[x]), outcome_matrix(results[y])))
+
+    def gain(arm: str, text: str) -> dict[str, Any]:
+        from creditrl.experiments.verdicts import t_difference
+
+        if results is None:
+            raise ValueError(f"reading: {text} needs the arms' results")
+        ends = [[r["eval/accuracy"] for r in h if "eval/accuracy" in r] for h in results[value(arm, "arm")]]
+        return asdict(t_difference([e[-1] - e[0] for e in ends]))
 
     return _PLACEHOLDER.sub(sub, template)
+
+
+def _side(d: dict[str, Any]) -> str:
+    """Where an interval puts the first of two things against the second: the words the numbers decide."""
+    return "above" if d["lo"] > 0 else "below" if d["hi"] < 0 else "not shown different from"
 
 
 def names_only(template: str, arms: list[str]) -> bool:
@@ -196,5 +231,8 @@ def names_only(template: str, arms: list[str]) -> bool:
 
 
 def diff_text(d: dict[str, float]) -> str:
-    """A paired difference in points with its 95% interval: ``+2.3 points [-0.4, +5.0]``."""
-    return f"{100 * d['mean']:+.1f} points [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}]"
+    """A paired difference in points with its interval: ``+2.3 points [-0.4, +5.0]`` at 95%, its
+    level named otherwise (``+2.3 points [-1.1, +5.7] at 99.4%``, Holm-adjusted)."""
+    level = d.get("level", 0.95)
+    at = "" if level == 0.95 else f" at {level_text(level)}"
+    return f"{100 * d['mean']:+.1f} points [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}]{at}"

@@ -14,10 +14,11 @@ placeholders filled from the grid's results, so no number in FINDINGS.md is type
 - ``{ratio:ARM_A/ARM_B.FIELD}``: the ratio of the two means ("2.4x"; of the medians for the
   to-target fields, "n/a" where one is not reached).
 - ``{diff:ARM_A/ARM_B.final}``: A's paired difference to B in final held-out exact match, with its
-  95% interval, by the rule the verdicts use ("+2.3 points [-0.4, +5.0]").
+  95% seed-level t-interval, unadjusted ("+2.3 points [-0.4, +5.0]").
 
-- ``{ARM.diff}`` (the paired difference to the grid's ``reference`` arm, "+2.3 points [-0.4,
-  +5.0]") and ``{ARM.verdict}``.
+- ``{ARM.diff}`` (the paired difference to the grid's ``reference`` arm: an arm with a verdict
+  at its verdict's Holm-adjusted level, "+2.3 points [-1.1, +5.7] at 99.75%"; else at 95%) and
+  ``{ARM.verdict}``.
 
 Each finding gets its question, setting (the grid's base, overrides, budget, seeds and arms), the
 results table, the plots (copied to ``docs/findings/``) and the filled reading; ``power``
@@ -27,8 +28,13 @@ bounds the difference it can detect, and stands under the setting.
 **Verdicts.** A finding that tests a claim names it (``claim_id``: C1 ... C7, :data:`CLAIMS`), its
 ``regime`` and ``task`` (words for the table), and in ``expect`` what the claim predicts for each
 arm against the grid's ``reference``: ``better``, ``worse``, ``same``, ``no better`` or ``no
-worse``, or ``better by 5`` (a claimed size in points). Each arm gets a verdict by the rule of
-:mod:`creditrl.experiments.verdicts`; FINDINGS.md opens with the table of every verdict.
+worse``, ``better by 5`` (a claimed size in points), or ``any`` (the claim predicts nothing
+there). ``sequence_level`` names the setting's best sequence-level arm (outcome GRPO where it
+ran): where it is not the reference, each arm of ``expect`` is also compared with it, under the
+same prediction or under ``sequence_expect`` (:mod:`creditrl.experiments.claim_verdicts`). Each
+row gets a verdict by the rule of :mod:`creditrl.experiments.verdicts`, a claim's rows judged as
+one Holm family; FINDINGS.md opens with the protocol, the verdicts that changed from the previous
+protocol, the table of every verdict and each claim's sensitivity table.
 
 **Persistence.** Every finished run's summary is committed under ``findings/runs/<grid>/``
 (:mod:`creditrl.experiments.summaries`). ``creditrl findings --no-train`` builds FINDINGS.md from
@@ -41,10 +47,20 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from creditrl.config import ConfigError
+from creditrl.experiments.claim_verdicts import (
+    BASELINE,
+    Comparison,
+    changes_markdown,
+    comparisons,
+    judge,
+    sensitivity_markdown,
+    verdicts_markdown,
+)
 from creditrl.experiments.compare import run_compare
 from creditrl.experiments.compare_report import (
     CompareRow,
@@ -54,61 +70,11 @@ from creditrl.experiments.compare_report import (
     prm_markdown,
     results_markdown,
 )
-from creditrl.experiments.finding_files import CLAIMS, diff_text, fill, load_finding, names_only
+from creditrl.experiments.finding_files import CLAIMS, fill, load_finding, names_only
 from creditrl.experiments.findings_figures import length_figure, settings_figure
 from creditrl.experiments.grid import TOKEN_ITERATIONS, load_grid
 from creditrl.experiments.plan import summarised_runs
 from creditrl.experiments.summaries import history, read_summary
-from creditrl.experiments.verdicts import Difference, verdict
-
-
-def verdict_rows(finding: dict[str, Any], summary: dict[str, Any], reference: str) -> list[dict[str, Any]]:
-    """One row per arm ``expect`` names: the claim, the arm's paired difference to ``reference``,
-    its verdict, the cost ratio and the regime (for FINDINGS.md's opening table)."""
-    by_arm = {r["arm"]: r for r in summary.get("differences", [])}
-    rows = []
-    for arm, (expect, size) in finding.get("expect", {}).items():
-        if arm not in by_arm or by_arm[arm]["difference"] is None:
-            raise ConfigError(
-                f"finding {finding['id']}: expect names '{arm}', which is no arm compared with {reference!r}"
-            )
-        d = by_arm[arm]["difference"]
-        rows.append(
-            {
-                "claim": finding["claim_id"],
-                "finding": finding["id"],
-                "arm": arm,
-                "reference": reference,
-                "expect": expect + (f" by {100 * size:g} points" if size is not None else ""),
-                "verdict": verdict(Difference(**d), expect, size=size),
-                "difference": d,
-                "cost": by_arm[arm]["cost"],
-                "regime": finding.get("regime", ""),
-                "task": finding.get("task", ""),
-            }
-        )
-    return rows
-
-
-def verdicts_table(rows: list[dict[str, Any]]) -> str:
-    """FINDINGS.md's opening table: every verdict, then the claims not measured yet."""
-    lines = [
-        "| claim | arm vs reference | predicted | verdict | difference, 95% interval | detectable | wall time | "
-        "regime | task |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        d = r["difference"]
-        cost = "–" if r["cost"] is None else f"{r['cost']:.2f}x"
-        lines.append(
-            f"| [{r['claim']}](#{r['finding'].lower()}) | {r['arm']} vs {r['reference']} | {r['expect']} "
-            f"| **{r['verdict']}** | {diff_text(d)} | {100 * d['mde']:.1f} points | {cost} | {r['regime']} "
-            f"| {r['task']} |"
-        )
-    measured = {r["claim"] for r in rows}
-    waiting = [f"{c} ({text})" for c, text in CLAIMS.items() if c not in measured]
-    tail = f"Not measured yet: {'; '.join(waiting)}.\n" if waiting else ""
-    return ("\n".join(lines) + "\n\n" if rows else "No verdict yet.\n\n") + tail
 
 
 def _section(
@@ -121,8 +87,10 @@ def _section(
     reading: bool = True,
 ) -> str:
     diffs = {r["arm"]: r["difference"] for r in summary.get("differences", [])}
-    judged = {r["arm"]: r["verdict"] for r in verdicts}
+    diffs |= {r["arm"]: r["difference"] for r in verdicts if r["role"] == BASELINE}  # at the verdict's level
+    judged = {r["arm"]: r["verdict"] for r in verdicts if r["role"] == BASELINE}
     rows = [{**r, "diff": diffs.get(r["arm"]), "verdict": judged.get(r["arm"], "not judged")} for r in summary["rows"]]
+    machines = summary.get("machines")
     table = results_markdown(
         [CompareRow(**{k: tuple(v) if isinstance(v, list) else v for k, v in r.items()}) for r in summary["rows"]]
     )
@@ -143,7 +111,7 @@ def _section(
         f"Regenerate: `creditrl compare {finding['grid']}` (then `creditrl findings`).\n{_power(finding)}\n"
         f"{table}\n{images}\n"
         + (
-            f"\n*Reading.* {fill(finding['reading'].strip(), rows, summary.get('machines'), summary.get('results'))}\n"
+            f"\n*Reading.* {fill(finding['reading'].strip(), rows, machines, summary.get('results'), verdicts)}\n"
             if reading
             else ""
         )
@@ -233,11 +201,38 @@ def _report_section(finding: dict[str, Any], runs: Path, docs: Path, root: Path,
     )
 
 
+_PROTOCOL = (
+    "**The protocol** (creditrl.experiments.verdicts). The seed is the unit of replication: each seed gives one "
+    "paired difference in held-out exact match over the same problems, and a difference's interval is the "
+    "seed-level paired Student-t interval over those per-seed differences, whose coverage holds at 3 and 5 seeds "
+    "(checked by simulation). A claim's rows are one family: their p-values are Holm-adjusted, and each row's "
+    "interval is at its Holm level (the method column gives it), so that it excludes 0 exactly when Holm rejects. "
+    "A prediction of *better* is **supported** when that interval lies above 0 (and reaches a claimed size), "
+    "**contradicted** when it lies below 0 (or wholly short of a claimed size); a predicted tie (*same*) is "
+    "supported when the interval lies within ±2 points and contradicted when it lies wholly outside them; *no "
+    "better* is supported when the interval's upper end is at most +2 points and contradicted when the interval "
+    "lies wholly above +2; any other interval is **inconclusive**. Where the claim predicts nothing, the verdict "
+    "says whether the arm is higher, lower, tied (within ±2 points) or undecided. *Detectable* is the difference "
+    "the same t-test (at the row's level) detects with 80% power, from the observed seed-level spread; *gain over "
+    "the start* is each arm's held-out exact match at the end minus at its start, mean over seeds. A verdict is "
+    "**fragile** when leaving out any one seed or a tie margin of ±1 or ±3 points changes it. Each setting's "
+    "arms are compared with the claim's stated baseline and, where it is another arm, with the setting's best "
+    "sequence-level arm (outcome GRPO where it ran). Within the findings, the differences tables give the "
+    "unadjusted 95% seed-level t; the per-arm tables give 95% Student-t intervals over seeds, and for the samples "
+    "and wall time to the target their median and range over every seed (a seed that never reached the target "
+    "counts as later than all that did). Every arm runs to its grid's stated budget (10x the earlier findings'); "
+    "each table says whether an arm was still improving over the last third of it."
+)
+
+Render = Callable[[list[dict[str, Any]]], str]  # a section, given its finding's judged verdict rows
+
+
 def _grid_section(
     finding: dict[str, Any], root: Path, runs: Path, docs: Path, out: Path, quick: bool, jobs: int, train: bool
-) -> tuple[str, list[dict[str, Any]], list[str], tuple[dict[str, Any], dict[str, Any]] | None]:
-    """A grid finding's section, its verdict rows, the days its runs were summarised and its
-    panel for the claim's small multiples: the finding with its grid's reference arm, and the
+) -> tuple[Render, list[Comparison], list[str], tuple[dict[str, Any], dict[str, Any]] | None]:
+    """A grid finding's section (rendered once the claim's rows are judged, since Holm's family
+    spans the claim's settings), its verdict rows unjudged, the days its runs were summarised and
+    its panel for the claim's small multiples: the finding with its grid's reference arm, and the
     reported arms' histories (None while no arm is reported)."""
     grid_path = root / finding["grid"]
     grid = load_grid(grid_path, quick=quick)
@@ -251,7 +246,7 @@ def _grid_section(
         if len(finished) < len(grid.arms):
             if grid.reference not in finished or len(finished) < 2:
                 pending = _pending_section(finding, grid, so_far, len(grid.arms) * len(grid.seeds))
-                return pending, [], [], None
+                return lambda _: pending, [], [], None
             arms = finished  # the reference and the arms that have every seed: reported now
     where = runs / grid.name
     summary = run_compare(grid_path, where, quick=quick, jobs=jobs, summaries=summaries, arms=arms)
@@ -262,28 +257,36 @@ def _grid_section(
         plots.append(dest)
     if arms is not None:
         finding = {**finding, "expect": {a: e for a, e in finding.get("expect", {}).items() if a in arms}}
-    verdicts = verdict_rows(finding, summary, grid.reference) if finding.get("expect") else []
+        if finding.get("sequence_level") not in arms:
+            finding.pop("sequence_level", None)
+    rows = (
+        comparisons(finding, summary["results"], grid.reference, grid.seeds, summary.get("machines"))
+        if finding.get("expect")
+        else []
+    )
     days = [] if summaries is None else [read_summary(p)["date"] for p in sorted(summaries.glob("*/seed*.json"))]
     panel = ({**finding, "reference": grid.reference}, summary["results"])
     if arms is None:
-        return _section(finding, grid, summary, plots, out.parent, verdicts), verdicts, days, panel
+        return lambda judged: _section(finding, grid, summary, plots, out.parent, judged), rows, days, panel
     pending = {a: n for a, n in done.items() if a not in arms}
     note = "; ".join(f"**{a}** {n} of {len(grid.seeds)} seeds" for a, n in pending.items())
     shown = dataclasses.replace(grid, arms={a: o for a, o in grid.arms.items() if a in arms})
     reads = names_only(finding["reading"], arms)  # a reading of the reported arms only is given now
-    section = _section(finding, shown, summary, plots, out.parent, verdicts, reading=reads)
     what = "the table, the verdicts and the reading above are" if reads else "the table and the verdicts above are"
     wait = "" if reads else ", and the reading waits for the rest"
-    return (
-        section + f"\n*In progress:* {note}; {what} those of the arms with every seed{wait} "
+    tail = (
+        f"\n*In progress:* {note}; {what} those of the arms with every seed{wait} "
         f"(`creditrl compare {finding['grid']}`).\n"
-        + _runs_so_far(
-            [(run, s) for run, s in so_far if run.arm not in arms],
-            grid.reference,
-            "The finished runs of the arms still waiting for seeds, each on its own (their differences, "
-            "intervals and verdicts wait until the arm has every seed):",
-        ),
-        verdicts,
+    )
+    tail += _runs_so_far(
+        [(run, s) for run, s in so_far if run.arm not in arms],
+        grid.reference,
+        "The finished runs of the arms still waiting for seeds, each on its own (their differences, "
+        "intervals and verdicts wait until the arm has every seed):",
+    )
+    return (
+        lambda judged: _section(finding, shown, summary, plots, out.parent, judged, reading=reads) + tail,
+        rows,
         days,
         panel,
     )
@@ -328,19 +331,26 @@ def run_findings(
     runs = Path(runs or root / "runs" / ("findings-quick" if quick else "findings"))
     docs = out.parent / "docs" / "findings"
     docs.mkdir(parents=True, exist_ok=True)
-    sections, verdicts, days = [], [], []
+    sections: list[Render] = []
+    compared: list[Comparison] = []
+    days: list[str] = []
     panels: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {}
     for f in files:
         finding = load_finding(f)
         if "report" in finding:
-            sections.append(_report_section(finding, runs, docs, out.parent, quick))
+            text = _report_section(finding, runs, docs, out.parent, quick)
+            sections.append(lambda _, text=text: text)
             continue
-        section, judged, when, panel = _grid_section(finding, root, runs, docs, out, quick, jobs, train)
-        sections.append(section)
-        verdicts += judged
+        render, rows, when, panel = _grid_section(finding, root, runs, docs, out, quick, jobs, train)
+        sections.append(
+            lambda judged, render=render, id=finding["id"]: render([r for r in judged if r["finding"] == id])
+        )
+        compared += rows
         days += when
         if panel is not None and finding.get("claim_id"):
             panels.setdefault(finding["claim_id"], []).append(panel)
+    verdicts = judge(compared)
+    texts = [render(verdicts) for render in sections]
     figures = "".join(
         "\n" + settings_figure(claim, found, docs, out.parent) + length_figure(claim, found, docs, out.parent)
         for claim, found in panels.items()
@@ -348,27 +358,32 @@ def run_findings(
     )
     legacy = root / "findings" / "legacy.md"
     if legacy.is_file() and not quick:
-        sections.append(legacy.read_text().strip() + "\n")
+        texts.append(legacy.read_text().strip() + "\n")
     note = "\n**Quick mode: smoke test only, the numbers mean nothing.**\n" if quick else ""
     when = f"runs summarised up to {max(days)}" if days else "no run summarised yet"
+    measured = {r["claim"] for r in verdicts}
+    waiting = [f"{c} ({text})" for c, text in CLAIMS.items() if c not in measured]
+    changes = f"**Changes from the previous protocol.** {changes_markdown(verdicts)}\n" if verdicts else ""
+    robust = (
+        "**Sensitivity.** Each row's verdict with one seed left out (recomputed from the other seeds at the row's "
+        "level), with a tie margin of ±1 or ±3 points, by the unadjusted 95% seed-level t, and by the previous "
+        'protocol ("unchanged" where it equals the verdict):\n\n' + sensitivity_markdown(verdicts)
+        if verdicts
+        else ""
+    )
     out.write_text(
         f"# Findings\n{note}\nEvery number below was measured on this machine (2 CPU cores) and is filled in from "
         f"the runs' committed summaries by `creditrl findings` ({when}); `make findings` runs "
         "whatever is missing and rewrites this file, `creditrl findings --no-train` rebuilds it from the summaries "
-        "alone. Differences to a claim's reference arm are paired over seeds and problems, with 95% bootstrap "
-        "intervals (creditrl.experiments.verdicts); the per-arm tables give 95% Student-t intervals over seeds, "
-        "and for the samples and wall time to the target their median and range over every seed (a seed that "
-        "never reached the target counts as later than all that did). "
-        "A prediction is **supported** when that interval lies on its side of zero (within ±2 points for a "
-        "predicted tie; at most +2 points for a predicted 'no better'), **contradicted** when it lies on the "
-        "other side (or wholly short of a claimed size), and **inconclusive** otherwise; *detectable* is the "
-        "smallest difference the run could have seen (a 5% test with 80% power). Every arm runs to its grid's "
-        "stated budget (10x the earlier findings'); each "
-        "table says whether an arm was still improving over the last third of it.\n\n"
-        + verdicts_table(verdicts)
+        "alone.\n\n"
+        + _PROTOCOL
+        + "\n\n"
+        + changes
+        + verdicts_markdown(verdicts, waiting)
+        + robust
         + figures
         + "\n"
-        + "\n".join(sections)
+        + "\n".join(texts)
     )
-    print(f"[creditrl findings] wrote {out} ({len(sections)} findings)")
+    print(f"[creditrl findings] wrote {out} ({len(texts)} findings)")
     return out

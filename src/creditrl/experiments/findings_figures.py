@@ -39,8 +39,9 @@ def settings_figure(claim: str, panels: list[tuple[dict[str, Any], dict[str, Any
 def length_points(
     panels: list[tuple[dict[str, Any], dict[str, Any]]],
 ) -> tuple[str | None, dict[str, dict[str, list[tuple[int, dict[str, float]]]]]]:
-    """Each arm's paired difference to the reference at the last evaluation (by the verdicts' rule),
-    by task and generated length, for the tasks a claim measured at two lengths or more:
+    """Each arm's paired difference to the reference at the last evaluation (the seed-level paired
+    t, 95%, unadjusted), by task and generated length, for the tasks a claim measured at two
+    lengths or more:
     ``(reference, {task: {arm: [(length, {"mean", "lo", "hi"})]}})``; ``(None, {})`` when the
     settings have different reference arms. An arm whose seeds differ from the reference's is left
     out of its setting."""
@@ -87,6 +88,7 @@ def length_figure(claim: str, panels: list[tuple[dict[str, Any], dict[str, Any]]
     tasks = ", ".join(points)
     return (
         f"\n{claim}'s differences to **{reference}** against the generated length, where a task was measured at "
-        f"several lengths ({tasks}; each point paired over seeds and problems, as in the verdicts):\n\n"
+        f"several lengths ({tasks}; each point paired seed by seed over the same problems, with its unadjusted 95% "
+        "seed-level t-interval):\n\n"
         f"![{dest.stem}]({dest.relative_to(root).as_posix()})\n"
     )

@@ -1,0 +1,279 @@
+"""The verdict rows of FINDINGS.md: which comparisons each claim setting makes, the claim's rows
+judged as one family, their robustness, and the tables that show them.
+
+A finding that tests a claim compares each arm its ``expect`` names with the grid's reference
+(the claim's stated baseline) and, where the finding names its ``sequence_level`` arm (the
+setting's best sequence-level arm: outcome GRPO where it ran) and that arm is not the
+reference, with that arm too, under the same prediction. The statistics are those of
+:mod:`creditrl.experiments.verdicts`: per-seed paired differences, the seed-level t, Holm's
+step-down over the claim's rows.
+
+**Fragile.** A verdict is fragile when it changes with any one seed left out (the row's interval
+recomputed at its own level from the other seeds, in both arms) or with a tie margin of ±1 or ±3
+points instead of ±2. Each claim's sensitivity table shows those verdicts beside the verdict of
+the unadjusted 95% seed-level t and the previous protocol's (the two-level bootstrap, the earlier
+tie rule); the list of changed verdicts says, step by step, what changed each one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from creditrl.experiments.compare_report import wall_ratio
+from creditrl.experiments.verdicts import (
+    LEVEL,
+    MARGIN,
+    METHOD,
+    Difference,
+    bootstrap_difference,
+    holm,
+    outcome_matrix,
+    previous_verdict,
+    seed_differences,
+    t_difference,
+    verdict,
+)
+
+__all__ = [
+    "MARGINS",
+    "Comparison",
+    "changes_markdown",
+    "comparisons",
+    "judge",
+    "level_text",
+    "sensitivity_markdown",
+    "verdicts_markdown",
+]
+
+MARGINS = (0.01, 0.03)  # the other tie margins a verdict must survive
+BASELINE, SEQUENCE = "stated baseline", "best sequence-level"
+
+
+@dataclass
+class Comparison:
+    """One verdict row before it is judged: ``arm`` against ``reference`` in one claim setting,
+    as per-seed paired differences (the seed ids in ``seeds``)."""
+
+    claim: str
+    finding: str
+    arm: str
+    reference: str
+    role: str  # BASELINE or SEQUENCE
+    expect: str
+    size: float | None
+    per_seed: np.ndarray
+    seeds: list[int]
+    problems: int
+    gain: float  # the arm's held-out exact match at the end minus at its start, mean over seeds
+    reference_gain: float
+    cost: float | None  # wall-time ratio to the reference (None: no kind of CPU shared)
+    regime: str = ""
+    task: str = ""
+    previous: Difference | None = None  # the previous protocol's interval (rows it had: a prediction vs the baseline)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _gain(histories: list[list[dict[str, Any]]]) -> float:
+    ends = [[r["eval/accuracy"] for r in h if "eval/accuracy" in r] for h in histories]
+    return float(np.mean([e[-1] - e[0] for e in ends]))
+
+
+def comparisons(
+    finding: dict[str, Any],
+    results: dict[str, list[list[dict[str, Any]]]],
+    reference: str,
+    seeds: list[int],
+    machines: dict[str, list[str | None]] | None = None,
+) -> list[Comparison]:
+    """The finding's verdict rows (module docstring): each arm of ``expect`` against
+    ``reference``, then against the finding's ``sequence_level`` arm where that is another arm."""
+    best = finding.get("sequence_level", reference)
+    pairs = [(arm, reference, BASELINE) for arm in finding.get("expect", {})]
+    if best != reference:
+        pairs += [(arm, best, SEQUENCE) for arm in finding.get("expect", {}) if arm != best]
+    rows = []
+    for arm, ref, role in pairs:
+        x, y = outcome_matrix(results[arm]), outcome_matrix(results[ref])
+        expect, size = (
+            finding.get("sequence_expect", finding["expect"][arm]) if role == SEQUENCE else finding["expect"][arm]
+        )
+        rows.append(
+            Comparison(
+                claim=finding["claim_id"],
+                finding=finding["id"],
+                arm=arm,
+                reference=ref,
+                role=role,
+                expect=expect,
+                size=size,
+                per_seed=seed_differences(x, y),
+                seeds=list(seeds),
+                problems=x.shape[1],
+                gain=_gain(results[arm]),
+                reference_gain=_gain(results[ref]),
+                cost=wall_ratio(results, machines, arm, ref),
+                regime=finding.get("regime", ""),
+                task=finding.get("task", ""),
+                previous=bootstrap_difference(x, y) if role == BASELINE and expect != "any" else None,
+            )
+        )
+    return rows
+
+
+def _judge_one(c: Comparison, level: float, p_adjusted: float) -> dict[str, Any]:
+    diff = t_difference(c.per_seed, level=level, problems=c.problems)
+    chosen = verdict(diff, c.expect, size=c.size)
+    keep = np.ones(len(c.per_seed), dtype=bool)
+    loso = {}  # with two seeds, one left out leaves no spread: no leave-one-out verdicts
+    for i, s in enumerate(c.seeds if len(c.seeds) > 2 else []):
+        keep[:] = True
+        keep[i] = False
+        loso[s] = verdict(t_difference(c.per_seed[keep], level=level), c.expect, size=c.size)
+    margins = {m: verdict(diff, c.expect, size=c.size, margin=m) for m in MARGINS}
+    fragile = [f"seed {s} left out" for s, v in loso.items() if v != chosen]
+    fragile += [f"margin ±{100 * m:g}" for m, v in margins.items() if v != chosen]
+    t95 = t_difference(c.per_seed, problems=c.problems)
+    steps = None
+    if c.previous is not None:  # the previous protocol, then one change at a time
+        steps = [
+            ("the previous protocol", previous_verdict(c.previous, c.expect, size=c.size)),
+            (f"the {METHOD} interval", previous_verdict(t95, c.expect, size=c.size)),
+            (f"the equivalence tie rule (±{100 * MARGIN:g})", verdict(t95, c.expect, size=c.size)),
+            ("Holm's correction", chosen),
+        ]
+    return {
+        "claim": c.claim,
+        "finding": c.finding,
+        "arm": c.arm,
+        "reference": c.reference,
+        "role": c.role,
+        "expect": c.expect + (f" by {100 * c.size:g} points" if c.size is not None else ""),
+        "verdict": chosen,
+        "difference": asdict(diff),
+        "p_adjusted": p_adjusted,
+        "gain": c.gain,
+        "reference_gain": c.reference_gain,
+        "cost": c.cost,
+        "regime": c.regime,
+        "task": c.task,
+        "fragile": fragile,
+        "loso": loso,
+        "margins": margins,
+        "unadjusted": verdict(t95, c.expect, size=c.size),
+        "steps": steps,
+    }
+
+
+def judge(rows: list[Comparison]) -> list[dict[str, Any]]:
+    """Every row's verdict, its claim's rows being one family under Holm (module docstring), in
+    the order given."""
+    out: list[dict[str, Any] | None] = [None] * len(rows)
+    for claim in dict.fromkeys(c.claim for c in rows):
+        family = [i for i, c in enumerate(rows) if c.claim == claim]
+        p = [t_difference(rows[i].per_seed).p for i in family]
+        adjusted, levels = holm(p, alpha=1 - LEVEL)
+        for i, q, level in zip(family, adjusted, levels, strict=True):
+            out[i] = _judge_one(rows[i], level, q)
+    return [r for r in out if r is not None]
+
+
+def _pts(x: float) -> str:
+    return f"{100 * x:+.1f}"
+
+
+def level_text(level: float) -> str:
+    """An interval's level as a percentage with the digits that tell it from 100%: 95.0%, 99.78%."""
+    return f"{100 * level:.{max(1, -int(np.floor(np.log10(1 - level))) - 1)}f}%"
+
+
+def _vs(r: dict[str, Any]) -> str:
+    return f"{r['arm']} vs {r['reference']}" + (f" ({SEQUENCE})" if r["role"] == SEQUENCE else "")
+
+
+def verdicts_markdown(rows: list[dict[str, Any]], waiting: list[str]) -> str:
+    """FINDINGS.md's opening table: every verdict row (its method, its Holm-adjusted interval and
+    p-value, the detectable effect at that level, the gains over the start and a fragile mark),
+    then the claims not measured yet (``waiting``)."""
+    lines = [
+        "| claim | arm vs reference | predicted | verdict | difference, Holm-adjusted interval | method | "
+        "Holm-adjusted p | detectable | gain over the start, arm / reference | wall time | regime | task |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        d = r["difference"]
+        cost = "–" if r["cost"] is None else f"{r['cost']:.2f}x"
+        mark = ", fragile" if r["fragile"] else ""
+        method = f"{d['method']}, {d['seeds']} seeds, {level_text(d['level'])}"
+        lines.append(
+            f"| [{r['claim']}](#{r['finding'].lower()}) | {_vs(r)} | {r['expect']} | **{r['verdict']}**{mark} "
+            f"| {_pts(d['mean'])} points [{_pts(d['lo'])}, {_pts(d['hi'])}] | {method} | {r['p_adjusted']:.3f} "
+            f"| {100 * d['mde']:.1f} points | {_pts(r['gain'])} / {_pts(r['reference_gain'])} points | {cost} "
+            f"| {r['regime']} | {r['task']} |"
+        )
+    tail = f"Not measured yet: {'; '.join(waiting)}.\n" if waiting else ""
+    return ("\n".join(lines) + "\n\n" if rows else "No verdict yet.\n\n") + tail
+
+
+def _loso_text(r: dict[str, Any]) -> str:
+    if not r["loso"]:
+        return "n/a (two seeds)"
+    changed = {}
+    for s, v in r["loso"].items():
+        if v != r["verdict"]:
+            changed.setdefault(v, []).append(str(s))
+    if not changed:
+        return "unchanged"
+    return "; ".join(f"{v} without seed {', '.join(s)}" for v, s in changed.items())
+
+
+def _same(v: str, chosen: str) -> str:
+    return "unchanged" if v == chosen else v
+
+
+def sensitivity_markdown(rows: list[dict[str, Any]]) -> str:
+    """One short table per claim: each row's verdict with one seed left out, with the other tie
+    margins, by the unadjusted 95% seed-level t, and by the previous protocol."""
+    out = []
+    for claim in dict.fromkeys(r["claim"] for r in rows):
+        family = [r for r in rows if r["claim"] == claim]
+        lines = [
+            f"**{claim}** ({len(family)} rows, one Holm family):\n",
+            "| setting | arm vs reference | verdict | one seed left out | margin ±1 | margin ±3 "
+            "| unadjusted 95% t | previous protocol |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in family:
+            v = r["verdict"]
+            previous = "– (new row)" if r["steps"] is None else _same(r["steps"][0][1], v)
+            lines.append(
+                f"| {r['finding']} | {_vs(r)} | {v} | {_loso_text(r)} | {_same(r['margins'][0.01], v)} "
+                f"| {_same(r['margins'][0.03], v)} | {_same(r['unadjusted'], v)} | {previous} |"
+            )
+        out.append("\n".join(lines) + "\n")
+    return "\n".join(out)
+
+
+def changes_markdown(rows: list[dict[str, Any]]) -> str:
+    """Which verdicts differ from the previous protocol's, and the steps that changed each (the
+    protocol's changes applied one at a time: the interval, the tie rule, Holm), computed."""
+    old = [r for r in rows if r["steps"] is not None]
+    changed = [r for r in old if r["steps"][0][1] != r["verdict"]]
+    new = len(rows) - len(old)
+    head = (
+        f"{len(changed)} of the {len(old)} verdicts the previous protocol gave changed; {new} rows are new "
+        f"(against each setting's {SEQUENCE} arm)."
+    )
+    if not changed:
+        return head + "\n"
+    lines = [
+        head + " Each change applied alone, in order, and the verdict after it:\n",
+        "| setting | arm vs reference | previous | now | what changed it |",
+        "|---|---|---|---|---|",
+    ]
+    for r in changed:
+        why = [f"{name} ({v})" for (name, v), (_, before) in zip(r["steps"][1:], r["steps"]) if v != before]
+        lines.append(f"| {r['finding']} | {_vs(r)} | {r['steps'][0][1]} | {r['verdict']} | {'; '.join(why)} |")
+    return "\n".join(lines) + "\n"

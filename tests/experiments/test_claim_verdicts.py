@@ -1,0 +1,187 @@
+"""The verdict rows: which comparisons a claim setting makes, Holm over a claim's rows, fragility,
+the list of changed verdicts, and the published intervals against the seed-level t recomputed
+from the committed summaries."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from creditrl.experiments.claim_verdicts import (
+    BASELINE,
+    SEQUENCE,
+    Comparison,
+    changes_markdown,
+    comparisons,
+    judge,
+    sensitivity_markdown,
+    verdicts_markdown,
+)
+from creditrl.experiments.verdicts import holm, t_difference
+from creditrl.train.metrics import pack_outcomes
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _runs(rates: list[float], start: float = 0.3, problems: int = 400) -> list[list[dict]]:
+    """One run per seed whose last evaluation gets the first ``rate * problems`` problems right."""
+    runs = []
+    for rate in rates:
+        right = int(round(rate * problems))
+        last = [i < right for i in range(problems)]
+        first = [i < int(start * problems) for i in range(problems)]
+        runs.append(
+            [
+                {"eval/accuracy": start, "eval/correct": pack_outcomes(first), "time/total_s": 0.0},
+                {"eval/accuracy": right / problems, "eval/correct": pack_outcomes(last), "time/total_s": 10.0},
+            ]
+        )
+    return runs
+
+
+FINDING = {
+    "id": "C1-x",
+    "claim_id": "C1",
+    "regime": "about 500 tokens",
+    "task": "chains",
+    "sequence_level": "grpo",
+    "expect": {"grpo": ("same", None), "token": ("better", None), "step": ("better", 0.05)},
+}
+RESULTS = {
+    "gae": _runs([0.30, 0.31, 0.29]),
+    "grpo": _runs([0.40, 0.42, 0.41]),
+    "token": _runs([0.43, 0.44, 0.42]),
+    "step": _runs([0.39, 0.45, 0.41]),
+}
+
+
+def test_each_arm_is_compared_with_the_baseline_and_the_best_sequence_level_arm() -> None:
+    rows = comparisons(FINDING, RESULTS, "gae", [0, 1, 2])
+    assert [(r.arm, r.reference, r.role) for r in rows] == [
+        ("grpo", "gae", BASELINE),
+        ("token", "gae", BASELINE),
+        ("step", "gae", BASELINE),
+        ("token", "grpo", SEQUENCE),
+        ("step", "grpo", SEQUENCE),
+    ]
+    token = rows[3]
+    assert token.per_seed == pytest.approx([0.03, 0.02, 0.01]) and token.expect == "better"
+    assert rows[4].size == 0.05  # the arm's own prediction, claimed size included
+    assert token.gain == pytest.approx(np.mean([0.43, 0.44, 0.42]) - 0.3)
+    assert token.reference_gain == pytest.approx(np.mean([0.40, 0.42, 0.41]) - 0.3)
+    assert rows[0].previous is not None and token.previous is None  # the previous protocol had no such row
+    other = comparisons({**FINDING, "sequence_expect": ("any", None)}, RESULTS, "gae", [0, 1, 2])
+    assert [r.expect for r in other if r.role == SEQUENCE] == ["any", "any"]
+    alone = comparisons({**FINDING, "sequence_level": "gae"}, RESULTS, "gae", [0, 1, 2])
+    assert [r.role for r in alone] == [BASELINE] * 3  # the baseline is the best sequence-level arm
+
+
+def _row(claim: str, per_seed: list[float], expect: str = "better", size: float | None = None) -> Comparison:
+    return Comparison(
+        claim=claim,
+        finding=f"{claim}-x",
+        arm="a",
+        reference="b",
+        role=BASELINE,
+        expect=expect,
+        size=size,
+        per_seed=np.array(per_seed),
+        seeds=list(range(len(per_seed))),
+        problems=1024,
+        gain=0.05,
+        reference_gain=0.01,
+        cost=1.0,
+    )
+
+
+def test_a_claims_rows_are_one_holm_family_and_claims_are_apart() -> None:
+    c1 = [_row("C1", [0.05, 0.06, 0.04, 0.05, 0.07]), _row("C1", [0.01, -0.01, 0.03, 0.0, 0.02])]
+    c2 = [_row("C2", [0.01, -0.01, 0.03, 0.0, 0.02])]
+    judged = judge([*c1, *c2])
+    p = [t_difference(r.per_seed).p for r in c1]
+    adjusted, levels = holm(p)
+    assert [r["p_adjusted"] for r in judged[:2]] == pytest.approx(adjusted)
+    assert [r["difference"]["level"] for r in judged[:2]] == pytest.approx(levels)
+    assert judged[2]["difference"]["level"] == 0.95  # alone in its family: not adjusted
+    assert judged[1]["difference"]["level"] == 0.95 < judged[0]["difference"]["level"] == 1 - 0.05 / 2
+    for r, c in zip(judged, [*c1, *c2], strict=True):  # never narrower than the unadjusted t
+        ci = stats.ttest_1samp(c.per_seed, 0.0).confidence_interval(0.95)
+        assert r["difference"]["lo"] <= ci.low + 1e-12 and r["difference"]["hi"] >= ci.high - 1e-12
+
+
+def test_a_verdict_that_one_seed_or_another_margin_flips_is_fragile() -> None:
+    one_seed = judge([_row("C5", [0.02, 0.021, 0.019, 0.02, -0.03])])[0]  # seed 4 alone went the other way
+    assert one_seed["verdict"] == "inconclusive" and one_seed["fragile"] == ["seed 4 left out"]
+    assert one_seed["loso"] == {**dict.fromkeys(range(4), "inconclusive"), 4: "supported"}
+    tie = judge([_row("C1", [0.012, 0.014, 0.013, 0.015, 0.011], expect="same")])[0]  # a real 1.3-point difference
+    assert tie["verdict"] == "supported" and tie["margins"] == {0.01: "contradicted", 0.03: "supported"}
+    assert tie["fragile"] == ["margin ±1"]
+    steady = judge([_row("C2", [-0.25, -0.26, -0.25, -0.24, -0.25], expect="better", size=0.15)])[0]
+    assert steady["verdict"] == "contradicted" and steady["fragile"] == []
+    two = judge([_row("C3", [0.05, 0.06])])[0]
+    assert two["loso"] == {}  # one seed left has no spread
+    table = verdicts_markdown([one_seed, tie, steady], [])
+    assert table.count(", fragile |") == 2 and "| **contradicted** |" in table
+    assert "| seed-level paired t, 5 seeds, 95.0% |" in table
+    assert "| C5-x | a vs b | inconclusive | supported without seed 4 | unchanged |" in sensitivity_markdown([one_seed])
+
+
+def test_the_changes_are_computed_step_by_step() -> None:
+    from creditrl.experiments.verdicts import Difference
+
+    tie = _row("C1", [0.012, 0.014, 0.013, 0.015, 0.011], expect="same")
+    tie.previous = Difference(0.013, 0.01, 0.016, 0.001, 0.003, 5, 1024)  # excluded 0: contradicted then
+    wide = _row("C1", [0.05, 0.01, 0.09], expect="better")
+    wide.previous = Difference(0.05, 0.02, 0.08, 0.015, 0.04, 3, 1024)
+    new = _row("C1", [0.05, 0.06, 0.04])
+    new.previous = None
+    judged = judge([tie, wide, new])
+    assert [r["verdict"] for r in judged] == ["supported", "inconclusive", "supported"]
+    text = changes_markdown(judged)
+    assert text.startswith("2 of the 2 verdicts the previous protocol gave changed; 1 rows are new")
+    assert "| contradicted | supported | the equivalence tie rule (±2) (supported) |" in text
+    assert "| supported | inconclusive | the seed-level paired t interval (inconclusive) |" in text
+
+
+def _published_rows() -> list[tuple[str, str, str, float, float, float]]:
+    """FINDINGS.md's verdict rows: finding, arm, reference, and the difference and interval in points."""
+    text = (ROOT / "FINDINGS.md").read_text()
+    pattern = re.compile(
+        r"^\| \[C\d\]\(#([a-z0-9-]+)\) \| (.+?) vs (.+?)(?: \(best sequence-level\))? \| [^|]+ \| [^|]+ "
+        r"\| ([-+][\d.]+) points \[([-+][\d.]+), ([-+][\d.]+)\] \|",
+        re.M,
+    )
+    return [(f, a, r, float(m), float(lo), float(hi)) for f, a, r, m, lo, hi in pattern.findall(text)]
+
+
+def test_no_published_interval_is_narrower_than_the_seed_level_t_of_its_comparison() -> None:
+    """Recomputed from the committed summaries with scipy's paired t: every verdict row of
+    FINDINGS.md holds the 95% seed-level t-interval of its comparison (to the printed digit)."""
+    from creditrl.experiments.finding_files import load_finding
+    from creditrl.experiments.grid import TOKEN_ITERATIONS, load_grid
+    from creditrl.experiments.plan import summary_files
+    from creditrl.experiments.summaries import history, read_summary
+    from creditrl.experiments.verdicts import outcome_matrix
+
+    grids = {}
+    for f in sorted((ROOT / "findings").glob("*.yaml")):
+        finding = load_finding(f)
+        if "grid" in finding:
+            grids[finding["id"].lower()] = load_grid(ROOT / finding["grid"])
+    rows = _published_rows()
+    assert len(rows) >= 60 and {f for f, *_ in rows} >= {"c1-short", "c1-mid", "c1-long", "c1-longest", "c1-paths"}
+    for finding, arm, ref, mean, lo, hi in rows:
+        grid = grids[finding]
+        common = ([f"train.iterations={TOKEN_ITERATIONS}"] if grid.unit == "tokens" else []) + grid.common
+        where = ROOT / "findings" / "runs" / grid.name
+        arms = {a: grid.arms[a] for a in (arm, ref)}
+        files = summary_files(grid.base, arms, grid.seeds, grid.budget, common, grid.unit, where)
+        n = len(grid.seeds)
+        x, y = (outcome_matrix([history(read_summary(p)) for p in files[i * n : (i + 1) * n]]) for i in (0, 1))
+        ci = stats.ttest_rel(x.mean(axis=1), y.mean(axis=1)).confidence_interval(0.95)
+        assert mean == pytest.approx(100 * (x.mean() - y.mean()), abs=0.051), (finding, arm, ref)
+        assert lo <= 100 * ci.low + 0.051 and hi >= 100 * ci.high - 0.051, (finding, arm, ref, lo, hi, ci)
