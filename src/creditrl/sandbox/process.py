@@ -118,9 +118,10 @@ def _exited(pid: int) -> bool:
 def _stop(proc: subprocess.Popen) -> None:
     """End a run and return once nothing of it is left.
 
-    SIGTERM asks the launcher to kill the program's PID namespace and wait until the kernel
-    has emptied it (a plain SIGKILL to the group would return while the namespace is still being
-    torn down); SIGKILL to the whole group is the backstop. The launcher is reaped last, so its
+    SIGTERM asks the launcher to kill the program's PID namespace (or, without one, every
+    descendant) and wait until the kernel has emptied it (a plain SIGKILL to the group would return
+    while the namespace is still being torn down), then remove the cgroup and the working
+    directory; SIGKILL to the whole group is the backstop. The launcher is reaped last, so its
     pid, which is the group id, cannot be recycled before the ``killpg``.
     """
     try:
