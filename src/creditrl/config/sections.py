@@ -142,12 +142,13 @@ class RewardConfig(Section):
     source: str = Field(
         "outcome",
         description="a registered reward source: `outcome`, `oracle_steps`, "
-        "`step_format`, `prm`, `implicit_prm`, `bleu`, `chrf`, `rouge`, `unit_tests`, or `module:function` "
-        "(a TRL-signature reward function)",
+        "`step_format`, `prm`, `implicit_prm`, `bleu`, `chrf`, `rouge`, `unit_tests`; `module:function` or "
+        "`path/to/file.py:function` (a TRL reward function, called once per batch); or `rm:PATH` (a saved "
+        "sequence-classification reward model)",
     )
     sources: list[str] = Field(
         [],
-        description="more sources (names or `module:function`), each at its own default granularity, "
+        description="more sources (names, reward functions or `rm:PATH`), each at its own default granularity, "
         "added to `source`'s rewards; each one's mean is logged as `reward/by_source/<name>`",
     )
     weights: list[float] = Field(
@@ -170,7 +171,9 @@ class RewardConfig(Section):
         "killable worker process, and a call over the limit is an error under `on_error`; 0 = no limit, in process",
     )
     step_separator: str | None = Field(
-        None, description="text that ends a reasoning step; null resolves to the task's separator"
+        None,
+        description="text that ends a reasoning step, for any task (it replaces the task's own); null resolves "
+        "to the task's separator",
     )
     cut_fn: str | None = Field(
         None, description="`module:function` cutting step/segment spans (token texts -> end indices)"
