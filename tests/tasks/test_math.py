@@ -198,6 +198,28 @@ def test_bad_files_and_arguments(tmp_path):
         MathTask(heldout_mod=1)
 
 
+def test_a_split_without_rows_is_one_config_error_line(tmp_path, capsys, monkeypatch):
+    from creditrl.cli import main
+    from creditrl.errors import ConfigError
+
+    path = tmp_path / "one.jsonl"
+    path.write_text(json.dumps({"question": "What is 1 + 1?", "answer": "2"}) + "\n")
+    task = MathTask(train_file=str(path), heldout_mod=1000)
+    assert [len(task.pools[s]) for s in ("train", "heldout")] == [1, 0]
+    expected = (
+        "task 'math': no 'heldout' problems among its 1 rows (about 1 in heldout_mod=1000 is held out, by a hash "
+        "of the question); set heldout_file, or lower heldout_mod"
+    )
+    with pytest.raises(ConfigError) as err:
+        task.sample(1, split="heldout", seed=0)
+    assert str(err.value) == expected
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "--set", "task.name=math", "--set", f"task.args.train_file={path}"]
+    assert main([*argv, "--set", "task.args.heldout_mod=1000", "--set", "train.init=policy", "--run-dir", "r"]) == 2
+    err_text = capsys.readouterr().err
+    assert "Traceback" not in err_text and err_text.splitlines()[-1] == f"creditrl: error: {expected}"
+
+
 def test_steps_are_off_by_default_and_carry_the_outcome_when_cut(sample_task):
     problem = next(p for p in sample_task.pools["train"] if p.answer == "7")
     with pytest.raises(ValueError, match="task 'math' has no steps"):

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from creditrl.config.types import Split
-from creditrl.errors import did_you_mean
+from creditrl.errors import ConfigError, did_you_mean
 from creditrl.tasks.prompts import SystemPrompted
 
 __all__ = [
@@ -205,11 +205,13 @@ def draw_from_pool(pool: list[Problem], n: int, *, split: str, seed: int, namesp
     deterministic in ``(namespace, split, seed)``; for tasks that read their problems from files.
 
     Raises:
-        ValueError: For an unknown ``split``, ``n < 0``, or an empty pool (``empty`` says why).
+        ValueError: For an unknown ``split`` or ``n < 0``.
+        ConfigError: (a ValueError) For an empty pool, which the task's data and arguments made
+            (``empty`` says why): the command line prints it as one line.
     """
     _check_request(n, split)
     if not pool and n:
-        raise ValueError(empty)
+        raise ConfigError(empty)
     rng = stream_rng(namespace, split, seed)
     return [rng.choice(pool) for _ in range(n)]
 

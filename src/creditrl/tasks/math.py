@@ -333,7 +333,9 @@ class MathTask:
             split=split,
             seed=seed,
             namespace="math",
-            empty=f"no {split!r} problems (set heldout_file, or lower heldout_mod)",
+            empty=f"task 'math': no {split!r} problems among its {sum(map(len, self.pools.values()))} rows (about 1 "
+            f"in heldout_mod={self.heldout_mod} is held out, by a hash of the question); set heldout_file, or lower "
+            "heldout_mod",
         )
 
     def check_outcome(self, problem: Problem, completion: str) -> bool:
