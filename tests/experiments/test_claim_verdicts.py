@@ -77,7 +77,8 @@ def test_each_arm_is_compared_with_the_baseline_and_the_best_sequence_level_arm(
     other = comparisons({**FINDING, "sequence_expect": ("any", None)}, RESULTS, "gae", [0, 1, 2])
     assert [r.expect for r in other if r.role == SEQUENCE] == ["any", "any"]
     alone = comparisons({**FINDING, "sequence_level": "gae"}, RESULTS, "gae", [0, 1, 2])
-    assert [r.role for r in alone] == [BASELINE] * 3  # the baseline is the best sequence-level arm
+    assert [(r.role, r.best) for r in alone] == [(BASELINE, True)] * 3  # the baseline is the best sequence-level arm
+    assert [r.best for r in rows] == [False, False, False, True, True]
 
 
 def _row(claim: str, per_seed: list[float], expect: str = "better", size: float | None = None) -> Comparison:
@@ -138,11 +139,11 @@ def test_the_changes_are_computed_step_by_step() -> None:
     wide = _row("C1", [0.05, 0.01, 0.09], expect="better")
     wide.previous = Difference(0.05, 0.02, 0.08, 0.015, 0.04, 3, 1024)
     new = _row("C1", [0.05, 0.06, 0.04])
-    new.previous = None
+    new.role, new.previous = SEQUENCE, None
     judged = judge([tie, wide, new])
     assert [r["verdict"] for r in judged] == ["supported", "inconclusive", "supported"]
     text = changes_markdown(judged)
-    assert text.startswith("2 of the 2 verdicts the previous protocol gave changed; 1 rows are new")
+    assert text.startswith("2 of the 2 verdicts the previous protocol gave changed; 1 rows are new against a setting's")
     assert "| contradicted | supported | the equivalence tie rule (±2) (supported) |" in text
     assert "| supported | inconclusive | the seed-level paired t interval (inconclusive) |" in text
 

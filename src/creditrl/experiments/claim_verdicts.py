@@ -4,7 +4,9 @@ judged as one family, their robustness, and the tables that show them.
 A finding that tests a claim compares each arm its ``expect`` names with the grid's reference
 (the claim's stated baseline) and, where the finding names its ``sequence_level`` arm (the
 setting's best sequence-level arm: outcome GRPO where it ran) and that arm is not the
-reference, with that arm too, under the same prediction. The statistics are those of
+reference, with that arm too: under the same prediction, or under the finding's
+``sequence_expect`` (``any``: the claim predicts nothing there). Where the reference is that arm,
+its rows are marked as the comparison with the best sequence-level arm. The statistics are those of
 :mod:`creditrl.experiments.verdicts`: per-seed paired differences, the seed-level t, Holm's
 step-down over the claim's rows.
 
@@ -17,7 +19,7 @@ tie rule); the list of changed verdicts says, step by step, what changed each on
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -73,7 +75,7 @@ class Comparison:
     regime: str = ""
     task: str = ""
     previous: Difference | None = None  # the previous protocol's interval (rows it had: a prediction vs the baseline)
-    extra: dict[str, Any] = field(default_factory=dict)
+    best: bool = False  # the reference is the setting's best sequence-level arm
 
 
 def _gain(histories: list[list[dict[str, Any]]]) -> float:
@@ -90,7 +92,8 @@ def comparisons(
 ) -> list[Comparison]:
     """The finding's verdict rows (module docstring): each arm of ``expect`` against
     ``reference``, then against the finding's ``sequence_level`` arm where that is another arm."""
-    best = finding.get("sequence_level", reference)
+    named = finding.get("sequence_level")
+    best = named or reference
     pairs = [(arm, reference, BASELINE) for arm in finding.get("expect", {})]
     if best != reference:
         pairs += [(arm, best, SEQUENCE) for arm in finding.get("expect", {}) if arm != best]
@@ -118,6 +121,7 @@ def comparisons(
                 regime=finding.get("regime", ""),
                 task=finding.get("task", ""),
                 previous=bootstrap_difference(x, y) if role == BASELINE and expect != "any" else None,
+                best=ref == named,
             )
         )
     return rows
@@ -150,6 +154,7 @@ def _judge_one(c: Comparison, level: float, p_adjusted: float) -> dict[str, Any]
         "arm": c.arm,
         "reference": c.reference,
         "role": c.role,
+        "best": c.best,
         "expect": c.expect + (f" by {100 * c.size:g} points" if c.size is not None else ""),
         "verdict": chosen,
         "difference": asdict(diff),
@@ -190,7 +195,7 @@ def level_text(level: float) -> str:
 
 
 def _vs(r: dict[str, Any]) -> str:
-    return f"{r['arm']} vs {r['reference']}" + (f" ({SEQUENCE})" if r["role"] == SEQUENCE else "")
+    return f"{r['arm']} vs {r['reference']}" + (f" ({SEQUENCE})" if r.get("best") else "")
 
 
 def verdicts_markdown(rows: list[dict[str, Any]], waiting: list[str]) -> str:
@@ -261,10 +266,13 @@ def changes_markdown(rows: list[dict[str, Any]]) -> str:
     protocol's changes applied one at a time: the interval, the tie rule, Holm), computed."""
     old = [r for r in rows if r["steps"] is not None]
     changed = [r for r in old if r["steps"][0][1] != r["verdict"]]
-    new = len(rows) - len(old)
+    against_best = sum(r["role"] == SEQUENCE for r in rows)
+    unpredicted = len(rows) - len(old) - against_best
     head = (
-        f"{len(changed)} of the {len(old)} verdicts the previous protocol gave changed; {new} rows are new "
-        f"(against each setting's {SEQUENCE} arm)."
+        f"{len(changed)} of the {len(old)} verdicts the previous protocol gave changed; {against_best} rows are new "
+        f"against a setting's {SEQUENCE} arm"
+        + (f" and {unpredicted} against a stated baseline where the claim predicts nothing" if unpredicted else "")
+        + "."
     )
     if not changed:
         return head + "\n"
