@@ -5,6 +5,7 @@ a cycle, nesting past MAX_YAML_DEPTH, files past MAX_YAML_BYTES and invalid YAML
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -52,6 +53,16 @@ def test_the_bomb_is_refused_in_set_values_and_grid_files(tmp_path):
     grid = tmp_path / "g.yaml"
     grid.write_text(alias_bomb().replace("task:\n  name: pkg.mod:factory\n  args:\n", "set:\n"))
     assert one_line(load_grid, grid).startswith(f"{grid}, line 3: YAML aliases expand the document to more than")
+
+
+def test_the_bomb_is_refused_in_finding_files_and_the_committed_ones_load(tmp_path):
+    from creditrl.experiments.finding_files import load_finding
+
+    finding = tmp_path / "f.yaml"
+    finding.write_text(alias_bomb().replace("task:\n  name: pkg.mod:factory\n  args:\n", "reading:\n"))
+    assert one_line(load_finding, finding).startswith(f"{finding}, line 3: YAML aliases expand the document")
+    committed = sorted((Path(__file__).resolve().parents[1] / "findings").glob("*.yaml"))
+    assert committed and all(load_finding(path)["id"] for path in committed)
 
 
 def test_aliases_that_expand_a_little_are_read_as_before():

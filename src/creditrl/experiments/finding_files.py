@@ -9,9 +9,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from creditrl.config import ConfigError
+from creditrl.config.loader import read_yaml_file
 from creditrl.experiments.claim_verdicts import level_text
 from creditrl.experiments.compare_report import comparable, reach_text, wall_ratio
 from creditrl.experiments.plan import slug
@@ -53,7 +52,7 @@ _FROM_RESULTS = ("gain", "moved")  # per-arm fields computed from the runs' hist
 
 
 def load_finding(path: Path) -> dict[str, Any]:
-    data = yaml.safe_load(Path(path).read_text()) or {}
+    data = read_yaml_file(path, "finding") or {}
     if (
         not isinstance(data, dict)
         or set(data) - FINDING_KEYS
