@@ -128,6 +128,23 @@ def test_a_held_signal_waits_for_release_a_second_stops_at_once_and_handlers_com
         signal.signal(signal.SIGINT, before[signal.SIGINT])
 
 
+def test_the_math_verify_helper_leaves_ctrl_c_and_sigterm_to_the_trainer(capfd: pytest.CaptureFixture) -> None:
+    """A terminal's Ctrl-C reaches the whole process group: the helper neither dies nor prints."""
+    from creditrl.tasks.math_verify import _Helper
+
+    helper = _Helper()
+    try:
+        assert helper.call("match", ("2", "so \\boxed{2}"), 10.0) is True
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            os.kill(helper._proc.pid, signum)
+        time.sleep(0.3)
+        assert helper._proc.poll() is None
+        assert helper.call("match", ("2", "so \\boxed{3}"), 10.0) is False
+    finally:
+        helper.close()
+    assert "Traceback" not in capfd.readouterr().err
+
+
 @pytest.mark.slow
 def test_a_signal_during_an_update_finishes_that_iteration_checkpoints_it_and_resumes_exactly(
     tmp_path: Path, uninterrupted: list[dict], monkeypatch: pytest.MonkeyPatch

@@ -193,6 +193,8 @@ atexit.register(_HELPER.close)
 
 def _serve() -> None:
     """The helper's loop: answer requests from stdin until it closes."""
+    for signum in (signal.SIGINT, signal.SIGTERM):  # a terminal's Ctrl-C reaches the whole process group:
+        signal.signal(signum, signal.SIG_IGN)  # the trainer handles it, then closes stdin or kills this process
     _preload()
     print(json.dumps({"result": "ready"}), flush=True)
     for line in sys.stdin:
