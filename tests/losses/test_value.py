@@ -117,3 +117,15 @@ def test_explained_variance_without_spread_is_zero_not_nan(dtype):
     none = torch.zeros(3, 7, dtype=torch.bool)
     result = explained_variance(values, values, none)
     assert result == 0.0 and not math.isnan(result)
+
+
+def test_explained_variance_of_returns_that_vary_only_by_rounding_is_zero():
+    # R = A + V at lambda 1 with no reward: returns 0 up to float32 rounding of the values
+    torch.manual_seed(0)
+    values = torch.randn(4, 9)
+    returns = (-values) + values + 1e-9 * torch.randn(4, 9)
+    mask = torch.ones(4, 9, dtype=torch.bool)
+    assert explained_variance(values, returns, mask) == 0.0
+    # a spread just above the bound is real variance again (the ratio is finite and negative)
+    returns = 1e-5 * torch.randn(4, 9)
+    assert -1e12 < explained_variance(values, returns, mask) < 0

@@ -55,13 +55,18 @@ def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
     """``1 - Var(R - V) / Var(R)`` over the valid tokens: 1 for a perfect critic, 0 for one that
     predicts the mean return, negative for one worse than that.
 
-    Defined as 0.0 (never NaN) when Var(R) = 0, that is when fewer than two tokens are valid or
-    all valid returns are equal: no critic can explain variance that is not there.
+    Defined as 0.0 (never NaN) when the returns do not vary: fewer than two valid tokens, or a
+    spread of the returns no larger than float32 rounding of the returns and values (relative
+    1e-6 of the largest of them). No critic can explain variance that is not there, and a ratio
+    over rounding noise (``R = A + V`` at lambda 1 with no reward) is any number, 1e13 or more,
+    that differs between CPU kinds.
     """
     with torch.no_grad():
         r = returns[mask].double()
         v = values[mask].double()
-        # Compare values instead of testing var == 0: rounding in the mean leaves a tiny var.
-        if r.numel() < 2 or bool(r.max() == r.min()):
+        if r.numel() < 2:
+            return 0.0
+        scale = max(float(r.abs().max()), float(v.abs().max()))
+        if float(r.max() - r.min()) <= 1e-6 * scale:
             return 0.0
         return float(1.0 - (r - v).var() / r.var())
