@@ -144,6 +144,20 @@ def test_the_code_task_takes_the_same_limits(tmp_path):
     ]
 
 
+def test_a_json_array_file_past_its_whole_file_bound_is_refused(tmp_path, monkeypatch):
+    from creditrl.tasks import jsonrows
+
+    monkeypatch.setattr(jsonrows, "MAX_ARRAY_BYTES", 100)
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps([ROW] * 3))
+    assert message(read_rows, path) == (
+        f"{path}: a JSON array file is read whole and this one is over 100 bytes; expected JSON Lines (one object "
+        "per line, e.g. `jq -c '.[]' x.json > x.jsonl`) for a file this large"
+    )
+    path.write_text("\n".join(json.dumps(r) for r in [ROW] * 3))  # JSON Lines under a .json name: line by line
+    assert len(read_rows(path).rows) == 3
+
+
 # ----------------------------------------------------------------------------- nesting
 
 

@@ -24,9 +24,9 @@ Bounds, so that no file can exhaust memory or the stack::
 
 - a row is at most ``max_row_bytes`` (default :data:`MAX_ROW_BYTES`, 16 MiB): JSON Lines are read
   with a bounded ``readline``, and a longer line is measured in 1 MiB pieces and never held whole;
-  a JSON array is read whole (its file's size bounds it), then each element's compact JSON text is
-  measured; a Parquet row counts its text and binary cells. A longer row is refused, or, with
-  ``long_rows="skip"``, left out with one warning naming the rows;
+  a JSON array is read whole (a file over 256 MiB is refused: write JSON Lines), then each
+  element's compact JSON text is measured; a Parquet row counts its text and binary cells. A
+  longer row is refused, or, with ``long_rows="skip"``, left out with one warning naming the rows;
 - arrays and objects nest at most :data:`MAX_JSON_DEPTH` deep (deeper is refused, also where
   Python's JSON decoder would stop with a RecursionError).
 
@@ -202,7 +202,7 @@ def _read(path: Path, suffix: str, reading: RowReading) -> DataRows:
         if suffix == ".parquet":
             return _parquet(path, handle, reading)
         if suffix == ".json" and starts_an_array(handle):
-            return read_json_array(path, handle.read(), reading)
+            return read_json_array(path, handle, reading)
         return read_json_lines(path, handle, reading)
 
 

@@ -12,7 +12,11 @@ from typing import Any, BinaryIO
 
 from creditrl.tasks.datarows import MAX_JSON_DEPTH, DataFileError, DataRows, RowReading, file_error, type_name
 
-__all__ = ["read_json_array", "read_json_lines", "starts_an_array"]
+__all__ = ["MAX_ARRAY_BYTES", "read_json_array", "read_json_lines", "starts_an_array"]
+
+MAX_ARRAY_BYTES = 256 * 2**20
+"""The largest JSON array file read (256 MiB): it is parsed whole, at several times its size in
+memory; JSON Lines, read line by line, have no such bound."""
 
 _PIECE = 2**20  # how much of an over-long line is held at once while it is measured
 
@@ -129,11 +133,18 @@ def read_json_lines(path: Path, handle: BinaryIO, reading: RowReading) -> DataRo
     return rows
 
 
-def read_json_array(path: Path, data: bytes, reading: RowReading) -> DataRows:
-    """``data`` as one JSON array of objects, rows counted from 1. The array is read whole (the
-    file's size bounds it); when the file is over ``reading.max_bytes``, every row's size (its JSON
-    text, written compactly) is checked."""
+def read_json_array(path: Path, handle: BinaryIO, reading: RowReading) -> DataRows:
+    """The file as one JSON array of objects, rows counted from 1. The array is read whole, so a
+    file over :data:`MAX_ARRAY_BYTES` is refused; when the file is over ``reading.max_bytes``, every
+    row's size (its JSON text, written compactly) is checked."""
     expected = "a JSON array of objects"
+    data = handle.read(MAX_ARRAY_BYTES + 1)
+    if len(data) > MAX_ARRAY_BYTES:
+        raise file_error(
+            path,
+            f"a JSON array file is read whole and this one is over {MAX_ARRAY_BYTES} bytes; expected JSON Lines "
+            "(one object per line, e.g. `jq -c '.[]' x.json > x.jsonl`) for a file this large",
+        )
     try:
         values = json.loads(_decode(path, data))
     except json.JSONDecodeError as exc:
