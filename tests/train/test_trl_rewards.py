@@ -257,6 +257,8 @@ def test_a_reward_model_path_that_is_not_one_is_a_one_line_error(tmp_path: Path)
 
     with pytest.raises(ConfigError, match=r"^reward.source: reward source 'rm:/no/such/dir': '/no/such/dir' is not a"):
         checked(load_config(overrides=RUN + ["reward.source=rm:/no/such/dir"]))
+    with pytest.raises(ConfigError, match=rf"^reward.source: '{tmp_path}' is a directory; name a reward model by path"):
+        checked(load_config(overrides=RUN + [f"reward.source={tmp_path}"]))  # as TRL, OpenRLHF and verl take it
     model, tok = build_tiny(0)
     model.save_pretrained(tmp_path / "lm")
     with pytest.raises(ConfigError, match=r"expected a sequence-classification model \(a reward model\), got Llama"):

@@ -181,6 +181,11 @@ def _source(section: str, source_name: str, granularity: str, cfg: Config, task:
         else ("hybrid.dense_source", "hybrid.dense_granularity")
     )
     if ":" not in source_name:  # a module:function is checked by importing it
+        if source_name not in source_names() and Path(source_name).is_dir():
+            raise ConfigError(
+                f"{key}: '{source_name}' is a directory; name a reward model by path as rm:{source_name} "
+                "(or a reward function as module:function or path/to/file.py:function)"
+            )
         one_of(key, source_name, source_names())
     try:
         source = get_source(source_name)
