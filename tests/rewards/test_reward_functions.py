@@ -114,6 +114,17 @@ def test_a_score_of_another_type_is_an_error_of_its_call(task, rewards_file, mon
         assert res.first_error.endswith(BAD_RETURNS[returned])
 
 
+def test_a_1d_array_or_tensor_of_scores_is_a_list_of_scores() -> None:
+    import torch
+
+    from creditrl.rewards.sources import score_list
+
+    assert score_list(np.array([0.5, 1.0]), 2, "score") == [0.5, 1.0]
+    assert score_list(torch.tensor([0.5, 1.0]), 2, "score") == [0.5, 1.0]
+    with pytest.raises(ValueError, match=r"^returned a Tensor \(tensor\(0\.5000\)\), expected a list of 1 score$"):
+        score_list(torch.tensor(0.5), 1, "score")
+
+
 def test_a_bad_score_fails_only_its_completion_a_bad_call_every_one(task, rewards_file, monkeypatch) -> None:
     problems = task.sample(3, split="train", seed=0)
     source = function_source(f"{rewards_file}:returns")

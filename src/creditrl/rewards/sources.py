@@ -334,13 +334,13 @@ def score_value(value: Any) -> float | None:
 
 
 def score_list(value: Any, expected: int, what: str) -> list[Any]:
-    """``value`` as a list of ``expected`` items (a list, a tuple or a 1-d numpy array); ``what``
-    names one item for the message (``"score"``, ``"list of span scores"``).
+    """``value`` as a list of ``expected`` items (a list, a tuple, or a 1-d numpy array or torch
+    tensor, as TRL takes them); ``what`` names one item for the message (``"score"``, ``"span list"``).
 
     Raises:
         ValueError: ``value`` is of another type (the message names it) or of another length.
     """
-    if isinstance(value, np.ndarray) and value.ndim == 1:
+    if getattr(value, "ndim", None) == 1 and callable(getattr(value, "tolist", None)):
         value = value.tolist()
     plural = what if expected == 1 else f"{what}s"
     if not isinstance(value, (list, tuple)):
