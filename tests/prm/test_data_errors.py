@@ -119,6 +119,24 @@ def test_parquet_wrong_type_names_the_row(tmp_path):
     assert message(load_stepwise, path) == f"{path}, row 2, field 'prompt': expected a string, got null"
 
 
+def test_deeply_nested_json_is_one_line(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = write(tmp_path / "x.jsonl", f'{GOOD}\n{{"prompt": "a", "meta": {"[" * 100_000}\n')
+    assert message(load_stepwise, path) == (
+        f"{path}, line 2: invalid JSON: arrays and objects nested more than 100 deep; expected one JSON object per line"
+    )
+    path = tmp_path / "x.parquet"  # save_stepwise writes meta as JSON text
+    meta = ["{}", "[" * 100_000 + "]" * 100_000]
+    pq.write_table(
+        pa.table({"prompt": ["a", "b"], "completions": [["s"], ["t"]], "labels": [[1.0], [0.0]], "meta": meta}), path
+    )
+    assert message(load_stepwise, path) == (
+        f"{path}, row 2, field 'meta': expected an object or its JSON text, got JSON nested too deeply"
+    )
+
+
 def test_importers_use_the_same_reader(tmp_path):
     bad = write(tmp_path / "p.jsonl", b"\xc3\n")
     for fn in (import_prm800k, import_math_shepherd):

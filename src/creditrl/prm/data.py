@@ -136,6 +136,8 @@ def _example_from_row(row: Any) -> StepwiseExample:
             meta = json.loads(meta)
         except json.JSONDecodeError as exc:
             raise _FieldError("meta", f"expected an object or its JSON text, got invalid JSON ({exc})") from exc
+        except RecursionError:  # nested past the interpreter's stack: json's C decoder stops there
+            raise _FieldError("meta", "expected an object or its JSON text, got JSON nested too deeply") from None
     prompt, completions, labels, meta = _check_fields(row["prompt"], row["completions"], row["labels"], meta)
     return StepwiseExample(prompt, completions, labels, meta)
 
