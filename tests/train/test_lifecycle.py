@@ -145,6 +145,18 @@ def test_the_math_verify_helper_leaves_ctrl_c_and_sigterm_to_the_trainer(capfd: 
     assert "Traceback" not in capfd.readouterr().err
 
 
+def test_ctrl_c_in_any_command_is_one_line(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    from creditrl.cli import main
+    from creditrl.cli import train as train_commands
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(train_commands, "cmd_config", interrupted)
+    assert main(["config"]) == 130
+    assert capsys.readouterr().err == "creditrl: interrupted\n"
+
+
 @pytest.mark.slow
 def test_a_signal_during_an_update_finishes_that_iteration_checkpoints_it_and_resumes_exactly(
     tmp_path: Path, uninterrupted: list[dict], monkeypatch: pytest.MonkeyPatch

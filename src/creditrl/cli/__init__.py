@@ -8,7 +8,7 @@
 - :mod:`.bench`: ``bench``.
 
 An expected problem (a bad key, name or value, a missing file) ends the command with one line
-on stderr and exit status 2, without a traceback.
+on stderr and exit status 2, without a traceback; Ctrl-C with one line and status 130.
 """
 
 from __future__ import annotations
@@ -70,3 +70,6 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, FileNotFoundError) as exc:
         print(f"creditrl: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as exc:  # Ctrl-C in any command (train says where it stopped and how to resume)
+        print(f"creditrl: {str(exc) or 'interrupted'}", file=sys.stderr)
+        return getattr(exc, "exit_code", 130)
