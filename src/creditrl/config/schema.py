@@ -136,6 +136,11 @@ class PRMConfig(Section):
         None, gt=0, description="drop training examples with a longer step (shortcut defence); null = keep all"
     )
     seed: int = Field(0, description="seed of labelling and training")
+    format: str = Field(
+        "auto",
+        description="how `reward.prm` / `search.prm` is read: `auto` (detected from its files), `creditrl` "
+        "(`creditrl prm train`), or a public PRM: `math_shepherd`, `qwen_prm`, `rlhflow`",
+    )
 
 
 class BackendConfig(Section):

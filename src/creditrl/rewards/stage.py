@@ -176,7 +176,7 @@ class Scorer:
             self.calls.register("check_steps", task.check_steps)
 
         def placed(source: str, granularity: str) -> _Placed:
-            options = {"prm": rc.prm, "device": cfg.policy.device, "init": cfg.train.init}
+            options = {"prm": rc.prm, "prm_format": cfg.prm.format, "device": cfg.policy.device, "init": cfg.train.init}
             options.update(
                 implicit_beta=rc.implicit_beta,
                 implicit_lr=rc.implicit_lr,

@@ -229,7 +229,7 @@ def search(
 ) -> SearchResult:
     """Run ``config.method`` on ``problems``; accuracy is the task's outcome check of each answer.
 
-    ``prm`` / ``orm``: ``(ProcessRewardModel, tokenizer)`` pairs, e.g. from
+    ``prm`` / ``orm``: ``(scorer, tokenizer)`` pairs (a creditrl or public PRM), e.g. from
     :func:`creditrl.prm.source.load_prm`.
     """
     start = time.time()

@@ -38,7 +38,7 @@ def run_search(cfg: Config) -> tuple[SearchResult, str]:
         tokenizer=tok,
         task=task,
         config=s,
-        prm=load_prm(prm_dir, device) if s.needs_prm else None,
+        prm=load_prm(prm_dir, device, cfg.prm.format) if s.needs_prm else None,
         orm=load_prm(orm_dir, device) if s.needs_orm else None,
     )
     return result, f"{s.split} problems of task '{cfg.task.name}'"

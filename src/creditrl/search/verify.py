@@ -18,11 +18,13 @@ from collections.abc import Sequence
 from transformers import PreTrainedTokenizerBase
 
 from creditrl.prm.metrics import aggregate_steps
-from creditrl.prm.model import ProcessRewardModel
 from creditrl.prm.pipeline import to_steps
+from creditrl.prm.public import StepScorer
 from creditrl.tasks.base import Problem, Task
 
-ScoredModel = tuple[ProcessRewardModel, PreTrainedTokenizerBase]
+ScoredModel = tuple[StepScorer, PreTrainedTokenizerBase]
+"""A PRM / ORM and its tokenizer: creditrl's :class:`~creditrl.prm.model.ProcessRewardModel` or a
+public PRM (:class:`~creditrl.prm.public.PublicPRM`), as :func:`creditrl.prm.source.load_prm` gives."""
 
 
 def prefix_score(aggregation: str, step_scores: Sequence[float]) -> float:

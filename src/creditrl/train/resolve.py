@@ -29,6 +29,7 @@ from creditrl.policy.device import check_precision, resolve_device
 from creditrl.policy.engines import ENGINES, kernels
 from creditrl.prm.labels import LABELERS, MC_MODES
 from creditrl.prm.model import COMBINES
+from creditrl.prm.public import PRM_FORMATS, detect_format
 from creditrl.rewards.hybrid import FILTERS, SCHEDULES
 from creditrl.rewards.placement import GRANULARITIES
 from creditrl.rewards.sources import check_granularity, get_source, source_names
@@ -99,6 +100,7 @@ def _names(cfg: Config) -> None:
         ("prm.labeler", cfg.prm.labeler, LABELERS),
         ("prm.mc_mode", cfg.prm.mc_mode, MC_MODES),
         ("prm.combine", cfg.prm.combine, COMBINES),
+        ("prm.format", cfg.prm.format, PRM_FORMATS),
     ):
         one_of(key, value, valid)
     for name in cfg.prm.vote_labelers.split(","):
@@ -199,6 +201,8 @@ def _source(section: str, source_name: str, granularity: str, cfg: Config, task:
             raise ConfigError(
                 f"reward.prm: '{value}' is not a directory (write one with `creditrl prm train`, or use 'auto')"
             )
+        if option == "prm" and value != "auto" and cfg.prm.format == "auto":
+            detect_format(value)  # one line naming the conventions, before any model is loaded
     if source_name == "implicit_prm" and cfg.backend.score_workers:
         raise ConfigError(
             f"{key}: 'implicit_prm' learns during the run and scores on the driver; set backend.score_workers=0"
