@@ -319,7 +319,7 @@ def test_a_full_disk_outside_a_checkpoint_is_one_line(tmp_path: Path, capsys: py
     full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "metrics.jsonl"))
     assert _unwritable(full, tmp_path) == 2
     assert capsys.readouterr().err == (
-        f"creditrl: error: cannot write {tmp_path}/metrics.jsonl: No space left on device; run the same command again\n"
+        f"creditrl: error: {tmp_path}/metrics.jsonl: No space left on device; run the same command again\n"
     )
     (tmp_path / "checkpoints").mkdir()
     os.symlink("iter_000002", tmp_path / "checkpoints" / "latest")

@@ -97,7 +97,7 @@ def _interrupted_line(exc: KeyboardInterrupt, args: argparse.Namespace, where: P
 
 
 def _unwritable(exc: OSError, where: Path) -> int:
-    """A full disk or an unwritable file while training: one line (any other OSError is a bug: re-raised)."""
+    """A full disk, a read-only or forbidden file while training: one line (other OSErrors are re-raised)."""
     from creditrl.train.checkpoint import latest_name
     from creditrl.train.lifecycle import WRITE_ERRNOS, os_error_line, resume_command
 
@@ -105,7 +105,7 @@ def _unwritable(exc: OSError, where: Path) -> int:
         raise exc
     resumable = latest_name(where / "checkpoints") is not None
     then = f"resume with: {resume_command(where)}" if resumable else "run the same command again"
-    print(f"creditrl: error: cannot write {os_error_line(exc)}; {then}", file=sys.stderr)
+    print(f"creditrl: error: {os_error_line(exc)}; {then}", file=sys.stderr)
     return 2
 
 
