@@ -4,6 +4,7 @@ written here from each model card; detection from the saved files; search with a
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 
@@ -21,12 +22,17 @@ from transformers import (
 )
 
 from creditrl.config import ConfigError, load_config
+from creditrl.policy.engines import make_engine
 from creditrl.policy.tokenizer import build_char_tokenizer
 from creditrl.prm.model import ProcessRewardModel
+from creditrl.prm.pipeline import to_steps
 from creditrl.prm.public import FORMATS, PublicPRM, detect_format
 from creditrl.prm.source import load_prm, prm_step_scores
 from creditrl.rewards.sources import make_source, score_batch
+from creditrl.search import SearchConfig, make_context, search
+from creditrl.search.methods import sample_candidates
 from creditrl.tasks import make_task
+from creditrl.train.rl import RLTrainer
 
 QWEN_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -62,7 +68,7 @@ def _llama(tok, cls=LlamaForCausalLM, **extra):
         num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=2,
-        max_position_embeddings=256,
+        max_position_embeddings=1024,
         initializer_range=0.5,  # peaked logits: step scores far apart, so a wrong read shows
         pad_token_id=tok.pad_token_id,
         **extra,
@@ -79,7 +85,7 @@ def _qwen(tok):
         num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=2,
-        max_position_embeddings=256,
+        max_position_embeddings=1024,
         initializer_range=0.5,
         num_labels=2,
         pad_token_id=tok.pad_token_id,
@@ -112,9 +118,13 @@ def saved(tmp_path_factory) -> dict[str, str]:
 # ------------------------------------------------------- each model card's own reading, written out
 
 
+@functools.lru_cache(maxsize=8)
+def _load(path: str, cls=AutoModelForCausalLM):
+    return AutoTokenizer.from_pretrained(path), cls.from_pretrained(path)
+
+
 def _card_shepherd(path: str, prompt: str, steps: list[str]) -> list[float]:
-    tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path)
+    tok, model = _load(path)
     candidates = [tok.encode("+")[-1], tok.encode("-")[-1]]
     tag_id = tok.encode("ки")[-1]
     text = f"{prompt} " + "\n".join(f"{s} ки" for s in steps)
@@ -125,8 +135,7 @@ def _card_shepherd(path: str, prompt: str, steps: list[str]) -> list[float]:
 
 
 def _card_qwen(path: str, prompt: str, steps: list[str]) -> list[float]:
-    tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForTokenClassification.from_pretrained(path)
+    tok, model = _load(path, AutoModelForTokenClassification)
     messages = [
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": prompt},
@@ -139,8 +148,7 @@ def _card_qwen(path: str, prompt: str, steps: list[str]) -> list[float]:
 
 
 def _card_rlhflow(path: str, prompt: str, steps: list[str]) -> list[float]:
-    tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path)
+    tok, model = _load(path)
     candidates = [tok.encode("+")[-1], tok.encode("-")[-1]]
     conversation, scores = [], []
     for k, step in enumerate(steps):
@@ -179,7 +187,7 @@ def test_the_prm_source_gives_each_card_s_step_scores(saved, fmt) -> None:
 @pytest.mark.parametrize("fmt", list(CARDS))
 def test_steps_past_the_context_score_none(saved, fmt) -> None:
     prm, tok = load_prm(saved[fmt], "cpu", fmt)
-    steps = [f"{k}+1={k + 1};" for k in range(40)]  # ~300+ tokens: past max_position_embeddings=256
+    steps = [f"{k}+1={k + 1};" for k in range(150)]  # over 1,100 tokens: past max_position_embeddings=1024
     row = prm.score(tok, [(PROMPTS[0], steps)])[0]
     kept = [x for x in row if x == x]
     assert 0 < len(kept) < len(steps) and row[: len(kept)] == kept  # a scored prefix, then NaN
@@ -235,3 +243,75 @@ def test_prm_format_is_checked_when_a_run_is_built(saved) -> None:
     cfg = load_config(overrides=["reward.source=prm", f"reward.prm={bare}"])
     with pytest.raises(ConfigError, match="matches no PRM convention"):
         check(cfg, TASK)
+
+
+def _step_policy(peaked_tiny):
+    """A peaked tiny policy that ends steps (';') and responses (eos) often, as tests/search uses."""
+    model, tok = peaked_tiny(0, 1)
+    bias = torch.zeros(len(tok))
+    bias[tok.convert_tokens_to_ids(";")] = 3.0
+    bias[tok.eos_token_id] = 2.0
+    model.lm_head.bias = torch.nn.Parameter(bias, requires_grad=False)
+    return model.eval(), tok
+
+
+@pytest.mark.parametrize("fmt", list(CARDS))
+def test_search_verifies_with_a_public_prm(saved, peaked_tiny, fmt) -> None:
+    """Best-of-N's candidates carry the card's step scores; beam search and MCTS run on the public
+    PRM within their budgets."""
+    model, tok = _step_policy(peaked_tiny)
+    engine = make_engine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    task = make_task("arithmetic", min_ops=2, max_ops=3)
+    problems = task.sample(2, split="heldout", seed=0)
+    prm = load_prm(saved[fmt], "cpu", fmt)
+    cfg = SearchConfig(method="best_of_n", n=3, selector="prm_min", budget=400, max_new_tokens=24)
+    ctx = make_context(problems, engine=engine, tokenizer=tok, task=task, config=cfg, prm=prm)
+    groups = sample_candidates(ctx, 3, prm=True, orm=False)
+    checked = 0
+    for problem, group in zip(problems, groups):
+        for sampled in group:
+            steps = [s.strip() for s in to_steps(sampled.completion, ";")]
+            if steps:
+                card = CARDS[fmt](saved[fmt], problem.prompt, steps)
+                assert sampled.candidate.step_scores == pytest.approx(card, rel=1e-4, abs=1e-7)
+                checked += len(steps)
+    assert checked >= 6
+    for method in (dict(method="beam", width=2, expansions=2), dict(method="mcts", expansions=2, simulations=6)):
+        config = SearchConfig(**method, budget=300, max_new_tokens=24)
+        result = search(problems, engine=engine, tokenizer=tok, task=task, config=config, prm=prm)
+        assert len(result.problems) == 2 and all(0 < r.tokens <= 300 for r in result.problems)
+
+
+def test_three_rl_iterations_with_a_public_prm_as_step_reward(saved, scored_by, tmp_path) -> None:
+    """reward.prm=<a Qwen2.5-Math-PRM-style model>: three RL iterations, then the trainer's score
+    stage places the card's step scores at the policy's step ends."""
+    cfg = load_config(
+        overrides=[
+            "task.args={min_ops: 1, max_ops: 2, operand_max: 3}",
+            "reward.source=prm",
+            f"reward.prm={saved['qwen_prm']}",
+            "credit.estimator=grpo_process",
+            "rollout.prompts_per_iter=2",
+            "rollout.group_size=3",
+            "rollout.max_new_tokens=16",
+            "train.iterations=3",
+            "train.eval_every=100",
+            "train.eval_size=2",
+            "train.progress=false",
+            "train.init=policy",
+            "policy.model=tiny",
+        ]
+    )
+    trainer = RLTrainer.from_config(cfg, tmp_path / "run")
+    rows = trainer.run().history
+    assert [r["iteration"] for r in rows[1:]] == [1, 2, 3]
+    assert all(r["reward/placed_per_response"] >= 1 and 0.0 <= r["reward/mean"] for r in rows[1:])
+    problems = [TASK.make_problem(p) for p in PROMPTS]
+    completions = ["".join(SPANS[0]), "".join(SPANS[1])]
+    scored = scored_by(trainer, problems, completions)
+    for i, (prompt, spans) in enumerate(zip(PROMPTS, SPANS)):
+        card = CARDS["qwen_prm"](saved["qwen_prm"], prompt, [s for s in spans if s])
+        ends = [len("".join(spans[: k + 1])) - 1 for k, s in enumerate(spans) if s]  # one token per character
+        ends[-1] += 1  # the last step ends at the eos after it
+        assert scored.reward_mask[i].nonzero().flatten().tolist() == ends
+        assert scored.rewards[i, ends].tolist() == pytest.approx(card, rel=1e-4, abs=1e-7)
