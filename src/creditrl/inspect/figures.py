@@ -2,13 +2,18 @@
 
 ``credit_figure`` draws one group's responses as rows of token cells coloured by advantage on
 the page's diverging scale (blue < 0, white at 0, red > 0, symmetric: ``RdBu_r`` over
-``[-max|A|, max|A|]``), a bar after each step end, a dot over each placed reward, the oracle
-step label (a green tick or red cross) after each step, and the outcome at the row's start.
+``[-max|A|, max|A|]``, advantages under :data:`~creditrl.inspect.scale.ADV_FLOOR` in size white),
+a bar after each step end, a dot over each placed reward, the oracle step label (a green tick or
+red cross) after each step, and the outcome at the row's start. A token's characters that the
+monospace font has no glyph for (control characters, say) are written as escapes (``\x08``),
+and the colour bar's ticks carry their own exponent (no offset text to collide with the title).
 ``metrics_figure`` draws the page's per-iteration charts.
 """
 
 from __future__ import annotations
 
+import functools
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -17,24 +22,54 @@ import matplotlib
 matplotlib.use("Agg")  # files only; no display on servers or in CI
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.colors import Normalize  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.font_manager import FontProperties, findfont  # noqa: E402
+from matplotlib.ft2font import FT2Font  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
+
+from creditrl.inspect.scale import ADV_FLOOR, scale_label, shown  # noqa: E402
 
 MAX_CELLS = 90  # token cells drawn per response; longer responses end in an ellipsis
+TITLE_PT = 9
+
+
+@functools.cache
+def _glyphs(family: str) -> frozenset[int]:
+    """The code points the font matplotlib uses for ``family`` has glyphs for."""
+    return frozenset(FT2Font(findfont(FontProperties(family=[family]))).get_charmap())
+
+
+def printable(text: str, family: str = "monospace") -> str:
+    """``text`` with every character the ``family`` font cannot draw written as an escape
+    (``"\\x08"``, ``"\\u2028"``), so that drawing it warns of no missing glyph."""
+    glyphs = _glyphs(family)
+    return "".join(c if ord(c) in glyphs and c.isprintable() else ascii(c)[1:-1] for c in text)
 
 
 def _cells(response: dict[str, Any]) -> list[tuple[int, str]]:
     """(token index, shown text) per drawn cell."""
+    newline = "⏎" if ord("⏎") in _glyphs("monospace") else "\\n"
     out = []
     for i, text in enumerate(response["texts"][:MAX_CELLS]):
-        shown = response["special"].get(str(i), text)
-        out.append((i, shown.replace("\n", "⏎") or "·"))
+        cell = response["special"].get(str(i), text)
+        out.append((i, printable(cell.replace("\n", newline)) or "·"))
     return out
 
 
 def credit_figure(group: dict[str, Any], adv: list[list[float]], title: str, path: Path, max_abs: float) -> Path:
     """One group's responses with token-coloured advantages ``adv`` (response, token) -> ``path``."""
+    fig = draw_credit(group, adv, title, max_abs)
+    fig.savefig(path, dpi=200, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def draw_credit(group: dict[str, Any], adv: list[list[float]], title: str, max_abs: float) -> Figure:
+    """The figure of :func:`credit_figure`; ``max_abs`` under the floor draws every cell white."""
     rows = group["responses"]
-    cmap, norm = plt.get_cmap("RdBu_r"), Normalize(-max_abs if max_abs > 0 else -1, max_abs if max_abs > 0 else 1)
+    top = max_abs if max_abs >= ADV_FLOOR else 1.0
+    cmap, norm = plt.get_cmap("RdBu_r"), Normalize(-top, top)
     widths = [sum(max(1, len(t)) for _, t in _cells(r)) + 2 * len(r["steps"]) for r in rows]
     width = max([10] + widths) + 4
     fig, ax = plt.subplots(figsize=(min(18, 2 + 0.14 * width), 0.9 + 0.34 * len(rows)))
@@ -55,7 +90,8 @@ def credit_figure(group: dict[str, Any], adv: list[list[float]], title: str, pat
         x = 0.0
         for i, text in _cells(r):
             w = max(1, len(text))
-            ax.add_patch(Rectangle((x, y + 0.08), w, 0.84, facecolor=cmap(norm(a[i])), edgecolor="none"))
+            level = norm(shown(a[i])) if max_abs >= ADV_FLOOR else 0.5  # 0.5: white, the scale's 0
+            ax.add_patch(Rectangle((x, y + 0.08), w, 0.84, facecolor=cmap(level), edgecolor="none"))
             ax.text(
                 x + w / 2,
                 y + 0.5,
@@ -64,7 +100,7 @@ def credit_figure(group: dict[str, Any], adv: list[list[float]], title: str, pat
                 va="center",
                 fontsize=7,
                 family="monospace",
-                color="white" if abs(norm(a[i]) - 0.5) > 0.3 else "black",
+                color="white" if abs(level - 0.5) > 0.3 else "black",
             )
             if i in placed:
                 ax.plot(x + w / 2, y + 0.97, marker="^", color="black", markersize=3)
@@ -81,12 +117,17 @@ def credit_figure(group: dict[str, Any], adv: list[list[float]], title: str, pat
     ax.set_xlim(-1.5, width)
     ax.set_ylim(len(rows), 0)
     ax.axis("off")
-    ax.set_title(title, fontsize=9, loc="left")
+    # wrapped to the axes' width, so the title never runs over the colour bar
+    chars = int(fig.get_figwidth() * 0.85 * 72 / (0.6 * TITLE_PT))
+    ax.set_title(textwrap.fill(printable(title, "sans-serif"), chars), fontsize=TITLE_PT, loc="left")
     sm = plt.cm.ScalarMappable(norm=norm, cmap=cmap)
-    fig.colorbar(sm, ax=ax, fraction=0.02, pad=0.01, label="advantage")
-    fig.savefig(path, dpi=200, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    bar = fig.colorbar(sm, ax=ax, fraction=0.02, pad=0.01, label="advantage")
+    if max_abs < ADV_FLOOR:
+        bar.set_ticks([0.0])
+        bar.set_label(f"advantage (all under {ADV_FLOOR:g})")
+    bar.formatter = FuncFormatter(lambda v, _: scale_label(v))  # each tick its own exponent: no offset text
+    bar.update_ticks()
+    return fig
 
 
 def metrics_figure(

@@ -9,7 +9,8 @@ DOM carries stable hooks for tests and scripts: ``#iteration-select``, ``#group-
 (``data-adv``, ``data-index``, ``data-reward`` on placed rewards, class ``step-end``),
 ``.step-label`` (``data-label`` 1/0), ``#credit-precision`` / ``#credit-precision-all``
 (``-right`` for the compare column; ``data-value`` the number, the text ``percent(value)``),
-``#legend-max`` (``data-value`` = the colour scale's max |A|). Reward spread
+``#legend-max`` (``data-value`` = the colour scale's max |A|, 0 when every advantage shown is
+under the floor ``floor``, :mod:`creditrl.inspect.scale`). Reward spread
 (:mod:`creditrl.inspect.spread`): ``#credit-why`` (``-right``) says why the group's credit
 precision is undefined, ``#credit-note`` flags credit equal on every token, ``#spread-note`` the
 group's missing spread, ``#spread-count`` (``data-none``, ``data-groups``) how many saved groups
@@ -28,6 +29,7 @@ from typing import Any
 
 from creditrl.inspect.compare import TRAINED, compare_iteration
 from creditrl.inspect.data import load_iteration, load_metrics
+from creditrl.inspect.scale import ADV_FLOOR
 from creditrl.inspect.spread import has_spread, spread_counts, spread_note
 
 
@@ -99,6 +101,7 @@ def page_data(
         "run": run_dir.resolve().name,
         "initial": iterations.index(initial),
         "only_spread": only_spread,
+        "floor": ADV_FLOOR,  # advantages under it in size are drawn as 0 (creditrl.inspect.scale)
         "iterations": views,
         "spread": {k: sum(v["spread"][k] for v in views) for k in ("none", "groups")},
         "metrics": metrics,

@@ -16,6 +16,8 @@ from pathlib import Path
 from creditrl.inspect.compare import TRAINED, parse_estimators
 from creditrl.inspect.data import InspectError, load_iteration, saved_iterations, spread
 from creditrl.inspect.html import CHARTS, page_data, render_page
+from creditrl.inspect.scale import scale_max
+from creditrl.inspect.spread import has_spread
 
 MAX_ITERATIONS = 30  # iterations inlined into one page by default (evenly spaced when more were saved)
 
@@ -40,14 +42,15 @@ def build_report(
     only_spread: bool = False,
 ) -> Report:
     """Write the page (and the PNGs with ``png``) for ``run_dir``; ``iteration`` is the one the
-    page opens at (default: the last saved), ``estimators`` a comma-separated list (default:
-    every registered one); ``only_spread`` opens the page with its "only groups with reward
-    spread" filter on and draws the PNGs of a group with spread. InspectError for a run without
+    page opens at (default: the last saved; with ``only_spread`` the first saved one holding a
+    group with reward spread), ``estimators`` a comma-separated list (default: every registered
+    one); ``only_spread`` opens the page with its "only groups with reward spread" filter on, at
+    that iteration's first group with spread, and draws that group's PNGs. InspectError for a run without
     inspector data, an unsaved iteration (listing the saved ones) or an unknown estimator
     (listing the valid ones)."""
     run_dir = Path(run_dir)
     saved = saved_iterations(run_dir)
-    shown = saved[-1] if iteration is None else iteration
+    shown = iteration if iteration is not None else first_with_spread(run_dir, saved) if only_spread else saved[-1]
     first = load_iteration(run_dir, shown)  # the error for an unsaved iteration lists the saved ones
     names = parse_estimators(estimators, first["settings"]["estimator"])
     if max_iterations < 1:
@@ -65,6 +68,15 @@ def build_report(
     return report
 
 
+def first_with_spread(run_dir: Path, saved: list[int]) -> int:
+    """The first of the ``saved`` iterations holding a group with reward spread (the last saved
+    when none holds one: the page then says that no group has spread)."""
+    for it in saved:
+        if any(has_spread(g) for g in load_iteration(run_dir, it)["groups"]):
+            return it
+    return saved[-1]
+
+
 def _figures(data: dict, out: Path, only_spread: bool = False) -> list[Path]:
     from creditrl.inspect.figures import credit_figure, metrics_figure
 
@@ -76,7 +88,7 @@ def _figures(data: dict, out: Path, only_spread: bool = False) -> list[Path]:
     gi = with_spread[0] if only_spread and with_spread else 0
     group = view["groups"][gi]
     available = [k for k in view["order"] if view["estimators"][k]["available"]]
-    max_abs = max([0.0] + [abs(a) for k in available for row in view["estimators"][k]["adv"][gi] for a in row])
+    max_abs = scale_max(a for k in available for row in view["estimators"][k]["adv"][gi] for a in row)
     for key in available:
         e = view["estimators"][key]
         p = e["precision"]["groups"][gi]

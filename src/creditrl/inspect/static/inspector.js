@@ -16,15 +16,19 @@
     return e;
   }
   const fmt = (x) => (x === null || x === undefined ? "-" : Number(x).toFixed(3));
+  // the scale's end: 0.250, 3.2e-5, 0 (scale_label in creditrl.inspect.scale)
+  const fmtScale = (x) => (x === 0 ? "0" : Math.abs(x) >= 1e-3 ? x.toFixed(3) : Number(x.toPrecision(2)).toExponential());
   const cur = () => D.iterations[S.it];
   const group = () => cur().groups[S.group];
   // indices of the groups shown: all, or with the filter on only those with reward spread
   const visible = () => cur().groups.map((g, i) => i).filter((i) => !S.only || cur().groups[i].spread);
   const nResp = () => (S.group < 0 ? 1 : group().responses.length);
 
-  // Diverging scale, symmetric around 0: blue < 0, white at 0, red > 0, full at |a| = max.
+  // Diverging scale, symmetric around 0: blue < 0, white at 0, red > 0, full at |a| = max;
+  // |a| under the floor (float rounding of a group without spread) is 0 (creditrl.inspect.scale)
+  const FLOOR = D.floor || 0;
   function colour(a, max) {
-    const t = max > 0 ? Math.min(1, Math.abs(a) / max) : 0;
+    const t = max > 0 && Math.abs(a) >= FLOOR ? Math.min(1, Math.abs(a) / max) : 0;
     const c = a < 0 ? NEG : POS;
     const mix = c.map((v) => Math.round(255 + (v - 255) * t));
     return { bg: "rgb(" + mix.join(", ") + ")", dark: t > 0.6 };
@@ -41,7 +45,7 @@
       if (!e || !e.available) continue;
       for (const row of e.adv[S.group]) for (const a of row) m = Math.max(m, Math.abs(a));
     }
-    return m;
+    return m >= FLOOR ? m : 0;
   }
 
   function options(select, items, value) {
@@ -85,8 +89,10 @@
   function renderLegend(max) {
     const L = $("legend");
     L.replaceChildren(
-      el("span", {}, "advantage"), el("span", {}, "-" + fmt(max)), el("span", { class: "bar" }), el("span", {}, "+" + fmt(max)),
-      el("span", { id: "legend-max", "data-value": String(max) }, "max |A| = " + fmt(max)),
+      el("span", {}, "advantage"), el("span", {}, max ? "-" + fmtScale(max) : "0"), el("span", { class: "bar" }),
+      el("span", {}, max ? "+" + fmtScale(max) : "0"),
+      el("span", { id: "legend-max", "data-value": String(max) },
+        max ? "max |A| = " + fmtScale(max) : "every |A| under " + FLOOR + ": shown as 0"),
       el("span", { class: "key" }, "▁ reward placed"), el("span", { class: "key" }, "▏ step end"),
       el("span", { class: "key" }, "✓/✗ oracle step label"));
   }
