@@ -24,6 +24,7 @@ from transformers import (
 from creditrl.config import ConfigError, load_config
 from creditrl.policy.engines import make_engine
 from creditrl.policy.tokenizer import build_char_tokenizer
+from creditrl.prm import public
 from creditrl.prm.model import ProcessRewardModel
 from creditrl.prm.pipeline import to_steps
 from creditrl.prm.public import FORMATS, PublicPRM, detect_format
@@ -192,6 +193,20 @@ def test_steps_past_the_context_score_none(saved, fmt) -> None:
     kept = [x for x in row if x == x]
     assert 0 < len(kept) < len(steps) and row[: len(kept)] == kept  # a scored prefix, then NaN
     assert prm_step_scores(prm, tok, [PROMPTS[0]], [steps])[0][len(kept)] is None
+
+
+def test_batches_are_bounded_in_padded_tokens_without_changing_scores(saved, monkeypatch) -> None:
+    prm, tok = load_prm(saved["math_shepherd"], "cpu", "math_shepherd")
+    examples = [(p, [s for s in spans if s]) for p, spans in zip(PROMPTS, SPANS)] * 3  # 6 rows
+    forward, shapes = prm.model.forward, []
+    monkeypatch.setattr(prm.model, "forward", lambda **kw: shapes.append(kw["input_ids"].shape) or forward(**kw))
+    whole = [x for row in prm.score(tok, examples) for x in row]
+    assert len(shapes) == 1
+    bound = 2 * shapes[0][1]  # two rows of the longest length
+    monkeypatch.setattr(public, "TOKENS_PER_CALL", bound)
+    shapes.clear()
+    assert [x for row in prm.score(tok, examples) for x in row] == pytest.approx(whole, rel=1e-5, abs=1e-7)
+    assert len(shapes) == 3 and all(b * width <= bound for b, width in shapes)
 
 
 def test_rlhflow_without_a_prefix_consistent_template_scores_each_prefix(saved, tmp_path) -> None:

@@ -23,8 +23,9 @@ tokenizer and input layout, and gives one probability per step, read at the PRM'
 
 The '+' / '-' ids are the last id of each encoded alone (the cards' ``encode('+')[-1]``). A step's
 text is stripped of surrounding whitespace and of the tag (a tag inside a step would be read as a
-step end). Rows are right-padded and scored ``batch_size`` at a time; a step whose tag lies past the
-model's ``max_position_embeddings`` scores NaN, as in :meth:`ProcessRewardModel.score`.
+step end). Rows are sorted by length, right-padded and scored ``batch_size`` at a time (at most
+:data:`TOKENS_PER_CALL` padded tokens a pass); a step whose tag lies past the model's
+``max_position_embeddings`` scores NaN, as in :meth:`ProcessRewardModel.score`.
 
 A model whose ``config.json`` names its own code (``auto_map``, as Qwen2.5-Math-PRM does) is
 loaded with ``trust_remote_code=True``: the code is the files in that directory, read locally.
@@ -58,6 +59,8 @@ SHEPHERD_TAG = "ки"
 QWEN_SEPARATOR = "<extra_0>"
 QWEN_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
 GOOD, BAD = "+", "-"
+TOKENS_PER_CALL = 1 << 15
+"""Most padded tokens in one forward pass (a 7B PRM's activations and logits stay bounded)."""
 
 Row = tuple[list[int], list[tuple[int, int]]]
 """One model input: token ids and the ``(step index, position)`` pairs read from it."""
@@ -100,7 +103,7 @@ def _qwen_rows(tokenizer: PreTrainedTokenizerBase, prompt: str, steps: Sequence[
     sep = token_id(tokenizer, QWEN_SEPARATOR, "qwen_prm")
     messages = [
         {"role": "system", "content": QWEN_SYSTEM},
-        {"role": "user", "content": prompt},
+        {"role": "user", "content": _clean(prompt, QWEN_SEPARATOR)},
         {"role": "assistant", "content": "".join(_clean(s, QWEN_SEPARATOR) + QWEN_SEPARATOR for s in steps)},
     ]
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
@@ -218,11 +221,11 @@ class PublicPRM:
             if steps
             for ids, reads in self.format.rows(tokenizer, prompt, steps)
         ]
+        rows.sort(key=lambda r: len(r[1][0]))  # rows of similar length share a batch: less padding
         out = [[math.nan] * len(steps) for _, steps in examples]
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
         device = next(self.model.parameters()).device
-        for start in range(0, len(rows), batch_size):
-            chunk = rows[start : start + batch_size]
+        for chunk in _batches(rows, batch_size):
             ids, mask = right_pad([r[0] for _, r in chunk], pad)
             result = self.model(input_ids=ids.to(device), attention_mask=mask.to(device))
             logits = result.logits if hasattr(result, "logits") else result[0]  # (B, L, V)
@@ -233,6 +236,18 @@ class PublicPRM:
             for (e, k, _, _), p in zip(picks, read(at).cpu().tolist()):
                 out[e][k] = float(p)
         return out
+
+
+def _batches(rows: list[tuple[int, Row]], batch_size: int) -> list[list[tuple[int, Row]]]:
+    """Consecutive rows, at most ``batch_size`` and :data:`TOKENS_PER_CALL` padded tokens a batch
+    (rows sorted by length, so the last row of a batch is its longest)."""
+    out: list[list[tuple[int, Row]]] = []
+    for row in rows:
+        if out and len(out[-1]) < batch_size and (len(out[-1]) + 1) * len(row[1][0]) <= TOKENS_PER_CALL:
+            out[-1].append(row)
+        else:
+            out.append([row])
+    return out
 
 
 def _has_chat_template(tokenizer: PreTrainedTokenizerBase) -> bool:
