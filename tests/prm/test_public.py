@@ -240,7 +240,9 @@ def test_detection_reads_creditrl_prms_and_refuses_other_models_in_one_line(save
     plain = _save(tmp_path / "plain", _llama(tok), tok)  # a causal LM with neither a tag nor a chat template
     with pytest.raises(ConfigError, match="matches no PRM convention"):
         detect_format(plain)
-    # a format named by the key is checked against the tokenizer's tokens
+    # a format named by the key is checked against the files and the tokenizer's tokens
+    with pytest.raises(ConfigError, match=r"prm.format=creditrl: '.*' has no prm_config.json"):
+        load_prm(saved["rlhflow"], "cpu", "creditrl")
     with pytest.raises(
         ConfigError, match=r"prm.format=qwen_prm: the PRM's tokenizer has no single token for '<extra_0>'"
     ):

@@ -1,5 +1,6 @@
 """Process reward models: the stepwise data format, labelers, the model and its training,
-negative augmentation, the shortcut probe, metrics and best-of-N selection."""
+negative augmentation, the shortcut probe, metrics and best-of-N selection, and public PRMs
+(Math-Shepherd, Qwen2.5-Math-PRM, RLHFlow conventions) read as they are saved."""
 
 from creditrl.prm.augment import augment_negatives, corrupt_step
 from creditrl.prm.data import (
@@ -37,10 +38,15 @@ from creditrl.prm.metrics import (
 )
 from creditrl.prm.model import ProcessRewardModel, encode
 from creditrl.prm.probe import ShortcutReport, StepRecord, shortcut_probe
+from creditrl.prm.public import PRM_FORMATS, PublicPRM, detect_format, load_public
 from creditrl.prm.source import load_prm, prm_reward_source  # importing it registers reward.source=prm
 from creditrl.prm.train import train_prm
 
 __all__ = [
+    "PRM_FORMATS",
+    "PublicPRM",
+    "detect_format",
+    "load_public",
     "ImplicitPRM",
     "load_prm",
     "prm_reward_source",

@@ -19,8 +19,9 @@ from typing import Any
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from creditrl.errors import ConfigError
 from creditrl.policy.device import resolve_device
-from creditrl.prm.model import ProcessRewardModel
+from creditrl.prm.model import CONFIG_FILE, ProcessRewardModel
 from creditrl.prm.public import StepScorer, detect_format, load_public
 from creditrl.rewards.sources import RewardSource, register_source_factory
 from creditrl.tasks.base import Problem, Task
@@ -37,6 +38,8 @@ def load_prm(path: str, device: str = "cpu", fmt: str = "auto") -> tuple[StepSco
     fmt = detect_format(path) if fmt == "auto" else fmt
     if fmt != "creditrl":
         return load_public(path, fmt, device)
+    if not (Path(path) / CONFIG_FILE).exists():
+        raise ConfigError(f"prm.format=creditrl: '{path}' has no {CONFIG_FILE} (write one with `creditrl prm train`)")
     prm = ProcessRewardModel.load(path).eval().to(resolve_device(device))
     return prm, AutoTokenizer.from_pretrained(path, local_files_only=True)
 
