@@ -5,6 +5,7 @@ written here from each model card; detection from the saved files; search with a
 from __future__ import annotations
 
 import functools
+import json
 import math
 from pathlib import Path
 
@@ -332,3 +333,36 @@ def test_three_rl_iterations_with_a_public_prm_as_step_reward(saved, scored_by, 
         ends[-1] += 1  # the last step ends at the eos after it
         assert scored.reward_mask[i].nonzero().flatten().tolist() == ends
         assert scored.rewards[i, ends].tolist() == pytest.approx(card, rel=1e-4, abs=1e-7)
+
+
+def test_cli_scores_and_searches_with_a_public_prm(saved, tmp_path, capsys) -> None:
+    from creditrl.cli import main
+
+    completion = "".join(SPANS[0])
+    assert main(["prm", "score", saved["rlhflow"], "--prompt", PROMPTS[0], "--completion", completion]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    card = _card_rlhflow(saved["rlhflow"], PROMPTS[0], SPANS[0])
+    assert [line.split()[1] for line in lines] == SPANS[0]
+    assert [float(line.split()[0]) for line in lines] == pytest.approx(card, abs=5e-5)  # printed to 4 places
+    sets = [
+        "train.init=policy",
+        "policy.model=tiny",
+        "task.args={min_ops: 1, max_ops: 2, operand_max: 3}",
+        "search.method=beam",
+        "search.problems=2",
+        "search.budget=60",
+        "search.max_new_tokens=20",
+        f"search.prm={saved['math_shepherd']}",
+        "prm.format=math_shepherd",
+    ]
+    out = tmp_path / "beam.json"
+    assert main(["search", *[x for kv in sets for x in ("--set", kv)], "--out", str(out)]) == 0
+    capsys.readouterr()
+    rows = json.loads(out.read_text())["problems"]
+    assert len(rows) == 2 and all(1 <= r["tokens"] <= 60 for r in rows)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    argv = [x for kv in [*sets[:-2], f"search.prm={bare}"] for x in ("--set", kv)]
+    assert main(["search", *argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "matches no PRM convention" in err
