@@ -135,6 +135,10 @@ def test_none_is_left_out_of_the_weighted_sum(tmp_path: Path, tiny: Path) -> Non
     )
     (row,) = metrics(trainer.train())[1:]
     assert row["reward/mean"] == pytest.approx(0.5) and row["reward/none/python:never"] == 8
+    with pytest.raises(ConfigError, match=r"already holds a run: continue it with trainer.train\(resume_from_che"):
+        trainer.train()
+    assert trainer.train(resume_from_checkpoint=True) == tmp_path / "run"  # python:one and :never found again
+    assert [r["iteration"] for r in metrics(tmp_path / "run")] == [0, 1]
 
 
 def test_config_forms_merge_and_a_bad_key_fails_before_any_work(tmp_path: Path) -> None:
@@ -177,6 +181,8 @@ def test_source_names_of_functions() -> None:
 
 def test_inputs_that_cannot_be_used_are_one_line_errors(tmp_path: Path) -> None:
     model, _ = build_tiny(0)
+    with pytest.raises(ConfigError, match="processing_class: goes with a model object"):
+        creditrl.Trainer(model="tiny", processing_class=object())
     with pytest.raises(ConfigError, match="needs its tokenizer: pass processing_class="):
         creditrl.Trainer(model=model, train_dataset=[{"prompt": "1+1="}], run_dir=tmp_path / "a").train()
     data = Dataset.from_list([{"prompt": "1+1="}])

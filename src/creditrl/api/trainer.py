@@ -95,6 +95,8 @@ class Trainer:
     ) -> None:
         if eval_dataset is not None and train_dataset is None:
             raise ConfigError("eval_dataset: pass train_dataset too")
+        if processing_class is not None and (model is None or isinstance(model, (str, Path))):
+            raise ConfigError("processing_class: goes with a model object; a model folder or name brings its tokenizer")
         self.model, self.processing_class = model, processing_class
         funcs = [reward_funcs] if callable(reward_funcs) or isinstance(reward_funcs, str) else list(reward_funcs)
         self.reward_names = [source_name(f) for f in funcs]
@@ -167,6 +169,11 @@ class Trainer:
             if resume_from_checkpoint:
                 trainer = RLTrainer.resume(self.run_dir)
             else:
+                if rundir.holds_run(self.run_dir) and not self.overwrite:
+                    raise ConfigError(
+                        f"{self.run_dir} already holds a run: continue it with "
+                        "trainer.train(resume_from_checkpoint=True), or start afresh with Trainer(..., overwrite=True)"
+                    )
                 rundir.check_fresh(self.run_dir, overwrite=self.overwrite)
                 self.config = self._config(self._write_inputs())
                 trainer = RLTrainer.from_config(self.config, self.run_dir, overwrite=self.overwrite)

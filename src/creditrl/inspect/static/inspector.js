@@ -92,7 +92,7 @@
       el("span", {}, "advantage"), el("span", {}, max ? "-" + fmtScale(max) : "0"), el("span", { class: "bar" }),
       el("span", {}, max ? "+" + fmtScale(max) : "0"),
       el("span", { id: "legend-max", "data-value": String(max) },
-        max ? "max |A| = " + fmtScale(max) : "every |A| under " + FLOOR + ": shown as 0"),
+        max ? "max |A| = " + fmtScale(max) : "every |A| under " + FLOOR.toExponential() + ": shown as 0"),
       el("span", { class: "key" }, "▁ reward placed"), el("span", { class: "key" }, "▏ step end"),
       el("span", { class: "key" }, "✓/✗ oracle step label"));
   }
