@@ -366,3 +366,62 @@ def test_cli_scores_and_searches_with_a_public_prm(saved, tmp_path, capsys) -> N
     assert main(["search", *argv, "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "matches no PRM convention" in err
+
+
+CUSTOM_HEAD = '''
+import torch
+from torch import nn
+from transformers import Qwen2Model, Qwen2PreTrainedModel
+
+
+class Qwen2ForProcessRewardModel(Qwen2PreTrainedModel):
+    """A backbone and a two-layer head with 2 outputs per token, returned as a tuple."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.model = Qwen2Model(config)
+        hidden = config.hidden_size
+        self.score = nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 2))
+        self.post_init()
+
+    def forward(self, input_ids=None, attention_mask=None, **kwargs):
+        states = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return (self.score(states),)
+'''
+
+
+def test_a_qwen_prm_with_its_own_head_code_is_detected_and_read(saved, tmp_path) -> None:
+    """Qwen2.5-Math-PRM ships its head as code (config.json's auto_map): it is detected from its
+    architecture name and loaded from that code, and scores as the card reads it."""
+    import sys
+
+    from transformers import AutoModel
+
+    path = tmp_path / "qwen_custom"
+    path.mkdir()
+    (path / "modeling_prm.py").write_text(CUSTOM_HEAD)
+    sys.path.insert(0, str(path))
+    try:
+        from modeling_prm import Qwen2ForProcessRewardModel
+    finally:
+        sys.path.remove(str(path))
+    source = AutoModelForTokenClassification.from_pretrained(saved["qwen_prm"])
+    torch.manual_seed(1)
+    model = Qwen2ForProcessRewardModel(source.config)
+    model.config.auto_map = {"AutoModel": "modeling_prm.Qwen2ForProcessRewardModel"}
+    _save(path, model, AutoTokenizer.from_pretrained(saved["qwen_prm"]))
+    assert detect_format(path) == "qwen_prm"
+    prm, tok = load_prm(str(path), "cpu")
+    assert type(prm.model).__name__ == "Qwen2ForProcessRewardModel"  # its own head, not a stand-in
+    card_model = AutoModel.from_pretrained(path, trust_remote_code=True)
+    steps = [s for s in SPANS[0] if s]
+    messages = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": PROMPTS[0]},
+        {"role": "assistant", "content": "<extra_0>".join(steps) + "<extra_0>"},
+    ]
+    ids = torch.tensor([tok.encode(tok.apply_chat_template(messages, tokenize=False))])
+    with torch.no_grad():
+        probs = card_model(input_ids=ids)[0].softmax(dim=-1)
+    card = probs[0, ids[0] == tok.encode("<extra_0>")[0], 1].tolist()
+    assert prm.score(tok, [(PROMPTS[0], steps)])[0] == pytest.approx(card, rel=1e-4, abs=1e-7)
