@@ -18,11 +18,39 @@ accuracy, while a whole solution is right only if all of its ``n`` steps are: so
 falls with length at a constant per-step accuracy, the regime in which a sequence-level reward
 says least about which step went wrong. The answer is right by luck with probability about
 ``m^-3``.
+
+**The outcome** (``outcome``). ``"answer"`` (the default, the check of every committed finding)
+reads only the last three values after the ``"#"``, so an answer can be "correct" with a wrong
+step before it (a model that writes a wrong value and then falls back onto the sequence it
+memorised). ``"steps"`` is right only when the completion is the canonical solution: its ``n``
+steps, each right, in order, then the right answer and nothing after it -- no wrong step the
+outcome ignores; then an outcome of 1 is exactly "every step label is right".
+
+**The held-out split** (``heldout``). ``"prompt"`` (the default) holds out prompts by a hash of
+the prompt, so a held-out ``"31~045="`` is the 45-step suffix of any training chain that passes
+through the pair ``(3, 1)`` at counter 45: every held-out chain of the committed long findings is
+a suffix of a training chain of 1-99 steps. ``"cycle"`` holds out computations instead. A step
+depends only on the state ``(a, b, counter mod 10)`` (its operator is read off the counter's last
+digit), and the map from one state to the next, ``(a, b, k) -> (b, (a op_k b) mod m, k - 1 mod
+10)``, is a bijection of the ``10 m^2`` states (``a`` is recovered from ``b`` and the result), so
+the states fall into disjoint cycles (mod 10: 25 of 10 states and 25 of 30) and a chain walks
+along the cycle of its first state (:func:`state_cycles`). A cycle is held out iff the SHA-256 of
+``"chain-cycle/{m}/{a}{b}{k}"`` at its least state is divisible by ``heldout_mod``, and a prompt
+is held out iff its first state's cycle is. No state of a held-out chain then occurs in any
+training chain of any length, so no held-out computation is a contiguous run of a training one:
+not with its counters, nor without them once it has 5 or more steps (any 5 operators in a row
+fix the counter's last digit). Every single-digit fact ``a op b`` still occurs
+in training (the config refuses a split that would hold one out), so a held-out chain asks for
+known facts in an order SFT never saw. With mod 10 and ``heldout_mod=5`` 9 of the 50 cycles are
+held out, 210 of the 1,000 states: 21 of the 100 prompts of every length (``heldout_mod`` 2, 3 and
+4 are refused: they hold out the all-zero cycle, the only one with ``0+0`` and ``0-0``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import random
 import re
 from dataclasses import dataclass
@@ -31,12 +59,15 @@ from typing import Any
 from creditrl.tasks.arithmetic import labels_in_order, split_completion
 from creditrl.tasks.base import Drawn, Problem, draw_problems, hash_split, register_task
 
-__all__ = ["ChainConfig", "ChainTask", "chain_steps", "STEP_CHARS", "steps_for_tokens"]
+__all__ = ["ChainConfig", "ChainTask", "chain_steps", "STEP_CHARS", "state_cycles", "steps_for_tokens"]
 
 STEP_CHARS = 10  # "040:3+4=2;"
 _PROMPT_RE = re.compile(r"([0-9]{2})~([0-9]{3})=?")
 _MAX_CONSECUTIVE_MISSES = 100_000
 MAX_STEPS = 999  # the counter has three digits
+OUTCOMES = ("answer", "steps")
+HELDOUT_SPLITS = ("prompt", "cycle")
+State = tuple[int, int, int]  # (a, b, counter mod 10): all that the rest of a chain depends on
 
 
 def steps_for_tokens(tokens: int) -> int:
@@ -59,6 +90,11 @@ class ChainConfig:
         distinct_heldout: Draw held-out problems without repeats (an evaluation set of distinct
             problems; an error when the band holds fewer than asked for). A band of k lengths
             holds ``k modulus^2`` prompts, about ``1 / heldout_mod`` of them held out.
+        outcome: ``"answer"``: the outcome reads the last three values only; ``"steps"``: the
+            whole solution, every step and the answer (the module docstring).
+        heldout: ``"prompt"``: held out by a hash of the prompt (held-out chains are suffixes of
+            training ones); ``"cycle"``: by a hash of the state cycle the chain walks, so no
+            held-out computation occurs in training (the module docstring).
     """
 
     min_steps: int = 25
@@ -66,6 +102,8 @@ class ChainConfig:
     modulus: int = 5
     heldout_mod: int = 10
     distinct_heldout: bool = False
+    outcome: str = "answer"
+    heldout: str = "prompt"
 
     def __post_init__(self) -> None:
         """Reject out-of-range fields with a ValueError naming the field and its allowed range."""
@@ -77,6 +115,15 @@ class ChainConfig:
             raise ValueError(f"modulus must lie in [2, 10], got {self.modulus}")
         if self.heldout_mod < 2:
             raise ValueError(f"heldout_mod must be >= 2, got {self.heldout_mod}")
+        if self.outcome not in OUTCOMES:
+            raise ValueError(f"outcome must be one of {', '.join(OUTCOMES)}, got {self.outcome!r}")
+        if self.heldout not in HELDOUT_SPLITS:
+            raise ValueError(f"heldout must be one of {', '.join(HELDOUT_SPLITS)}, got {self.heldout!r}")
+        if self.heldout == "cycle" and (unseen := _facts_held_out(self.modulus, self.heldout_mod)):
+            raise ValueError(
+                f"heldout='cycle' with modulus {self.modulus} and heldout_mod {self.heldout_mod} holds out every "
+                f"state of the facts {', '.join(unseen)}: training would never show them; choose another heldout_mod"
+            )
 
 
 def _parse(prompt: str) -> tuple[list[int], int]:
@@ -92,6 +139,41 @@ def _parse(prompt: str) -> tuple[list[int], int]:
 def step_operator(counter: int) -> str:
     """The operator of the step numbered ``counter``: ``+`` when its last digit is 0-4, ``-`` for 5-9."""
     return "+" if counter % 10 < 5 else "-"
+
+
+def _next_state(state: State, modulus: int) -> State:
+    a, b, k = state
+    c = (a + b if step_operator(k) == "+" else a - b) % modulus
+    return b, c, (k - 1) % 10
+
+
+@functools.cache
+def state_cycles(modulus: int) -> dict[State, State]:
+    """Each state ``(a, b, counter mod 10)`` of the mod-``modulus`` chain mapped to its cycle's
+    least state: the step map is a bijection of the ``10 modulus^2`` states, so they fall into
+    disjoint cycles, and a chain's steps all lie on the cycle of its first state."""
+    cycle_of: dict[State, State] = {}
+    for start in sorted((a, b, k) for a in range(modulus) for b in range(modulus) for k in range(10)):
+        state = start
+        while state not in cycle_of:  # the least state of a new cycle comes first in sorted order
+            cycle_of[state] = start
+            state = _next_state(state, modulus)
+    return cycle_of
+
+
+def _cycle_held_out(least: State, modulus: int, heldout_mod: int) -> bool:
+    a, b, k = least
+    digest = hashlib.sha256(f"chain-cycle/{modulus}/{a}{b}{k}".encode()).hexdigest()
+    return int(digest, 16) % heldout_mod == 0
+
+
+@functools.cache
+def _facts_held_out(modulus: int, heldout_mod: int) -> tuple[str, ...]:
+    """The facts ``a op b`` whose every state lies on a held-out cycle (none for a usable split)."""
+    cycles = state_cycles(modulus)
+    seen = {(a, b, step_operator(k)) for (a, b, k), c in cycles.items() if not _cycle_held_out(c, modulus, heldout_mod)}
+    every = {(a, b, op) for a in range(modulus) for b in range(modulus) for op in "+-"}
+    return tuple(f"{a}{op}{b}" for a, b, op in sorted(every - seen))
 
 
 def chain_steps(prompt: str, modulus: int = 5) -> tuple[list[str], str]:
@@ -131,8 +213,16 @@ class ChainTask:
         self.config: ChainConfig = dataclasses.replace(base, **overrides)
 
     def split_of(self, prompt: str) -> str:
-        """``"heldout"`` iff ``int(sha256(prompt), 16) % heldout_mod == 0``, else ``"train"``."""
-        return hash_split(prompt, self.config.heldout_mod)
+        """With ``heldout="prompt"``: ``"heldout"`` iff ``int(sha256(prompt), 16) % heldout_mod ==
+        0``, else ``"train"``; with ``"cycle"``: that of the cycle of the prompt's first state."""
+        cfg = self.config
+        if cfg.heldout == "prompt":
+            return hash_split(prompt, cfg.heldout_mod)
+        (a, b), n = _parse(prompt.removesuffix("=") + "=")
+        if max(a, b) >= cfg.modulus:
+            raise ValueError(f"chain prompt {prompt!r} has a digit >= the modulus {cfg.modulus}")
+        least = state_cycles(cfg.modulus)[(a, b, n % 10)]
+        return "heldout" if _cycle_held_out(least, cfg.modulus, cfg.heldout_mod) else "train"
 
     def make_problem(self, prompt: str) -> Problem:
         """The problem of a prompt such as ``"31~040="`` (the ``"="`` may be left out)."""
@@ -163,7 +253,17 @@ class ChainTask:
         )
 
     def check_outcome(self, problem: Problem, completion: str) -> bool:
-        """Whether the text after the first ``"#"``, stripped, is the answer exactly."""
+        """With ``outcome="answer"``: whether the text after the first ``"#"``, stripped, is the
+        answer exactly. With ``"steps"``: that, and the completion's segments are the ``n`` canonical
+        steps in order and then the answer (every label of :meth:`check_steps` right, ``n + 1`` of
+        them)."""
+        right = self._answer_right(problem, completion)
+        if not right or self.config.outcome == "answer":
+            return right
+        segments = split_completion(completion)
+        return len(segments) == problem.meta["n_ops"] + 1 and all(self.check_steps(problem, segments))
+
+    def _answer_right(self, problem: Problem, completion: str) -> bool:
         return self.extract_answer(completion) == problem.answer
 
     def extract_answer(self, completion: str) -> str | None:
@@ -176,9 +276,9 @@ class ChainTask:
     def check_steps(self, problem: Problem, segments: list[str]) -> list[bool]:
         """One label per segment: a step is right iff it is the next canonical step and every
         earlier one was right (stop at the first error); the answer segment iff it is the first
-        answer segment and :meth:`check_outcome` holds."""
+        answer segment and states the answer (the last three values)."""
         expected, _ = chain_steps(problem.prompt, self.config.modulus)
-        return labels_in_order(expected, segments, lambda text: self.check_outcome(problem, text))
+        return labels_in_order(expected, segments, lambda text: self._answer_right(problem, text))
 
     def label_completion(self, problem: Problem, completion: str) -> list[bool]:
         return self.check_steps(problem, split_completion(completion))
