@@ -96,6 +96,7 @@ def test_trl_functions_get_whole_conversations_once_per_batch(tmp_path: Path) ->
         processing_class=tok,
         reward_funcs=[mentions, only_odd],
         train_dataset=Dataset.from_list(rows),
+        eval_dataset=Dataset.from_list([{**r, "topic": "9"} for r in rows[:2]]),
         config={**SMALL, "reward.timeout_s": 0, "reward.weights": [1.0, 2.0]},  # in process: the calls are seen
         run_dir=tmp_path / "run",
     )
@@ -105,6 +106,8 @@ def test_trl_functions_get_whole_conversations_once_per_batch(tmp_path: Path) ->
     rows_out = metrics(run)[1:]
     train_calls = [c for c in calls if len(c["completions"]) == 8]  # 2 prompts x 4 samples; evaluations score 2
     assert len(train_calls) == 3 and len(calls) == 3 + 2  # one call per iteration, one per evaluation (0 and 3)
+    assert [c["topic"] for c in calls if c not in train_calls] == [["9", "9"]] * 2  # evaluations read eval_dataset
+    assert trainer.config.task.args["heldout_file"].endswith("data/eval.jsonl")
     for c in train_calls:
         assert all(p[0] == {"role": "system", "content": "Be brief."} and p[-1]["role"] == "user" for p in c["prompts"])
         assert all(len(m) == 1 and m[0]["role"] == "assistant" for m in c["completions"])
