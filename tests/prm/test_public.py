@@ -300,15 +300,23 @@ def test_search_verifies_with_a_public_prm(saved, peaked_tiny, fmt) -> None:
         assert len(result.problems) == 2 and all(0 < r.tokens <= 300 for r in result.problems)
 
 
-def test_three_rl_iterations_with_a_public_prm_as_step_reward(saved, scored_by, tmp_path) -> None:
-    """reward.prm=<a Qwen2.5-Math-PRM-style model>: three RL iterations, then the trainer's score
+@pytest.mark.parametrize(
+    ("fmt", "credit"),
+    [
+        ("qwen_prm", ["credit.estimator=grpo_process"]),
+        ("math_shepherd", ["credit.estimator=gae", "value.source=critic"]),
+        ("rlhflow", ["credit.estimator=min_form"]),
+    ],
+)
+def test_three_rl_iterations_with_a_public_prm_as_step_reward(saved, scored_by, tmp_path, fmt, credit) -> None:
+    """reward.prm=<a public PRM>: three RL iterations (any estimator), then the trainer's score
     stage places the card's step scores at the policy's step ends."""
     cfg = load_config(
         overrides=[
             "task.args={min_ops: 1, max_ops: 2, operand_max: 3}",
             "reward.source=prm",
-            f"reward.prm={saved['qwen_prm']}",
-            "credit.estimator=grpo_process",
+            f"reward.prm={saved[fmt]}",
+            *credit,
             "rollout.prompts_per_iter=2",
             "rollout.group_size=3",
             "rollout.max_new_tokens=16",
@@ -328,7 +336,7 @@ def test_three_rl_iterations_with_a_public_prm_as_step_reward(saved, scored_by, 
     completions = ["".join(SPANS[0]), "".join(SPANS[1])]
     scored = scored_by(trainer, problems, completions)
     for i, (prompt, spans) in enumerate(zip(PROMPTS, SPANS)):
-        card = CARDS["qwen_prm"](saved["qwen_prm"], prompt, [s for s in spans if s])
+        card = CARDS[fmt](saved[fmt], prompt, [s for s in spans if s])
         ends = [len("".join(spans[: k + 1])) - 1 for k, s in enumerate(spans) if s]  # one token per character
         ends[-1] += 1  # the last step ends at the eos after it
         assert scored.reward_mask[i].nonzero().flatten().tolist() == ends
