@@ -202,16 +202,19 @@ def test_inputs_that_cannot_be_used_are_one_line_errors(tmp_path: Path) -> None:
 
 def test_trl_name_table_names_real_keys() -> None:
     """Every creditrl key of README's TRL table is in the schema, every TRL name in GRPOConfig."""
-    GRPOConfig = pytest.importorskip("trl", reason="trl (the bench extra) names TRL's fields").GRPOConfig  # noqa: N806
 
     section = re.search(r"\| TRL \(`GRPOConfig`\) \| creditrl \|\n\|---\|---\|\n(.*?)\n\n", README.read_text(), re.S)
     rows = [line.split(" | ") for line in section.group(1).splitlines()]
-    trl_fields = {f.name for f in dataclasses.fields(GRPOConfig)} | {"reward_funcs"}  # the trainer's argument
+    try:
+        from trl import GRPOConfig
+    except ImportError:  # trl is the bench extra: the creditrl side is still checked
+        GRPOConfig = None  # noqa: N806
+    trl_fields = {f.name for f in dataclasses.fields(GRPOConfig)} | {"reward_funcs"} if GRPOConfig else None
     keys = []
     for trl_cell, ours in rows:
         for name in re.findall(r"`([a-z_]+)`", trl_cell.lstrip("| ")):
             if name not in ("grpo", "dapo", "dr_grpo", "group", "none", "batch"):  # loss_type / scale_rewards values
-                assert name in trl_fields, name
+                assert trl_fields is None or name in trl_fields, name
         keys += [k.split("=")[0] for k in re.findall(r"`([a-z_]+\.[a-z_]+(?:=[^`]*)?)`", ours)]
     assert len(keys) >= 25
     for key in keys:
