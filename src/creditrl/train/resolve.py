@@ -201,8 +201,6 @@ def _source(section: str, source_name: str, granularity: str, cfg: Config, task:
             raise ConfigError(
                 f"reward.prm: '{value}' is not a directory (write one with `creditrl prm train`, or use 'auto')"
             )
-        if option == "prm" and value != "auto" and cfg.prm.format == "auto":
-            detect_format(value)  # one line naming the conventions, before any model is loaded
     if source_name == "implicit_prm" and cfg.backend.score_workers:
         raise ConfigError(
             f"{key}: 'implicit_prm' learns during the run and scores on the driver; set backend.score_workers=0"
@@ -223,6 +221,8 @@ def _source(section: str, source_name: str, granularity: str, cfg: Config, task:
             f"{gkey}: 'step' needs a step separator, but task '{cfg.task.name}' has none; "
             "set reward.step_separator or reward.cut_fn"
         )
+    if "prm" in getattr(source, "requires", ()) and cfg.reward.prm != "auto" and cfg.prm.format == "auto":
+        detect_format(cfg.reward.prm)  # one line naming the conventions, before any model is loaded
     return gran
 
 
