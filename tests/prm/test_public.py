@@ -239,6 +239,10 @@ def test_detection_reads_creditrl_prms_and_refuses_other_models_in_one_line(save
     assert message.startswith(f"reward.prm: '{rm}' (LlamaForSequenceClassification) matches no PRM convention")
     assert "set prm.format to one of creditrl, math_shepherd, qwen_prm, rlhflow" in message
     plain = _save(tmp_path / "plain", _llama(tok), tok)  # a causal LM with neither a tag nor a chat template
+    _llama(tok).save_pretrained(tmp_path / "untokenized")  # a causal LM saved without its tokenizer
+    with pytest.raises(ConfigError, match=r"reward.prm: '.*untokenized' has no tokenizer that loads \(") as err:
+        detect_format(tmp_path / "untokenized")
+    assert "\n" not in str(err.value)
     with pytest.raises(ConfigError, match="matches no PRM convention"):
         detect_format(plain)
     # a format named by the key is checked against the files and the tokenizer's tokens

@@ -250,6 +250,14 @@ def _batches(rows: list[tuple[int, Row]], batch_size: int) -> list[list[tuple[in
     return out
 
 
+def _load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"reward.prm: '{path}' has no tokenizer that loads ({first})") from exc
+
+
 def _has_chat_template(tokenizer: PreTrainedTokenizerBase) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
@@ -283,7 +291,7 @@ def detect_format(path: str | Path, tokenizer: PreTrainedTokenizerBase | None = 
     ):
         return "qwen_prm"
     if any(a.endswith("ForCausalLM") for a in archs):
-        tok = tokenizer or AutoTokenizer.from_pretrained(path, local_files_only=True)
+        tok = tokenizer or _load_tokenizer(path)
         if _has_chat_template(tok) and _single(tok, GOOD) and _single(tok, BAD):
             return "rlhflow"
         if _single(tok, SHEPHERD_TAG) and _single(tok, GOOD) and _single(tok, BAD):
@@ -303,7 +311,7 @@ def load_public(path: str | Path, fmt: str, device: str = "cpu") -> tuple[Public
     if fmt not in FORMATS:
         raise ConfigError(f"prm.format: unknown value {fmt!r}; valid: {', '.join(PRM_FORMATS)}")
     form = FORMATS[fmt]
-    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    tokenizer = _load_tokenizer(path)
     tags = {"math_shepherd": (SHEPHERD_TAG, GOOD, BAD), "qwen_prm": (QWEN_SEPARATOR,), "rlhflow": (GOOD, BAD)}[fmt]
     for tag in tags:
         token_id(tokenizer, tag, fmt)
