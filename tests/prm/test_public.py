@@ -179,7 +179,7 @@ def test_the_prm_source_gives_each_card_s_step_scores(saved, fmt) -> None:
     assert max(log_odds) - min(log_odds) > 1.0  # the scores differ, so a misplaced read would show
     # one row at a time (no padding) gives the same numbers as the padded batch
     prm, tok = load_prm(saved[fmt], "cpu", fmt)
-    assert isinstance(prm, PublicPRM)
+    assert isinstance(prm, PublicPRM) and prm.keeps_logits == (fmt != "qwen_prm")  # LM logits at reads only
     single = [prm.score(tok, [(p, [s for s in steps if s])], batch_size=1)[0] for p, steps in zip(PROMPTS, SPANS)]
     assert single[0] == pytest.approx(direct[0], rel=1e-4, abs=1e-7) and single[1] == pytest.approx(
         direct[1], rel=1e-4, abs=1e-7

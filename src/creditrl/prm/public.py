@@ -24,7 +24,8 @@ tokenizer and input layout, and gives one probability per step, read at the PRM'
 The '+' / '-' ids are the last id of each encoded alone (the cards' ``encode('+')[-1]``). A step's
 text is stripped of surrounding whitespace and of the tag (a tag inside a step would be read as a
 step end). Rows are sorted by length, right-padded and scored ``batch_size`` at a time (at most
-:data:`TOKENS_PER_CALL` padded tokens a pass); a step whose tag lies past the model's
+:data:`TOKENS_PER_CALL` padded tokens a pass; a causal LM computes its vocabulary logits only at
+the read positions); a step whose tag lies past the model's
 ``max_position_embeddings`` scores NaN, as in :meth:`ProcessRewardModel.score`.
 
 A model whose ``config.json`` names its own code (``auto_map``, as Qwen2.5-Math-PRM does) is
@@ -33,6 +34,7 @@ loaded with ``trust_remote_code=True``: the code is the files in that directory,
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -197,6 +199,9 @@ class PublicPRM:
     def __init__(self, model: PreTrainedModel, fmt: str) -> None:
         self.model = model.eval()
         self.format = FORMATS[fmt]
+        # a causal LM computes vocabulary logits only at the read positions (a 128k vocabulary
+        # over every token of a batch would dwarf the activations)
+        self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
 
     @property
     def max_positions(self) -> int:
@@ -227,12 +232,15 @@ class PublicPRM:
         device = next(self.model.parameters()).device
         for chunk in _batches(rows, batch_size):
             ids, mask = right_pad([r[0] for _, r in chunk], pad)
-            result = self.model(input_ids=ids.to(device), attention_mask=mask.to(device))
-            logits = result.logits if hasattr(result, "logits") else result[0]  # (B, L, V)
             picks = [(e, k, b, t) for b, (e, (_, reads)) in enumerate(chunk) for k, t in reads]
             if not picks:
                 continue
-            at = logits[[p[2] for p in picks], [p[3] for p in picks]]  # (N, V)
+            kept = sorted({t for *_, t in picks})
+            column = {t: j for j, t in enumerate(kept)} if self.keeps_logits else {t: t for t in kept}
+            extra = {"logits_to_keep": torch.tensor(kept, device=device)} if self.keeps_logits else {}
+            result = self.model(input_ids=ids.to(device), attention_mask=mask.to(device), **extra)
+            logits = result.logits if hasattr(result, "logits") else result[0]  # (B, L or len(kept), V)
+            at = logits[[p[2] for p in picks], [column[p[3]] for p in picks]]  # (N, V)
             for (e, k, _, _), p in zip(picks, read(at).cpu().tolist()):
                 out[e][k] = float(p)
         return out
