@@ -248,6 +248,9 @@ def test_detection_reads_creditrl_prms_and_refuses_other_models_in_one_line(save
     # a format named by the key is checked against the files and the tokenizer's tokens
     with pytest.raises(ConfigError, match=r"prm.format=creditrl: '.*' has no prm_config.json"):
         load_prm(saved["rlhflow"], "cpu", "creditrl")
+    wrong_kind = r"prm.format=rlhflow: '.*' holds Qwen2ForTokenClassification, not a \*ForCausalLM"
+    with pytest.raises(ConfigError, match=wrong_kind):
+        load_prm(saved["qwen_prm"], "cpu", "rlhflow")
     with pytest.raises(
         ConfigError, match=r"prm.format=qwen_prm: the PRM's tokenizer has no single token for '<extra_0>'"
     ):

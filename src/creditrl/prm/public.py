@@ -156,12 +156,15 @@ class PublicFormat:
     """A public PRM convention: how to load it, lay out its inputs and read a step's probability.
 
     ``rows(tokenizer, prompt, steps)`` -> model inputs; ``reader(tokenizer, fmt)`` -> a function of
-    the logits at the read positions, (N, V) -> the N step probabilities."""
+    the logits at the read positions, (N, V) -> the N step probabilities; ``tokens``: the texts the
+    tokenizer must hold as single tokens; ``chat``: whether it needs a chat template."""
 
     name: str
     auto_class: Any
     rows: Callable[[PreTrainedTokenizerBase, str, Sequence[str]], list[Row]]
     reader: Callable[[PreTrainedTokenizerBase, str], Callable[[Tensor], Tensor]]
+    tokens: tuple[str, ...]
+    chat: bool
     describe: str
 
 
@@ -173,6 +176,8 @@ FORMATS: dict[str, PublicFormat] = {
             AutoModelForCausalLM,
             _shepherd_rows,
             _plus_over_minus,
+            (SHEPHERD_TAG, GOOD, BAD),
+            False,
             f"a causal LM whose tokenizer has the step tag '{SHEPHERD_TAG}' and no chat template",
         ),
         PublicFormat(
@@ -180,10 +185,18 @@ FORMATS: dict[str, PublicFormat] = {
             AutoModelForTokenClassification,
             _qwen_rows,
             _label_one,
+            (QWEN_SEPARATOR,),
+            True,
             "a 2-label token-classification model (or *ForProcessRewardModel)",
         ),
         PublicFormat(
-            "rlhflow", AutoModelForCausalLM, _rlhflow_rows, _plus_over_minus, "a causal LM with a chat template"
+            "rlhflow",
+            AutoModelForCausalLM,
+            _rlhflow_rows,
+            _plus_over_minus,
+            (GOOD, BAD),
+            True,
+            "a causal LM with a chat template",
         ),
     )
 }
@@ -320,19 +333,27 @@ def load_public(path: str | Path, fmt: str, device: str = "cpu") -> tuple[Public
         raise ConfigError(f"prm.format: unknown value {fmt!r}; valid: {', '.join(PRM_FORMATS)}")
     form = FORMATS[fmt]
     tokenizer = _load_tokenizer(path)
-    tags = {"math_shepherd": (SHEPHERD_TAG, GOOD, BAD), "qwen_prm": (QWEN_SEPARATOR,), "rlhflow": (GOOD, BAD)}[fmt]
-    for tag in tags:
-        token_id(tokenizer, tag, fmt)
-    if fmt != "math_shepherd" and not _has_chat_template(tokenizer):
+    for text in form.tokens:
+        token_id(tokenizer, text, fmt)
+    if form.chat and not _has_chat_template(tokenizer):
         raise ConfigError(f"prm.format={fmt}: the PRM's tokenizer at '{path}' has no chat template")
     target = resolve_device(device)
-    config = json.loads((Path(path) / "config.json").read_text())
-    custom = "ForProcessRewardModel" in str(config.get("architectures"))  # its own head, in its own code
+    config_file = Path(path) / "config.json"
+    if not config_file.exists():
+        raise ConfigError(f"prm.format={fmt}: '{path}' has no config.json (a model saved with save_pretrained)")
+    config = json.loads(config_file.read_text())
+    custom = fmt == "qwen_prm" and "ForProcessRewardModel" in str(config.get("architectures"))  # its head is code
+    if custom and not config.get("auto_map"):
+        raise ConfigError(f"prm.format={fmt}: '{config_file}' names {config['architectures']} but no auto_map code")
+    kind = form.auto_class.__name__.removeprefix("AutoModel")  # ForCausalLM, ForTokenClassification
+    archs = [str(a) for a in config.get("architectures") or []]
+    if not custom and not any(a.endswith(kind) for a in archs):
+        raise ConfigError(f"prm.format={fmt}: '{path}' holds {', '.join(archs) or 'no architecture'}, not a *{kind}")
     auto_class = AutoModel if custom else form.auto_class
     model = auto_class.from_pretrained(
         path,
         local_files_only=True,
         dtype=torch.float32 if target.type == "cpu" else "auto",
-        trust_remote_code=custom and bool(config.get("auto_map")),
+        trust_remote_code=custom,
     )
     return PublicPRM(model.to(target), fmt), tokenizer
