@@ -303,3 +303,17 @@ def test_answer_hooks_agree_with_check_outcome_on_the_bundled_problems() -> None
 def finite(row: dict) -> bool:
     """Every number of a metrics row is finite (eval/correct is the packed per-problem outcomes)."""
     return all(math.isfinite(v) for k, v in row.items() if k != "eval/correct")
+
+
+def test_a_conversational_prompt_of_one_user_turn_stays_a_conversation(tmp_path):
+    """TRL's conversational format with a single user turn: reward functions get the turns, not
+    text (a function indexing ``prompts[i][-1]["content"]`` works), and the prompt text is that turn."""
+    path = tmp_path / "d.jsonl"
+    rows = [
+        {"prompt": [{"role": "user", "content": "What is 2+2?"}], "answer": "4"},
+        {"prompt": "What is 3+3?", "answer": "6"},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    first, second = load_math_rows(str(path))
+    assert first.messages == (("user", "What is 2+2?"),) and first.question == "What is 2+2?"
+    assert second.messages == ()

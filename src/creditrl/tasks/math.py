@@ -141,7 +141,7 @@ def _row(rows: DataRows, number: int, row: dict[str, Any], keys: _Keys, timeout_
         solution = _cell(rows, number, row, keys.solution)
     elif solution is None and "completion" in row:
         solution = _completion(rows, number, row["completion"])
-    messages = prompt.messages if prompt.messages != (("user", prompt.text),) else ()
+    messages = prompt.messages  # a conversation stays one, even of a single user turn (TRL reward functions read it)
     used = {prompt_key, keys.answer, keys.solution, "completion"}
     columns = tuple((k, v) for k, v in row.items() if k not in used)
     return MathRow(prompt.text, answer, solution, messages, templated, columns, number)
