@@ -96,12 +96,22 @@ def pass_at_k_metrics(group_ids: torch.Tensor, outcome: torch.Tensor) -> dict[st
     return {"train/pass@1": mean_pass_at_k(counts, 1), "train/pass@k": mean_pass_at_k(counts, k), "train/pass_k": k}
 
 
+def zero_spread_share(seq_reward: torch.Tensor, group_ids: torch.Tensor, keep: torch.Tensor) -> float:
+    """The share of groups whose kept responses' sequence rewards (B,) all lie within 1e-6 of each
+    other (a group of one kept response counts): groups a group-relative estimator gives no
+    advantage, so no learning signal (``reward/zero_spread_groups``; 1.0 when nothing was kept)."""
+    groups = [seq_reward[keep & (group_ids == g)] for g in group_ids[keep].unique()]
+    flat = [float(r.max() - r.min()) <= 1e-6 for r in groups]
+    return sum(flat) / len(flat) if flat else 1.0
+
+
 def _batch_metrics(rec: IterationRecord) -> dict[str, Any]:
     batch, scored = rec.batch, rec.scored
     seq_reward = (scored.rewards * batch.response_mask).sum(-1)
     return {
         "reward/mean": float(seq_reward.mean()),
         "reward/std": float(seq_reward.std()) if batch.size > 1 else 0.0,
+        "reward/zero_spread_groups": zero_spread_share(seq_reward, batch.group_ids, scored.keep),
         "reward/placed_per_response": float(scored.reward_mask.sum(-1).float().mean()),
         "reward/errors": scored.errors,
         **{f"reward/errors/{name}": n for name, n in sorted(scored.counts.errors.items())},
