@@ -148,9 +148,15 @@ def _run_one(
     checkpoints at each evaluation (or more often, as its config says), so that ``resume`` (the
     same plan interrupted) continues it from the last one -- a resumed run's metrics equal an
     uninterrupted run's, and the replayed iterations' time is not counted twice."""
+    import resource
     import time
 
+    def cpu_s() -> float:  # this process and the children it waited for (math-verify, sandboxes), user + system
+        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
     torch.set_num_threads(threads)
+    cpu = cpu_s()
     if jobs > 1:  # parallel runs: their log lines, not interleaved progress bars
         import transformers
 
@@ -165,6 +171,7 @@ def _run_one(
     # train.threads wins; the load average over the run's last 15 minutes says what else shared the machine
     launch = {"threads": torch.get_num_threads(), "jobs": jobs, "cpu": cpu_kind(), "load": round(os.getloadavg()[2], 2)}
     (where / "launch.json").write_text(json.dumps(launch))
+    (where / "cost.json").write_text(json.dumps({"cpu_s": round(cpu_s() - cpu, 2)}))  # a resumed run: since the resume
     return time.time() - start
 
 

@@ -46,6 +46,8 @@ class PlannedRun:
 # in a grid's run directory: the run's identity, so that a rerun of the grid continues an
 # interrupted run of the same plan from its last checkpoint, and starts any other afresh
 PLAN_FILE = "grid_run.json"
+# in a grid's run directory: how the run was launched, and the CPU seconds it took
+RUN_FILES = ("launch.json", "cost.json")
 
 
 def plan_text(run: PlannedRun) -> str:
@@ -137,9 +139,8 @@ def summarise_run(run: PlannedRun, rows: list[dict[str, Any]] | None = None) -> 
     rows = rows if rows is not None else load_metrics(run.where)
     if (run.where / "config.yaml").is_file():  # the start the run resolved (the SFT cache's path)
         run.identity["init"] = load_config(run.where / "config.yaml").train.init
-    f = run.where / "launch.json"
-    launch = json.loads(f.read_text()) if f.exists() else {}
-    write_summary(run.summary, run_summary(rows, run.identity, launch))
+    launch, cost = (json.loads(f.read_text()) if f.is_file() else {} for f in (run.where / n for n in RUN_FILES))
+    write_summary(run.summary, run_summary(rows, run.identity, launch, cost))
 
 
 def summarised_arms(

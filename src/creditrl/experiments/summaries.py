@@ -7,7 +7,10 @@ on a fresh clone without training, and an interrupted grid resumes at the first 
 A summary (``findings/runs/<grid>/<arm>/seed<S>.json``) holds what identifies the run (its
 overrides, budget and start), how it was launched, every iteration's ``time/iter_s``, and every
 evaluation row restricted to :data:`EVAL_KEYS` (the per-problem outcomes ``eval/correct``
-included). :func:`history` turns it back into the metrics rows the reports read.
+included), the diagnostics of :data:`WINDOW_KEYS` averaged over each evaluation's window of
+iterations (``windows``; summaries written before them have none), and what the run cost
+(``cost``: generated tokens, CPU seconds; optional too). :func:`history` turns it back into the
+metrics rows the reports read, a window's means as ``window/<key>`` on its evaluation's row.
 """
 
 from __future__ import annotations
@@ -18,7 +21,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EVAL_KEYS", "VERSION", "history", "read_summary", "run_summary", "summary_matches", "write_summary"]
+__all__ = [
+    "EVAL_KEYS",
+    "VERSION",
+    "WINDOW_KEYS",
+    "diagnostic_windows",
+    "history",
+    "read_summary",
+    "run_mean",
+    "run_summary",
+    "summary_matches",
+    "write_summary",
+]
 
 VERSION = 1
 EVAL_KEYS = (
@@ -42,11 +56,47 @@ EVAL_KEYS = (
     "eval/timeouts",
     "eval/correct",
 )
+# the diagnostics a summary keeps per evaluation window: the critic's fit (when a critic runs), the
+# sampled responses' length, the groups that give no signal, the drift from the start, the entropy
+WINDOW_KEYS = (
+    "value/explained_variance",
+    "loss/value",
+    "response/length",
+    "reward/zero_spread_groups",
+    "kl/ref",
+    "policy/entropy",
+)
+DIGITS = 6  # significant digits a window's means keep (kilobytes, not a metrics file)
 
 
-def run_summary(rows: list[dict[str, Any]], identity: dict[str, Any], launch: dict[str, Any]) -> dict[str, Any]:
+def diagnostic_windows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per evaluation, the mean of each of :data:`WINDOW_KEYS` the run logged over the iterations
+    since the previous evaluation (that evaluation's iteration excluded, its own included):
+    ``{"iteration": its iteration, "iterations": how many were averaged, key: mean, ...}``. An
+    evaluation with no iteration in its window (the start's) has no window."""
+    out, window = [], []
+    for r in rows:
+        if "time/iter_s" in r:
+            window.append(r)
+        if "eval/accuracy" not in r or not window:
+            continue
+        means = {
+            k: float(f"{sum(w[k] for w in window if k in w) / sum(k in w for w in window):.{DIGITS}g}")
+            for k in WINDOW_KEYS
+            if any(k in w for w in window)
+        }
+        out.append({"iteration": r["iteration"], "iterations": len(window), **means})
+        window = []
+    return out
+
+
+def run_summary(
+    rows: list[dict[str, Any]], identity: dict[str, Any], launch: dict[str, Any], cost: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """The summary of a finished run's metrics ``rows``; ``identity`` (overrides, budget, unit,
-    init) says which run it is, ``launch`` how it ran (threads, jobs)."""
+    init) says which run it is, ``launch`` how it ran (threads, jobs), ``cost`` what it took
+    (``cpu_s``: the CPU seconds of its process and the children it waited for)."""
+    spent = {"generated_tokens": rows[-1]["tokens/total"]} if rows and "tokens/total" in rows[-1] else {}
     return {
         "version": VERSION,
         **identity,
@@ -55,6 +105,8 @@ def run_summary(rows: list[dict[str, Any]], identity: dict[str, Any], launch: di
         "load": launch.get("load"),  # the 15-minute load average at the run's end (None: not recorded)
         "iter_s": [[r["iteration"], round(r["time/iter_s"], 4)] for r in rows if "time/iter_s" in r],
         "evals": [{k: r[k] for k in EVAL_KEYS if k in r} for r in rows if "eval/accuracy" in r],
+        "windows": diagnostic_windows(rows),
+        "cost": {**spent, **(cost or {})},
     }
 
 
@@ -85,4 +137,20 @@ def history(summary: dict[str, Any]) -> list[dict[str, Any]]:
     rows: dict[int, dict[str, Any]] = {it: {"iteration": it, "time/iter_s": t} for it, t in summary["iter_s"]}
     for ev in summary["evals"]:
         rows.setdefault(ev["iteration"], {"iteration": ev["iteration"]}).update(ev)
+    for w in summary.get("windows", []):
+        rows.setdefault(w["iteration"], {"iteration": w["iteration"]}).update(
+            {f"window/{k}": v for k, v in w.items() if k != "iteration"}
+        )
     return [rows[k] for k in sorted(rows)]
+
+
+def run_mean(rows: list[dict[str, Any]], key: str) -> float | None:
+    """The mean of ``key`` over a run's iterations: over its metrics rows that log it, else over a
+    summary's windows (:func:`history`'s ``window/<key>``, weighted by their iterations); None when
+    neither holds it."""
+    logged = [r[key] for r in rows if key in r]
+    if logged:
+        return sum(logged) / len(logged)
+    windows = [(r[f"window/{key}"], r["window/iterations"]) for r in rows if f"window/{key}" in r]
+    total = sum(n for _, n in windows)
+    return sum(v * n for v, n in windows) / total if total else None
