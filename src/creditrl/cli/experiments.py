@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -131,8 +132,22 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("compare", help="a grid of arms x seeds at a fixed generation budget: table and plots")
-    p.add_argument("grid", help="grid YAML (see creditrl.experiments.compare; example grids/estimators.yaml)")
+    from creditrl.experiments.grid_keys import keys_text
+
+    p = sub.add_parser(
+        "compare",
+        help="a grid of arms x seeds at a fixed generation budget: table, plots and a verdict per arm",
+        description=textwrap.fill(
+            "Runs every arm of the grid file with every seed at the same budget, reports a table and plots, "
+            "and ends with one line per arm against the reference: better, worse or no difference detectable, "
+            "with the interval (seed-level paired t, Holm over the arms). Grid file keys (every one but "
+            "arms/grid optional; docs/compare.md has a worked example):"
+        )
+        + "\n"
+        + keys_text(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("grid", help="grid YAML (keys above; example grids/estimators.yaml)")
     p.add_argument(
         "--quick", action="store_true", help="demo_quick sizes, a tiny budget, 2 seeds (numbers meaningless)"
     )

@@ -9,7 +9,9 @@ Grid file (every key but ``arms``/``grid`` optional)::
     seeds: [0, 1, 2]
     budget: {tokens: 400000}  # or {samples: 20000}, per run
     target: {gain: 0.10}      # "to reach": absolute accuracy (0.5) or {gain: g} over the arm's start
-    init: sft                 # sft = the cached SFT of base + set, or a checkpoint directory
+    init: auto                # auto (train.init=auto: the model as it is, SFT for the tiny preset),
+                              # policy, sft (the SFT of base + set, cached or kept), or a checkpoint
+    reference: grpo           # the arm the others are compared with (verdicts: default the first)
     arms:                     # name -> overrides
       grpo: [credit.estimator=grpo]
     grid:                     # key -> values, expanded as a cartesian product (x arms when both)
@@ -22,6 +24,13 @@ large enough for the budget to be reached, or the run is never "finished"); ``sa
 ceil(samples / (prompts_per_iter x group_size))`` per arm, since the trainer has no samples
 budget. Every run goes through :func:`creditrl.experiments.launch.run_arms`: a finished run in
 the output directory is read back, not rerun (an arm is keyed by its name, not its overrides).
+
+The output ends with one line per arm against the reference
+(:func:`creditrl.experiments.compare_report.verdict_lines`): better, worse or no difference
+detectable (with the smallest detectable difference), the interval, by the seed-level paired t
+with Holm's correction over the arms judged; no verdict for an arm whose rewards had zero spread in
+at least 90% of its groups, nor for any when no arm moved from the start. docs/compare.md is the
+user's reference, with a worked example.
 """
 
 from __future__ import annotations
@@ -35,7 +44,10 @@ from typing import Any
 
 import numpy as np
 
+from creditrl.config import load_config
 from creditrl.experiments.compare_report import (
+    cost_rows,
+    costs_markdown,
     cpu_hours,
     difference_rows,
     differences_markdown,
@@ -45,12 +57,14 @@ from creditrl.experiments.compare_report import (
     results_csv,
     results_markdown,
     summarise_arm,
+    verdict_lines,
+    verdict_rows,
 )
 from creditrl.experiments.curves import plot_seed_curves
 from creditrl.experiments.grid import TOKEN_ITERATIONS, load_grid
 from creditrl.experiments.launch import launch_settings, run_arms, run_launch
 from creditrl.experiments.plan import slug, summary_files
-from creditrl.experiments.starts import grid_start, kept_start
+from creditrl.experiments.starts import any_start, kept_start, known_starts
 from creditrl.experiments.summaries import read_summary
 
 
@@ -75,10 +89,13 @@ def run_compare(
     out.mkdir(parents=True, exist_ok=True)
     start = time.time()
     log = lambda msg: print(f"[creditrl compare] {time.time() - start:6.0f} s  {msg}", flush=True)  # noqa: E731
-    init = grid.init
-    if init == "sft" and summaries is None:
-        init = grid_start(grid.base, grid.common)
+    init: str | None = grid.init
     common = ([f"train.iterations={TOKEN_ITERATIONS}"] if grid.unit == "tokens" else []) + grid.common
+    if init == "policy":  # each run starts from its policy.model (train.init=policy), no SFT
+        log(f"start: {load_config(grid.base, grid.common).policy.model} as it is (init: policy), no warm start")
+        common, init = common + ["train.init=policy"], None
+    elif init == "sft" and summaries is None:
+        init = any_start(grid.base, grid.common, known_starts(Path(grid_path).parent), log)
     log(f"{len(grid.arms)} arms x {len(grid.seeds)} seeds, {grid.budget:,} generated {grid.unit} per run -> {out}")
     results = run_arms(
         grid.base,
@@ -98,6 +115,7 @@ def run_compare(
         name: [run_launch(out / slug(name) / f"seed{s}").get("cpu") for s in grid.seeds] for name in grid.arms
     }
     loads: list[float] = []
+    cpu = {name: [_cpu_s(out / slug(name) / f"seed{s}") for s in grid.seeds] for name in grid.arms}
     if summaries is not None:
         files = summary_files(grid.base, grid.arms, grid.seeds, grid.budget, common, grid.unit, summaries)
         found = [read_summary(f) for f in files]  # a run shared with another grid: its summary there
@@ -108,6 +126,8 @@ def run_compare(
         launches = [x for i, x in enumerate(f["launch"] for f in found) if x not in [f["launch"] for f in found[:i]]]
         cpus = iter(f["launch"].get("cpu") for f in found)  # in the plan's order: arm by arm, seed by seed
         machines = {name: [next(cpus) for _ in grid.seeds] for name in grid.arms}
+        spent = iter(f.get("cost", {}).get("cpu_s") for f in found)
+        cpu = {name: [next(spent) for _ in grid.seeds] for name in grid.arms}
     rows = [summarise_arm(name, hs, grid.target, grid.gain) for name, hs in results.items()]
     table = results_markdown(rows)
     differences = difference_rows(results, grid.reference, machines) if grid.reference else []
@@ -116,6 +136,11 @@ def run_compare(
     prms = prm_rows(results)
     if prms:
         table += "\n" + prm_markdown(prms)
+    costs = cost_rows(results, cpu)
+    table += "\n" + costs_markdown(costs)
+    judge = grid.reference or next(iter(grid.arms))
+    verdicts = verdict_rows(results, judge)
+    lines = verdict_lines(verdicts, judge)
     title = f"{grid.name}: {grid.budget:,} generated {grid.unit} per run, mean ± 95% CI over {len(grid.seeds)} seeds"
     plot_seed_curves(
         results,
@@ -149,7 +174,10 @@ def run_compare(
     target = f"{100 * grid.target:.1f}%" if grid.target is not None else f"start + {100 * grid.gain:.1f} points"
     (out / "results.md").write_text(
         f"# compare: {grid.name}\n\nGrid {grid_path}; base {grid.base}; seeds {grid.seeds}; budget {grid.budget:,} "
-        f"generated {grid.unit} per run; target {target}; init {init}; launched: {launch_text(launches)}.\n\n{table}\n"
+        f"generated {grid.unit} per run; target {target}; init {init or 'policy'}; launched: "
+        f"{launch_text(launches)}.\n\n{table}\n## Verdicts against {judge}\n\n"
+        + "".join(f"- {x}\n" for x in lines)
+        + "\n"
         "![accuracy vs samples](plots/accuracy_vs_samples.png)\n![accuracy vs wall "
         "time](plots/accuracy_vs_wall_time.png)\n"
         "![response length vs samples](plots/length_vs_samples.png)\n"
@@ -157,9 +185,11 @@ def run_compare(
     (out / "results.csv").write_text(results_csv(rows))
     summary = {
         "grid": {**asdict(grid), "base": str(grid.base)},
-        "init": init,
+        "init": init or "policy",
         "rows": [asdict(r) for r in rows],
         "differences": differences,
+        "verdicts": verdicts,
+        "costs": costs,
         **({"prm": prms} if prms else {}),
         "launches": launches,
         "machines": machines,
@@ -170,4 +200,11 @@ def run_compare(
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print("\n" + table)
     log(f"results: {out / 'results.md'}")
+    print(f"\nVerdicts against {judge}:\n" + "\n".join(lines), flush=True)
     return {**summary, "results": results}  # and each arm's histories, not written to summary.json
+
+
+def _cpu_s(run: Path) -> float | None:
+    """The CPU seconds a grid's run took (its ``cost.json``; None when it has none)."""
+    f = run / "cost.json"
+    return json.loads(f.read_text()).get("cpu_s") if f.is_file() else None

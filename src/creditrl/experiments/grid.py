@@ -1,5 +1,5 @@
 """Grid files of ``creditrl compare``: parsed, validated and expanded into arms (the file format
-is in :mod:`creditrl.experiments.compare`)."""
+is in :mod:`creditrl.experiments.compare` and docs/compare.md; :data:`KEY_HELP` lists the keys)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ import yaml
 
 from creditrl.config import ConfigError, load_config
 from creditrl.config.loader import arith_config_path, demo_config_path, packaged_config, read_yaml_file
-from creditrl.train.resolve import checked
+from creditrl.experiments.grid_keys import KEY_HELP
+from creditrl.train.resolve import checked, start_kind
 
-KEYS = {"name", "base", "set", "seeds", "budget", "target", "init", "arms", "grid", "reference"}
+KEYS = set(KEY_HELP)
+INITS = ("auto", "policy", "sft")
 PACKAGED = (
     "demo",
     "demo_quick",
@@ -48,7 +50,7 @@ class Grid:
     budget: int
     target: float | None  # absolute accuracy target, or None when gain is set
     gain: float | None  # target = the arm's start accuracy + gain
-    init: str
+    init: str  # resolved: sft, policy or a checkpoint directory
     arms: dict[str, list[str]]
     reference: str | None = None  # the arm every other is compared with, problem by problem
 
@@ -129,9 +131,13 @@ def load_grid(path: str | Path, *, quick: bool = False, seeds: int | None = None
         absolute, gain = float(target), None
     else:
         raise ConfigError(f"{path}: key 'target' must be an accuracy in [0, 1] or {{gain: g}}, got {target!r}")
-    init = data.get("init", "sft")
-    if not isinstance(init, str) or (init != "sft" and not Path(init).exists()):
-        raise ConfigError(f"{path}: key 'init' must be 'sft' or an existing checkpoint directory, got {init!r}")
+    init = data.get("init", "auto")
+    if not isinstance(init, str) or (init not in INITS and not Path(init).exists()):
+        raise ConfigError(
+            f"{path}: key 'init' must be auto, policy, sft or an existing checkpoint directory, got {init!r}"
+        )
+    if init == "auto":  # as train.init=auto: the named model as it is, SFT for the tiny preset
+        init = start_kind(load_config(base, common))
     if "arms" not in data and "grid" not in data:
         raise ConfigError(f"{path}: needs 'arms' (name -> overrides) or 'grid' (key -> values), or both")
     arms = data.get("arms", {"": []})

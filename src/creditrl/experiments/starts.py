@@ -6,16 +6,22 @@ it is known to be the one the committed runs started from, and a start that is n
 grid before it trains. A kept start's state holds its held-out outcomes on the RL task it was kept
 with; its outcomes on each other RL task it served (a grid of the same SFT recipe on other problems)
 are kept beside it in ``heldout.json``, so that the findings can name it as those runs' start too.
+
+A grid anywhere else (a user's, keeping no summaries) starts from the cache entry of its SFT recipe
+when there is one, else from a start a checkout keeps for that recipe (:func:`known_starts`), and
+trains one only when neither exists (:func:`any_start`).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from creditrl.cache import cache_root
 from creditrl.config import Config, load_config
 from creditrl.errors import ConfigError
 from creditrl.experiments.summaries import read_summary
@@ -43,6 +49,50 @@ def grid_start(
     if kept is not None:
         _keep_heldout(cfg, path, kept)
     return str(path)
+
+
+def known_starts(*places: Path) -> list[Path]:
+    """The folders of kept starts (``findings/starts``) a grid anywhere may start from: under the
+    working directory, under ``places`` (a grid file's folder) or one above them, and in the
+    checkout creditrl runs from; those that exist, each once."""
+    roots = [Path.cwd(), *(q for p in places for q in (p.resolve(), *p.resolve().parents))]
+    roots.append(Path(__file__).resolve().parents[3])  # src/creditrl/experiments/starts.py -> the checkout
+    found = [r / "findings" / "starts" for r in roots]
+    return [d for d in dict.fromkeys(found) if d.is_dir()]
+
+
+def _cached(cfg: Config) -> bool:
+    """Whether the SFT cache holds a start of ``cfg``'s recipe (its own entry, or one of the same
+    recipe for another RL task, which :func:`~creditrl.train.sft.cached_sft` links)."""
+    from creditrl.train.sft import recipe_key, sft_key
+
+    root = cache_root()
+    recipe = root / "sft-recipes" / recipe_key(cfg)
+    entries = [root / "sft" / sft_key(cfg)] + ([root / "sft" / recipe.read_text().strip()] if recipe.is_file() else [])
+    return any((e / "trainer_state.json").is_file() for e in entries)
+
+
+def any_start(base: Path, common: list[str], known: Sequence[Path], log: Callable[[str], None] = print) -> str:
+    """The SFT start of a grid on ``base`` + ``common`` that keeps no summaries: the cache entry of
+    its recipe when there is one, else a start kept for the recipe in one of ``known`` (used as it
+    is, not trained again), else trained now; ``log`` says which (a start trained with progress on
+    is announced by the warm start itself, with its step count and time estimate)."""
+    from creditrl.train.sft import cached_sft, recipe_key
+
+    cfg = load_config(base, common)
+    key = recipe_key(cfg)
+    kept = next((d / key for d in known if (d / key / "trainer_state.json").is_file()), None)
+    if _cached(cfg):
+        log(f"start: the cached supervised warm start of {cfg.policy.model} (init: sft)")
+        kept = None
+    elif kept is not None:
+        log(f"start: the warm start kept at {kept} (the same SFT recipe), not trained again")
+    elif not cfg.train.progress:
+        log(
+            f"start: supervised warm start of {cfg.policy.model}, {cfg.sft.steps} steps (init: sft; "
+            "init: policy starts RL from the model as it is)"
+        )
+    return str(cached_sft(cfg, progress=cfg.train.progress, weights=kept)[0])
 
 
 def _keep_heldout(cfg: Config, path: Path, kept: Path) -> None:
