@@ -33,8 +33,9 @@ class PolicyConfig(Section):
     engine: str = Field(
         "auto",
         description="generation engine (a registered engine): `static` (pre-allocated "
-        "KV cache, CPU), `hf` (any HF model), `vllm` (CUDA, vLLM installed separately); `auto` "
-        "resolves to `static` when the architecture allows, else `hf`",
+        "KV cache, CPU), `compiled` (static KV cache, decode step compiled per shape bucket: CUDA graphs "
+        "on CUDA), `hf` (any HF model), `vllm` (CUDA, vLLM installed separately); `auto` resolves to "
+        "`compiled` on CUDA and `static` on the CPU when the architecture allows, else `hf`",
     )
     kernels: Kernels = Field(
         "auto",

@@ -130,7 +130,7 @@ def _device(cfg: Config) -> None:
         raise ConfigError(str(exc)) from exc
     if device.type != "cpu" and p.engine == "static":
         raise ConfigError(
-            f"policy.engine: the static engine is written for the CPU; on '{p.device}' use hf, vllm or auto"
+            f"policy.engine: the static engine is written for the CPU; on '{p.device}' use compiled, hf, vllm or auto"
         )
     if device.type != "cpu" and cfg.backend.name == "ray":
         raise ConfigError("policy.device: the Ray backend's rollout workers run on the CPU; use policy.device=cpu")
@@ -146,8 +146,10 @@ def _device(cfg: Config) -> None:
         raise ConfigError(
             "policy.precision: the Ray backend's rollout workers sample in fp32; use policy.precision=fp32"
         )
-    if p.lora_r and p.engine == "static":
-        raise ConfigError("policy.engine: 'static' reads plain weights and cannot run LoRA adapters; use auto or hf")
+    if p.lora_r and p.engine in ("static", "compiled"):
+        raise ConfigError(
+            f"policy.engine: '{p.engine}' reads plain weights and cannot run LoRA adapters; use auto or hf"
+        )
     if p.engine == "vllm":
         _vllm(cfg)
 

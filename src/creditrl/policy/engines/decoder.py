@@ -50,11 +50,12 @@ def reorder_weight(w: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(w.detach(), rows)
 
 
-def unsupported_reason(model: PreTrainedModel) -> str | None:
-    """Why :class:`StaticEngine` cannot run ``model`` (None when it can)."""
+def unsupported_reason(model: PreTrainedModel, *, cpu_only: bool = True) -> str | None:
+    """Why :class:`StaticEngine` cannot run ``model`` (None when it can). ``cpu_only=False``: the
+    same mathematics on any device (the compiled engine's decoder)."""
     if hasattr(model, "peft_config"):
         return "the model carries peft (LoRA) adapters, which the fused plain weights would ignore"
-    if module_device(model).type != "cpu":
+    if cpu_only and module_device(model).type != "cpu":
         return f"it is written for the CPU and the model is on '{module_device(model)}' (use hf or vllm there)"
     cfg = model.config
     if cfg.model_type not in SUPPORTED_MODEL_TYPES:
@@ -77,7 +78,7 @@ def unsupported_reason(model: PreTrainedModel) -> str | None:
 def _cat_bias(*linears: torch.nn.Linear) -> torch.Tensor | None:
     if all(lin.bias is None for lin in linears):
         return None
-    return torch.cat([lin.bias if lin.bias is not None else torch.zeros(lin.out_features) for lin in linears])
+    return torch.cat([lin.bias if lin.bias is not None else lin.weight.new_zeros(lin.out_features) for lin in linears])
 
 
 def _eps(norm: torch.nn.Module) -> float:
@@ -139,8 +140,8 @@ class _Layer:
 class Decoder:
     """The model's weights, fused, and its forward as plain tensor ops (inference only)."""
 
-    def __init__(self, model: PreTrainedModel) -> None:
-        reason = unsupported_reason(model)
+    def __init__(self, model: PreTrainedModel, *, cpu_only: bool = True) -> None:
+        reason = unsupported_reason(model, cpu_only=cpu_only)
         if reason is not None:
             raise ValueError(f"StaticEngine cannot run this model: {reason}")
         cfg = model.config
@@ -194,7 +195,7 @@ class Decoder:
 
     def rope_table(self, width: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin (width, head_dim) from the model's own rotary module."""
-        pos = torch.arange(width)[None]
+        pos = torch.arange(width, device=self.embed.device)[None]
         cos, sin = self.rotary(self.embed[:1], pos)
         return cos[0], sin[0]
 

@@ -8,11 +8,15 @@ from typing import Any
 from transformers import PreTrainedModel
 
 from creditrl.config import PolicyConfig
+from creditrl.policy.device import module_device
+from creditrl.policy.engines.compiled import CompiledEngine
 from creditrl.policy.engines.decoder import unsupported_reason
 from creditrl.policy.engines.hf import HFEngine
 from creditrl.policy.engines.static import StaticEngine
 
 ENGINES: dict[str, str] = {
+    "compiled": "static KV cache, the decode step compiled once per shape bucket (CUDA graphs on CUDA; "
+    "Llama, Mistral, Qwen2, Qwen3)",
     "static": "pre-allocated KV cache and a fused decoder over the HF weights (CPU; Llama, Mistral, Qwen2, Qwen3)",
     "hf": "any HF causal LM through its own forward and KV cache",
     "vllm": "vLLM on a CUDA GPU (installed separately), weights synced after each update",
@@ -21,12 +25,17 @@ ENGINES: dict[str, str] = {
 
 
 def choose_engine(model: PreTrainedModel, kind: str) -> tuple[str, str]:
-    """The engine ``kind`` means for ``model`` and why: ``auto`` is ``static`` when the static engine
-    can run the model, else ``hf``."""
+    """The engine ``kind`` means for ``model`` and why: ``auto`` is ``compiled`` on CUDA and ``static`` on
+    the CPU when that engine can run the model, else ``hf``."""
     if kind != "auto" and kind not in ENGINES:
         raise ValueError(f"policy.engine: expected auto or one of {', '.join(ENGINES)}, got '{kind}'")
     if kind != "auto":
         return kind, "as configured"
+    if module_device(model).type == "cuda":
+        reason = unsupported_reason(model, cpu_only=False)
+        if reason is None:
+            return "compiled", f"auto: the compiled engine runs {model.config.model_type} on CUDA"
+        return "hf", f"auto: the compiled engine cannot run this model: {reason}"
     reason = unsupported_reason(model)
     if reason is None:
         return "static", f"auto: the static engine runs {model.config.model_type} on the CPU"
@@ -45,7 +54,9 @@ def make_engine(
     kernels: str = "auto",
 ):
     """The engine ``kind`` (resolved by :func:`choose_engine`): a
-    :class:`~creditrl.policy.engines.static.StaticEngine` (error if unsupported), an
+    :class:`~creditrl.policy.engines.static.StaticEngine` or a
+    :class:`~creditrl.policy.engines.compiled.CompiledEngine` (error if unsupported; one per model and
+    settings, :meth:`~creditrl.policy.engines.compiled.CompiledEngine.shared`), an
     :class:`~creditrl.policy.engines.hf.HFEngine`, or a :class:`~creditrl.policy.engines.vllm.VLLMEngine`
     (one vLLM instance per process and architecture, shared by every call; it follows ``model``'s
     weights). ``model_path`` (a directory vLLM may load instead of a temporary save of ``model``)
@@ -57,6 +68,8 @@ def make_engine(
         from creditrl.policy.engines.vllm import VLLMEngine
 
         return VLLMEngine(model_path, eos_id=eos_id, pad_id=pad_id, model=model, share=True, **(vllm_options or {}))
+    if kind == "compiled":
+        return CompiledEngine.shared(model, eos_id=eos_id, pad_id=pad_id, precision=precision)
     if kind == "hf":
         return HFEngine(model, eos_id=eos_id, pad_id=pad_id, precision=precision)
     return StaticEngine(model, eos_id=eos_id, pad_id=pad_id, precision=precision, kernels=kernels)

@@ -182,27 +182,13 @@ class StaticEngine(InProcessEngine):
         # Shared-prefix prefill: one forward per distinct prompt.
         uniq: dict[tuple[int, ...], int] = {}
         prompt_of = torch.tensor([uniq.setdefault(tuple(p), len(uniq)) for p in requests])  # (n_req,)
-        ids, attn = left_pad([list(p) for p in uniq], self.pad_id)
-        width = ids.shape[1]
+        width = max(len(p) for p in uniq)
         longest = max(len(p) for p in requests) + steps - 1  # the last sampled token is never fed back
         if dec.window is not None and longest > dec.window:
             raise ValueError(f"sequence length {longest} exceeds Mistral sliding_window={dec.window}; use engine 'hf'")
         cos_t, sin_t = dec.rope_table(width + steps)
-        pos = positions_from_mask(attn)
-        causal = torch.ones(width, width, dtype=torch.bool).tril()
-        allowed = causal[None] & attn.bool()[:, None, :]
-        # A fully padded query row (left padding) would attend to nothing; let it see itself.
-        allowed = (allowed | torch.eye(width, dtype=torch.bool)[None])[:, None]  # (u, 1, w, w)
-        bias = torch.zeros(allowed.shape).masked_fill_(~allowed, float("-inf"))
+        plogits, prefix, attn, pos = prefill(dec, [list(p) for p in uniq], self.pad_id, cos_t, sin_t)
         dtype = dec.embed.dtype
-        # prompt keys/values, one row per distinct prompt: (layers, 2, u, kv, width, head_dim)
-        prefix = torch.empty(len(dec.layers), 2, len(uniq), dec.n_kv, width, dec.head_dim, dtype=dtype)
-
-        def prompt_attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            prefix[i, 0], prefix[i, 1] = k, v
-            return dec.prompt_attend(q, k, v, bias)
-
-        plogits = dec.forward(ids, cos_t[pos], sin_t[pos], prompt_attend)
         fused = self._use_kernels(dtype)
         whole = fused and dec.fusable  # the whole decode step through the kernels
         if whole and self.use_onednn(dec.hidden_size):
@@ -262,3 +248,30 @@ class StaticEngine(InProcessEngine):
             slot_pos[: slots.n] += 1
         self.last_rows = (slots.computed, slots.rows)
         return pack_generation(len(prompts), n, requests, tokens, logps, limit, self.eos_id, params.stop_ids)
+
+
+def prefill(
+    dec: Decoder, prompts: list[list[int]], pad_id: int, cos_t: torch.Tensor, sin_t: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The prompt forward of ``prompts`` (u of them, left-padded to width w) on the decoder's device:
+    the last position's logits (u, V) float32, the prompt keys/values (layers, 2, u, kv, w, head_dim),
+    the attention mask (u, w) and the positions (u, w). ``cos_t``/``sin_t``: :meth:`Decoder.rope_table`
+    of at least w columns."""
+    device = dec.embed.device
+    ids, attn = (x.to(device) for x in left_pad(prompts, pad_id))
+    width = ids.shape[1]
+    pos = positions_from_mask(attn)
+    causal = torch.ones(width, width, dtype=torch.bool, device=device).tril()
+    allowed = causal[None] & attn.bool()[:, None, :]
+    # A fully padded query row (left padding) would attend to nothing; let it see itself.
+    allowed = (allowed | torch.eye(width, dtype=torch.bool, device=device)[None])[:, None]  # (u, 1, w, w)
+    bias = torch.zeros(allowed.shape, device=device).masked_fill_(~allowed, float("-inf"))
+    # prompt keys/values, one row per distinct prompt: (layers, 2, u, kv, width, head_dim)
+    shape = (len(dec.layers), 2, len(prompts), dec.n_kv, width, dec.head_dim)
+    prefix = torch.empty(shape, dtype=dec.embed.dtype, device=device)
+
+    def prompt_attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        prefix[i, 0], prefix[i, 1] = k, v
+        return dec.prompt_attend(q, k, v, bias)
+
+    return dec.forward(ids, cos_t[pos], sin_t[pos], prompt_attend), prefix, attn, pos
