@@ -118,6 +118,10 @@ def test_a_users_own_model_gets_a_verdict_line_per_arm_with_no_sft(setting, tmp_
             assert json.loads((tmp_path / "out" / arm / f"seed{seed}" / "cost.json").read_text())["cpu_s"] > 0
     assert [c["generated_tokens"] for c in summary["costs"]] == [[96.0, 0.0], [96.0, 0.0]]
     assert all(c["cpu_s"][0] > 0 for c in summary["costs"])
+    for cost, arm in zip(summary["costs"], ("grpo", "rloo")):  # the updates' positions, summed over iterations
+        runs = [(tmp_path / "out" / arm / f"seed{s}" / "metrics.jsonl").read_text().splitlines() for s in (0, 1)]
+        sums = [sum(json.loads(x).get("update/positions", 0) for x in run) for run in runs]
+        assert cost["trained_positions"][0] == pytest.approx(sum(sums) / 2) and min(sums) > 0
     assert "| grpo | 96 ± 0 |" in (tmp_path / "out" / "results.md").read_text()
 
 

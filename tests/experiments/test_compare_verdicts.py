@@ -109,28 +109,62 @@ def test_no_verdict_when_no_arm_moved_and_none_from_one_seed():
 
 
 def test_a_summary_keeps_each_evaluation_windows_diagnostics_and_old_ones_still_read():
-    rows = [
+    merged = [  # a run's metrics rows, each evaluation merged into its iteration's row
         {"iteration": 0, "eval/accuracy": 0.1, "tokens/total": 0},
         {"iteration": 1, "time/iter_s": 1.0, "kl/ref": 0.1, "policy/entropy": 2.0, "response/length": 4.0},
-        {"iteration": 2, "time/iter_s": 1.0, "kl/ref": 0.3, "policy/entropy": 1.0, "response/length": 6.0},
-        {"iteration": 2, "eval/accuracy": 0.2},
-        {"iteration": 3, "time/iter_s": 1.0, "kl/ref": 0.5, "response/length": 8.0, "loss/value": 1 / 3},
-        {"iteration": 3, "eval/accuracy": 0.3, "tokens/total": 120},
+        {"iteration": 2, "time/iter_s": 1.0, "kl/ref": 0.3, "policy/entropy": 1.0, "response/length": 6.0}
+        | {"eval/accuracy": 0.2, "update/positions": 600.0},
+        {"iteration": 3, "time/iter_s": 1.0, "kl/ref": 0.5, "response/length": 8.0, "loss/value": 1 / 3}
+        | {"eval/accuracy": 0.3, "tokens/total": 120, "update/positions": 640.0},
     ]
-    merged = [rows[0], {**rows[1]}, {**rows[2], **rows[3]}, {**rows[4], **rows[5]}]
     windows = diagnostic_windows(merged)
     assert windows == [
         {"iteration": 2, "iterations": 2, "kl/ref": 0.2, "policy/entropy": 1.5, "response/length": 5.0},
         {"iteration": 3, "iterations": 1, "loss/value": 0.333333, "kl/ref": 0.5, "response/length": 8.0},
     ]
     summary = run_summary(merged, {"arm": "a"}, {"threads": 1, "load": 0.5}, {"cpu_s": 12.5})
-    assert summary["windows"] == windows and summary["cost"] == {"generated_tokens": 120, "cpu_s": 12.5}
+    assert summary["windows"] == windows
+    assert summary["cost"] == {"generated_tokens": 120, "trained_positions": 1240, "cpu_s": 12.5}
     back = history(summary)
     assert back[2]["window/kl/ref"] == 0.2 and back[2]["window/iterations"] == 2
     assert run_mean(back, "kl/ref") == pytest.approx(0.3) == run_mean(merged, "kl/ref")  # (0.2 x 2 + 0.5) / 3
     assert run_mean(back, "value/explained_variance") is None
     old = {k: v for k, v in summary.items() if k not in ("windows", "cost")}  # a summary from before them
     assert history(old) == [{k: v for k, v in r.items() if not k.startswith("window/")} for r in back]
+
+
+def test_the_update_counts_the_token_positions_it_forwards_and_backpropagates():
+    """``update/positions``: every row's real prompt and generated tokens, once per PPO epoch, however
+    the rows are cut into micro-batches; rows left out exactly (zero advantage) are not counted."""
+    from creditrl.config import load_config
+    from creditrl.policy.engines import HFEngine, SamplingParams
+    from creditrl.policy.model import build_tiny
+    from creditrl.rollout.batch import batch_from_generation
+    from creditrl.train.update import update
+
+    model, tok = build_tiny(0)
+    prompts = [[tok.bos_token_id, *tok.encode(s, add_special_tokens=False)] for s in ["7+3=", "12*4-5=", "1=", "9-3="]]
+    eos = tok.encode("#", add_special_tokens=False)[0]
+    gen = HFEngine(model, eos_id=eos, pad_id=tok.pad_token_id).generate(
+        prompts, 3, SamplingParams(max_new_tokens=12), generator=torch.Generator().manual_seed(0)
+    )
+    batch = batch_from_generation(gen, gen.prompt_index, tok.pad_token_id)  # 4 prompts x 3 samples
+    adv = torch.ones(batch.response_mask.shape)
+    zero = batch.group_ids == 1
+    adv[zero] = 0.0
+    per_row = batch.prompt_mask.sum(-1) + batch.response_lengths
+
+    def positions(skip: bool, micro: int) -> float:
+        optim = {"skip_zero_advantage": skip, "minibatches": 2, "ppo_epochs": 2, "micro_batch_positions": micro}
+        cfg = load_config(None, {"optim": optim})
+        m = build_tiny(0)[0]
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+        return update(m, opt, batch, adv, batch.response_mask, cfg, torch.Generator().manual_seed(4))[
+            "update/positions"
+        ]
+
+    assert positions(False, 0) == positions(False, 40) == 2 * float(per_row.sum())
+    assert positions(True, 40) == 2 * float(per_row[~zero].sum())
 
 
 def test_a_grid_without_init_starts_as_train_init_auto_does(tmp_path: Path):

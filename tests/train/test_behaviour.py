@@ -49,9 +49,9 @@ def cache(tmp_path_factory: pytest.TempPathFactory):
 
 # counts of failed user-function calls (reward and held-out checks), newer than the fixtures
 COUNTS_ADDED_LATER = ("reward/errors/", "reward/timeouts/", "eval/errors", "eval/timeouts", "value/check_")
-# the held-out per-problem outcomes (a packed string), the rows' real prompt tokens and the share of groups
-# with zero reward spread, newer than the fixtures
-ADDED_LATER = ("eval/correct", "tokens/prompt", "reward/zero_spread_groups")
+# the held-out per-problem outcomes (a packed string), the rows' real prompt tokens, the share of groups
+# with zero reward spread and the update's token positions, newer than the fixtures
+ADDED_LATER = ("eval/correct", "tokens/prompt", "reward/zero_spread_groups", "update/positions")
 
 
 def _rows(text: str) -> list[dict]:

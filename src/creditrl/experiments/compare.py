@@ -115,7 +115,9 @@ def run_compare(
         name: [run_launch(out / slug(name) / f"seed{s}").get("cpu") for s in grid.seeds] for name in grid.arms
     }
     loads: list[float] = []
-    cpu = {name: [_cpu_s(out / slug(name) / f"seed{s}") for s in grid.seeds] for name in grid.arms}
+    spent = {
+        arm: [_cost(out / slug(arm) / f"seed{s}", h) for s, h in zip(grid.seeds, hs)] for arm, hs in results.items()
+    }
     if summaries is not None:
         files = summary_files(grid.base, grid.arms, grid.seeds, grid.budget, common, grid.unit, summaries)
         found = [read_summary(f) for f in files]  # a run shared with another grid: its summary there
@@ -126,8 +128,8 @@ def run_compare(
         launches = [x for i, x in enumerate(f["launch"] for f in found) if x not in [f["launch"] for f in found[:i]]]
         cpus = iter(f["launch"].get("cpu") for f in found)  # in the plan's order: arm by arm, seed by seed
         machines = {name: [next(cpus) for _ in grid.seeds] for name in grid.arms}
-        spent = iter(f.get("cost", {}).get("cpu_s") for f in found)
-        cpu = {name: [next(spent) for _ in grid.seeds] for name in grid.arms}
+        costs = iter(f.get("cost", {}) for f in found)
+        spent = {name: [next(costs) for _ in grid.seeds] for name in grid.arms}
     rows = [summarise_arm(name, hs, grid.target, grid.gain) for name, hs in results.items()]
     table = results_markdown(rows)
     differences = difference_rows(results, grid.reference, machines) if grid.reference else []
@@ -136,7 +138,7 @@ def run_compare(
     prms = prm_rows(results)
     if prms:
         table += "\n" + prm_markdown(prms)
-    costs = cost_rows(results, cpu)
+    costs = cost_rows(results, spent)
     table += "\n" + costs_markdown(costs)
     judge = grid.reference or next(iter(grid.arms))
     verdicts = verdict_rows(results, judge)
@@ -204,7 +206,11 @@ def run_compare(
     return {**summary, "results": results}  # and each arm's histories, not written to summary.json
 
 
-def _cpu_s(run: Path) -> float | None:
-    """The CPU seconds a grid's run took (its ``cost.json``; None when it has none)."""
+def _cost(run: Path, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """What a grid's run in ``run`` cost: its updates' token positions (summed over its metrics
+    ``rows``) and its CPU seconds (its ``cost.json``); a key is missing where it was not recorded."""
     f = run / "cost.json"
-    return json.loads(f.read_text()).get("cpu_s") if f.is_file() else None
+    cost = json.loads(f.read_text()) if f.is_file() else {}
+    if any("update/positions" in r for r in rows):
+        cost["trained_positions"] = sum(r.get("update/positions", 0) for r in rows)
+    return cost

@@ -432,36 +432,40 @@ def _judged(row: dict[str, Any], reference: str) -> str:
 
 
 def cost_rows(
-    results: dict[str, list[list[dict[str, Any]]]], cpu: dict[str, list[float | None]]
+    results: dict[str, list[list[dict[str, Any]]]], spent: dict[str, list[dict[str, Any]]]
 ) -> list[dict[str, Any]]:
     """Per arm, what its runs cost in units no machine's speed or load changes, mean and 95%
-    half-width over seeds: generated tokens, and (where every run recorded it, ``cpu``: each arm's
-    runs' CPU seconds in seed order) the CPU seconds of the run's process and its waited-for children."""
-    out = []
-    for arm, hs in results.items():
-        secs = cpu.get(arm, [])
-        known = bool(secs) and all(s is not None for s in secs)
-        out.append(
-            {
-                "arm": arm,
-                "generated_tokens": mean_ci95([h[-1]["tokens/total"] for h in hs]),
-                "cpu_s": mean_ci95([float(s) for s in secs]) if known else None,
-            }
-        )
-    return out
+    half-width over seeds: generated tokens, and where every run recorded them (``spent``: each arm's
+    runs' costs in seed order, as a summary's ``cost``) the token positions its updates forwarded and
+    backpropagated and the CPU seconds of its process and the children it waited for."""
+
+    def stat(values: list[Any]) -> tuple[float, float] | None:
+        return mean_ci95([float(v) for v in values]) if values and None not in values else None
+
+    return [
+        {
+            "arm": arm,
+            "generated_tokens": mean_ci95([h[-1]["tokens/total"] for h in hs]),
+            "trained_positions": stat([c.get("trained_positions") for c in spent.get(arm, [])]),
+            "cpu_s": stat([c.get("cpu_s") for c in spent.get(arm, [])]),
+        }
+        for arm, hs in results.items()
+    ]
 
 
 def costs_markdown(rows: list[dict[str, Any]]) -> str:
     """The table of :func:`cost_rows`."""
     out = [
-        "Cost per run, mean ± 95% over seeds: generated tokens, and the CPU seconds (user + system) of the "
+        "Cost per run, mean ± 95% over seeds: generated tokens, the token positions (prompt and response) the "
+        "updates forwarded and backpropagated over every PPO epoch, and the CPU seconds (user + system) of the "
         "run's process and the helper processes it waited for, which a machine's load does not inflate as it "
         "does wall time.\n",
-        "| arm | generated tokens | CPU seconds |",
-        "|---|---|---|",
+        "| arm | generated tokens | trained token-positions | CPU seconds |",
+        "|---|---|---|---|",
     ]
+    num = lambda m, d=0: "–" if m is None else f"{m[0]:,.{d}f} ± {m[1]:,.{d}f}"  # noqa: E731
     for r in rows:
-        tok, cpu = r["generated_tokens"], r["cpu_s"]
-        secs = "–" if cpu is None else f"{cpu[0]:,.1f} ± {cpu[1]:,.1f}"
-        out.append(f"| {r['arm']} | {tok[0]:,.0f} ± {tok[1]:,.0f} | {secs} |")
+        out.append(
+            f"| {r['arm']} | {num(r['generated_tokens'])} | {num(r['trained_positions'])} | {num(r['cpu_s'], 1)} |"
+        )
     return "\n".join(out) + "\n"

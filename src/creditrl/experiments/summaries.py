@@ -9,7 +9,8 @@ overrides, budget and start), how it was launched, every iteration's ``time/iter
 evaluation row restricted to :data:`EVAL_KEYS` (the per-problem outcomes ``eval/correct``
 included), the diagnostics of :data:`WINDOW_KEYS` averaged over each evaluation's window of
 iterations (``windows``; summaries written before them have none), and what the run cost
-(``cost``: generated tokens, CPU seconds; optional too). :func:`history` turns it back into the
+(``cost``: generated tokens, the token positions its updates forwarded and backpropagated, CPU
+seconds; optional too). :func:`history` turns it back into the
 metrics rows the reports read, a window's means as ``window/<key>`` on its evaluation's row.
 """
 
@@ -97,6 +98,8 @@ def run_summary(
     init) says which run it is, ``launch`` how it ran (threads, jobs), ``cost`` what it took
     (``cpu_s``: the CPU seconds of its process and the children it waited for)."""
     spent = {"generated_tokens": rows[-1]["tokens/total"]} if rows and "tokens/total" in rows[-1] else {}
+    if any("update/positions" in r for r in rows):
+        spent["trained_positions"] = int(sum(r.get("update/positions", 0) for r in rows))
     return {
         "version": VERSION,
         **identity,

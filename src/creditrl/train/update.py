@@ -56,6 +56,11 @@ class CriticTarget:
     old_values: torch.Tensor  # float (M, B, T), each head's values at the value stage
 
 
+# the token positions the update's passes forwarded and backpropagated (prompt and response, every
+# PPO epoch and minibatch; a separate critic runs on the same positions): a cost no machine changes
+POSITIONS = "update/positions"
+
+
 def update(
     model: PreTrainedModel,
     optimizer: torch.optim.Optimizer,
@@ -123,11 +128,13 @@ def update(
                 sums[k] = sums.get(k, 0.0) + v
             steps += 1
     out = {k: v / steps for k, v in sums.items()}
+    out[POSITIONS] = sums.get(POSITIONS, 0.0)  # a count: the update's total, not a mean over its steps
     if gap is not None:
         out["policy/sampler_logprob_gap"] = gap
     if ddp.world_size() > 1:  # each rank's weighted sums add up to W times the global metric
         keys = sorted(out)
         out = dict(zip(keys, ddp.all_reduce_mean([out[k] for k in keys])))
+        out[POSITIONS] *= ddp.world_size()  # every rank's passes
     return out
 
 
@@ -210,6 +217,9 @@ class _Update:
                 )
             for k, v in part.items():
                 logs[k] = logs.get(k, 0.0) + weight * v
+            # what the pass forwarded and backpropagated: each row's real prompt and generated tokens
+            positions = self.batch.prompt_mask[micro].sum() + self.batch.response_lengths[micro].sum()
+            logs[POSITIONS] = logs.get(POSITIONS, 0.0) + float(positions)
 
 
 def _zero_advantage_rows(
