@@ -8,6 +8,7 @@ import random
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -449,6 +450,17 @@ def test_a_grid_keeps_its_start_and_runs_only_from_the_one_its_summarised_runs_s
     first = json.loads((summaries / "grpo" / "seed0.json").read_text())["evals"][0]
     assert first["iteration"] == 0 and state["heldout_correct"] == first["eval/correct"]
     assert "eval/correct" not in state["metrics"] and state["metrics"]["eval/accuracy"] == first["eval/accuracy"]
+    # the summary keeps each evaluation window's diagnostics and what the run cost, not its metrics file
+    kept_summary = json.loads((summaries / "grpo" / "seed0.json").read_text())
+    rows = [json.loads(x) for x in (tmp_path / "runs" / "grpo" / "seed0" / "metrics.jsonl").read_text().splitlines()]
+    (window,) = kept_summary["windows"]  # 2 iterations, evaluated at the last
+    assert window["iteration"] == 2 and window["iterations"] == 2
+    for key in ("response/length", "reward/zero_spread_groups", "kl/ref", "policy/entropy"):
+        assert window[key] == pytest.approx(np.mean([r[key] for r in rows[1:]]), rel=1e-5), key
+    cost = kept_summary["cost"]
+    assert cost["generated_tokens"] == rows[-1]["tokens/total"] and cost["cpu_s"] > 0
+    assert cost["trained_positions"] == sum(r["update/positions"] for r in rows[1:]) > 0
+    assert (summaries / "grpo" / "seed0.json").stat().st_size < 4096
 
     # another machine: no cache, and SFT there would train other weights; the kept start is used
     shutil.rmtree(cache)
