@@ -38,6 +38,7 @@ import torch
 
 from creditrl.bench.perf_points import save_with_unreachable_eos
 from creditrl.bench.run import BenchOptions, creditrl_iterations, spread, trl_iterations
+from creditrl.policy.engines import choose_engine
 from creditrl.policy.model import count_parameters, load_policy
 from creditrl.policy.tokenizer import build_char_tokenizer
 
@@ -168,6 +169,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         policy = str(save_model(Path(tmp) / "model", args.layers, seed=0))
         model, _ = load_policy(policy)
+        summary["engine"] = choose_engine(model.to(args.device), "auto")[0]  # creditrl's policy.engine=auto
         summary["model"] = {
             "shape": {**QWEN2_05B, "num_hidden_layers": args.layers, "vocab_size": model.config.vocab_size},
             "parameters": count_parameters(model),

@@ -3,8 +3,9 @@
     python benchmarks/gpu_report.py [--runs docs/results/gpu] [--out docs/results/gpu.md]
 
 ``--runs`` holds ``env.txt`` (the device, its driver, the image's packages), ``gpu_check.log`` (the vLLM
-check's output), ``gpu_train_check.json`` and ``gpu_realsize*.json``; every number of the page is read
-from them, and the JSON files are kept beside the page.
+check's output), ``gpu_train_check.json`` and ``gpu_realsize*.json``, and when they ran
+``gpu_compiled_decode.json`` and ``gpu_decode_profile.json``; every number of the page is read from them,
+and the JSON files are kept beside the page.
 """
 
 from __future__ import annotations
@@ -92,6 +93,86 @@ def _realsize_rows(points: list[dict]) -> list[str]:
     return out
 
 
+ENGINE_NAMES = {"hf": "HF engine", "compiled": "compiled engine (`policy.engine=compiled`, CUDA graphs)"}
+
+
+def _compiled_rows(decode: dict) -> list[str]:
+    """One row per length of ``gpu_compiled_decode.json``: the compiled engine against HF ``generate``."""
+    out = [
+        "| generated tokens | rows | tokens/s compiled / HF `generate` | compiled / HF | ms per step compiled / HF "
+        "| peak GB compiled / HF | first call s (compilation) | timed calls |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for p in decode["points"]:
+        if "error" in p:
+            out.append(f"| {p['length']} | - | error: {p['error']} | | | | | |")
+            continue
+        c, h = p["compiled"], p["hf_generate"]
+        peak = (
+            f"{c['peak_gpu_mb'] / 1024:.1f} / {h['peak_gpu_mb'] / 1024:.1f}"
+            if c["peak_gpu_mb"] is not None and h["peak_gpu_mb"] is not None
+            else "-"
+        )
+        out.append(
+            f"| {p['length']} | {p['rows']} | {c['tokens_per_s']:,.0f} / {h['tokens_per_s']:,.0f} | "
+            f"**{p['ratio_compiled_vs_hf']:.2f}x** | {c['ms_per_step']:.2f} / {h['ms_per_step']:.2f} | {peak} | "
+            f"{c['first_call_s']:.1f} ({c['backend']}) | {c['calls']} / {h['calls']} |"
+        )
+    return out
+
+
+def _profile_rows(profile: dict) -> list[str]:
+    """One row per case of ``gpu_decode_profile.json``: the tiny model's HF-engine decode by precision."""
+    out = [
+        "| precision | eos | cuDNN attention | s per call | decode steps | ms per step "
+        "| most device time (self ms, calls) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in profile["cases"]:
+        top = "; ".join(f"`{o['op'][:40]}` {o['self_ms']:.1f} ({o['calls']})" for o in c["top_ops"][:3])
+        out.append(
+            f"| {c['precision']} | {c['eos']} | {'on' if c['cudnn_attention'] else 'off'} | {c['s_per_call']:.3f} | "
+            f"{c['steps']:.0f} | {c['ms_per_step']:.2f} | {top} |"
+        )
+    return out
+
+
+def compiled_section(decode: dict | None, profile: dict | None) -> list[str]:
+    """The page's section on the compiled decode engine and the tiny model's decode profile (empty when
+    neither ran)."""
+    out: list[str] = []
+    if decode is not None:
+        layers = decode["model"]["shape"]["num_hidden_layers"]
+        out += [
+            "## The compiled decode engine",
+            "",
+            f"`benchmarks/gpu_compiled_decode.py`: the same {decode['model']['parameters'] / 1e6:.0f}M-parameter "
+            f"Qwen2-0.5B body ({layers} layers), float32 weights under {decode['precision']} autocast, 4 prompts "
+            "x 4 samples at temperature 1, every row decoding the asked length. The compiled engine's calls and "
+            "HF `generate`'s alternate after the engine's first call (its bucket's compilation and CUDA-graph "
+            "capture, timed apart) and one short `generate`; medians. `policy.engine=auto` runs this model on "
+            f"CUDA with the {decode['auto_engine']} engine.",
+            "",
+            *_compiled_rows(decode),
+            "",
+        ]
+    if profile is not None:
+        out += [
+            "## The tiny model's decode by precision",
+            "",
+            "`benchmarks/gpu_decode_profile.py`: the tiny preset, 8 prompts x 8 samples, the HF engine, medians "
+            "of 3 calls after an untimed one; the three ops with the most device time in a profiled call.",
+            "",
+            *_profile_rows(profile),
+            "",
+        ]
+    return out
+
+
+def _optional(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
 def render(runs: Path) -> str:
     env = _env((runs / "env.txt").read_text())
     check = json.loads((runs / "gpu_train_check.json").read_text())
@@ -100,6 +181,8 @@ def render(runs: Path) -> str:
     model = sizes[0]["model"]
     shape = model["shape"]
     points = sorted((p for s in sizes for p in s["points"]), key=lambda p: (p.get("rows", 0), p["length"]))
+    engine = ENGINE_NAMES[sizes[0].get("engine", "hf")]
+    decode, profile = _optional(runs / "gpu_compiled_decode.json"), _optional(runs / "gpu_decode_profile.json")
     lines = [
         "# GPU: what ran on a GPU, and what did not",
         "",
@@ -129,7 +212,7 @@ def render(runs: Path) -> str:
         "trainers; the real model's 151,936-token embedding (136M parameters) is not included. Every row "
         "generates exactly the asked length (eos outside the vocabulary). One GRPO iteration = 4 (or 8) prompts "
         "x 4 samples, outcome reward, token-mean PPO-clip loss, no KL, one AdamW step; creditrl generates with "
-        "its HF engine on CUDA, TRL 1.16 with HF `generate` (neither with vLLM). The first iteration of each "
+        f"its {engine} on CUDA, TRL 1.16 with HF `generate` (neither with vLLM). The first iteration of each "
         "trainer is dropped; the trainers run one after the other in one process.",
         "",
         "| generated tokens | rows | creditrl s/iteration | TRL s/iteration | TRL / creditrl | tokens/s creditrl / TRL "
@@ -137,6 +220,7 @@ def render(runs: Path) -> str:
         "|---|---|---|---|---|---|---|---|",
         *_realsize_rows(points),
         "",
+        *compiled_section(decode, profile),
         "## Reading",
         "",
         "- **Training on CUDA works in fp32, bf16 and fp16**: every check passed, the PRM path too. Under bf16 "
@@ -163,6 +247,14 @@ def render(runs: Path) -> str:
         f"- **`policy.engine=vllm`** (`benchmarks/gpu_check.py`): the device has no vLLM and no package index, "
         "and vLLM 0.33 with the torch 2.14 it requires is several GB, beyond what a call can carry; the check "
         f"exited 2 with: _{vllm.split(': ', 1)[-1]}_",
+        *(
+            []
+            if decode is not None
+            else [
+                "- **`policy.engine=compiled`** (what `auto` runs on CUDA): tested on the CPU only (inductor, which "
+                "builds no CUDA graphs there); `benchmarks/gpu_compiled_decode.py` is prepared in `gpu_session.sh`."
+            ]
+        ),
         "- TRL with vLLM, and a real 151,936-token vocabulary.",
         "- Multi-GPU data parallelism and FSDP (tested on the CPU with gloo).",
         "",

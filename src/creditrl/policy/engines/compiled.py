@@ -242,7 +242,7 @@ class CompiledEngine(InProcessEngine):
                 break
             fed[:n_req] = tok
             out = self._run(b, fed, next_pos, columns[step], first)
-            logits = out[:n_req].float()  # a copy: a CUDA graph's output is overwritten by its next replay
+            logits = out[:n_req].clone()  # a CUDA graph's output is overwritten by its next replay
             next_pos += 1
         return pack_generation(
             len(prompts), n, requests, torch.stack(tokens, 1).cpu(), torch.stack(logps, 1).cpu(), limit, self.eos_id,
