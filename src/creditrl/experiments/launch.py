@@ -33,7 +33,7 @@ def run_arms(
     seeds: list[int],
     budget: int,
     run_dir: Path,
-    init_path: str,
+    init_path: str | None,
     common: list[str] | None = None,
     log=print,
     unit: str = "tokens",
@@ -49,7 +49,8 @@ def run_arms(
     ``summaries``: a folder of committed run summaries (:mod:`creditrl.experiments.summaries`),
     ``<arm>/seed<s>.json``; a run with a matching summary is read from it and not rerun, and
     every finished run gets one. ``init_path`` is only resolved (``"sft"``: the cached warm start
-    of ``base`` + ``common``) when some run is still to do.
+    of ``base`` + ``common``) when some run is still to do; None starts each run where its own
+    ``train.init`` says (``policy``: its ``policy.model`` as it is).
 
     ``jobs > 1`` runs that many at once, each in its own (spawned) process with
     ``max(1, torch threads // jobs)`` intra-op threads and no progress bar; a run's numbers then
@@ -87,7 +88,9 @@ def run_arms(
     return {name: [done[(name, s)] or load_metrics(run_dir / slug(name) / f"seed{s}") for s in seeds] for name in arms}
 
 
-def _launch(pending: list[PlannedRun], init_path: str, budget: int, unit: str, jobs: int, log, base: Path) -> None:
+def _launch(
+    pending: list[PlannedRun], init_path: str | None, budget: int, unit: str, jobs: int, log, base: Path
+) -> None:
     """Run ``pending``, ``jobs`` at a time; each finished run is summarised at once."""
     if jobs == 1:
         for r in pending:
@@ -142,7 +145,13 @@ def _checkpointed(where: Path) -> int | None:
 
 
 def _run_one(
-    base: Path, overrides: list[str], where: Path, init_path: str, threads: int, jobs: int, resume: int | None = None
+    base: Path,
+    overrides: list[str],
+    where: Path,
+    init_path: str | None,
+    threads: int,
+    jobs: int,
+    resume: int | None = None,
 ) -> float:
     """One run (also the worker of a parallel :func:`run_arms`); returns its wall seconds. The run
     checkpoints at each evaluation (or more often, as its config says), so that ``resume`` (the
