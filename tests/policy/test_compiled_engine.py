@@ -11,7 +11,7 @@ import json
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import GPT2Config, GPT2LMHeadModel, MistralConfig, MistralForCausalLM
 
 from creditrl.policy.engines import CompiledEngine, HFEngine, SamplingParams, choose_engine, make_engine, select
 from creditrl.policy.engines import compiled as ce
@@ -25,6 +25,9 @@ from policy.test_static_engine import (
     full_logits,
     hf_greedy,
     max_abs_diff,
+    peak,
+    reference_logprobs,
+    small_config,
 )
 from small_runs import TINY_RUN
 
@@ -65,6 +68,29 @@ def test_greedy_tokens_and_logprobs_equal_hf(request, name):
     expected = hf_greedy(model, prompts, max_new, eos)
     assert any(eos in t for t in expected) and not all(eos in t for t in expected)  # stopped and unstopped rows
     assert_matches_hf(CompiledEngine(model, eos_id=eos, pad_id=PAD), model, prompts, eos, max_new, n=2)
+
+
+def test_mistral_within_window_equals_hf_and_beyond_window_is_refused():
+    model = peak(MistralForCausalLM(small_config(MistralConfig, sliding_window=24)), 3)
+    engine = CompiledEngine(model, eos_id=2, pad_id=PAD)
+    assert_matches_hf(engine, model, PROMPTS, 2, 12)
+    with pytest.raises(ValueError, match="sliding_window=24"):
+        engine.generate(PROMPTS, 1, SamplingParams(max_new_tokens=20, temperature=0.0))
+
+
+def test_bf16_holds_matrices_in_bf16_and_logprobs_stay_near_fp32(qwen2):
+    """policy.precision=bf16: the products' weights and the cache in bf16 (norms, embeddings in float32);
+    each returned log-prob within bf16 rounding of a float32 full forward over the same tokens."""
+    model, eos = qwen2
+    engine = CompiledEngine(model, eos_id=eos, pad_id=PAD, precision="bf16")
+    gen = engine.generate(PROMPTS, 2, SamplingParams(12, 1.0), generator=torch.Generator().manual_seed(0))
+    layer = engine.dec.layers[0]
+    assert layer.qkv.dtype == layer.down.dtype == engine.dec.lm_head.dtype == torch.bfloat16
+    assert layer.ln1.dtype == engine.dec.embed.dtype == torch.float32
+    assert {b.cache.dtype for b in engine.buckets.values()} == {torch.bfloat16}
+    rows = zip(gen.prompt_ids, gen.tokens, gen.logprobs)
+    gaps = [max_abs_diff(lp, reference_logprobs(model, p, t)) for p, t, lp in rows]
+    assert 1e-4 < max(gaps) < 0.25  # bf16 rounding: present, and small
 
 
 def test_inductor_step_equals_hf_and_weight_updates_do_not_recompile(trained_tiny):
@@ -177,3 +203,12 @@ def test_creditrl_train_three_iterations(tmp_path, monkeypatch, capsys):
     # rollouts (4 prompts x 4 samples) and the evaluations (4 problems) share one engine: one compilation each
     assert err.count("compiled engine: decode step for 16 rows x 64 columns") == 1
     assert err.count("compiled engine: decode step for 4 rows x 64 columns") == 1
+
+
+def test_config_refuses_lora_with_the_compiled_engine():
+    from creditrl.config import ConfigError, load_config
+    from creditrl.train.resolve import checked
+
+    with pytest.raises(ConfigError, match="'compiled' reads plain weights and cannot run LoRA adapters; use auto"):
+        checked(load_config(overrides=["policy.lora_r=4", "policy.engine=compiled"]))
+    assert checked(load_config(overrides=["policy.engine=compiled"])).policy.engine == "compiled"

@@ -216,7 +216,10 @@ class CompiledEngine(InProcessEngine):
         uniq: dict[tuple[int, ...], int] = {}
         prompt_of = torch.tensor([uniq.setdefault(tuple(p), len(uniq)) for p in requests], device=device)
         width = max(len(p) for p in uniq)
-        b = self._bucket(n_req, width + steps - 1)  # the last sampled token is never fed back
+        longest = max(len(p) for p in requests) + steps - 1  # the last sampled token is never fed back
+        if dec.window is not None and longest > dec.window:
+            raise ValueError(f"sequence length {longest} exceeds Mistral sliding_window={dec.window}; use engine 'hf'")
+        b = self._bucket(n_req, width + steps - 1)
         plogits, prefix, attn, pos = prefill(dec, [list(p) for p in uniq], self.pad_id, b.cos_t, b.sin_t)
         b.cache[:, :, :n_req, :, :width] = prefix[:, :, prompt_of]
         rows = b.cache.shape[2]
