@@ -131,6 +131,37 @@ def test_weight_sync_and_one_compilation_per_bucket(peaked):
     assert engine.compilations == 2
 
 
+def test_a_failing_inductor_falls_back_to_eager_and_says_so(peaked, monkeypatch):
+    """Where inductor cannot build the step (here: a stand-in that raises, as a missing C++ compiler
+    does), the engine decodes eagerly, the same tokens, and its log line says why."""
+    import logging
+
+    def broken(fn, **kwargs):
+        def call(*args):
+            raise RuntimeError("InductorError: no working C++ compiler found")
+
+        return call
+
+    model, _ = peaked
+    monkeypatch.setattr(ce.torch, "compile", broken)
+    engine = CompiledEngine(model, eos_id=STOP, pad_id=PAD, backend="inductor")
+    logger, lines = logging.getLogger("creditrl"), []
+    handler, level = logging.Handler(), logger.level
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        assert_matches_hf(engine, model, PROMPTS, STOP, 10)
+        assert_matches_hf(engine, model, PROMPTS[:2], STOP, 10)  # a second bucket: eager from the start
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    why = "eager (inductor failed: RuntimeError: InductorError: no working C++ compiler found)"
+    assert engine.backend == why and engine.compilations == 2
+    assert lines[0].startswith("compiled engine: decode step for 8 rows x 64 columns in ")
+    assert lines[0].endswith(f" s ({why})") and len(lines) == 2
+
+
 def test_bucket_sizes():
     assert [ce.bucket(n) for n in (1, 2, 3, 5, 8, 9, 100)] == [1, 2, 4, 8, 8, 16, 128]
     assert [ce.bucket(n, ce.MIN_COLUMNS) for n in (1, 64, 65, 1000)] == [64, 64, 128, 1024]

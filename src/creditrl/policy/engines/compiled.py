@@ -168,6 +168,8 @@ class CompiledEngine(InProcessEngine):
         return self.buckets[key]
 
     def _compile(self):
+        if self.backend.startswith("eager (inductor failed"):
+            return decode_step
         if self.backend != "inductor":
             return torch.compile(decode_step, backend=self.backend, dynamic=False, fullgraph=True)
         mode = "reduce-overhead" if self.dec.embed.device.type == "cuda" else None
@@ -183,7 +185,7 @@ class CompiledEngine(InProcessEngine):
             with torch._dynamo.config.patch(recompile_limit=64, accumulated_recompile_limit=512):
                 out = b.step(self.dec, b.cache, b.cos_t, b.sin_t, *inputs)
         except Exception as err:  # inductor could not build the step (e.g. no C++ compiler): run eagerly
-            if self.backend != "inductor":
+            if self.backend != "inductor" or b.step is decode_step:
                 raise
             self.backend = f"eager (inductor failed: {type(err).__name__}: {str(err).splitlines()[0][:200]})"
             for other in self.buckets.values():
