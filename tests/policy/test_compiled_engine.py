@@ -162,6 +162,27 @@ def test_a_failing_inductor_falls_back_to_eager_and_says_so(peaked, monkeypatch)
     assert lines[0].endswith(f" s ({why})") and len(lines) == 2
 
 
+@pytest.mark.parametrize("name", ["tiny", "qwen2", "qwen3"])
+def test_sync_copies_every_live_weight_into_the_fused_tensors(request, name):
+    """After an in-place change of every parameter, sync leaves each engine tensor equal to a freshly
+    fused decoder's (q|k|v and gate|up parts, biases, q/k norms, head): in place, at the same address."""
+    from creditrl.policy.engines.decoder import Decoder
+
+    model = copy.deepcopy(_case(request, name)[0])
+    engine = CompiledEngine(model, eos_id=STOP, pad_id=PAD)
+    engine.sync()
+    addresses = [t.data_ptr() for t in ce._tensors(engine.dec)]
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen))
+    engine.sync()
+    mine, fresh = ce._tensors(engine.dec), ce._tensors(Decoder(model))
+    assert len(mine) == len(fresh) == len(addresses)
+    assert all(torch.equal(a, b) for a, b in zip(mine, fresh))
+    assert [t.data_ptr() for t in mine] == addresses
+
+
 def test_bucket_sizes():
     assert [ce.bucket(n) for n in (1, 2, 3, 5, 8, 9, 100)] == [1, 2, 4, 8, 8, 16, 128]
     assert [ce.bucket(n, ce.MIN_COLUMNS) for n in (1, 64, 65, 1000)] == [64, 64, 128, 1024]

@@ -146,12 +146,16 @@ class CompiledEngine(InProcessEngine):
     def sync(self) -> None:
         """Copy the model's live parameters into the engine's decoder tensors, in place (the compiled
         steps read them at fixed addresses): called at every ``generate``."""
-        fresh = Decoder(self.model, cpu_only=False)
         if self.dec is None:
+            fresh = Decoder(self.model, cpu_only=False)
             self.dec = _owned(fresh, PRECISIONS[self.precision] or fresh.embed.dtype)
             return
-        for mine, live in zip(_tensors(self.dec), _tensors(fresh), strict=True):
-            mine.copy_(live)
+        for mine, parts in zip(_tensors(self.dec), _live_parts(self.model), strict=True):
+            row = 0  # a fused tensor's parts are stacked along dim 0: no concatenated temporary
+            for part, rows in parts:
+                if part is not None:  # a missing bias stays the zeros it was fused with
+                    mine[row : row + rows].copy_(part)
+                row += rows
 
     def _bucket(self, rows: int, columns: int) -> _Bucket:
         key = (bucket(rows), bucket(columns, MIN_COLUMNS))
@@ -263,6 +267,40 @@ def _tensors(dec: Decoder) -> list[torch.Tensor]:
             value = getattr(ly, f.name)
             out.append(value[0] if isinstance(value, tuple) and f.name != "packed" else value)
     return [t for t in out if isinstance(t, torch.Tensor)]
+
+
+def _live_parts(model: PreTrainedModel):
+    """For each tensor of :func:`_tensors`, in its order: the model's live tensors it is made of, stacked
+    along dim 0, each with its row count (``None`` for a missing bias, fused as zeros)."""
+
+    def whole(t: torch.Tensor) -> tuple[tuple[torch.Tensor, int], ...]:
+        return ((t, t.shape[0]),)
+
+    def biases(*linears: torch.nn.Linear) -> list:
+        if all(lin.bias is None for lin in linears):
+            return []
+        return [tuple((lin.bias, lin.out_features) for lin in linears)]
+
+    def weights(*linears: torch.nn.Linear) -> tuple:
+        return tuple((lin.weight, lin.out_features) for lin in linears)
+
+    base = model.model
+    yield from (whole(base.embed_tokens.weight), whole(base.norm.weight), whole(model.lm_head.weight))
+    yield from biases(model.lm_head)
+    for layer in base.layers:
+        at, mlp = layer.self_attn, layer.mlp
+        yield whole(layer.input_layernorm.weight)
+        yield weights(at.q_proj, at.k_proj, at.v_proj)
+        yield from biases(at.q_proj, at.k_proj, at.v_proj)
+        norms = (getattr(at, "q_norm", None), getattr(at, "k_norm", None))  # Qwen3
+        yield from (whole(norm.weight) for norm in norms if norm is not None)
+        yield weights(at.o_proj)
+        yield from biases(at.o_proj)
+        yield whole(layer.post_attention_layernorm.weight)
+        yield weights(mlp.gate_proj, mlp.up_proj)
+        yield from biases(mlp.gate_proj, mlp.up_proj)
+        yield weights(mlp.down_proj)
+        yield from biases(mlp.down_proj)
 
 
 def _owned(dec: Decoder, compute: torch.dtype) -> Decoder:
