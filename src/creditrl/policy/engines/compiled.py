@@ -27,7 +27,11 @@ distinct prompt), and decodes into one KV cache per bucket:
 
 On CUDA the step compiles with inductor in ``reduce-overhead`` mode (CUDA graphs); on the CPU with
 inductor (no graphs), or, should inductor fail (no C++ compiler), runs eagerly; the log line of each
-bucket's compilation says which (:attr:`CompiledEngine.backend`).
+bucket's compilation says which (:attr:`CompiledEngine.backend`). The CPU's engine stays
+:class:`~creditrl.policy.engines.static.StaticEngine` (``auto``): on the tiny preset, 16 rows x 48
+tokens on 2 shared cores, the compiled step ran 5.3 ms a step against the HF engine's 2.4 and the
+static engine's 0.9 (inductor's CPU kernels; its compilation took 20-110 s). :meth:`CompiledEngine.shared`
+gives the one engine of a model per process (rollouts and evaluations share the caches and steps).
 """
 
 from __future__ import annotations
