@@ -202,6 +202,23 @@ def test_sampled_tokens_match_hf_engine_for_the_same_seed(request, name):
     assert max(max_abs_diff(a, b) for a, b in zip(gen.logprobs, ref.logprobs)) < 1e-5
 
 
+def test_chunked_calls_sample_what_one_call_samples(peaked):
+    """``generate_chunked`` (MC continuations, Ray workers: ``draw_rows``) through the compiled engine:
+    the chunks' tokens are the single call's, and the generator ends where the single call leaves it."""
+    from creditrl.policy.engines import generate_chunked
+
+    model, _ = peaked
+    engine = CompiledEngine(model, eos_id=STOP, pad_id=PAD)
+    params = SamplingParams(max_new_tokens=10, temperature=1.0)
+    one_gen, chunk_gen = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
+    one = engine.generate(PROMPTS, 3, params, generator=one_gen)
+    chunked = generate_chunked(engine, PROMPTS, 3, params, generator=chunk_gen, max_rows=4)
+    assert chunked.tokens == one.tokens and chunked.finished == one.finished
+    assert len({tuple(t) for t in one.tokens}) > len(PROMPTS)  # samples of a prompt differ
+    assert torch.equal(one_gen.get_state(), chunk_gen.get_state())
+    assert sorted(engine.buckets) == [(4, 64), (16, 64)]
+
+
 @pytest.mark.parametrize("temperature, top_p", [(0.5, 1.0), (1.0, 0.6)])
 def test_first_token_frequencies_match_tempered_nucleus_distribution(peaked, temperature, top_p):
     model, _ = peaked
