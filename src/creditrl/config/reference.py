@@ -1,7 +1,7 @@
 """The config reference, generated from the schema: every key, its default and its description.
 
-README.md holds this table between the markers below (``creditrl config --reference`` prints it;
-``tests/test_readme.py`` checks that README's copy is the generated one).
+docs/config.md holds this table between the markers below (``creditrl config --reference`` prints it;
+``tests/test_readme.py`` checks that the page's copy is the generated one).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def reference_rows(model: type[BaseModel] = Config) -> list[tuple[str, str, str]
 
 
 def reference_markdown() -> str:
-    """The reference table with its markers, as README.md holds it."""
+    """The reference table with its markers, as docs/config.md holds it."""
     lines = [START, "", "| key | default | description |", "|---|---|---|"]
     lines += [f"| {k} | {d} | {text.replace('|', '/')} |" for k, d, text in reference_rows()]
     return "\n".join([*lines, "", END]) + "\n"

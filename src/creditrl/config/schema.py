@@ -5,7 +5,7 @@ holds the run's own sections (train, prm, backend, search) and the whole :class:
 Sections follow the data flow of an RL iteration (docs/design.md): rollout -> reward (+ shaping,
 hybrid) -> value -> credit -> loss -> optim; then the run (train), the PRM life cycle (prm), the
 scale-out backend and test-time search. A field's ``description`` is its documentation: the
-config reference in README.md is generated from it (:mod:`creditrl.config.reference`).
+config reference (docs/config.md) is generated from it (:mod:`creditrl.config.reference`).
 
 This module checks types, ranges, closed choice sets (``Literal``) and the combinations that
 need nothing but the config itself. Names that live in registries (estimators, normalisers,
