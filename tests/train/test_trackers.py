@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from creditrl.config import load_config
 from creditrl.errors import ConfigError
@@ -114,3 +115,74 @@ def test_sft_progress_off_a_terminal_is_plain_lines(tmp_path: Path) -> None:
     lines = [x for x in out.stderr.splitlines() if x.startswith("creditrl: sft step")]
     assert [x.split(",")[0] for x in lines] == [f"creditrl: sft step {n}/6" for n in range(1, 7)]
     assert "\r" not in out.stdout + out.stderr
+
+
+def test_log_completions_writes_each_iterations_sample_to_the_run_and_tensorboard(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = tmp_path / "run"
+    sets = ["train.report_to=tensorboard", "train.log_completions=2", "train.inspect_every=1"]
+    RLTrainer.from_config(load_config(overrides=RUN + sets), run).run()
+    logged = [json.loads(x) for x in (run / "completions.jsonl").read_text().splitlines()]
+    assert [c["iteration"] for c in logged] == [1, 1, 2, 2]
+    for it, row in zip([1, 2], rows(run)[1:]):
+        record = json.loads((run / "inspect" / f"iter_{it:06d}.json").read_text())  # every group of the batch
+        responses = {r["row"]: (g, r) for g in record["groups"] for r in g["responses"]}
+        assert len(responses) == record["batch_size"] == 4
+        # the inspector's per-row sequence rewards are the ones reward/mean averages
+        assert sum(sum(r["rewards"]) for _, r in responses.values()) / 4 == pytest.approx(row["reward/mean"], abs=1e-6)
+        sample = [c for c in logged if c["iteration"] == it]
+        assert [c["group"] for c in sample] == [0, 1]  # the first row of each of the first two groups
+        for c in sample:
+            group, response = responses[c["row"]]
+            assert c["row"] == min(r["row"] for r in group["responses"])
+            assert c["reward"] == pytest.approx(sum(response["rewards"]), abs=1e-6)
+            trained = [a for i, a in enumerate(response["adv"]) if i not in response["masked"]]
+            assert c["advantage"] == pytest.approx(sum(trained) / len(trained), abs=1e-6)
+            assert c["prompt"] == group["prompt"] and c["prompt"]
+    acc = EventAccumulator(str(run / "tensorboard"))
+    acc.Reload()
+    events = acc.Tensors("completions/text_summary")
+    assert [e.step for e in events] == [1, 2]
+    for e in events:
+        table = e.tensor_proto.string_val[0].decode()
+        lines = table.splitlines()
+        assert lines[0] == "| iteration | row | group | reward | advantage | prompt | completion |"
+        assert len(lines) == 4 and all(x.startswith(f"| {e.step} | ") for x in lines[2:])
+
+
+def test_completions_are_the_first_rows_of_the_groups_in_order() -> None:
+    from creditrl.train.metrics import first_rows
+
+    groups = torch.tensor([3, 3, 3, 1, 1, 7])
+    assert first_rows(groups, 2) == [0, 3]
+    assert first_rows(groups, 4) == [0, 3, 5, 1]  # then each group's second row
+    assert first_rows(groups, 10) == [0, 3, 5, 1, 4, 2]
+    assert first_rows(groups, 0) == []
+
+
+def test_completion_tables_keep_one_row_per_completion() -> None:
+    sample = {"iteration": 3, "row": 0, "group": 0, "reward": 0.123456, "advantage": -1.0, "prompt": "1+2="}
+    table = trackers.markdown_table([{**sample, "completion": "a|b\nc"}])
+    assert table.splitlines()[2] == "| 3 | 0 | 0 | 0.1235 | -1 | 1+2= | a\\|b<br>c |"
+
+    import wandb
+
+    logged = []
+    wb = trackers.Wandb.__new__(trackers.Wandb)  # without wandb.init: a run that records its log calls
+    wb.wandb = wandb
+    wb.run = type("Run", (), {"log": lambda self, data, step: logged.append((data, step))})()
+    wb.log_completions(3, [{**sample, "completion": "3"}])
+    ((data, step),) = logged
+    assert step == 3 and data["completions"].columns == list(trackers.COMPLETION_COLUMNS)
+    assert data["completions"].data == [[3, 0, 0, 0.123456, -1.0, "1+2=", "3"]]
+
+
+def test_a_resume_drops_the_completions_of_the_iterations_it_replays(tmp_path: Path) -> None:
+    trainer = RLTrainer.__new__(RLTrainer)  # only what _restart reads: the run directory and the checkpoint's iteration
+    trainer.run_dir, trainer.start_iteration = tmp_path, 1
+    for name in ("metrics.jsonl", "completions.jsonl"):
+        (tmp_path / name).write_text("".join(json.dumps({"iteration": i}) + "\n" for i in (0, 1, 1, 2, 2)))
+    trainer._restart()
+    kept = [json.loads(x)["iteration"] for x in (tmp_path / "completions.jsonl").read_text().splitlines()]
+    assert kept == [0, 1, 1]

@@ -87,6 +87,13 @@ class TrainConfig(Section):
         10, ge=0, description="save groups for `creditrl inspect` every N iterations (+ first, last); 0 = off"
     )
     inspect_groups: int = Field(2, ge=0, description="whole groups saved per recorded iteration (mixed outcomes first)")
+    log_completions: int = Field(
+        0,
+        ge=0,
+        description="completions logged per iteration (the first row of each group, in group order) with "
+        "their prompt, sequence reward and mean advantage, to `RUN_DIR/completions.jsonl` and to the trackers "
+        "with tables (TensorBoard text, a wandb Table); 0 = off",
+    )
 
 
 class PRMConfig(Section):

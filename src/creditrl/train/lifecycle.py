@@ -126,6 +126,7 @@ RESUMABLE = (
     "train.checkpoint_every",
     "train.inspect_every",
     "train.report_to",
+    "train.log_completions",
     "train.progress",
     "train.threads",
     "train.push_to_hub",

@@ -129,6 +129,46 @@ def _batch_metrics(rec: IterationRecord) -> dict[str, Any]:
     }
 
 
+def first_rows(group_ids: torch.Tensor, n: int) -> list[int]:
+    """``n`` row indices of a batch, deterministic: the first row of each group (groups in the
+    order they first appear), then each group's second row, and so on. group_ids long (B,)."""
+    order: dict[int, int] = {}  # group id -> the order of its first appearance
+    count: dict[int, int] = {}  # group id -> rows seen so far
+    ranked = []
+    for row, g in enumerate(group_ids.tolist()):
+        order.setdefault(g, len(order))
+        count[g] = count.get(g, 0) + 1
+        ranked.append((count[g], order[g], row))  # (place in its group, group order, row)
+    return [row for *_, row in sorted(ranked)[:n]]
+
+
+def sample_completions(rec: IterationRecord, n: int) -> list[dict[str, Any]]:
+    """``n`` completions of the iteration (:func:`first_rows`; ``train.log_completions``), each
+    with its prompt, completion text, sequence reward (the placed rewards summed over the response,
+    as ``reward/mean`` averages them) and mean advantage over its trained tokens (0 for a row the
+    error policy or the filter dropped). On this rank's rows."""
+    if n == 0:
+        return []
+    problems, texts = rec.batch.extras.get("problems"), rec.batch.extras.get("completions")
+    seq_reward = (rec.scored.rewards * rec.batch.response_mask).sum(-1)
+    mask = rec.mask
+    out = []
+    for row in first_rows(rec.batch.group_ids, n):
+        adv = rec.advantages[row][mask[row]]
+        out.append(
+            {
+                "iteration": rec.iteration,
+                "row": row,
+                "group": int(rec.batch.group_ids[row]),
+                "reward": float(seq_reward[row]),
+                "advantage": float(adv.mean()) if adv.numel() else 0.0,
+                "prompt": problems[row].prompt if problems else "",
+                "completion": texts[row] if texts else "",
+            }
+        )
+    return out
+
+
 def iteration_row(rec: IterationRecord, times: dict[str, float], totals: dict[str, float]) -> dict[str, Any]:
     """The metrics row of one iteration on this rank (see :func:`reduce_row` for the batch's)."""
     mask = rec.mask

@@ -2,9 +2,10 @@
 each iteration runs the stages of :mod:`creditrl.train.stages` in order, each timed.
 
 A run directory holds ``config.yaml`` (the resolved config), ``metrics.jsonl`` (one JSON object
-per iteration), and ``checkpoints/iter_NNNNNN`` (atomic). Every iteration draws its prompts and
-its sampling generator from ``(train.seed, iteration)`` alone, so a resumed run replays exactly
-the iterations an uninterrupted run would have.
+per iteration), ``completions.jsonl`` (``train.log_completions`` sample completions per
+iteration, one JSON object each) and ``checkpoints/iter_NNNNNN`` (atomic). Every iteration
+draws its prompts and its sampling generator from ``(train.seed, iteration)`` alone, so a
+resumed run replays exactly the iterations an uninterrupted run would have.
 
 Data-parallel learner (``torchrun --nproc_per_node N -m creditrl.cli train ...`` or
 ``accelerate launch``, see :mod:`creditrl.distributed.ddp`): every rank draws the same problems,
@@ -59,7 +60,14 @@ from creditrl.train.checkpoint import (
 )
 from creditrl.train.evaluate import evaluate
 from creditrl.train.lifecycle import Interrupted, Signals, checked_resume_config, resume_command
-from creditrl.train.metrics import IterationRecord, StageTimer, iteration_row, pack_outcomes, progress_line
+from creditrl.train.metrics import (
+    IterationRecord,
+    StageTimer,
+    iteration_row,
+    pack_outcomes,
+    progress_line,
+    sample_completions,
+)
 from creditrl.train.trackers import Tracker, make_trackers
 
 log = logging.getLogger("creditrl")
@@ -96,6 +104,8 @@ class RLTrainer:
         self.finished_rng: dict[str, Any] | None = None  # the RNG states right after it
         self.signals = Signals(active=False)  # SIGINT / SIGTERM while run() runs
         self.totals = {"samples": 0, "tokens": 0, "time_s": 0.0}
+        self.completions_per_iter = self.cfg.train.log_completions if ddp.is_main() else 0
+        self.completions: list[dict[str, Any]] = []  # the last iteration's sample (train.log_completions)
 
     @classmethod
     def from_config(
@@ -114,6 +124,10 @@ class RLTrainer:
     @property
     def metrics_path(self) -> Path:
         return self.run_dir / "metrics.jsonl"
+
+    @property
+    def completions_path(self) -> Path:
+        return self.run_dir / "completions.jsonl"
 
     def save(self, iteration: int, rng: dict[str, Any] | None = None) -> None:
         """Checkpoint ``iteration`` (``rng``: the RNG states to save, default the current ones).
@@ -191,12 +205,13 @@ class RLTrainer:
         self._restart()
 
     def _restart(self) -> None:
-        """Resume at ``start_iteration``: drop the metric rows written after it (those iterations
-        are replayed), rewriting ``metrics.jsonl`` atomically."""
+        """Resume at ``start_iteration``: drop the metric rows and completions written after it
+        (those iterations are replayed), rewriting ``metrics.jsonl`` and ``completions.jsonl`` atomically."""
         self.resumed = True
-        if ddp.is_main() and self.metrics_path.exists():
-            rows = rundir.read_metrics(self.metrics_path)
-            rundir.write_metrics(self.metrics_path, [r for r in rows if r["iteration"] <= self.start_iteration])
+        for path in (self.metrics_path, self.completions_path):
+            if ddp.is_main() and path.exists():
+                rows = rundir.read_metrics(path)
+                rundir.write_metrics(path, [r for r in rows if r["iteration"] <= self.start_iteration])
 
     # -- evaluation ----------------------------------------------------------------------------
     def _evaluate_on_main(self) -> dict[str, float]:
@@ -273,6 +288,7 @@ class RLTrainer:
             stats["credit/lam_policy_mean"] = stages.policy_lam_mean(batch, scored, cfg, values.step_ends)
         record = IterationRecord(it + 1, batch, scored, values, adv, ret, upd, lr, lam, train_policy, stats)
         self._inspect(record)  # outside the stage timers
+        self.completions = sample_completions(record, self.completions_per_iter)
         self._count(batch.size, record.generated_tokens, timer.total)
         return iteration_row(record, timer.times, self.totals)
 
@@ -422,7 +438,7 @@ class RLTrainer:
                 if done % cfg.train.eval_every == 0 or done == cfg.train.iterations or spent:
                     row.update(self._evaluate_on_main())
                     last_eval = row.get("eval/accuracy")
-                self._log(row, history)
+                self._log(row, history, self.completions)
                 if done % cfg.train.checkpoint_every == 0 or done == cfg.train.iterations or spent:
                     if ddp.is_main():
                         self.save(done)
@@ -489,12 +505,21 @@ class RLTrainer:
         self.trackers = []
         self.parts.learners.close()
 
-    def _log(self, row: dict[str, Any], history: list[dict[str, Any]]) -> None:
+    def _log(
+        self, row: dict[str, Any], history: list[dict[str, Any]], completions: list[dict[str, Any]] | None = None
+    ) -> None:
+        """Write the metrics row (and the iteration's sample ``completions``) to the run directory
+        and the trackers, on rank 0."""
         history.append(row)
         if ddp.is_main():
             with self.metrics_path.open("a") as f:
                 f.write(json.dumps(row) + "\n")
+            if completions:
+                with self.completions_path.open("a") as f:
+                    f.write("".join(json.dumps(c) + "\n" for c in completions))
             for tracker in self.trackers:
                 tracker.log(row)
+                if completions:
+                    tracker.log_completions(row["iteration"], completions)
             if self.cfg.train.progress and not sys.stdout.isatty() and "reward/mean" in row:
                 print(progress_line(row, self.cfg.train.iterations), flush=True)

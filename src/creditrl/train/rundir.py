@@ -47,6 +47,7 @@ RUN_FILES = (
     "config.yaml",
     RUN_STATE,
     "metrics.jsonl",
+    "completions.jsonl",
     "checkpoints",
     "inspect",
     "launch.json",

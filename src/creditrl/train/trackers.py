@@ -10,6 +10,10 @@ Every tracker gets each ``metrics.jsonl`` row under the same ``/``-grouped names
 A resumed run replays the iterations after its checkpoint. TensorBoard, which keeps appending to
 the same directory, is told to drop what it holds from the first replayed iteration on (its
 ``purge_step``), so that no iteration appears twice; the others start a new run of their own.
+
+``train.log_completions``: each iteration's sample completions (:data:`COMPLETION_COLUMNS`) go to
+TensorBoard as a markdown table (a text summary, ``completions``) and to wandb as a
+``wandb.Table``; mlflow and trackio skip them.
 """
 
 from __future__ import annotations
@@ -23,7 +27,10 @@ from typing import Any, Protocol
 
 from creditrl.errors import ConfigError
 
-__all__ = ["TRACKERS", "Tracker", "make_trackers", "numeric"]
+__all__ = ["COMPLETION_COLUMNS", "TRACKERS", "Tracker", "make_trackers", "markdown_table", "numeric"]
+
+# the fields of one logged completion (train.log_completions), in the order tables show them
+COMPLETION_COLUMNS = ("iteration", "row", "group", "reward", "advantage", "prompt", "completion")
 
 
 def numeric(row: dict[str, Any]) -> dict[str, float]:
@@ -50,12 +57,28 @@ def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def markdown_table(completions: list[dict[str, Any]]) -> str:
+    """The completions as a markdown table of :data:`COMPLETION_COLUMNS` (``|`` escaped, line
+    breaks as ``<br>``, so that every completion stays one table row)."""
+
+    def cell(value: Any) -> str:
+        text = f"{value:.4g}" if isinstance(value, float) else str(value)
+        return text.replace("\\", "\\\\").replace("|", "\\|").replace("\r", "").replace("\n", "<br>")
+
+    lines = ["| " + " | ".join(COMPLETION_COLUMNS) + " |", "|" + "---|" * len(COMPLETION_COLUMNS)]
+    lines += ["| " + " | ".join(cell(c[k]) for k in COMPLETION_COLUMNS) + " |" for c in completions]
+    return "\n".join(lines)
+
+
 class Tracker(Protocol):
-    """One tracker of a run: ``log(row)`` per metrics row, ``close()`` at the end. Made with
-    ``(run_dir, config, first)``: ``first`` is the first iteration this process logs (after a
-    resume, what the tracker holds from there on is superseded)."""
+    """One tracker of a run: ``log(row)`` per metrics row, ``log_completions(iteration,
+    completions)`` per iteration with sample completions (a no-op for a tracker without tables),
+    ``close()`` at the end. Made with ``(run_dir, config, first)``: ``first`` is the first iteration
+    this process logs (after a resume, what the tracker holds from there on is superseded)."""
 
     def log(self, row: dict[str, Any]) -> None: ...
+
+    def log_completions(self, iteration: int, completions: list[dict[str, Any]]) -> None: ...
 
     def close(self) -> None: ...
 
@@ -71,6 +94,10 @@ class TensorBoard:
     def log(self, row: dict[str, Any]) -> None:
         for key, value in numeric(row).items():
             self.writer.add_scalar(key, value, global_step=row["iteration"])
+        self.writer.flush()
+
+    def log_completions(self, iteration: int, completions: list[dict[str, Any]]) -> None:
+        self.writer.add_text("completions", markdown_table(completions), global_step=iteration)
         self.writer.flush()
 
     def close(self) -> None:
@@ -93,6 +120,10 @@ class Wandb:
     def log(self, row: dict[str, Any]) -> None:
         self.run.log(numeric(row), step=row["iteration"])
 
+    def log_completions(self, iteration: int, completions: list[dict[str, Any]]) -> None:
+        data = [[c[k] for k in COMPLETION_COLUMNS] for c in completions]
+        self.run.log({"completions": self.wandb.Table(columns=list(COMPLETION_COLUMNS), data=data)}, step=iteration)
+
     def close(self) -> None:
         self.run.finish()
 
@@ -110,6 +141,9 @@ class Mlflow:
     def log(self, row: dict[str, Any]) -> None:
         self.mlflow.log_metrics({k.replace(":", "_"): v for k, v in numeric(row).items()}, step=row["iteration"])
 
+    def log_completions(self, iteration: int, completions: list[dict[str, Any]]) -> None:
+        """Skipped: the completions are in ``RUN_DIR/completions.jsonl``."""
+
     def close(self) -> None:
         self.mlflow.end_run()
 
@@ -123,6 +157,9 @@ class Trackio:
 
     def log(self, row: dict[str, Any]) -> None:
         self.trackio.log(numeric(row), step=row["iteration"])
+
+    def log_completions(self, iteration: int, completions: list[dict[str, Any]]) -> None:
+        """Skipped: the completions are in ``RUN_DIR/completions.jsonl``."""
 
     def close(self) -> None:
         self.trackio.finish()
