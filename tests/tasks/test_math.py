@@ -317,3 +317,20 @@ def test_a_conversational_prompt_of_one_user_turn_stays_a_conversation(tmp_path)
     first, second = load_math_rows(str(path))
     assert first.messages == (("user", "What is 2+2?"),) and first.question == "What is 2+2?"
     assert second.messages == ()
+
+
+def test_a_solution_column_is_the_warm_start_reference_as_it_is(tmp_path):
+    """A user's ``solution`` column is what SFT trains on (no ``solution_key`` needed), and it
+    still reaches reward functions among the row's columns; without one, the boxed answer."""
+    path = tmp_path / "d.jsonl"
+    rows = [
+        {"question": "What is 2+2?", "answer": "4", "solution": " 2+2 = 4, so \\boxed{4}"},
+        {"question": "What is 3+3?", "answer": "6"},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    first, second = load_math_rows(str(path))
+    assert first.solution == " 2+2 = 4, so \\boxed{4}" and ("solution", first.solution) in first.columns
+    assert second.solution is None
+    task = make_task("math", train_file=str(path), heldout_file=str(path))
+    solutions = {p.answer: p.solution for p in task.sample(16, split="train", seed=0)}
+    assert solutions == {"4": " 2+2 = 4, so \\boxed{4}", "6": " \\boxed{6}"}

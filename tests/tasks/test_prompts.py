@@ -91,7 +91,7 @@ def test_messages_with_the_reply_are_sft_data(tmp_path: Path) -> None:
     path = _jsonl(tmp_path / "s.jsonl", rows)
     problems = make_task("math", train_file=path, heldout_file=path).pools["train"]
     assert [(p.prompt, p.solution, p.messages) for p in problems] == [
-        ("1+1?", " 2", ()),
+        ("1+1?", " 2", (("user", "1+1?"),)),  # a conversation stays one (reward functions get its turns)
         ("3+1?", " 4", ()),
         ("1+2?", " 3", ()),
     ]

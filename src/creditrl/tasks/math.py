@@ -141,6 +141,8 @@ def _row(rows: DataRows, number: int, row: dict[str, Any], keys: _Keys, timeout_
         solution = _cell(rows, number, row, keys.solution)
     elif solution is None and "completion" in row:
         solution = _completion(rows, number, row["completion"])
+    elif solution is None and isinstance(row.get("solution"), str) and row["solution"].strip():
+        solution = row["solution"]  # a `solution` column as it is (it also reaches reward functions)
     messages = prompt.messages  # a conversation stays one, even of a single user turn (TRL reward functions read it)
     used = {prompt_key, keys.answer, keys.solution, "completion"}
     columns = tuple((k, v) for k, v in row.items() if k not in used)
@@ -186,11 +188,11 @@ def load_math_rows(
     ``prompt_key`` cell (text, or TRL's conversational list of ``{role, content}`` turns), else
     its ``messages_key`` cell (turns; a final assistant turn is the solution). The reference
     solution is the ``solution_key`` cell when set, else a final assistant turn, else a TRL
-    ``completion`` cell (text or assistant turns). Numbers in a text column are written out
-    (``3`` -> ``"3"``); answers are stripped. Results are cached per source, modification time
-    and size. A file's row over ``max_row_bytes`` is refused, or left out under
-    ``long_rows="skip"`` (:func:`~creditrl.tasks.datafile.read_rows`); the row number of each
-    :class:`MathRow` is its line or row in the file.
+    ``completion`` cell (text or assistant turns), else a ``solution`` column's text as it is.
+    Numbers in a text column are written out (``3`` -> ``"3"``); answers are stripped. Results
+    are cached per source, modification time and size. A file's row over ``max_row_bytes`` is
+    refused, or left out under ``long_rows="skip"`` (:func:`~creditrl.tasks.datafile.read_rows`);
+    the row number of each :class:`MathRow` is its line or row in the file.
 
     Raises:
         DataFileError: (a ValueError) One line naming the file, the line (JSONL) or row (a JSON
@@ -225,8 +227,8 @@ class MathTask:
             instead: a row is held out iff ``int(sha256(question).hexdigest(), 16) % heldout_mod == 0``.
         question_key, answer_key: Column names of the question and the gold answer.
         solution_key: Column of reference completions for supervised warm starts; None uses a
-            conversation's final assistant turn or a ``completion`` column, else
-            ``" " + gold_text(answer)`` (e.g. ``" \\boxed{7}"``).
+            conversation's final assistant turn, a ``completion`` column or a ``solution``
+            column (text, as it is), else ``" " + gold_text(answer)`` (e.g. ``" \\boxed{7}"``).
         prompt_key, messages_key: Columns read when a row has no question column: TRL's
             ``prompt`` (text as it is, or ``{role, content}`` turns rendered with the chat
             template) and ``messages`` (turns; :func:`load_math_rows`).
