@@ -14,12 +14,11 @@ from __future__ import annotations
 import importlib
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from creditrl.rewards import RewardSource, register_source_prefix
-from creditrl.rewards.functions import call_reward_function
-from creditrl.tasks.base import Problem, Task
+from creditrl.rewards.functions import callable_source
 
 __all__ = ["PREFIX", "FUNCTIONS", "source_name"]
 
@@ -70,19 +69,4 @@ def _resolve(name: str) -> RewardSource:
             f"reward source '{name}' is a Python function of another process (registered here: {known}); "
             "resume such a run from Python with a Trainer given the same reward_funcs"
         )
-    fn = FUNCTIONS[name]
-    granularity = getattr(fn, "granularity", "sequence")
-
-    def call(
-        task: Task,
-        problems: Sequence[Problem],
-        completions: Sequence[str],
-        spans: Sequence[Sequence[str]],
-        completion_ids: Sequence[Sequence[int]] | None = None,
-    ) -> list[Any]:
-        return call_reward_function(fn, granularity, problems, completions, spans, completion_ids)
-
-    def one(task: Task, problem: Problem, completion: str, spans: Sequence[str]) -> list[Any]:
-        return call(task, [problem], [completion], [spans])[0]
-
-    return RewardSource(name, frozenset({granularity}), granularity, fn=one, user_fn=call)
+    return callable_source(FUNCTIONS[name], name)

@@ -124,13 +124,18 @@ def call_reward_function(
 
 def function_source(spec: str) -> RewardSource:
     """A reward source from the reward function named by ``spec`` (``module:function`` or
-    ``path/to/file.py:function``), called with TRL's contract (module doc); its granularity is
-    the one :func:`~creditrl.rewards.sources.reward_function` marked, else ``sequence``.
+    ``path/to/file.py:function``), called with TRL's contract (module doc).
 
     Raises:
         ValueError: The function cannot be found (one line naming where it was looked for).
     """
-    fn = load_callable(spec)
+    return callable_source(load_callable(spec), spec)
+
+
+def callable_source(fn: Callable[..., Any], name: str) -> RewardSource:
+    """A reward source named ``name`` that calls ``fn`` once per batch with TRL's contract (module
+    doc); its granularity is the one :func:`~creditrl.rewards.sources.reward_function` marked,
+    else ``sequence``."""
     granularity = getattr(fn, "granularity", "sequence")
 
     def call(
@@ -145,7 +150,7 @@ def function_source(spec: str) -> RewardSource:
     def one(task: Task, problem: Problem, completion: str, spans: Sequence[str]) -> list[Any]:
         return call(task, [problem], [completion], [spans])[0]
 
-    return RewardSource(spec, frozenset({granularity}), granularity, fn=one, user_fn=call)
+    return RewardSource(name, frozenset({granularity}), granularity, fn=one, user_fn=call)
 
 
 register_source_prefix("")(function_source)
