@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import Field, field_validator, model_validator
@@ -126,7 +126,11 @@ class PRMConfig(Section):
     members: int = Field(1, gt=0, description="ensemble members (each a backbone + head)")
     combine: str = Field("mean", description="ensemble combination: `mean` or `min`")
     likelihood: bool = Field(True, description="the head also reads the step's summed and minimum token log-probs")
-    train_backbone: bool = Field(False, description="also fine-tune the backbone")
+    train_backbone: bool = Field(
+        False,
+        description="also fine-tune the backbone (every layer, embeddings included); false: only the heads "
+        "(and the likelihood-feature weights) train, on a frozen copy of the start policy",
+    )
     steps: int = Field(600, gt=0, description="optimizer steps of PRM training")
     batch_size: int = Field(32, gt=0, description="examples per PRM step")
     lr: float = Field(
@@ -142,12 +146,25 @@ class PRMConfig(Section):
     max_step_tokens: int | None = Field(
         None, gt=0, description="drop training examples with a longer step (shortcut defence); null = keep all"
     )
-    seed: int = Field(0, description="seed of labelling and training")
+    seed: int | Literal["run"] = Field(
+        0,
+        description="seed of labelling (the sampled solutions, MC continuations, heuristic draws) and training "
+        "(head initialisation, data order, augmentation); `run` = `train.seed`: one PRM per RL seed, each its "
+        "own `reward.prm=auto` cache entry (the one of `prm.seed` set to that number)",
+    )
     format: str = Field(
         "auto",
         description="how `reward.prm` / `search.prm` is read: `auto` (detected from its files), `creditrl` "
         "(`creditrl prm train`), or a public PRM: `math_shepherd`, `qwen_prm`, `rlhflow`",
     )
+
+    @field_validator("seed", mode="before")
+    @classmethod
+    def _seed(cls, value: Any) -> Any:
+        """One line for anything else (the union would name its first member's error)."""
+        if value != "run" and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"prm.seed: expected an integer or 'run', got {value!r}")
+        return value
 
 
 class BackendConfig(Section):
@@ -257,6 +274,11 @@ class Config(Section):
         if self.rollout.prompts_per_iter * self.rollout.group_size < self.optim.minibatches:
             raise ValueError("optim.minibatches: more minibatches than responses per iteration")
         return self
+
+    @property
+    def prm_seed(self) -> int:
+        """``prm.seed`` as the number it stands for: ``run`` is ``train.seed``."""
+        return self.train.seed if self.prm.seed == "run" else self.prm.seed
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dicts (task arguments included), as ``config.yaml`` holds them."""

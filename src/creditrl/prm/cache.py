@@ -6,6 +6,8 @@ The PRM life cycle of ``creditrl prm label`` + ``creditrl prm train`` in one cal
 settings, and evaluate step AUROC against the oracle labels on fresh held-out samples. The
 result lives in ``$CREDITRL_CACHE/prm/<key>``, keyed by the start policy, the task, the
 ``prm`` section and ``rollout.max_new_tokens``; a run that finds it there trains nothing.
+``prm.seed=run`` seeds labelling and training with ``train.seed``: each RL seed its own PRM, so
+PRM variance is sampled with the seeds (the default, a fixed seed, shares one PRM among them).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def label_policy_samples(
 
     p = cfg.prm
     task = make_task(cfg.task.name, **cfg.task.args)
-    seed = p.seed if seed is None else seed
+    seed = cfg.prm_seed if seed is None else seed
     todo = task.sample(p.problems if problems is None else problems, split=split or p.split, seed=seed)
     params = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=p.temperature)
     samples = sample_solutions(model, tokenizer, task, todo, samples=p.samples, params=params, seed=seed)
@@ -85,6 +87,7 @@ def prm_key(cfg: Config, init_path: str) -> str:
     if prm["completer"] in ("", str(init_path)):  # the policy being labelled: out of the key, as before the field
         del prm["completer"]
     del prm["mc_rows_per_call"], prm["mc_positions_per_call"]  # memory bounds: the same labels either way
+    prm["seed"] = cfg.prm_seed  # `run` at train.seed s is the PRM of prm.seed=s: one entry, shared
     return config_hash(
         {
             "v": CACHE_VERSION,
@@ -159,7 +162,7 @@ def _train_prm(cfg: Config, init_path: str, path: Path, progress: bool) -> None:
     label_s = time.perf_counter() - start
     with torch.no_grad():
         heldout, _ = label_policy_samples(
-            cfg, model, tokenizer, problems=EVAL_PROBLEMS, split="heldout", seed=cfg.prm.seed + 1, labeler="oracle"
+            cfg, model, tokenizer, problems=EVAL_PROBLEMS, split="heldout", seed=cfg.prm_seed + 1, labeler="oracle"
         )
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

@@ -163,6 +163,8 @@ def train_prm(
         raise ValueError(f"no usable PRM training example among {len(examples)}: {counts}")
     warmup = max(1, steps // 10) if warmup_steps is None else warmup_steps
     orders = [_batches(len(data), batch_size, random.Random(seed * 1_000_003 + m)) for m in range(model.members)]
+    for backbone in model.backbones:  # before the groups are filtered, so each group holds what trains
+        backbone.requires_grad_(train_backbone)
     # a member's own parameters, clipped on their own so one member's spike does not shrink another's step
     groups = (
         [list(model.parameters())]
@@ -170,8 +172,6 @@ def train_prm(
         else [[*model.backbone_of(m).parameters(), *model.heads[m].parameters()] for m in range(model.members)]
     )
     groups = [[q for q in g if q.requires_grad] for g in groups]
-    for backbone in model.backbones:
-        backbone.requires_grad_(train_backbone)
     trainable = [q for q in model.parameters() if q.requires_grad]
     opt = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.98))
     model.train()
@@ -219,12 +219,12 @@ def train_prm_from_examples(
     save it with its tokenizer and training metrics to ``out``; returns the metrics."""
     from creditrl.prm.augment import augment_negatives
 
-    p = cfg.prm
+    p, seed = cfg.prm, cfg.prm_seed
     policy, tok = load_policy(init_path)
     if p.augment_rate > 0:
-        examples = augment_negatives(examples, rate=p.augment_rate, rng=random.Random(p.seed))
+        examples = augment_negatives(examples, rate=p.augment_rate, rng=random.Random(seed))
     prm = ProcessRewardModel.from_model(
-        policy, members=p.members, combine=p.combine, seed=p.seed, likelihood=p.likelihood
+        policy, members=p.members, combine=p.combine, seed=seed, likelihood=p.likelihood
     )
     prm.to(resolve_device(cfg.policy.device))  # trained where the policy trains
     metrics = train_prm(
@@ -236,7 +236,7 @@ def train_prm_from_examples(
         lr=p.lr,
         soft=p.soft,
         max_step_tokens=p.max_step_tokens,
-        seed=p.seed,
+        seed=seed,
         progress=progress,
         train_backbone=p.train_backbone,
     )
