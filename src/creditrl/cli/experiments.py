@@ -28,6 +28,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from creditrl.experiments.compare import run_compare
 
     set_threads(args.threads)
+    if args.timing:
+        from creditrl.experiments.timing import run_timing
+
+        run_timing(
+            args.grid,
+            args.out,
+            rounds=args.rounds,
+            iterations=args.timing_iterations,
+            quick=args.quick,
+            results=args.results,
+            threads=args.threads,
+        )
+        return 0
     run_compare(args.grid, args.out, quick=args.quick, seeds=args.seeds, jobs=args.jobs)
     return 0
 
@@ -157,6 +170,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         "interrupted ones continue from their last checkpoint",
     )
     p.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 instead of the grid's")
+    p.add_argument(
+        "--timing",
+        action="store_true",
+        help="instead: a controlled timing of the arms (short runs from the grid's start, first seed, one at a "
+        "time in fresh processes, order rotated each round): seconds per iteration and ratio to the reference "
+        "with its spread, to OUT/timing.json (default runs/timing-<name>); run it on an otherwise idle machine",
+    )
+    p.add_argument("--rounds", type=int, default=3, help="--timing: rounds, each arm once per round (default 3)")
+    p.add_argument("--timing-iterations", type=int, default=3, help="--timing: iterations per run (default 3)")
+    p.add_argument("--results", metavar="PAGE", help="--timing: also write a results page (the table)")
     add_threads_arg(p)
     add_jobs_arg(p)
     p.set_defaults(func=cmd_compare)

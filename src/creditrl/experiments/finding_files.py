@@ -4,6 +4,7 @@ reading's placeholders filled from a grid's results (:func:`fill`; the syntax is
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import asdict
 from pathlib import Path
@@ -14,6 +15,7 @@ from creditrl.config.loader import read_yaml_file
 from creditrl.experiments.claim_verdicts import level_text
 from creditrl.experiments.compare_report import comparable, reach_text, wall_ratio
 from creditrl.experiments.plan import slug
+from creditrl.experiments.timing import timing_text
 
 TIME_FIELDS = {"iter_s", "wall_s", "wall_to_target"}  # fields that depend on the machine
 _NO_KIND = "not comparable, the arms share no kind of CPU"
@@ -34,6 +36,8 @@ FINDING_KEYS = {
     "power",
     "sequence_level",
     "sequence_expect",
+    "timing",
+    "time_claim",
 }
 CLAIMS = {
     "C1": "length: sequence reward + GAE suffices below ~100 tokens; above ~500 token-level rewards or MCTS are needed",
@@ -47,7 +51,7 @@ CLAIMS = {
 REPORTS = ("values",)  # a finding measured by a report instead of a compare grid: creditrl value-report
 PLOTS = ("accuracy_vs_samples", "accuracy_vs_wall_time", "length_vs_samples")  # what run_compare draws
 DEFAULT_PLOTS = PLOTS[:2]
-_PLACEHOLDER = re.compile(r"\{(ratio:|diff:|cmp:)?([A-Za-z0-9_]+)(?:/([A-Za-z0-9_]+))?\.([a-z_]+)\}")
+_PLACEHOLDER = re.compile(r"\{(ratio:|diff:|cmp:|timing:)?([A-Za-z0-9_]+)(?:/([A-Za-z0-9_]+))?\.([a-z_]+)\}")
 _FROM_RESULTS = ("gain", "moved")  # per-arm fields computed from the runs' histories, not the table's rows
 
 
@@ -76,6 +80,11 @@ def load_finding(path: Path) -> dict[str, Any]:
         if not isinstance(data["expect"], dict) or not data["expect"]:
             raise ConfigError(f"{path}: key 'expect' must map arms to better, worse or same")
         data["expect"] = {str(arm): _expectation(path, arm, e) for arm, e in data["expect"].items()}
+    claimed = data.get("time_claim")
+    if claimed is not None and (isinstance(claimed, bool) or not isinstance(claimed, (int, float)) or claimed <= 0):
+        raise ConfigError(f"{path}: key 'time_claim' must be a positive number (the claimed ratio); got {claimed!r}")
+    if "timing" in data and not isinstance(data["timing"], str):
+        raise ConfigError(f"{path}: key 'timing' must be a timing.json path relative to the repository root")
     if "sequence_expect" in data:
         if "sequence_level" not in data:
             raise ConfigError(f"{path}: key 'sequence_expect' needs 'sequence_level', the arm it compares with")
@@ -144,6 +153,8 @@ def fill(
     machines: dict[str, list[str | None]] | None = None,
     results: dict[str, list[list[dict[str, Any]]]] | None = None,
     verdicts: list[dict[str, Any]] | None = None,
+    timing: dict[str, Any] | None = None,
+    time_claim: float | None = None,
 ) -> str:
     """Replace every placeholder of ``template`` (module docstring) by the number from ``rows``
     (``CompareRow`` dicts); an unknown arm or field raises ValueError naming it. A ratio of times
@@ -158,7 +169,12 @@ def fill(
     seed-level t; ``{cmp:A/B.final}``, the words that interval decides: "above", "below" or "not
     shown different from"; ``{ARM.gain}``, the arm's held-out exact match at the end minus at its
     start with the 95% seed-level t-interval, and ``{ARM.moved}``, the words it decides: "above
-    its start", "below its start" or "not shown different from its start"."""
+    its start", "below its start" or "not shown different from its start".
+
+    ``{timing:A/B.ratio}``: A's seconds per iteration against B's in the finding's committed
+    controlled timing (``timing``, :func:`load_timing`) and the verdict on "about ``time_claim`` x"
+    (:func:`creditrl.experiments.timing.timing_text`); without one, that there is none yet and no
+    time verdict."""
     by_slug = {slug(r["arm"]): r for r in rows}
 
     def value(arm: str, field: str) -> Any:
@@ -175,6 +191,10 @@ def fill(
         kind, a, b, field = m.groups()
         if kind and b is None:
             raise ValueError(f"reading: {m.group(0)} needs two arms, {{{kind}A/B.{field}}}")
+        if kind == "timing:":
+            if field != "ratio":
+                raise ValueError(f"reading: {{timing:{a}/{b}.{field}}}: a controlled timing gives 'ratio' only")
+            return timing_text(timing, value(a, "arm"), value(b, "arm"), time_claim)
         if kind in ("diff:", "cmp:"):
             d = pair(a, b, field, kind)
             return diff_text(d) if kind == "diff:" else _side(d)
@@ -215,6 +235,14 @@ def fill(
         return asdict(t_difference([e[-1] - e[0] for e in ends]))
 
     return _PLACEHOLDER.sub(sub, template)
+
+
+def load_timing(finding: dict[str, Any], root: Path) -> dict[str, Any] | None:
+    """The controlled timing result (``creditrl compare GRID --timing``'s timing.json) a finding's
+    ``timing`` key names, relative to the repository ``root``; None when it names none or the file
+    is not committed yet."""
+    f = root / finding["timing"] if finding.get("timing") else None
+    return json.loads(f.read_text()) if f is not None and f.is_file() else None
 
 
 def _side(d: dict[str, Any]) -> str:

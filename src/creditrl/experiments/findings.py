@@ -16,6 +16,12 @@ placeholders filled from the grid's results, so no number in FINDINGS.md is type
 - ``{diff:ARM_A/ARM_B.final}``: A's paired difference to B in final held-out exact match, with its
   95% seed-level t-interval, unadjusted ("+2.3 points [-0.4, +5.0]").
 
+- ``{timing:ARM_A/ARM_B.ratio}``: A's RL seconds per iteration against B's in the controlled
+  timing the finding's ``timing`` key names (a ``creditrl compare GRID --timing`` timing.json,
+  relative to the repository root), with its spread over rounds and, with ``time_claim: 3``, the
+  verdict on "about 3x" (:mod:`creditrl.experiments.timing`); while none is committed, "no
+  controlled timing yet, so no time verdict": wall times of grid runs decide none.
+
 - ``{ARM.diff}`` (the paired difference to the grid's ``reference`` arm: an arm with a verdict
   at its verdict's Holm-adjusted level, "+2.3 points [-1.1, +5.7] at 99.75%"; else at 95%) and
   ``{ARM.verdict}``.
@@ -70,7 +76,7 @@ from creditrl.experiments.compare_report import (
     prm_markdown,
     results_markdown,
 )
-from creditrl.experiments.finding_files import CLAIMS, fill, load_finding, names_only
+from creditrl.experiments.finding_files import CLAIMS, fill, load_finding, load_timing, names_only
 from creditrl.experiments.findings_figures import length_figure, settings_figure
 from creditrl.experiments.grid import TOKEN_ITERATIONS, load_grid
 from creditrl.experiments.plan import summarised_runs
@@ -85,6 +91,7 @@ def _section(
     root: Path,
     verdicts: list[dict],
     reading: bool = True,
+    timing: dict[str, Any] | None = None,
 ) -> str:
     diffs = {r["arm"]: r["difference"] for r in summary.get("differences", [])}
     diffs |= {r["arm"]: r["difference"] for r in verdicts if r["role"] == BASELINE}  # at the verdict's level
@@ -100,6 +107,7 @@ def _section(
         table += "\n" + prm_markdown(summary["prm"])
     arms = "; ".join(f"**{name}**: `{' '.join(over) or '(base)'}`" for name, over in grid.arms.items())
     images = "\n".join(f"![{p.stem}]({p.relative_to(root).as_posix()})" for p in plots)
+    results, claim_x = summary.get("results"), finding.get("time_claim")
     claim = f"\n*Folk claim:* {finding['claim'].strip()}\n" if finding.get("claim") else ""
     return (
         f"## {finding['id']}: {finding['title']}\n\n*Question:* {finding['question'].strip()}\n{claim}\n"
@@ -111,7 +119,7 @@ def _section(
         f"Regenerate: `creditrl compare {finding['grid']}` (then `creditrl findings`).\n{_power(finding)}\n"
         f"{table}\n{images}\n"
         + (
-            f"\n*Reading.* {fill(finding['reading'].strip(), rows, machines, summary.get('results'), verdicts)}\n"
+            f"\n*Reading.* {fill(finding['reading'].strip(), rows, machines, results, verdicts, timing, claim_x)}\n"
             if reading
             else ""
         )
@@ -266,8 +274,10 @@ def _grid_section(
     )
     days = [] if summaries is None else [read_summary(p)["date"] for p in sorted(summaries.glob("*/seed*.json"))]
     panel = ({**finding, "reference": grid.reference}, summary["results"])
+    timing = load_timing(finding, root)
     if arms is None:
-        return lambda judged: _section(finding, grid, summary, plots, out.parent, judged), rows, days, panel
+        render = lambda judged: _section(finding, grid, summary, plots, out.parent, judged, timing=timing)  # noqa: E731
+        return render, rows, days, panel
     pending = {a: n for a, n in done.items() if a not in arms}
     note = "; ".join(f"**{a}** {n} of {len(grid.seeds)} seeds" for a, n in pending.items())
     shown = dataclasses.replace(grid, arms={a: o for a, o in grid.arms.items() if a in arms})
@@ -285,7 +295,7 @@ def _grid_section(
         "intervals and verdicts wait until the arm has every seed):",
     )
     return (
-        lambda judged: _section(finding, shown, summary, plots, out.parent, judged, reading=reads) + tail,
+        lambda judged: _section(finding, shown, summary, plots, out.parent, judged, reads, timing) + tail,
         rows,
         days,
         panel,
