@@ -13,6 +13,7 @@ from scipy import stats
 
 from creditrl.experiments.claim_verdicts import (
     BASELINE,
+    COSTS,
     SEQUENCE,
     Comparison,
     changes_markdown,
@@ -21,6 +22,8 @@ from creditrl.experiments.claim_verdicts import (
     sensitivity_markdown,
     verdicts_markdown,
 )
+from creditrl.experiments.compare_report import cost_rows
+from creditrl.experiments.summaries import history
 from creditrl.experiments.verdicts import holm, t_difference
 from creditrl.train.metrics import pack_outcomes
 
@@ -95,8 +98,43 @@ def _row(claim: str, per_seed: list[float], expect: str = "better", size: float 
         problems=1024,
         gain=0.05,
         reference_gain=0.01,
-        cost=1.0,
+        cost={"generated_tokens": 1.0, "trained_positions": None, "cpu_s": None, "prm_s": [None, None]},
     )
+
+
+def _summary(rate: float, tokens: int, cost: dict | None = None, prm_s: float | None = None) -> dict:
+    """A hand-made run summary: a start and a last evaluation over 400 problems, ``tokens``
+    generated, ``cost`` as a summary records it (None: one summarised before the cost record)."""
+    start, last = _runs([rate])[0]
+    start = {**start, "iteration": 0, "tokens/total": 0, **({} if prm_s is None else {"time/prm_s": prm_s})}
+    last = {**last, "iteration": 2, "tokens/total": tokens}
+    summary = {"version": 1, "iter_s": [[1, 5.0], [2, 5.0]], "evals": [start, last]}
+    return summary if cost is None else {**summary, "cost": cost}
+
+
+def _cost_cells(arm: dict[str, list[dict]], reference: dict[str, list[dict]]) -> list[str]:
+    """The verdict table's cost cells of the row ``token`` vs ``gae``, each arm's summaries given."""
+    found = {**arm, **reference}
+    results = {a: [history(s) for s in runs] for a, runs in found.items()}
+    spent = {a: [s.get("cost", {}) for s in runs] for a, runs in found.items()}
+    finding = {"id": "C1-x", "claim_id": "C1", "expect": {"token": ("better", None)}}
+    rows = judge(comparisons(finding, results, "gae", [0, 1, 2], cost_rows(results, spent)))
+    cells = [c.strip() for c in verdicts_markdown(rows, []).splitlines()[2].split("|")]
+    first = 10  # the blank before the first bar, then nine columns up to the gain over the start
+    return cells[first : first + len(COSTS) + 1]
+
+
+def test_the_verdict_tables_costs_are_ratios_of_what_the_summaries_record() -> None:
+    recorded = lambda t, p, c: {"generated_tokens": t, "trained_positions": p, "cpu_s": c}  # noqa: E731
+    token = {"token": [_summary(0.4, 1200, recorded(1200, 6000, 30.0), prm_s=178.4) for _ in range(3)]}
+    gae = {"gae": [_summary(0.3, 1000, recorded(1000, 2000, 20.0)) for _ in range(3)]}
+    assert _cost_cells(token, gae) == ["1.20x", "3.00x", "1.50x", "178 s / –"]
+    old = {"gae": [_summary(0.3, 1000) for _ in range(3)]}  # summarised before the cost record: tokens only
+    assert _cost_cells(token, old) == ["1.20x", "not recorded", "not recorded", "178 s / –"]
+    one = {"gae": [_summary(0.3, 1000, recorded(1000, 2000, 20.0)) for _ in range(2)] + [_summary(0.3, 1000)]}
+    assert _cost_cells(token, one)[1:3] == ["not recorded", "not recorded"]  # every run must record it
+    plain = {"token": [_summary(0.4, 1500) for _ in range(3)]}
+    assert _cost_cells(plain, old) == ["1.50x", "not recorded", "not recorded", "not recorded"]
 
 
 def test_a_claims_rows_are_one_holm_family_and_claims_are_apart() -> None:

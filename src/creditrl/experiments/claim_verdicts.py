@@ -15,6 +15,13 @@ recomputed at its own level from the other seeds, in both arms) or with a tie ma
 points instead of ±2. Each claim's sensitivity table shows those verdicts beside the verdict of
 the unadjusted 95% seed-level t and the previous protocol's (the two-level bootstrap, the earlier
 tie rule); the list of changed verdicts says, step by step, what changed each one.
+
+**Costs.** Each row's cost is the arm's against the reference's, in units no machine's speed or
+load changes (:func:`cost_ratios`): the ratio of their mean generated tokens, of the token
+positions their updates forwarded and backpropagated and of their runs' process-tree CPU seconds
+(the last two where every run of both arms recorded them: summaries written before the cost record
+hold tokens only), and the wall seconds the PRM each one's reward reads took to label for and
+train. Wall times of grid runs (loaded, shared machines) decide nothing here.
 """
 
 from __future__ import annotations
@@ -24,7 +31,6 @@ from typing import Any
 
 import numpy as np
 
-from creditrl.experiments.compare_report import wall_ratio
 from creditrl.experiments.verdicts import (
     LEVEL,
     MARGIN,
@@ -44,12 +50,19 @@ __all__ = [
     "Comparison",
     "changes_markdown",
     "comparisons",
+    "cost_ratios",
     "judge",
     "level_text",
     "sensitivity_markdown",
     "verdicts_markdown",
 ]
 
+COSTS = (  # a cost row's key (creditrl.experiments.compare_report.cost_rows) and its column
+    ("generated_tokens", "generated tokens"),
+    ("trained_positions", "trained token-positions"),
+    ("cpu_s", "CPU seconds"),
+)
+NOT_RECORDED = "not recorded"
 MARGINS = (0.01, 0.03)  # the other tie margins a verdict must survive
 BASELINE, SEQUENCE = "stated baseline", "best sequence-level"
 
@@ -71,7 +84,7 @@ class Comparison:
     problems: int
     gain: float  # the arm's held-out exact match at the end minus at its start, mean over seeds
     reference_gain: float
-    cost: float | None  # wall-time ratio to the reference (None: no kind of CPU shared)
+    cost: dict[str, Any]  # against the reference (cost_ratios)
     regime: str = ""
     task: str = ""
     previous: Difference | None = None  # the previous protocol's interval (rows it had: a prediction vs the baseline)
@@ -83,15 +96,46 @@ def _gain(histories: list[list[dict[str, Any]]]) -> float:
     return float(np.mean([e[-1] - e[0] for e in ends]))
 
 
+def _prm_s(histories: list[list[dict[str, Any]]]) -> float | None:
+    """The mean over an arm's runs of what the PRM its reward reads cost to label for and train
+    (``time/prm_s`` of a run's start row, wall seconds); None where no run records one."""
+    spent = [h[0]["time/prm_s"] for h in histories if h and h[0].get("time/prm_s") is not None]
+    return float(np.mean(spent)) if spent else None
+
+
+def _tokens(histories: list[list[dict[str, Any]]]) -> tuple[float] | None:
+    ends = [h[-1].get("tokens/total") for h in histories]
+    return (float(np.mean(ends)),) if ends and None not in ends else None
+
+
+def cost_ratios(
+    costs: list[dict[str, Any]], results: dict[str, list[list[dict[str, Any]]]], arm: str, reference: str
+) -> dict[str, Any]:
+    """Arm ``arm``'s cost against ``reference``'s: for each of :data:`COSTS`, the ratio of the two
+    arms' means (``costs``: :func:`creditrl.experiments.compare_report.cost_rows`, a mean first
+    in each cell; None where either arm did not record it or the reference's is 0), and ``prm_s``:
+    the two arms' PRM labelling and training in wall seconds (:func:`_prm_s`, arm then reference)."""
+    by_arm = {c["arm"]: c for c in costs}
+    out: dict[str, Any] = {}
+    for key, _ in COSTS:
+        a, b = by_arm.get(arm, {}).get(key), by_arm.get(reference, {}).get(key)
+        out[key] = float(a[0] / b[0]) if a is not None and b is not None and b[0] > 0 else None
+    out["prm_s"] = [_prm_s(results[arm]), _prm_s(results[reference])]
+    return out
+
+
 def comparisons(
     finding: dict[str, Any],
     results: dict[str, list[list[dict[str, Any]]]],
     reference: str,
     seeds: list[int],
-    machines: dict[str, list[str | None]] | None = None,
+    costs: list[dict[str, Any]] | None = None,
 ) -> list[Comparison]:
     """The finding's verdict rows (module docstring): each arm of ``expect`` against
-    ``reference``, then against the finding's ``sequence_level`` arm where that is another arm."""
+    ``reference``, then against the finding's ``sequence_level`` arm where that is another arm;
+    ``costs`` as in :func:`cost_ratios` (None: generated tokens only, from ``results``)."""
+    if costs is None:
+        costs = [{"arm": a, "generated_tokens": _tokens(hs)} for a, hs in results.items()]
     named = finding.get("sequence_level")
     best = named or reference
     pairs = [(arm, reference, BASELINE) for arm in finding.get("expect", {})]
@@ -117,7 +161,7 @@ def comparisons(
                 problems=x.shape[1],
                 gain=_gain(results[arm]),
                 reference_gain=_gain(results[ref]),
-                cost=wall_ratio(results, machines, arm, ref),
+                cost=cost_ratios(costs, results, arm, ref),
                 regime=finding.get("regime", ""),
                 task=finding.get("task", ""),
                 previous=bootstrap_difference(x, y) if role == BASELINE and expect != "any" else None,
@@ -198,18 +242,30 @@ def _vs(r: dict[str, Any]) -> str:
     return f"{r['arm']} vs {r['reference']}" + (f" ({SEQUENCE})" if r.get("best") else "")
 
 
+def cost_cells(cost: dict[str, Any]) -> list[str]:
+    """A row's cost cells (:func:`cost_ratios`): each of :data:`COSTS` as a ratio ("1.23x", or
+    "not recorded"), then the PRM's labelling and training, arm / reference ("178 s / –", or
+    "not recorded" where neither arm's runs record one)."""
+    cells = [NOT_RECORDED if cost.get(k) is None else f"{cost[k]:.2f}x" for k, _ in COSTS]
+    prm = cost.get("prm_s") or [None, None]
+    s = lambda x: "–" if x is None else f"{x:,.0f} s"  # noqa: E731
+    return [*cells, NOT_RECORDED if prm == [None, None] else f"{s(prm[0])} / {s(prm[1])}"]
+
+
 def verdicts_markdown(rows: list[dict[str, Any]], waiting: list[str]) -> str:
     """FINDINGS.md's opening table: every verdict row (its method, its Holm-adjusted interval and
-    p-value, the detectable effect at that level, the gains over the start and a fragile mark),
-    then the claims not measured yet (``waiting``)."""
+    p-value, the detectable effect at that level, the gains over the start, a fragile mark and its
+    costs against the reference, :func:`cost_cells`), then the claims not measured yet (``waiting``)."""
+    costs = " | ".join(f"{title}, arm / reference" for _, title in COSTS)
     lines = [
         "| claim | arm vs reference | predicted | verdict | difference, Holm-adjusted interval | method | "
-        "Holm-adjusted p | detectable | gain over the start, arm / reference | wall time | regime | task |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        f"Holm-adjusted p | detectable | gain over the start, arm / reference | {costs} "
+        "| PRM labelling + training (wall), arm / reference | regime | task |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         d = r["difference"]
-        cost = "–" if r["cost"] is None else f"{r['cost']:.2f}x"
+        cost = " | ".join(cost_cells(r["cost"]))
         mark = ", fragile" if r["fragile"] else ""
         method = f"{d['method']}, {d['seeds']} seeds, {level_text(d['level'])}"
         lines.append(

@@ -221,7 +221,8 @@ def differences_markdown(
         f"Against **{reference}**: paired difference in held-out exact match at the last evaluation "
         "(points; 95% seed-level paired t-interval over the per-seed differences and its p-value, neither adjusted "
         "for multiplicity), the smallest difference the same test detects with 80% power, and each arm's change "
-        "over the last third of its evaluations (the same t)."
+        "over the last third of its evaluations (the same t). The wall-time ratio is of runs on a loaded, shared "
+        "machine and decides nothing; the cost table gives costs no machine's load changes."
         + (
             " Wall-time ratios pair runs on one kind of CPU: an arm's ratio to the reference within each kind "
             "both ran on, averaged over those kinds weighted by the arm's runs (a run whose CPU was not recorded "
@@ -235,7 +236,8 @@ def differences_markdown(
             else ""
         )
         + "\n",
-        "| arm | difference | 95% interval | p | detectable | last third | still improving | wall time vs reference |",
+        "| arm | difference | 95% interval | p | detectable | last third | still improving "
+        "| loaded-grid wall time vs reference |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:

@@ -71,6 +71,7 @@ from creditrl.experiments.compare import run_compare
 from creditrl.experiments.compare_report import (
     CompareRow,
     charged_s,
+    costs_markdown,
     differences_markdown,
     launch_text,
     prm_markdown,
@@ -105,6 +106,8 @@ def _section(
         table += "\n" + differences_markdown(summary["differences"], grid.reference, summary.get("machines"))
     if summary.get("prm"):
         table += "\n" + prm_markdown(summary["prm"])
+    if summary.get("costs"):
+        table += "\n" + costs_markdown(summary["costs"])
     arms = "; ".join(f"**{name}**: `{' '.join(over) or '(base)'}`" for name, over in grid.arms.items())
     images = "\n".join(f"![{p.stem}]({p.relative_to(root).as_posix()})" for p in plots)
     results, claim_x = summary.get("results"), finding.get("time_claim")
@@ -225,7 +228,15 @@ _PROTOCOL = (
     "the start* is each arm's held-out exact match at the end minus at its start, mean over seeds. A verdict is "
     "**fragile** when leaving out any one seed or a tie margin of ±1 or ±3 points changes it. Each setting's "
     "arms are compared with the claim's stated baseline and, where it is another arm, with the setting's best "
-    "sequence-level arm (outcome GRPO where it ran). Within the findings, the differences tables give the "
+    "sequence-level arm (outcome GRPO where it ran). *Costs* are in units no machine's speed or load changes, "
+    "each the arm's mean over seeds divided by the reference's: generated tokens, the token positions the updates "
+    "forwarded and backpropagated (every PPO epoch), and the CPU seconds of the run's process tree; runs summarised "
+    "before summaries recorded costs hold generated tokens only, so their other two columns say *not recorded*. "
+    "The PRM column gives the wall seconds the PRM each arm's reward reads took to label for and train (– where "
+    "that arm's runs record none; *not recorded* where neither's do); the PRM's labelling and training are not in "
+    "the other three. Wall times of the grid runs, in the findings' tables, come from loaded, shared machines and "
+    "decide nothing; a claim about time is judged only against a controlled timing (`creditrl compare GRID "
+    "--timing`). Within the findings, the differences tables give the "
     "unadjusted 95% seed-level t; the per-arm tables give 95% Student-t intervals over seeds, and for the samples "
     "and wall time to the target their median and range over every seed (a seed that never reached the target "
     "counts as later than all that did). Every arm runs to its grid's stated budget (10x the earlier findings'); "
@@ -268,7 +279,7 @@ def _grid_section(
         if finding.get("sequence_level") not in arms:
             finding.pop("sequence_level", None)
     rows = (
-        comparisons(finding, summary["results"], grid.reference, grid.seeds, summary.get("machines"))
+        comparisons(finding, summary["results"], grid.reference, grid.seeds, summary.get("costs"))
         if finding.get("expect")
         else []
     )
