@@ -22,13 +22,9 @@ files behind, so the same command can simply run again.
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
-import os
-import shutil
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,8 +36,6 @@ from creditrl.config import Config
 from creditrl.credit.schedule import linear_schedule
 from creditrl.distributed import ddp
 from creditrl.errors import ConfigError
-from creditrl.inspect.record import record_iteration
-from creditrl.losses import explained_variance
 from creditrl.policy.model import LORA_BASE_FILE, is_lora
 from creditrl.tasks import Task
 from creditrl.train import rundir, stages
@@ -58,26 +52,22 @@ from creditrl.train.checkpoint import (
     save_checkpoint,
     write_failure,
 )
-from creditrl.train.evaluate import evaluate
 from creditrl.train.lifecycle import Interrupted, Signals, checked_resume_config, resume_command
-from creditrl.train.metrics import (
-    IterationRecord,
-    StageTimer,
-    iteration_row,
-    pack_outcomes,
-    progress_line,
-    sample_completions,
-)
+from creditrl.train.metrics import IterationRecord, StageTimer, iteration_row, sample_completions
+from creditrl.train.rl_output import FINAL, RunOutput
+from creditrl.train.rl_start import PRETRAIN_SEED_OFFSET, RANK_SEED_STRIDE, RunStart, iteration_seed
 from creditrl.train.trackers import Tracker, make_trackers
 
+__all__ = [
+    "FINAL",
+    "PRETRAIN_SEED_OFFSET",
+    "RANK_SEED_STRIDE",
+    "RLResult",
+    "RLTrainer",
+    "iteration_seed",
+]
+
 log = logging.getLogger("creditrl")
-FINAL = "final"  # RUN_DIR/final: the trained policy, loadable with from_pretrained
-RANK_SEED_STRIDE = 2**32  # data-parallel rank r samples its rollouts from iteration_seed + r * stride
-PRETRAIN_SEED_OFFSET = 2**48  # value pretraining iteration k draws from iteration_seed(seed, k) + offset
-
-
-def iteration_seed(seed: int, iteration: int) -> int:
-    return seed * 1_000_003 + iteration
 
 
 @dataclass
@@ -86,8 +76,10 @@ class RLResult:
     history: list[dict[str, Any]]  # every metrics.jsonl row
 
 
-class RLTrainer:
-    """Runs the iterations of a built run (:class:`~creditrl.train.build.RunParts`)."""
+class RLTrainer(RunStart, RunOutput):
+    """Runs the iterations of a built run (:class:`~creditrl.train.build.RunParts`); its start of
+    a run (:class:`~creditrl.train.rl_start.RunStart`) and its output
+    (:class:`~creditrl.train.rl_output.RunOutput`) are mixins of their own modules."""
 
     def __init__(self, parts: RunParts, run_dir: Path, *, overwrite: bool = False) -> None:
         """``overwrite``: a new run may replace one already in ``run_dir`` (else :meth:`run` refuses)."""
@@ -121,14 +113,6 @@ class RLTrainer:
         return cls(build_run(cfg, init_path=init_path, task=task), run_dir, overwrite=overwrite)
 
     # -- persistence -------------------------------------------------------------------------
-    @property
-    def metrics_path(self) -> Path:
-        return self.run_dir / "metrics.jsonl"
-
-    @property
-    def completions_path(self) -> Path:
-        return self.run_dir / "completions.jsonl"
-
     def save(self, iteration: int, rng: dict[str, Any] | None = None) -> None:
         """Checkpoint ``iteration`` (``rng``: the RNG states to save, default the current ones).
 
@@ -213,40 +197,6 @@ class RLTrainer:
                 rows = rundir.read_metrics(path)
                 rundir.write_metrics(path, [r for r in rows if r["iteration"] <= self.start_iteration])
 
-    # -- evaluation ----------------------------------------------------------------------------
-    def _evaluate_on_main(self) -> dict[str, float]:
-        """Held-out evaluation on rank 0 only ({} on the other ranks, which wait for it), with its
-        wall time as ``time/eval_s`` (not part of ``time/total_s``, the iterations' time)."""
-        start = time.perf_counter()
-        out = {**self.evaluate(), "time/eval_s": 0.0} if ddp.is_main() else {}
-        if out:
-            out["time/eval_s"] = time.perf_counter() - start
-        ddp.barrier()
-        return out
-
-    def evaluate(self) -> dict[str, float]:
-        p, cfg = self.parts, self.cfg
-        res = evaluate(
-            p.model,
-            p.tokenizer,
-            p.task,
-            p.heldout,
-            max_new_tokens=cfg.rollout.max_new_tokens,
-            engine=cfg.policy.engine,
-            precision=cfg.policy.precision,
-            kernels=cfg.policy.kernels,
-            calls=p.scorer.calls,
-            on_error=cfg.reward.on_error,
-        )
-        out = {"eval/accuracy": res.accuracy, "eval/step_accuracy": res.step_accuracy, "eval/length": res.mean_length}
-        out.update(
-            {"eval/errors": res.errors, "eval/timeouts": res.timeouts, "eval/correct": pack_outcomes(res.correct)}
-        )
-        reward = p.scorer.eval_reward(p.heldout, res.completions)  # the reward's own measure, e.g. BLEU
-        if reward is not None:
-            out["eval/reward"] = reward
-        return out
-
     # -- the loop ------------------------------------------------------------------------------
     def _schedules(self, it: int) -> tuple[float, float, float]:
         """This iteration's learning rate (set on the optimizer), lambda and training progress."""
@@ -291,83 +241,6 @@ class RLTrainer:
         self.completions = sample_completions(record, self.completions_per_iter)
         self._count(batch.size, record.generated_tokens, timer.total)
         return iteration_row(record, timer.times, self.totals)
-
-    def _pretrain_critic(self) -> dict[str, float]:
-        """Value pretraining (VC-PPO, Yuan et al., 2025, arXiv:2503.01491): ``value.pretrain_iterations``
-        rounds of rollout -> score -> value -> Monte-Carlo returns (lambda 1, whatever ``credit.lam``,
-        ``lam_critic`` or ``lam_alpha`` say) -> a critic-only update, all from the start policy, before
-        RL's first iteration. Their problems and samples come from ``iteration_seed(train.seed, k) +
-        PRETRAIN_SEED_OFFSET``, apart from RL's. Returns iteration 0's ``pretrain/*`` metrics: each
-        batch's explained variance is measured before the critic trains on it (a fresh sample), the
-        first (the untrained critic) and the last; the last update's value loss; ``time/pretrain_s``."""
-        p, cfg = self.parts, self.cfg
-        start, evs, update = time.perf_counter(), [], {}
-        for k in range(cfg.value.pretrain_iterations):
-            seed = iteration_seed(cfg.train.seed, k) + PRETRAIN_SEED_OFFSET
-            gen = torch.Generator().manual_seed(seed + RANK_SEED_STRIDE * ddp.rank())
-            batch = self._rollout(k, gen, seed=seed)
-            scored = p.scorer(batch, progress=0.0, generator=gen, ref_logprobs=None)
-            values = p.value_stage(batch, scored.step_ends, gen)
-            mc = {"lam": 1.0, "lam_critic": 1.0, "lam_alpha": 0.0}  # Monte-Carlo returns
-            adv, ret = stages.credit(batch, scored, cfg, values=values.values, step_ends=values.step_ends, **mc)
-            mask = batch.response_mask & scored.keep[:, None]
-            (ev,) = ddp.all_reduce_mean([explained_variance(values.values, ret, mask)])
-            evs.append(ev)
-            update = stages.learn(p, batch, scored, adv, ret, values, None, gen, train_policy=False)
-            self._count(batch.size, stages.generated_tokens(batch), 0.0)
-            log.info(
-                "creditrl: value pretraining %d/%d: explained variance %.3f", k + 1, cfg.value.pretrain_iterations, ev
-            )
-        seconds = time.perf_counter() - start
-        self.totals["time_s"] += seconds
-        return {
-            "pretrain/iterations": len(evs),
-            "pretrain/explained_variance_first": evs[0],
-            "pretrain/explained_variance": evs[-1],
-            "pretrain/loss_value": update.get("loss/value", 0.0),
-            "time/pretrain_s": seconds,
-        }
-
-    def _rollout(self, it: int, generator: torch.Generator, *, seed: int | None = None):
-        """This iteration's problems (the same on every rank; each keeps its share) and their samples;
-        ``seed`` replaces the problems' seed ``iteration_seed(train.seed, it)``."""
-        p, cfg = self.parts, self.cfg
-        seed = iteration_seed(cfg.train.seed, it) if seed is None else seed
-        problems = p.task.sample(cfg.rollout.prompts_per_iter, split="train", seed=seed)
-        return stages.rollout(
-            p.engine,
-            p.tokenizer,
-            ddp.share(problems),
-            cfg.rollout.group_size,
-            p.params,
-            generator,
-            tree=p.value_stage.tree,
-            stop_ids=p.stop_ids,
-        )
-
-    def _inspect(self, rec: IterationRecord) -> None:
-        """The credit inspector's sample of this iteration (every ``train.inspect_every``), on rank 0."""
-        if ddp.is_main():
-            record_iteration(
-                self.run_dir,
-                rec.iteration,
-                rec.batch,
-                rec.scored,
-                rec.advantages,
-                rec.returns,
-                self.cfg,
-                self.parts.tokenizer,
-                self.parts.task,
-                values=rec.values.values,
-                credit_step_ends=rec.values.step_ends,
-                lam=rec.lam,
-            )
-
-    def _count(self, samples: int, tokens: int, seconds: float) -> None:
-        samples, tokens = (int(x) for x in ddp.all_reduce_sum([samples, tokens]))  # over every rank
-        self.totals["samples"] += samples
-        self.totals["tokens"] += tokens
-        self.totals["time_s"] += seconds
 
     def run(self) -> RLResult:
         """Train to ``train.iterations`` (or the token budget), holding the run directory's lock
@@ -449,51 +322,6 @@ class RLTrainer:
                 if spent:  # the token budget (train.max_tokens) is used up
                     break
 
-    def _stopped(self, exc: Interrupted) -> Interrupted:
-        """After SIGINT / SIGTERM: a checkpoint of the last finished iteration when it has none, and
-        the one line saying where the run stopped and how to resume it."""
-        self.signals.reset()
-        done, total, ckpts = self.finished, self.cfg.train.iterations, self.run_dir / "checkpoints"
-        resume = f"resume with: {resume_command(self.run_dir)}"
-        if exc.at_once:  # a second signal: the iteration under way is abandoned, its state half-changed
-            intact = latest_name(ckpts)
-            since = f"checkpoint {intact}" if intact else "iteration 0"
-            return exc.with_message(
-                f"stopped by {exc.name} during iteration {done + 1} of {total} (abandoned, not saved); "
-                f"the run continues from {since}; {resume}"
-            )
-        if done == 0:
-            return exc.with_message(f"stopped by {exc.name} before the first iteration finished; {resume}")
-        name = f"iter_{done:06d}"
-        if latest_name(ckpts) == name:
-            return exc.with_message(f"stopped by {exc.name} after iteration {done} of {total} ({name}); {resume}")
-        try:
-            self.save(done, rng=self.finished_rng)
-        except Interrupted:
-            intact = latest_name(ckpts)
-            return exc.with_message(
-                f"stopped by {exc.name} again while writing checkpoint {name}; the run continues from "
-                f"{f'checkpoint {intact}' if intact else 'iteration 0'}; {resume}"
-            )
-        return exc.with_message(
-            f"stopped by {exc.name} after iteration {done} of {total}; checkpoint {name} written; {resume}"
-        )
-
-    def export_final(self) -> Path:
-        """The trained policy as a plain HF folder, ``RUN_DIR/final`` (``train.merge_lora``: LoRA
-        adapters merged into the weights), written atomically; ``from_pretrained`` loads it."""
-        p, final = self.parts, self.run_dir / FINAL
-        model = p.model
-        if is_lora(model) and self.cfg.train.merge_lora:
-            model = copy.deepcopy(model).merge_and_unload()
-        tmp = self.run_dir / (FINAL + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        model.save_pretrained(tmp)
-        p.tokenizer.save_pretrained(tmp)
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        return final
-
     def close(self) -> None:
         """Stop the Ray workers (backend.name=ray) and drop the data-parallel wrappers (so that
         :func:`creditrl.distributed.ddp.shutdown` can leave the process group cleanly)."""
@@ -504,22 +332,3 @@ class RLTrainer:
             tracker.close()
         self.trackers = []
         self.parts.learners.close()
-
-    def _log(
-        self, row: dict[str, Any], history: list[dict[str, Any]], completions: list[dict[str, Any]] | None = None
-    ) -> None:
-        """Write the metrics row (and the iteration's sample ``completions``) to the run directory
-        and the trackers, on rank 0."""
-        history.append(row)
-        if ddp.is_main():
-            with self.metrics_path.open("a") as f:
-                f.write(json.dumps(row) + "\n")
-            if completions:
-                with self.completions_path.open("a") as f:
-                    f.write("".join(json.dumps(c) + "\n" for c in completions))
-            for tracker in self.trackers:
-                tracker.log(row)
-                if completions:
-                    tracker.log_completions(row["iteration"], completions)
-            if self.cfg.train.progress and not sys.stdout.isatty() and "reward/mean" in row:
-                print(progress_line(row, self.cfg.train.iterations), flush=True)
