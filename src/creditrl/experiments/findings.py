@@ -52,6 +52,7 @@ they were written, from ``findings/legacy.md``.
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -406,5 +407,19 @@ def run_findings(
         + "\n"
         + "\n".join(texts)
     )
+    if not quick:
+        _write_verdicts_json(verdicts, docs / VERDICTS_JSON, when)
     print(f"[creditrl findings] wrote {out} ({len(texts)} findings)")
     return out
+
+
+VERDICTS_JSON = "verdicts.json"  # beside the findings' figures: every verdict row's numbers, read by README's table
+
+
+def _write_verdicts_json(verdicts: list[dict[str, Any]], path: Path, when: str) -> None:
+    """Every verdict row as FINDINGS.md's table states it, in numbers (accuracy fractions; the
+    interval at the row's Holm level): what README's results table is generated from."""
+    keep = ("claim", "finding", "arm", "reference", "role", "expect", "verdict", "gain", "reference_gain", "fragile")
+    rows = [{k: r[k] for k in keep} | {"difference": r["difference"]} for r in verdicts]
+    text = json.dumps({"summarised": when, "rows": rows}, indent=1, sort_keys=True, default=float)
+    path.write_text(text + "\n")
