@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -388,6 +389,13 @@ def test_the_committed_findings_rebuild_from_their_summaries(tmp_path: Path) -> 
     root = Path(__file__).resolve().parents[2]
     out = run_findings(root, out=tmp_path / "FINDINGS.md", runs=tmp_path / "runs", train=False)
     assert out.read_text() == (root / "FINDINGS.md").read_text()
+    written = json.loads((tmp_path / "docs" / "findings" / "verdicts.json").read_text())
+    assert written == json.loads((root / "docs" / "findings" / "verdicts.json").read_text())
+    table = out.read_text().split("\n\n## ")[0]
+    for row in written["rows"]:  # each row's verdict and interval, as FINDINGS.md's opening table states them
+        d = row["difference"]
+        assert d["lo"] <= d["mean"] <= d["hi"] and 0 < d["level"] < 1
+        assert f"{100 * d['mean']:+.1f}" in table and row["verdict"] in table
 
 
 def test_only_names_grid_findings_and_an_unknown_id_is_one_line(tmp_path: Path, capsys) -> None:
