@@ -111,6 +111,9 @@ def test_packaged_bases_resolve_and_quick_swaps_in_the_smoke_sizes(tmp_path: Pat
         ("budget: {tokens: 10}\narms: {a: []}\ntarget: {gain: x}\n", "key 'target'"),
         ("budget: {tokens: 10}\narms: {a: []}\nbase: nowhere.yaml\n", "key 'base'"),
         ("budget: {tokens: 10}\narms: {a: []}\nbudgets: 1\n", "unknown key"),
+        ("budget: {tokens: 10}\narms: {a: []}\ninit: sft\nsft_seeds: [1]\n", "key 'sft_seeds' must map"),
+        ("budget: {tokens: 10}\narms: {a: []}\ninit: policy\nsft_seeds: {1: 1}\n", "'sft_seeds' needs init: sft"),
+        ("budget: {tokens: 10}\narms: {a: []}\ninit: sft\nsft_seeds: {7: 1}\n", "does not run: \\[7\\]"),
     ],
 )
 def test_load_grid_errors_name_the_file_and_key(tmp_path: Path, text: str, match: str):
@@ -543,6 +546,40 @@ def test_pending_runs_go_seed_by_seed(tmp_path: Path, monkeypatch):
     with pytest.raises(Launched):
         launch.run_arms(demo_config_path(True), arms, [3, 1], 64, tmp_path / "runs", str(tmp_path / "start"))
     assert launched == [("a", 3), ("b", 3), ("c", 3), ("a", 1), ("b", 1), ("c", 1)]
+
+
+def test_seeds_of_a_second_sft_start_run_from_it_and_the_others_keep_their_plan(tmp_path: Path, monkeypatch):
+    """``sft_seeds``: the seeds it names carry ``sft.seed=k`` and start from that recipe's start,
+    resolved once per start; every other seed's plan (its identity, hence its committed summary)
+    is the one it had without the key."""
+    from creditrl.experiments import launch
+    from creditrl.experiments.plan import plan_runs
+
+    arms = {"a": ["credit.estimator=grpo"], "b": ["credit.estimator=rloo"]}
+    base, where = demo_config_path(True), tmp_path / "runs"
+    before = plan_runs(base, arms, [0, 1, 2], 32, where, "sft", [], "samples", None)
+    after = plan_runs(base, arms, [0, 1, 2], 32, where, "sft", [], "samples", None, {2: 1})
+    assert [r.identity for r in after if r.seed != 2] == [r.identity for r in before if r.seed != 2]
+    assert [r.overrides[:3] for r in after if r.seed == 2] == [
+        ["credit.estimator=grpo", "sft.seed=1", "train.seed=2"],
+        ["credit.estimator=rloo", "sft.seed=1", "train.seed=2"],
+    ]
+    starts: list[list[str]] = []
+
+    def fake_start(base, common, starts_dir, summarised):
+        starts.append(list(common))
+        return f"start-{common[-1] if common else 'own'}"
+
+    launched: dict[tuple[str, int], str] = {}
+
+    def fake_launch(pending, *a, **k):
+        launched.update({(r.arm, r.seed): r.identity["init"] for r in pending})
+
+    monkeypatch.setattr(launch, "grid_start", fake_start)
+    monkeypatch.setattr(launch, "_launch", fake_launch)
+    launch.run_arms(base, arms, [0, 1, 2], 32, where, "sft", [], unit="samples", sft_seeds={2: 1})
+    assert starts == [[], ["sft.seed=1"]]
+    assert launched == {(a, s): ("start-sft.seed=1" if s == 2 else "start-own") for a in arms for s in (0, 1, 2)}
 
 
 def test_wall_time_ratios_pair_runs_within_each_kind_of_cpu():

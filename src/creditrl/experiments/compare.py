@@ -109,6 +109,7 @@ def run_compare(
         unit=grid.unit,
         jobs=jobs,
         summaries=summaries,
+        sft_seeds=grid.sft_seeds,
     )
     launches = launch_settings(out)
     machines = {  # each arm's runs' CPU kinds (None: not recorded): wall times compare only within one
@@ -119,9 +120,12 @@ def run_compare(
         arm: [_cost(out / slug(arm) / f"seed{s}", h) for s, h in zip(grid.seeds, hs)] for arm, hs in results.items()
     }
     if summaries is not None:
-        files = summary_files(grid.base, grid.arms, grid.seeds, grid.budget, common, grid.unit, summaries)
+        files = summary_files(
+            grid.base, grid.arms, grid.seeds, grid.budget, common, grid.unit, summaries, grid.sft_seeds
+        )
         found = [read_summary(f) for f in files]  # a run shared with another grid: its summary there
-        kept = kept_start(grid.base, common, summaries.parent.parent / "starts", found)
+        own = [f for f, s in zip(found, [s for _ in grid.arms for s in grid.seeds]) if s not in grid.sft_seeds]
+        kept = kept_start(grid.base, common, summaries.parent.parent / "starts", own)
         # a kept start, named as the repository holds it (findings/starts/<recipe>), else the runs' own path
         init = found[0]["init"] if kept is None else kept.relative_to(summaries.parent.parent.parent).as_posix()
         loads = [f["load"] for f in found if f.get("load") is not None]

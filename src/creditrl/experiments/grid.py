@@ -4,7 +4,7 @@ is in :mod:`creditrl.experiments.compare` and docs/compare.md; :data:`KEY_HELP` 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +53,7 @@ class Grid:
     init: str  # resolved: sft, policy or a checkpoint directory
     arms: dict[str, list[str]]
     reference: str | None = None  # the arm every other is compared with, problem by problem
+    sft_seeds: dict[int, int] = field(default_factory=dict)  # RL seed -> the sft.seed of its start (init: sft)
 
 
 def _value_text(v: Any) -> str:
@@ -154,6 +155,16 @@ def load_grid(path: str | Path, *, quick: bool = False, seeds: int | None = None
             checked(load_config(base, common + over))
         except ConfigError as exc:
             raise ConfigError(f"{path}: arm '{name}': {exc}") from exc
+    sft_seeds = data.get("sft_seeds", {})
+    if not (
+        isinstance(sft_seeds, dict)
+        and all(isinstance(k, int) and isinstance(v, int) and not isinstance(v, bool) for k, v in sft_seeds.items())
+    ):
+        raise ConfigError(f"{path}: key 'sft_seeds' must map RL seeds to SFT seeds ({{3: 1, 4: 1}}), got {sft_seeds!r}")
+    if sft_seeds and init != "sft":
+        raise ConfigError(f"{path}: key 'sft_seeds' needs init: sft (got init {init!r})")
+    if stray := sorted(set(sft_seeds) - set(data.get("seeds", [0, 1, 2]))):
+        raise ConfigError(f"{path}: key 'sft_seeds' names seeds the grid does not run: {stray}")
     reference = data.get("reference")
     if reference is not None and reference not in arms:
         raise ConfigError(f"{path}: key 'reference': no arm {reference!r}; arms: {', '.join(arms)}")
@@ -169,4 +180,5 @@ def load_grid(path: str | Path, *, quick: bool = False, seeds: int | None = None
         init=init,
         arms=arms,
         reference=reference,
+        sft_seeds={s: k for s, k in sft_seeds.items() if s in seed_list},
     )

@@ -17,6 +17,9 @@ KEY_HELP = {
     "target": 'the "to reach" accuracy: absolute (0.5) or {gain: g} over the arm\'s start (default {gain: 0.10})',
     "init": "auto (default: train.init=auto, the named model as it is, SFT only for the embedded tiny preset) "
     "| policy | sft (the cached warm start of base + set) | a checkpoint directory",
+    "sft_seeds": "{rl seed: sft seed}: these seeds start from the SFT start of that sft.seed (init: sft), the "
+    "rest from sft.seed's; every arm of a seed shares its start, so seeds over several starts sample start "
+    "variance and still pair",
     "reference": "the arm every other is compared with, problem by problem, in the differences table and the "
     "verdicts (without it the verdicts are against the first arm and there is no differences table)",
     "arms": "name -> [overrides]",

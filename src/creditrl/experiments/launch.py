@@ -39,6 +39,7 @@ def run_arms(
     unit: str = "tokens",
     jobs: int = 1,
     summaries: Path | None = None,
+    sft_seeds: dict[int, int] | None = None,
 ) -> dict[str, list[list[dict[str, Any]]]]:
     """``{arm: [history per seed]}``; each run is ``base`` + ``common`` + the arm's overrides +
     ``train.seed=s`` + the budget, written to ``run_dir/<arm>/seed<s>``. The budget is
@@ -50,7 +51,8 @@ def run_arms(
     ``<arm>/seed<s>.json``; a run with a matching summary is read from it and not rerun, and
     every finished run gets one. ``init_path`` is only resolved (``"sft"``: the cached warm start
     of ``base`` + ``common``) when some run is still to do; None starts each run where its own
-    ``train.init`` says (``policy``: its ``policy.model`` as it is).
+    ``train.init`` says (``policy``: its ``policy.model`` as it is). ``sft_seeds`` (RL seed -> SFT
+    seed): those seeds' runs start from the SFT start of that ``sft.seed``, resolved the same way.
 
     ``jobs > 1`` runs that many at once, each in its own (spawned) process with
     ``max(1, torch threads // jobs)`` intra-op threads and no progress bar; a run's numbers then
@@ -60,7 +62,7 @@ def run_arms(
         raise ValueError(f"run_arms: unit must be 'tokens' or 'samples', got {unit!r}")
     if jobs < 1:
         raise ValueError(f"run_arms: jobs must be >= 1, got {jobs}")
-    runs = plan_runs(base, arms, seeds, budget, run_dir, init_path, list(common or []), unit, summaries)
+    runs = plan_runs(base, arms, seeds, budget, run_dir, init_path, list(common or []), unit, summaries, sft_seeds)
     done = {(r.arm, r.seed): finished_history(r, budget, unit) for r in runs}
     # seed by seed (each arm of seed 0, then of seed 1, ...): runs that first build different cached
     # things (a PRM per labeler) build them side by side rather than one waiting on the other's
@@ -69,12 +71,16 @@ def run_arms(
     for r in runs:
         if done[(r.arm, r.seed)] is not None:
             log(f"arm '{r.arm}' seed {r.seed}: finished earlier, read back")
+    inits = {None: init_path}  # per SFT seed (None: sft.seed's own), the start its runs begin from
     if pending and init_path == "sft":  # kept next to the summaries (findings/runs/<grid>): findings/starts
         starts = None if summaries is None else summaries.parent.parent / "starts"
-        summarised = [r.summary for r in runs if r.summary is not None and done[(r.arm, r.seed)]]
-        init_path = grid_start(base, list(common or []), starts, summarised)
+        for k in dict.fromkeys(_sft_seed(r, sft_seeds) for r in pending):
+            of_k = [r for r in runs if _sft_seed(r, sft_seeds) == k]
+            summarised = [r.summary for r in of_k if r.summary is not None and done[(r.arm, r.seed)]]
+            start = list(common or []) + ([] if k is None else [f"sft.seed={k}"])
+            inits[k] = grid_start(base, start, starts, summarised)
     for r in pending:
-        r.identity["init"] = init_path
+        r.identity["init"] = inits[_sft_seed(r, sft_seeds)]
         plan = r.where / PLAN_FILE
         same = (r.where / "config.yaml").is_file() and plan.is_file() and plan.read_text() == plan_text(r)
         r.resume = _checkpointed(r.where) if same else None
@@ -82,20 +88,24 @@ def run_arms(
             shutil.rmtree(r.where, ignore_errors=True)
         r.where.mkdir(parents=True, exist_ok=True)
         plan.write_text(plan_text(r))
-    _launch(pending, init_path, budget, unit, jobs, log, base)
+    _launch(pending, budget, unit, jobs, log, base)
     if summaries is not None:  # what a rebuild from the summaries alone will read, to the digit
         return {name: [history(read_summary(r.summary)) for r in runs if r.arm == name] for name in arms}
     return {name: [done[(name, s)] or load_metrics(run_dir / slug(name) / f"seed{s}") for s in seeds] for name in arms}
 
 
-def _launch(
-    pending: list[PlannedRun], init_path: str | None, budget: int, unit: str, jobs: int, log, base: Path
-) -> None:
-    """Run ``pending``, ``jobs`` at a time; each finished run is summarised at once."""
+def _sft_seed(run: PlannedRun, sft_seeds: dict[int, int] | None) -> int | None:
+    """The ``sft.seed`` of the run's own start (None: the grid's ``sft.seed``)."""
+    return (sft_seeds or {}).get(run.seed)
+
+
+def _launch(pending: list[PlannedRun], budget: int, unit: str, jobs: int, log, base: Path) -> None:
+    """Run ``pending`` (each from the start its identity names), ``jobs`` at a time; each finished
+    run is summarised at once."""
     if jobs == 1:
         for r in pending:
             log(f"arm '{r.arm}' seed {r.seed}: {_start_text(r)}up to {budget:,} generated {unit}")
-            _run_one(base, r.overrides, r.where, init_path, torch.get_num_threads(), 1, r.resume)
+            _run_one(base, r.overrides, r.where, r.identity["init"], torch.get_num_threads(), 1, r.resume)
             if r.summary is not None:
                 summarise_run(r)
         return
@@ -109,7 +119,14 @@ def _launch(
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         running = {
             pool.submit(
-                _run_one, base, r.overrides + ["train.progress=false"], r.where, init_path, threads, jobs, r.resume
+                _run_one,
+                base,
+                r.overrides + ["train.progress=false"],
+                r.where,
+                r.identity["init"],
+                threads,
+                jobs,
+                r.resume,
             ): r
             for r in pending
         }

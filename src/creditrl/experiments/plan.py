@@ -64,8 +64,10 @@ def plan_runs(
     common: list[str],
     unit: str,
     summaries: Path | None,
+    sft_seeds: dict[int, int] | None = None,
 ) -> list[PlannedRun]:
-    """Every (arm, seed) run of the grid, with its overrides and the budget's stopping rule."""
+    """Every (arm, seed) run of the grid, with its overrides and the budget's stopping rule; a seed
+    that ``sft_seeds`` names starts from the SFT start of that ``sft.seed`` (its overrides say so)."""
     runs = []
     for name, over in arms.items():
         if unit == "tokens":
@@ -74,7 +76,8 @@ def plan_runs(
             stop = samples_iterations(load_config(base, common + over), budget)
             extra = [f"train.iterations={stop}", "train.max_tokens=0"]
         for seed in seeds:
-            overrides = common + over + [f"train.seed={seed}"] + extra
+            start = [f"sft.seed={sft_seeds[seed]}"] if sft_seeds and seed in sft_seeds else []
+            overrides = common + over + start + [f"train.seed={seed}"] + extra
             identity = {
                 "arm": name,
                 "seed": seed,
@@ -151,10 +154,11 @@ def summarised_arms(
     common: list[str],
     unit: str,
     summaries: Path,
+    sft_seeds: dict[int, int] | None = None,
 ) -> dict[str, int]:
     """Per arm, how many of its seeds' runs have a matching committed summary (nothing runs)."""
     done = dict.fromkeys(arms, 0)
-    for run, _ in summarised_runs(base, arms, seeds, budget, common, unit, summaries):
+    for run, _ in summarised_runs(base, arms, seeds, budget, common, unit, summaries, sft_seeds):
         done[run.arm] += 1
     return done
 
@@ -167,10 +171,11 @@ def summarised_runs(
     common: list[str],
     unit: str,
     summaries: Path,
+    sft_seeds: dict[int, int] | None = None,
 ) -> list[tuple[PlannedRun, dict[str, Any]]]:
     """The grid's runs that have a matching committed summary, each with it, in plan order."""
     found = []
-    for r in plan_runs(base, arms, seeds, budget, Path("."), "sft", common, unit, summaries):
+    for r in plan_runs(base, arms, seeds, budget, Path("."), "sft", common, unit, summaries, sft_seeds):
         summary = read_summary(r.summary)
         if summary_matches(summary, r.identity):
             found.append((r, summary))
@@ -185,6 +190,8 @@ def summary_files(
     common: list[str],
     unit: str,
     summaries: Path,
+    sft_seeds: dict[int, int] | None = None,
 ) -> list[Path]:
     """Each run's summary file, in the grid's own folder or in the grid it shares the run with."""
-    return [r.summary for r in plan_runs(base, arms, seeds, budget, Path("."), "sft", common, unit, summaries)]
+    runs = plan_runs(base, arms, seeds, budget, Path("."), "sft", common, unit, summaries, sft_seeds)
+    return [r.summary for r in runs]
