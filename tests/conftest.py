@@ -1,7 +1,13 @@
 """Shared test settings."""
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+
+# the repository's studies/ (one-off measurements, not the package) import as ``studies.NAME``
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from creditrl.rollout.batch import TrajectoryBatch
 

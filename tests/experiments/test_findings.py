@@ -156,18 +156,6 @@ def test_committed_findings_name_existing_grids_and_arms():
     assert files
     for f in files:
         finding = load_finding(f)
-        if "report" in finding:  # the value report's rows
-            from creditrl.config import load_config
-            from creditrl.config.loader import arith_config_path
-            from creditrl.experiments.value_report import FULL, arm_names
-
-            r = load_config(arith_config_path(False)).rollout
-            fake = [
-                {"arm": name, "mae": [0.1, 0.01], "rank_acc": 0.7, "pairs": 10, "states": 20, "tokens_per_state": 5.0}
-                for name in arm_names(FULL, r.prompts_per_iter * r.group_size)
-            ]
-            assert "{" not in fill(finding["reading"], fake), f
-            continue
         grid = load_grid(root / finding["grid"])
         diff = {"mean": 0.01, "lo": -0.01, "hi": 0.03, "se": 0.01, "mde": 0.028, "seeds": 5, "problems": 1024}
         fake = [{**ROWS[0], "arm": name, "diff": diff, "verdict": "inconclusive"} for name in grid.arms]
@@ -198,27 +186,6 @@ def test_quick_findings_write_the_file_with_filled_numbers(tmp_path: Path, monke
     assert "grpo ended at " in text and "{" not in text.split("*Reading.*")[1]
     assert (tmp_path / "docs" / "findings" / "F0_accuracy_vs_samples.png").stat().st_size > 5000
     assert "| grpo | 2 |" in text
-
-
-def test_a_report_finding_runs_the_value_report(tmp_path: Path, monkeypatch):
-    monkeypatch.setenv("CREDITRL_CACHE", str(tmp_path / "cache"))
-    (tmp_path / "findings").mkdir()
-    (tmp_path / "findings" / "F3.yaml").write_text(
-        "id: F3\ntitle: values\nreport: values\nquestion: how good?\n"
-        "reading: MC with one sample is off by {mc_K_1.mae}; the tree ranks {tree_b_2_D_2.rank_acc} of pairs.\n"
-    )
-    text = run_findings(tmp_path, quick=True).read_text()
-    assert "## F3: values" in text and "| mc K=3 |" in text and "MC with one sample is off by 0." in text
-    assert "{" not in text.split("*Reading.*")[1]
-    assert (tmp_path / "docs" / "findings" / "F3_value_error.png").stat().st_size > 5000
-    (tmp_path / "findings" / "F3.yaml").write_text("id: F3\ntitle: t\nreport: critics\nquestion: q\nreading: r\n")
-    with pytest.raises(ConfigError, match="key 'report' must be one of values"):
-        run_findings(tmp_path, quick=True)
-    (tmp_path / "findings" / "F3.yaml").write_text(
-        "id: F3\ntitle: t\nreport: values\ngrid: g.yaml\nquestion: q\nreading: r\n"
-    )
-    with pytest.raises(ConfigError, match="one of grid or report"):
-        run_findings(tmp_path, quick=True)
 
 
 GRID = (

@@ -1,4 +1,4 @@
-"""Search and the reports on a task that is not arithmetic: running sums answered with ``A=``
+"""Search and the studies (studies/) on a task that is not arithmetic: running sums answered with ``A=``
 (tests/search/conftest.py), with a PRM written by ``creditrl prm label`` + ``creditrl prm train``."""
 
 from __future__ import annotations
@@ -77,18 +77,17 @@ def test_one_beam_one_expansion_at_temperature_zero_is_greedy_on_the_task(sum_co
     assert beam["summary"]["engine_calls"] > greedy["summary"]["engine_calls"] == 1
 
 
-def test_search_report_on_the_task_without_answer_hooks(sum_config: Path, sum_tasks, capsys) -> None:
-    """The quick search report on the plain running-sum task: every method runs on it, and the
-    report says that majority voted on whole completions."""
-    out = sum_config.with_name("search-report")
-    argv = ["search", "report", str(sum_config), "--quick", "--out", str(out), "--set", "task.name=running_sum_plain"]
-    assert main(argv) == 0
+def test_search_study_on_the_task_without_answer_hooks(sum_config: Path, sum_tasks, capsys) -> None:
+    """The quick search study on the plain running-sum task: every method runs on it, and the
+    summary notes that majority voted on whole completions."""
+    from studies import search
+
+    out = sum_config.with_name("search-study")
+    assert search.cli([str(sum_config), "--quick", "--out", str(out), "--set", "task.name=running_sum_plain"]) == 0
     capsys.readouterr()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["task"] == {"name": "running_sum_plain", "args": {}}
     assert "task 'running_sum_plain' has no extract_answer" in summary["majority_note"]
-    report = (out / "report.md").read_text()
-    assert "Majority vote: majority voted on whole normalised completions" in report and "`running_sum_plain`" in report
     assert len(summary["rows"]) == 1 + 3 * 3 + 2 + 2 + 1 + 1
     for r in summary["rows"]:
         assert 0.0 <= r["accuracy"] <= 1.0 and r["tokens_per_problem"] > 0
@@ -96,10 +95,11 @@ def test_search_report_on_the_task_without_answer_hooks(sum_config: Path, sum_ta
             assert r["tokens_max"] <= r["budget"]
 
 
-def test_prm_report_on_the_task_without_answer_hooks(sum_config: Path, sum_tasks, capsys) -> None:
-    run = sum_config.with_name("prm-report")
-    argv = ["prm", "report", str(sum_config), "--quick", "--run-dir", str(run), "--set", "task.name=running_sum_plain"]
-    assert main(argv) == 0
+def test_prm_study_on_the_task_without_answer_hooks(sum_config: Path, sum_tasks, capsys) -> None:
+    from studies import prm
+
+    run = sum_config.with_name("prm-study")
+    assert prm.cli([str(sum_config), "--quick", "--out", str(run), "--set", "task.name=running_sum_plain"]) == 0
     capsys.readouterr()
     summary = json.loads((run / "summary.json").read_text())
     assert summary["task"] == {"name": "running_sum_plain", "args": {}}
@@ -108,20 +108,13 @@ def test_prm_report_on_the_task_without_answer_hooks(sum_config: Path, sum_tasks
     for acc in summary["best_of_n"].values():
         assert list(acc) == ["1", "2"] and all(0.0 <= a <= 1.0 for a in acc.values())
     assert summary["label_quality"]["oracle"]["agreement"] == 1.0  # the oracle against itself
-    report = (run / "report.md").read_text()
-    assert "Task `running_sum_plain`" in report and "Majority vote: majority voted on whole normalised" in report
 
 
-def test_value_and_tree_reports_on_the_task(sum_config: Path, sum_tasks, capsys) -> None:
-    value = sum_config.with_name("value-report")
-    assert main(["value-report", str(sum_config), "--quick", "--out", str(value)]) == 0
-    rows = json.loads((value / "summary.json").read_text())["rows"]
-    assert rows[0]["arm"] == "tree (b=2, D=2)" and all(0.0 <= r["mae"][0] <= 1.0 for r in rows)
-    assert "held-out trees of running_sum" in (value / "results.md").read_text()
-    tree = sum_config.with_name("tree-report")
-    assert main(["tree-report", str(sum_config), "--quick", "--seeds", "1", "--out", str(tree)]) == 0
+def test_value_study_on_the_task(sum_config: Path, sum_tasks, capsys) -> None:
+    from studies import values
+
+    out = sum_config.with_name("value-study")
+    assert values.cli([str(sum_config), "--quick", "--out", str(out)]) == 0
     capsys.readouterr()
-    summary = json.loads((tree / "summary.json").read_text())
-    assert [r["seeds"] for r in summary["rows"]] == [1, 1]
-    assert all(r["tokens"] >= summary["budget"] for r in summary["rows"])
-    assert "Task running_sum;" in (tree / "report.md").read_text()
+    rows = json.loads((out / "summary.json").read_text())["rows"]
+    assert rows[0]["arm"] == "tree (b=2, D=2)" and all(0.0 <= r["mae"][0] <= 1.0 for r in rows)

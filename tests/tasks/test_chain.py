@@ -345,3 +345,15 @@ def test_packaged_config_goes_through_the_resolve_layer() -> None:
         checked(load_config(packaged_config("chain"), ["task.args={modulus: 12}"]))
     with pytest.raises(ConfigError, match="^sft.task_args: min_steps must be >= 1, got 0"):
         checked(load_config(packaged_config("chain"), ["sft.task_args={min_steps: 0, max_steps: 99}"]))
+
+
+def test_band_of_chain_lengths_and_the_sft_longest_chain() -> None:
+    from creditrl.config import load_config
+    from creditrl.config.loader import packaged_config
+    from creditrl.tasks.chain import band, sft_longest
+
+    assert (band(1), band(2), band(3), band(6), band(999)) == ((1, 3), (1, 4), (1, 5), (4, 8), (995, 999))
+    # no longer than the SFT's longest chain (its counter never passed it): shifted down, same width
+    assert (band(99, 99), band(97, 99), band(51, 99)) == ((95, 99), (95, 99), (49, 53))
+    assert sft_longest(load_config(packaged_config("chain"))) == 99
+    assert sft_longest(load_config(overrides=["task.name=arithmetic"])) == 999

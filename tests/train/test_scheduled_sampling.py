@@ -12,7 +12,7 @@ import torch
 
 from creditrl.config import load_config
 from creditrl.errors import ConfigError
-from creditrl.experiments.exposure_report import exposure_bias
+from creditrl.experiments.evaluate import exposure_bias
 from creditrl.policy.model import build_tiny
 from creditrl.tasks import make_task
 from creditrl.train import scheduled_sampling as ss
@@ -120,7 +120,7 @@ def test_exposure_bias_on_hand_made_predictions_and_solutions(monkeypatch) -> No
         "2*3=6;6+4=11;#11",  # row 1: the second step wrong
     ]
     monkeypatch.setattr(
-        "creditrl.experiments.exposure_report.evaluate",
+        "creditrl.train.evaluate.evaluate",
         lambda *a, **k: SimpleNamespace(completions=completions, accuracy=0.5),
     )
     out = exposure_bias(oracle, tok, TASK, problems, max_new_tokens=32)

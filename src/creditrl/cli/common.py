@@ -1,4 +1,4 @@
-"""What the subcommands share: the config arguments, thread and run-directory options."""
+"""What the subcommands share: the config arguments, thread and run-directory options, the report arguments."""
 
 from __future__ import annotations
 
@@ -50,3 +50,23 @@ def set_threads(n: int) -> None:
         import torch
 
         torch.set_num_threads(n)
+
+
+def add_report_args(
+    p: argparse.ArgumentParser,
+    *,
+    out: str | None,
+    quick: str = "tiny sizes (numbers meaningless)",
+    seeds: str | None = None,
+    results: str | None = None,
+) -> None:
+    """``--quick``, and for each help given ``--out``, ``--seeds N`` and ``--results PAGE``: the
+    arguments every measuring command shares (``compare``, ``findings`` and the studies in the
+    repository's ``studies/``)."""
+    p.add_argument("--quick", action="store_true", help=quick)
+    if out is not None:
+        p.add_argument("--out", help=out)
+    if seeds is not None:
+        p.add_argument("--seeds", type=int, default=None, help=seeds)
+    if results is not None:
+        p.add_argument("--results", metavar="PAGE", help=results)

@@ -1,4 +1,5 @@
-"""``creditrl prm label | train | eval | score | report``."""
+"""``creditrl prm label | train | eval | score``. The PRM study (labelers, AUROC, MC labels, best-of-N, RL with
+the PRM) is ``python -m studies.prm``."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from creditrl.cli.common import add_config_args, run_dir, set_threads
+from creditrl.cli.common import add_config_args, set_threads
 from creditrl.config import Config, load_config
 from creditrl.errors import ConfigError
 
@@ -101,18 +102,8 @@ def cmd_score(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_report(args: argparse.Namespace) -> int:
-    from creditrl.experiments.prm_report import run_prm_report
-    from creditrl.experiments.report import publish_report
-
-    where = run_dir(args.run_dir, "prm")
-    run_prm_report(where, quick=args.quick, config=args.config, overrides=args.set)
-    publish_report(where / "report.md", args.results, "Process reward models: the PRM report")
-    return 0
-
-
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    prm = sub.add_parser("prm", help="process reward models: label, train, eval, score, report")
+    prm = sub.add_parser("prm", help="process reward models: label, train, eval, score")
     psub = prm.add_subparsers(dest="prm_command", required=True)
 
     p = psub.add_parser("label", help="sample policy solutions and label their steps (prm.labeler)")
@@ -137,17 +128,3 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--completion", required=True)
     p.add_argument("--separator", default=";")
     p.set_defaults(func=_one_line(cmd_score))
-
-    p = psub.add_parser(
-        "report",
-        help="the PRM acceptance experiments: AUROC, MC labels, best-of-N, probe",
-        description="The PRM life cycle on the config's task (any task with a step separator and a step checker; "
-        "default: the packaged arith config), from its start policy (train.init).",
-    )
-    p.add_argument("--quick", action="store_true", help="tiny sizes (numbers meaningless)")
-    p.add_argument("--run-dir", help="where to write (default runs/prm-TIMESTAMP)")
-    p.add_argument(
-        "--results", metavar="PAGE", help="also write the report as a results page (e.g. docs/results/prm.md)"
-    )
-    add_config_args(p)
-    p.set_defaults(func=_one_line(cmd_report))

@@ -25,8 +25,8 @@ from creditrl.experiments.report import (
     plot_accuracy,
     publish_report,
     summarise,
+    task_phrase,
 )
-from creditrl.experiments.report_setup import task_phrase
 from creditrl.train.resolve import run_task
 from creditrl.train.rl import RLTrainer
 from creditrl.train.sft import cached_sft

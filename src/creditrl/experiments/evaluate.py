@@ -11,6 +11,9 @@ Against the baseline (the first checkpoint unless ``--baseline``) each row repor
 difference in exact match, ``mean(c_i - b_i)`` over the problems, with its standard error
 ``sd(c_i - b_i) / sqrt(n)``, and how many problems it newly solves and newly fails: the problems
 are shared, so this error is smaller than that of two independent accuracies.
+
+:func:`exposure_bias` measures a model's exposure bias: its teacher-forced against its
+free-running step accuracy (what scheduled sampling, :mod:`creditrl.train.scheduled_sampling`, targets).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from creditrl.config import ConfigError, load_config
 
@@ -161,3 +165,65 @@ def errors_table(rows: list[CheckpointEval]) -> str:
         counts = r.errors or {}
         lines.append(f"| {r.checkpoint} | " + " | ".join(f"{100 * counts.get(k, 0) / r.n:.1f}%" for k in kinds) + " |")
     return "\n".join(lines)
+
+
+def exposure_bias(
+    model: Any,
+    tokenizer: Any,
+    task: Any,
+    problems: list,
+    *,
+    max_new_tokens: int,
+    engine: str = "auto",
+) -> dict[str, float]:
+    """Teacher-forced against free-running step accuracy of ``model`` on ``problems``.
+
+    ``tf_step_accuracy``: the mean over problems of the share of the reference solution's steps
+    (split at ``task.step_separator``, the answer segment included) whose every token is the
+    model's argmax given the reference prefix. ``free_step_accuracy``: the mean share of the
+    reference's steps that the model's own greedy solution gets right (``task.label_completion``,
+    stop at the first error), with ``accuracy`` its exact match. ``gap`` = teacher-forced minus
+    free-running."""
+    import torch
+
+    from creditrl.train.evaluate import evaluate
+    from creditrl.train.sft import sft_batch
+
+    ids, mask, labels = sft_batch(tokenizer, problems)
+    with torch.no_grad():
+        pred = model(input_ids=ids, attention_mask=mask).logits.argmax(-1)
+    sep = task.step_separator or ""
+    tf_shares, free_shares = [], []
+    res = evaluate(model, tokenizer, task, problems, max_new_tokens=max_new_tokens, engine=engine)
+    for i, (problem, completion) in enumerate(zip(problems, res.completions)):
+        where = (labels[i] != -100).nonzero().flatten()
+        right = (pred[i, where - 1] == labels[i, where]).tolist()[:-1]  # the eos left out
+        steps = _step_tokens(tokenizer, problem.solution, sep)
+        tf_shares.append(sum(all(right[a:b]) for a, b in steps) / len(steps))
+        free = task.label_completion(problem, completion)
+        free_shares.append(sum(free[: len(steps)]) / len(steps))
+    tf, fr = sum(tf_shares) / len(problems), sum(free_shares) / len(problems)
+    return {"tf_step_accuracy": tf, "free_step_accuracy": fr, "gap": tf - fr, "accuracy": res.accuracy}
+
+
+def _step_tokens(tokenizer: Any, solution: str, sep: str) -> list[tuple[int, int]]:
+    """Token spans of a solution's steps (tokenized as SFT tokenizes it): a step ends after its
+    separator; the answer segment (from the first ``#``) is the last. A token belongs to the step
+    its first character lies in."""
+    bounds, start = [], 0
+    hash_at = solution.find("#")
+    head = solution if hash_at < 0 else solution[:hash_at]
+    for i, ch in enumerate(head):
+        if sep and ch == sep:
+            bounds.append((start, i + 1))
+            start = i + 1
+    if start < len(solution):
+        bounds.append((start, len(solution)))
+    offsets = tokenizer(solution, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    firsts = [a for a, _ in offsets]
+    spans = []
+    for a, b in bounds:
+        toks = [j for j, f in enumerate(firsts) if a <= f < b]
+        if toks:
+            spans.append((toks[0], toks[-1] + 1))
+    return spans

@@ -24,7 +24,6 @@ FINDING_KEYS = {
     "id",
     "title",
     "grid",
-    "report",
     "question",
     "claim",
     "reading",
@@ -48,7 +47,6 @@ CLAIMS = {
     "C6": "automatic labels: outcome and MC step labels are noisy; voting and calibration repair them",
     "C7": "tree search: MCTS / tree credit in training vs GRPO at equal generated tokens",
 }
-REPORTS = ("values",)  # a finding measured by a report instead of a compare grid: creditrl value-report
 PLOTS = ("accuracy_vs_samples", "accuracy_vs_wall_time", "length_vs_samples")  # what run_compare draws
 DEFAULT_PLOTS = PLOTS[:2]
 _PLACEHOLDER = re.compile(r"\{(ratio:|diff:|cmp:|timing:)?([A-Za-z0-9_]+)(?:/([A-Za-z0-9_]+))?\.([a-z_]+)\}")
@@ -60,17 +58,12 @@ def load_finding(path: Path) -> dict[str, Any]:
     if (
         not isinstance(data, dict)
         or set(data) - FINDING_KEYS
-        or not {"id", "title", "question", "reading"} <= set(data)
-        or ("grid" in data) == ("report" in data)
+        or not {"id", "title", "grid", "question", "reading"} <= set(data)
     ):
         raise ConfigError(
-            f"{path}: a finding file has keys {sorted(FINDING_KEYS)}: one of grid or report; claim, "
+            f"{path}: a finding file has keys {sorted(FINDING_KEYS)}: id, title, grid, question and reading; claim, "
             f"plots optional; got {sorted(data) if isinstance(data, dict) else data!r}"
         )
-    if "report" in data:
-        if data["report"] not in REPORTS:
-            raise ConfigError(f"{path}: key 'report' must be one of {', '.join(REPORTS)}; got {data['report']!r}")
-        return data
     plots = data.setdefault("plots", list(DEFAULT_PLOTS))
     if not isinstance(plots, list) or not plots or any(p not in PLOTS for p in plots):
         raise ConfigError(f"{path}: key 'plots' must be a non-empty list of {', '.join(PLOTS)}; got {plots!r}")
@@ -127,14 +120,10 @@ def _fmt(field: str, value: Any) -> str:
         return str(value)
     if field == "length_start":
         return f"{value:.1f} tokens"
-    if field == "rank_acc":  # value report
-        return "n/a" if value != value else f"{100 * value:.1f}%"
     if field in ("samples_to_target", "wall_to_target"):
         return reach_text(
             tuple(value), " s" if field == "wall_to_target" else "", 1 if field == "wall_to_target" else 0
         )
-    if field == "mae":
-        return f"{float(value[0]):.3f} ± {float(value[1]):.3f}"
     if isinstance(value, (int, float)):
         return f"{value:,.0f}"
     mean, ci = float(value[0]), float(value[1])

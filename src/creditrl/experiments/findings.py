@@ -186,33 +186,6 @@ def _runs_so_far(finished: list[tuple[Any, dict[str, Any]]], reference: str, lea
     )
 
 
-def _report_section(finding: dict[str, Any], runs: Path, docs: Path, root: Path, quick: bool) -> str:
-    """A finding measured by ``creditrl value-report`` (the only report kind so far)."""
-    from creditrl.experiments.value_report import EstimatorRow, results_markdown, run_value_report
-
-    where = runs / "values"
-    summary = run_value_report(where, quick=quick)
-    rows = summary["rows"]
-    table = results_markdown(
-        [EstimatorRow(**{k: tuple(v) if isinstance(v, list) else v for k, v in r.items()}) for r in rows],
-        summary["truth_se"],
-    )
-    dest = docs / f"{finding['id']}_value_error.png"
-    shutil.copyfile(where / "plots" / "value_error.png", dest)
-    st = summary["settings"]
-    claim = f"\n*Folk claim:* {finding['claim'].strip()}\n" if finding.get("claim") else ""
-    return (
-        f"## {finding['id']}: {finding['title']}\n\n*Question:* {finding['question'].strip()}\n{claim}\n"
-        f"*Setting:* base `{Path(st['base']).name}`; the start policy `{summary['init']}` held fixed; one tree "
-        f"(branching {st['branching']}, depth {st['depth']}) per held-out problem ({st['problems']} problems), every "
-        f"inner node a state; truth = the mean outcome of {st['truth']} fresh continuations; MC K in {st['mc']}; "
-        f"critics trained for {st['critic_iterations']} iterations without a policy update. "
-        f"Regenerate: `creditrl value-report --out runs/findings/values` (then `creditrl findings`).\n\n"
-        f"{table}\n![value_error]({dest.relative_to(root).as_posix()})\n\n"
-        f"*Reading.* {fill(finding['reading'].strip(), rows, summary.get('machines'))}\n"
-    )
-
-
 _PROTOCOL = (
     "**The protocol** (creditrl.experiments.verdicts). The seed is the unit of replication: each seed gives one "
     "paired difference in held-out exact match over the same problems, and a difference's interval is the "
@@ -359,10 +332,6 @@ def run_findings(
     panels: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {}
     for f in files:
         finding = load_finding(f)
-        if "report" in finding:
-            text = _report_section(finding, runs, docs, out.parent, quick)
-            sections.append(lambda _, text=text: text)
-            continue
         render, rows, when, panel = _grid_section(finding, root, runs, docs, out, quick, jobs, train)
         sections.append(
             lambda judged, render=render, id=finding["id"]: render([r for r in judged if r["finding"] == id])

@@ -25,7 +25,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def command_line(argv: list[str] | None = None) -> str:
-    """The command as typed: ``creditrl bench --curve 50`` or ``python benchmarks/credit_speed.py``."""
+    """The command as typed: ``creditrl findings`` or ``python benchmarks/credit_speed.py``."""
     argv = list(sys.argv if argv is None else argv)
     prog = Path(argv[0]).name
     head = ["creditrl"] if prog in ("creditrl", "__main__.py") else ["python", os.path.relpath(argv[0])]
@@ -62,6 +62,12 @@ def machine() -> str:
         f"{os.cpu_count()} cores ({cpu}), {memory:.0f} GiB, torch {torch.__version__} with "
         f"{torch.get_num_threads()} threads{gpu}"
     )
+
+
+def task_phrase(cfg: Any) -> str:
+    """The task of a config as pages name it, e.g. ``arithmetic (min_ops=5, max_ops=7)``."""
+    args = ", ".join(f"{k}={v}" for k, v in cfg.task.args.items())
+    return f"{cfg.task.name} ({args})" if args else cfg.task.name
 
 
 def utc_stamp(seconds: float | None = None) -> str:

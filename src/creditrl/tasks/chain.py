@@ -59,7 +59,16 @@ from typing import Any
 from creditrl.tasks.arithmetic import labels_in_order, split_completion
 from creditrl.tasks.base import Drawn, Problem, draw_problems, hash_split, register_task
 
-__all__ = ["ChainConfig", "ChainTask", "chain_steps", "STEP_CHARS", "state_cycles", "steps_for_tokens"]
+__all__ = [
+    "ChainConfig",
+    "ChainTask",
+    "band",
+    "chain_steps",
+    "sft_longest",
+    "STEP_CHARS",
+    "state_cycles",
+    "steps_for_tokens",
+]
 
 STEP_CHARS = 10  # "040:3+4=2;"
 _PROMPT_RE = re.compile(r"([0-9]{2})~([0-9]{3})=?")
@@ -74,6 +83,23 @@ def steps_for_tokens(tokens: int) -> int:
     """The chain length (1 to 999) whose response with its eos, ``10 n + 5`` tokens, is closest to
     ``tokens``; a tie goes to the shorter chain (``1000 -> 99``, 995 tokens)."""
     return max(1, min(MAX_STEPS, (tokens - 1) // STEP_CHARS))
+
+
+BAND = 2  # a band of chain lengths is n - BAND .. n + BAND: one length alone has only modulus^2 prompts
+
+
+def band(n: int, longest: int = MAX_STEPS) -> tuple[int, int]:
+    """The chain lengths around ``n``: ``n - 2 .. n + 2`` within ``1 .. longest`` (the longest chain
+    an SFT saw: its counter has not passed it), shifted down to keep its width at the top."""
+    hi = min(MAX_STEPS, longest, n + BAND)
+    return max(1, (hi - 2 * BAND) if n + BAND > hi else (n - BAND)), hi
+
+
+def sft_longest(cfg: Any) -> int:
+    """The longest chain of a config's SFT problems (``sft.task_args``, else ``task.args``; 999 when
+    they are not chain problems)."""
+    args = cfg.sft.task_args or cfg.task.args
+    return int(args.get("max_steps", MAX_STEPS)) if cfg.task.name == "chain" else MAX_STEPS
 
 
 @dataclass(frozen=True)

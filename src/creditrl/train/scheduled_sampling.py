@@ -17,7 +17,7 @@ Schedules of ``p`` over ``steps`` SFT steps (``p_max`` the largest probability):
   probability and ``p = p_max * (1 - eps)``; ``k = 0`` picks the ``k`` whose midpoint
   (``eps = 1/2`` at ``step = k ln k``) is half of the steps.
 
-:func:`creditrl.experiments.exposure_report.exposure_bias` measures the gap.
+:func:`creditrl.experiments.evaluate.exposure_bias` measures the gap.
 """
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
-"""``creditrl prm report``: the PRM life cycle measured end to end, on any task with reasoning steps.
+"""The PRM life cycle measured end to end, on any task with reasoning steps (the config's; default:
+the packaged arith config).
 
-From the config's start policy (``train.init``) on the config's task (:mod:`.report_setup`; by
+    python -m studies.prm [CONFIG] [--set KEY=VALUE ...] [--quick] [--out DIR] [--results docs/results/prm.md]
+
+From the config's start policy (``train.init``) on the config's task (:mod:`studies.common`; by
 default the packaged arith config: its SFT policy, 4-6-operation problems, operands 1-9):
 
 1. sample training and held-out solutions from the policy;
@@ -14,11 +17,13 @@ default the packaged arith config: its SFT policy, 4-6-operation problems, opera
    without them is voted on whole completions, and the report says so), with ``plots/best_of_n.png``;
 7. RL with the learned PRM as step reward (``grpo_process``) from the start policy.
 
-Writes ``report.md``, ``summary.json``, ``plots/`` and the trained models under ``prms/``.
+Writes ``report.md``, ``summary.json``, ``plots/`` and the trained models under ``prms/`` (``--out``,
+default ``runs/prm-TIMESTAMP``), and with ``--results PAGE`` the report as a results page.
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import time
@@ -31,7 +36,6 @@ import torch
 
 from creditrl.config import Config, load_config
 from creditrl.experiments.report import plt
-from creditrl.experiments.report_setup import base_config, step_task, task_phrase
 from creditrl.policy.engines import GenerationEngine, SamplingParams, make_engine
 from creditrl.policy.model import load_policy
 from creditrl.prm.cache import load_completer
@@ -46,6 +50,9 @@ from creditrl.tasks import Task
 from creditrl.tasks.base import answer_of, majority_note, same_answer
 from creditrl.train.build import start_policy
 from creditrl.train.rl import RLTrainer
+from studies.common import base_config, logger, parser, publish_report, run, step_task, task_phrase
+
+TITLE = "Process reward models: the PRM report"
 
 
 @dataclass(frozen=True)
@@ -142,7 +149,7 @@ def run_prm_report(
     run_dir: Path | None, *, quick: bool = False, config: str | Path | None = None, overrides: list[str] | None = None
 ) -> dict[str, Any]:
     """The whole report on the task of ``config`` + ``overrides`` (default: the packaged arith
-    config, :mod:`.report_setup`); writes ``run_dir`` and returns the summary.
+    config, :mod:`studies.common`); writes ``run_dir`` and returns the summary.
 
     Raises:
         ConfigError: Before anything is loaded, for a bad config or a task without reasoning steps.
@@ -150,13 +157,13 @@ def run_prm_report(
     sizes = QUICK if quick else Sizes()
     base = base_config(config, quick)
     cfg = load_config(base, overrides or [])
-    task = step_task(cfg, "creditrl prm report")
+    task = step_task(cfg, "the PRM study")
     run_dir = Path(run_dir or Path("runs") / f"prm-{time.strftime('%Y%m%d-%H%M%S')}")
     (run_dir / "plots").mkdir(parents=True, exist_ok=True)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     start = time.time()
-    log = lambda msg: print(f"[creditrl prm report] {time.time() - start:6.0f} s  {msg}", flush=True)  # noqa: E731
+    log = logger("studies.prm")
     init = start_policy(cfg, task, progress=cfg.train.progress)
     policy, tok = load_policy(init)
     policy.eval()
@@ -364,7 +371,7 @@ def _report(s: dict[str, Any], probe_md: str, quick: bool) -> str:
     task = s.get("task", {"name": "arithmetic", "args": {}})
     args = ", ".join(f"{k}={v}" for k, v in task["args"].items())
     lines = [
-        f"# creditrl PRM report\n{note}",
+        f"# {TITLE}\n{note}",
         f"Task `{task['name']}`"
         + (f" ({args})" if args else "")
         + f". Policy: `{s['policy']}`. MC completer: `{s.get('completer', s['policy'])}`. Sizes: {sz}. "
@@ -417,3 +424,23 @@ def _report(s: dict[str, Any], probe_md: str, quick: bool) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> None:
+    where = Path(args.out or Path("runs") / f"prm-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_prm_report(where, quick=args.quick, config=args.config, overrides=args.set)
+    publish_report(where / "report.md", args.results, TITLE)
+
+
+def cli(argv: list[str] | None = None) -> int:
+    p = parser(
+        "prm",
+        __doc__,
+        out="where to write (default runs/prm-TIMESTAMP)",
+        results="also write the report as a results page (e.g. docs/results/prm.md)",
+    )
+    return run(main, p, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(cli())

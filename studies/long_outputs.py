@@ -1,11 +1,14 @@
-"""``creditrl long-report``: the long-output setting's start policy at several response lengths.
+"""The long-output setting's SFT start policy at several response lengths.
+
+    python -m studies.long_outputs [CONFIG] [--set KEY=VALUE ...] [--quick] [--results docs/results/long_outputs.md]
+        [--problems N] [--lengths N ...] [--temperature T]
 
 The task is the chain task (:mod:`creditrl.tasks.chain`): prompts ``"31~040="``, ``n`` steps of
 10 characters mod ``m`` (``modulus``, 5 by default), a response of ``10 n + 4`` characters and the
 eos. The policy is the config's SFT warm start (:func:`creditrl.train.sft.cached_sft` of the
 packaged ``chain`` config: one SFT on 1-99-step chains serves every length). Per chain length
 (default ``n = 6, 25, 51, 99``, about 64, 256, 512 and 1,000 tokens), on held-out problems of the
-length band around it (:func:`band`: ``n - 2 .. n + 2``), greedy (through
+length band around it (:func:`creditrl.tasks.chain.band`: ``n - 2 .. n + 2``), greedy (through
 :func:`creditrl.train.evaluate.evaluate`) and sampled at the rollout temperature:
 
 - mean generated tokens, and the share of responses that stopped (eos within the budget);
@@ -28,6 +31,7 @@ draws (what evaluating all ``N`` gives).
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from collections import Counter
@@ -47,13 +51,13 @@ from creditrl.policy.model import load_policy, policy_options
 from creditrl.policy.tokenizer import decode_response, encode_problem
 from creditrl.tasks.arithmetic import split_completion
 from creditrl.tasks.base import Problem
-from creditrl.tasks.chain import MAX_STEPS, ChainTask
+from creditrl.tasks.chain import BAND, MAX_STEPS, ChainTask, band, sft_longest
 from creditrl.train.evaluate import evaluate
 from creditrl.train.resolve import build_task
 from creditrl.train.sft import cached_sft
+from studies.common import parser, run, write_results
 
 LENGTHS = (6, 25, 51, 99)  # ~64, 256, 512, 1,000 generated tokens
-BAND = 2  # each row's problems have n - BAND .. n + BAND steps
 PROBLEMS = 256
 SEED = 0
 # --quick: a 20-step SFT on short chains, two short lengths (numbers meaningless)
@@ -74,19 +78,6 @@ def budget(n: int) -> int:
     for the eos and more (``max(16, n)``): 565 tokens at ``n = 51``, near the chain config's 600
     at its longest RL chain, 56."""
     return 10 * n + 4 + max(16, n)
-
-
-def band(n: int, longest: int = MAX_STEPS) -> tuple[int, int]:
-    """The chain lengths of row ``n``: ``n - 2 .. n + 2`` within ``1 .. longest`` (the longest chain
-    the SFT saw: its counter has not passed it), shifted down to keep its width at the top."""
-    hi = min(MAX_STEPS, longest, n + BAND)
-    return max(1, (hi - 2 * BAND) if n + BAND > hi else (n - BAND)), hi
-
-
-def sft_longest(cfg: Config) -> int:
-    """The longest chain of the config's SFT problems (999 when they are not chain problems)."""
-    args = cfg.sft.task_args or cfg.task.args
-    return int(args.get("max_steps", MAX_STEPS)) if cfg.task.name == "chain" else MAX_STEPS
 
 
 def step_counts(task: ChainTask, problem: Problem, completion: str) -> tuple[int, bool]:
@@ -235,7 +226,7 @@ class LengthRow:
 def length_task(cfg: Config, n: int) -> ChainTask:
     """The config's chain task with its chains in row ``n``'s :func:`band`."""
     if cfg.task.name != "chain":
-        raise ConfigError(f"task.name: long-report needs the chain task, got '{cfg.task.name}'")
+        raise ConfigError(f"task.name: the long-output study needs the chain task, got '{cfg.task.name}'")
     if not 1 <= n <= MAX_STEPS:
         raise ConfigError(f"lengths: a chain length must lie in [1, {MAX_STEPS}], got {n}")
     lo, hi = band(n, sft_longest(cfg))
@@ -361,8 +352,6 @@ def run_long_report(
 ) -> tuple[list[LengthRow], str]:
     """The report on the config's SFT start (default: the packaged chain config); writes the
     results page at ``results`` (none when None). Returns the rows and the page body."""
-    from creditrl.experiments.report import write_results
-
     sets = (QUICK_SETS if quick else []) + list(overrides)
     cfg = load_config(config or packaged_config("chain"), sets)
     problems = problems or (QUICK_PROBLEMS if quick else PROBLEMS)
@@ -382,3 +371,35 @@ def run_long_report(
     title = "Long outputs: the chain task's SFT start by response length"
     write_results(results, title + (" (quick: numbers meaningless)" if quick else ""), body)
     return rows, body
+
+
+def main(args: argparse.Namespace) -> None:
+    run_long_report(
+        args.results,
+        config=args.config,
+        overrides=args.set,
+        problems=args.problems,
+        lengths=args.lengths,
+        quick=args.quick,
+        temperature=args.temperature,
+    )
+
+
+def cli(argv: list[str] | None = None) -> int:
+    p = parser(
+        "long_outputs",
+        __doc__,
+        out=None,
+        quick="a 20-step SFT, lengths 2 and 4 (numbers meaningless)",
+        results="also write the report as a results page (e.g. docs/results/long_outputs.md)",
+    )
+    p.add_argument("--problems", type=int, default=None, help="held-out problems per length (default 256; quick: 8)")
+    p.add_argument(
+        "--lengths", type=int, nargs="+", default=None, metavar="N", help="chain lengths (default 6 25 51 99)"
+    )
+    p.add_argument("--temperature", type=float, default=None, help="sampling temperature (default rollout.temperature)")
+    return run(main, p, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(cli())

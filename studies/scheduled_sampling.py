@@ -1,9 +1,12 @@
-"""``creditrl exposure-report``: plain SFT against scheduled sampling, as exposure bias and as RL starts.
+"""Plain SFT against scheduled sampling, as exposure bias and as RL starts.
+
+    python -m studies.scheduled_sampling [CONFIG] [--set KEY=VALUE ...] [--quick] [--seeds N] [--out DIR]
+        [--summaries DIR] [--jobs N] [--results docs/results/scheduled_sampling.md]
 
 For each seed ``s`` and each SFT variant (:data:`VARIANTS`: plain teacher forcing, and scheduled
 sampling with the inverse-sigmoid schedule up to 0.25), the warm start is trained with
 ``sft.seed=s`` (cached), its exposure bias is measured on held-out problems
-(:func:`creditrl.train.scheduled_sampling.exposure_bias`: teacher-forced against free-running
+(:func:`creditrl.experiments.evaluate.exposure_bias`: teacher-forced against free-running
 step accuracy, and its greedy exact match, the RL start), and outcome GRPO and process GRPO
 (oracle step rewards) train from it with ``train.seed=s``
 (:func:`creditrl.experiments.launch.run_arms`, resumable; with ``summaries``, each finished run's
@@ -14,25 +17,22 @@ per-seed difference scheduled sampling minus plain.
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
 from creditrl.config import load_config
+from creditrl.experiments.evaluate import exposure_bias
 from creditrl.experiments.grid import QUICK_SET
 from creditrl.experiments.launch import run_arms
 from creditrl.experiments.plan import slug
 from creditrl.experiments.report import eval_rows
-from creditrl.experiments.report_setup import base_config, step_task, task_phrase
 from creditrl.experiments.seeds import mean_ci95
-from creditrl.train.evaluate import evaluate
-from creditrl.train.sft import sft_batch
+from studies.common import base_config, logger, parser, run, step_task, task_phrase, write_results
 
-__all__ = ["VARIANTS", "ARMS", "exposure_bias", "run_exposure_report", "exposure_markdown"]
+TITLE = "Scheduled sampling against exposure bias"
 
 VARIANTS: dict[str, list[str]] = {
     "plain SFT": [],
@@ -64,7 +64,7 @@ def _measure_start(cfg, init: str, problems: int, where: Path) -> dict[str, floa
         return json.loads(where.read_text())
     from creditrl.policy.model import load_policy, policy_options
 
-    task = step_task(cfg, "creditrl exposure-report")
+    task = step_task(cfg, "the scheduled-sampling study")
     model, tokenizer = load_policy(init, seed=cfg.policy.init_seed, **policy_options(cfg))
     model.eval()
     held = task.sample(problems, split="heldout", seed=4242)
@@ -88,12 +88,11 @@ def run_exposure_report(
     sizes = QUICK if quick else FULL
     base = base_config(config, quick)
     common = list(sizes["common"]) + list(overrides or [])
-    step_task(load_config(base, common), "creditrl exposure-report")  # refuse a task without steps first
+    step_task(load_config(base, common), "the scheduled-sampling study")  # refuse a task without steps first
     out = Path(out or Path("runs") / f"exposure-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     seed_list = sizes["seeds"] if seeds is None else list(range(seeds))
-    start = time.time()
-    log = lambda msg: print(f"[creditrl exposure-report] {time.time() - start:6.0f} s  {msg}", flush=True)  # noqa: E731
+    log = logger("studies.scheduled_sampling")
     starts: dict[str, list[dict[str, float]]] = {v: [] for v in VARIANTS}
     finals: dict[str, dict[str, list[float]]] = {v: {a: [] for a in ARMS} for v in VARIANTS}
     for seed in seed_list:
@@ -160,58 +159,47 @@ def exposure_markdown(summary: dict[str, Any]) -> str:
     return head + rows
 
 
-def exposure_bias(
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    task: Any,
-    problems: list,
-    *,
-    max_new_tokens: int,
-    engine: str = "auto",
-) -> dict[str, float]:
-    """Teacher-forced against free-running step accuracy of ``model`` on ``problems``.
-
-    ``tf_step_accuracy``: the mean over problems of the share of the reference solution's steps
-    (split at ``task.step_separator``, the answer segment included) whose every token is the
-    model's argmax given the reference prefix. ``free_step_accuracy``: the mean share of the
-    reference's steps that the model's own greedy solution gets right (``task.label_completion``,
-    stop at the first error), with ``accuracy`` its exact match. ``gap`` = teacher-forced minus
-    free-running."""
-    ids, mask, labels = sft_batch(tokenizer, problems)
-    with torch.no_grad():
-        pred = model(input_ids=ids, attention_mask=mask).logits.argmax(-1)
-    sep = task.step_separator or ""
-    tf_shares, free_shares = [], []
-    res = evaluate(model, tokenizer, task, problems, max_new_tokens=max_new_tokens, engine=engine)
-    for i, (problem, completion) in enumerate(zip(problems, res.completions)):
-        where = (labels[i] != -100).nonzero().flatten()
-        right = (pred[i, where - 1] == labels[i, where]).tolist()[:-1]  # the eos left out
-        steps = _step_tokens(tokenizer, problem.solution, sep)
-        tf_shares.append(sum(all(right[a:b]) for a, b in steps) / len(steps))
-        free = task.label_completion(problem, completion)
-        free_shares.append(sum(free[: len(steps)]) / len(steps))
-    tf, fr = sum(tf_shares) / len(problems), sum(free_shares) / len(problems)
-    return {"tf_step_accuracy": tf, "free_step_accuracy": fr, "gap": tf - fr, "accuracy": res.accuracy}
+def page_body(summary: dict[str, Any]) -> str:
+    """The results page's body: the setting, the measures and :func:`exposure_markdown`."""
+    variants = "; ".join(f"**{v}**: `{' '.join(o) or '(teacher forcing)'}`" for v, o in VARIANTS.items())
+    arms = "; ".join(f"**{a}**: `{' '.join(o)}`" for a, o in ARMS.items())
+    return (
+        f"Task {summary['task']}; seeds {summary['seeds']} (seed s: `sft.seed=s`, then `train.seed=s`); SFT "
+        f"variants: {variants}. RL from each start: {arms}; {summary['samples']:,} samples per run.\n\n"
+        "*Teacher-forced step accuracy*: the share of a reference solution's steps whose every token is the "
+        "start's argmax given the reference prefix; *free-running*: the share of the reference's steps its own "
+        "greedy solution gets right (stop at the first error); *gap* = the first minus the second, the exposure "
+        "bias. Means ± 95% Student-t intervals over the seeds; the last row pairs the variants seed by seed.\n\n"
+        f"{exposure_markdown(summary)}"
+    )
 
 
-def _step_tokens(tokenizer: PreTrainedTokenizerBase, solution: str, sep: str) -> list[tuple[int, int]]:
-    """Token spans of a solution's steps (tokenized as SFT tokenizes it): a step ends after its
-    separator; the answer segment (from the first ``#``) is the last. A token belongs to the step
-    its first character lies in."""
-    bounds, start = [], 0
-    hash_at = solution.find("#")
-    head = solution if hash_at < 0 else solution[:hash_at]
-    for i, ch in enumerate(head):
-        if sep and ch == sep:
-            bounds.append((start, i + 1))
-            start = i + 1
-    if start < len(solution):
-        bounds.append((start, len(solution)))
-    offsets = tokenizer(solution, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
-    firsts = [a for a, _ in offsets]
-    spans = []
-    for a, b in bounds:
-        toks = [j for j, f in enumerate(firsts) if a <= f < b]
-        if toks:
-            spans.append((toks[0], toks[-1] + 1))
-    return spans
+def main(args: argparse.Namespace) -> None:
+    summary = run_exposure_report(
+        Path(args.out) if args.out else None,
+        quick=args.quick,
+        config=args.config,
+        overrides=args.set,
+        seeds=args.seeds,
+        jobs=args.jobs,
+        summaries=Path(args.summaries) if args.summaries else None,
+    )
+    print("\n" + exposure_markdown(summary))
+    write_results(args.results, TITLE, page_body(summary))
+
+
+def cli(argv: list[str] | None = None) -> int:
+    p = parser(
+        "scheduled_sampling",
+        __doc__,
+        out="run directory (default runs/exposure-TIMESTAMP); finished runs in it are reused",
+        seeds="seeds 0..N-1 (default 3)",
+        results="also write a results page (docs/results/scheduled_sampling.md)",
+    )
+    p.add_argument("--summaries", help="keep each finished run's summary and each start's measurements here")
+    p.add_argument("--jobs", type=int, default=1, help="runs at a time, each in its own process")
+    return run(main, p, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(cli())

@@ -1,4 +1,4 @@
-"""``creditrl long-report``: the per-step accuracy of hand-made completions, the statistics'
+"""``python -m studies.long_outputs``: the per-step accuracy of hand-made completions, the statistics'
 weighting, and a quick run (a 20-step SFT in a temporary cache) that writes one row per length."""
 
 from __future__ import annotations
@@ -9,13 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from creditrl.cli import main
 from creditrl.config import load_config
 from creditrl.config.loader import packaged_config
 from creditrl.errors import ConfigError
-from creditrl.experiments import long_report as lr
 from creditrl.policy.model import load_policy
-from creditrl.tasks.chain import ChainTask
+from creditrl.tasks.chain import ChainTask, band
+from studies import long_outputs as lr
 
 TASK = ChainTask()
 P3 = TASK.make_problem("31~003=")  # 003:3+1=4;002:1+4=0;001:4+0=4;#404 (mod 5)
@@ -89,11 +88,7 @@ def test_a_band_of_lengths_predicts_the_mean_of_p_to_each_length() -> None:
 
 
 def test_band_and_length_task() -> None:
-    assert [lr.band(n) for n in lr.LENGTHS] == [(4, 8), (23, 27), (49, 53), (97, 101)]
-    assert (lr.band(1), lr.band(2), lr.band(3), lr.band(999)) == ((1, 3), (1, 4), (1, 5), (995, 999))
-    # no longer than the SFT's longest chain (its counter never passed it): shifted down, same width
-    assert (lr.band(99, 99), lr.band(97, 99), lr.band(51, 99)) == ((95, 99), (95, 99), (49, 53))
-    assert lr.sft_longest(load_config(packaged_config("chain"))) == 99
+    assert [band(n) for n in lr.LENGTHS] == [(4, 8), (23, 27), (49, 53), (97, 101)]
     cfg = load_config(packaged_config("chain"))
     task = lr.length_task(cfg, 51)
     assert (task.config.min_steps, task.config.max_steps, task.config.modulus) == (49, 53, 5)
@@ -134,7 +129,7 @@ def test_weights_count_a_problem_as_its_repeats() -> None:
 def test_budget_holds_the_response_and_its_eos() -> None:
     assert [lr.budget(n) for n in lr.LENGTHS] == [80, 279, 565, 1093]
     assert all(lr.budget(n) >= 10 * n + 5 + 15 for n in range(1, 1000))  # the eos and room past it
-    assert lr.budget(lr.band(99)[1]) + 8 <= 2048  # the tiny preset's positions hold the prompt and the budget
+    assert lr.budget(band(99)[1]) + 8 <= 2048  # the tiny preset's positions hold the prompt and the budget
 
 
 def test_random_policy_gives_consistent_statistics() -> None:
@@ -155,7 +150,7 @@ def test_random_policy_gives_consistent_statistics() -> None:
 
 def test_a_task_other_than_chain_is_refused_before_the_sft(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CREDITRL_CACHE", str(tmp_path))
-    with pytest.raises(ConfigError, match="^task.name: long-report needs the chain task, got 'arithmetic'"):
+    with pytest.raises(ConfigError, match="needs the chain task, got 'arithmetic'"):
         lr.run_long_report(overrides=["task.name=arithmetic"])
     with pytest.raises(ConfigError, match=r"^lengths: a chain length must lie in \[1, 999\], got 1000"):
         lr.run_long_report(lengths=[1000])
@@ -164,21 +159,12 @@ def test_a_task_other_than_chain_is_refused_before_the_sft(tmp_path: Path, monke
     assert not (tmp_path / "sft").exists()
 
 
-def test_quick_report_writes_one_row_per_length(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+def test_quick_study_writes_one_row_per_length(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     monkeypatch.setenv("CREDITRL_CACHE", str(tmp_path / "cache"))
     page = tmp_path / "docs" / "long_outputs.md"
-    argv = ["long-report", "--quick", "--threads", "1", "--lengths", "2", "5", "--problems", "4"]
-    assert main([*argv, "--results", str(page)]) == 0
-    text = page.read_text()
-    lines = text.splitlines()
-    assert lines[0].startswith("# Long outputs") and "(quick: numbers meaningless)" in lines[0]
-    assert lines[2].startswith("Written by `")  # the command, machine and date
-    assert "20 steps, batch 4, lr 0.003, warm-up 2 steps, on chain problems with min_steps=1, max_steps=4" in text
-    assert "SFT time " in text and "final loss " in text
-    assert "min_steps 46, max_steps 56, modulus 5, heldout_mod 10" in text
-    assert "4 held-out draws per row from the chains of **n - 2 .. n + 2 steps**" in text
-    assert "only 25 prompts, about 1 in 10 held out" in text and "temperature (0.7)" in text
-    assert "prompts `31~040=`, n steps `(a, b) -> (b, (a op b) mod 5)`" in text
+    argv = ["--quick", "--threads", "1", "--lengths", "2", "5", "--problems", "4"]
+    assert lr.cli([*argv, "--results", str(page)]) == 0
+    lines = page.read_text().splitlines()
     main_table = [line for line in lines if re.match(r"\| \d+ \| \d+-\d+ \(mean [0-9.]+\) \| \d+ \|", line)]
     assert [row.split("|")[1].strip() for row in main_table] == ["2", "5"]
     # the quick SFT saw chains of 1-4 steps: length 5's band is clipped to them
@@ -195,5 +181,10 @@ def test_quick_report_writes_one_row_per_length(tmp_path: Path, monkeypatch: pyt
     for row in error_rows:  # every problem has one first-error kind, greedy and sampled
         pairs = [c.split("/") for c in row.split("|")[2:-1]]
         assert sum(int(g) for g, _ in pairs) == sum(int(s) for _, s in pairs) == 4
-    out = capsys.readouterr().out
-    assert "n=   2 (1-4 steps, " in out and " prompts): per-step" in out and f"results page: {page}" in out
+    capsys.readouterr()
+
+
+def test_a_bad_length_ends_the_study_with_one_line(capsys) -> None:
+    assert lr.cli(["--lengths", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "a chain length must lie in [1, 999], got 0" in err

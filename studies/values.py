@@ -1,7 +1,9 @@
-"""``creditrl value-report``: how well each value source estimates the true step values (F3).
+"""How well each value source estimates the true step values (legacy finding F3).
+
+    python -m studies.values [CONFIG] [--set KEY=VALUE ...] [--quick] [--out DIR]
 
 On any task with reasoning steps (the config's; default: the packaged arith config,
-:mod:`.report_setup`) the true value of a state -- a prompt plus the first steps of a response --
+:mod:`studies.common`) the true value of a state -- a prompt plus the first steps of a response --
 is computable: V(s) = P(a continuation from s by the policy is correct), estimated by ``truth``
 fresh continuations per state. The policy is the config's start policy (the arith config's SFT)
 and stays fixed, so every estimator targets the same V.
@@ -26,6 +28,7 @@ itself is noisy: its mean standard error is reported.
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 from dataclasses import asdict, dataclass
@@ -36,7 +39,6 @@ import numpy as np
 import torch
 
 from creditrl.config import config_hash, load_config
-from creditrl.experiments.report_setup import base_config, step_task, task_phrase
 from creditrl.experiments.seeds import mean_ci95
 from creditrl.policy.engines import SamplingParams
 from creditrl.policy.tokenizer import decode_response, encode_problem
@@ -45,6 +47,7 @@ from creditrl.train import stages
 from creditrl.train.build import start_policy
 from creditrl.train.rl import RLTrainer
 from creditrl.values.tree import TreeShape
+from studies.common import base_config, logger, parser, run, step_task, task_phrase
 
 CHUNK = 2048  # continuations per engine call
 MIN_GAP = 0.1  # sibling pairs whose true values differ by less are not ranked
@@ -238,7 +241,7 @@ def run_value_report(
     base = base_config(config, quick)
     overrides = list(overrides or [])
     cfg = load_config(base, overrides)
-    step_task(cfg, "creditrl value-report")  # before anything is loaded: the report cuts responses into steps
+    step_task(cfg, "the value study")  # before anything is loaded: the report cuts responses into steps
     # the resolved config's hash, not the base's path: a report copied from another checkout is reused
     settings = {"base": str(base), "config": config_hash(cfg.to_dict()), "overrides": overrides, "seed": seed, **sizes}
     done = out / "summary.json"
@@ -250,7 +253,7 @@ def run_value_report(
             return old
     out.mkdir(parents=True, exist_ok=True)
     start = time.time()
-    log = lambda msg: print(f"[creditrl value-report] {time.time() - start:6.0f} s  {msg}", flush=True)  # noqa: E731
+    log = logger("studies.values")
     init = start_policy(cfg, progress=cfg.train.progress)
     shape = TreeShape(sizes["branching"], sizes["depth"])
     rows: list[EstimatorRow] = []
@@ -342,3 +345,17 @@ def run_value_report(
     print("\n" + table)
     log(f"results: {out / 'results.md'}")
     return summary
+
+
+def main(args: argparse.Namespace) -> None:
+    run_value_report(Path(args.out), quick=args.quick, config=args.config, overrides=args.set)
+
+
+def cli(argv: list[str] | None = None) -> int:
+    p = parser("values", __doc__, out="output directory (a finished study is read back)")
+    p.set_defaults(out="runs/values")
+    return run(main, p, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(cli())

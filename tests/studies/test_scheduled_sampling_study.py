@@ -1,4 +1,4 @@
-"""``creditrl exposure-report``: the table's numbers from its measurements, and a rerun that
+"""``python -m studies.scheduled_sampling``: the table's numbers from its measurements, and a rerun that
 reads every start and run back from the kept summaries."""
 
 from __future__ import annotations
@@ -7,8 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-
-from creditrl.experiments.exposure_report import exposure_markdown, run_exposure_report
+from studies.scheduled_sampling import exposure_markdown, run_exposure_report
 
 
 def test_the_table_is_the_means_and_paired_differences_of_the_measurements() -> None:
@@ -34,7 +33,8 @@ def test_the_table_is_the_means_and_paired_differences_of_the_measurements() -> 
 
 
 def test_a_rerun_reads_every_start_and_run_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from creditrl.experiments import exposure_report, launch
+    from creditrl.experiments import launch
+    from studies import scheduled_sampling
 
     monkeypatch.setenv("CREDITRL_CACHE", str(tmp_path / "cache"))
     kept = tmp_path / "kept"
@@ -56,6 +56,6 @@ def test_a_rerun_reads_every_start_and_run_back(tmp_path: Path, monkeypatch: pyt
         raise AssertionError("something trained")
 
     monkeypatch.setattr(launch, "_run_one", no_training)
-    monkeypatch.setattr(exposure_report, "_sft_start", no_training)
+    monkeypatch.setattr(scheduled_sampling, "_sft_start", no_training)
     again = run_exposure_report(tmp_path / "b", quick=True, seeds=1, summaries=kept)
     assert again["starts"] == first["starts"] and again["finals"] == first["finals"]

@@ -1,14 +1,17 @@
-"""``creditrl search report``: test-time search methods compared at equal generated-token cost.
+"""Test-time search methods compared at equal generated-token cost.
+
+    python -m studies.search [CONFIG] [--set KEY=VALUE ...] [--quick] [--out DIR] [--results docs/results/search.md]
+        [--prm DIR] [--orm DIR] [--problems N] [--temperature T]
 
 On held-out problems of the config's task, any task with reasoning steps, searched from the
 config's start policy (``train.init``), with the config's ``search`` settings as the base of every
-method's (:mod:`.report_setup`). The default config is the packaged arith config with harder
+method's (:mod:`studies.common`). The default config is the packaged arith config with harder
 problems than its RL task, ``task.args={min_ops: 5, max_ops: 7}`` (operands 1-9; its SFT policy
 was trained on 1-6 operations); those task settings apply only while neither a CONFIG nor a
 ``task.*`` override is given.
 
 1. unless given, train a PRM on oracle step labels and an ORM on outcomes, from the start
-   policy's weights, on its own samples of training-split problems (as ``creditrl prm report``);
+   policy's weights, on its own samples of training-split problems (as :mod:`studies.prm`);
 2. run greedy; best-of-N for N in ``bon_ns`` with ``prm_min``, ``orm`` and ``majority`` (sampled
    once at the largest N, the first N samples of each problem used for each N, so the curves are
    nested; majority votes on the task's answers, grouped by its ``same_answer``, or on whole
@@ -23,6 +26,7 @@ was trained on 1-6 operations); those task settings apply only while neither a C
 
 from __future__ import annotations
 
+import argparse
 import functools
 import json
 import time
@@ -33,9 +37,7 @@ from typing import Any
 import torch
 
 from creditrl.config import Config, SearchConfig, load_config
-from creditrl.experiments.prm_report import orm_examples
 from creditrl.experiments.report import plt
-from creditrl.experiments.report_setup import base_config, default_task_sets, step_task, task_phrase
 from creditrl.policy.engines import SamplingParams, make_engine
 from creditrl.policy.model import load_policy
 from creditrl.prm.metrics import select
@@ -46,6 +48,19 @@ from creditrl.search.methods import make_context, sample_candidates, search
 from creditrl.tasks import Task
 from creditrl.tasks.base import majority_note, same_answer
 from creditrl.train.build import start_policy
+from studies.common import (
+    base_config,
+    default_task_sets,
+    logger,
+    parser,
+    publish_report,
+    run,
+    step_task,
+    task_phrase,
+)
+from studies.prm import orm_examples
+
+TITLE = "Test-time search: accuracy against generated tokens"
 
 DEFAULT_TASK = ["task.args={min_ops: 5, max_ops: 7}"]  # the default config's search problems (module docstring)
 
@@ -152,13 +167,13 @@ def run_search_report(
     if problems is not None:
         sizes = replace(sizes, problems=problems)
     policy_cfg, cfg = report_configs(config, list(overrides or []), quick)
-    task = step_task(cfg, "creditrl search report")
+    task = step_task(cfg, "the search study")
     out_dir = Path(out_dir or Path("runs") / f"search-{time.strftime('%Y%m%d-%H%M%S')}")
     (out_dir / "plots").mkdir(parents=True, exist_ok=True)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     start = time.time()
-    log = lambda msg: print(f"[creditrl search report] {time.time() - start:6.0f} s  {msg}", flush=True)  # noqa: E731
+    log = logger("studies.search")
     init = start_policy(policy_cfg, progress=cfg.train.progress)
     policy, tok = load_policy(init)
     policy.eval()
@@ -287,7 +302,7 @@ def _report(s: dict[str, Any], quick: bool) -> str:
     args = ", ".join(f"{k}={v}" for k, v in s["task"]["args"].items())
     task = f"`{s['task']['name']}`" + (f" ({args})" if args else "")
     majority = f"\nMajority vote: {s['majority_note']}.\n" if s.get("majority_note") else ""
-    return f"""# creditrl search report
+    return f"""# {TITLE}
 {note}
 Policy `{s["policy"]}`; {s["sizes"]["problems"]} held-out problems of task {task}. PRM `{s["prm"]}` (oracle step
 labels), ORM `{s["orm"]}` (outcome labels). Tokens/problem: every token the engine generated for a problem
@@ -300,3 +315,36 @@ Wall time {s["wall_s"]:.0f} s.
 
 ![accuracy vs tokens](plots/search_budget.png)
 """
+
+
+def main(args: argparse.Namespace) -> None:
+    where = Path(args.out or Path("runs") / f"search-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_search_report(
+        where,
+        quick=args.quick,
+        prm_dir=args.prm,
+        orm_dir=args.orm,
+        problems=args.problems,
+        overrides=args.set,
+        temperature=args.temperature,
+        config=args.config,
+    )
+    publish_report(where / "report.md", args.results, TITLE)
+
+
+def cli(argv: list[str] | None = None) -> int:
+    p = parser(
+        "search",
+        __doc__,
+        out="output directory (default runs/search-TIMESTAMP)",
+        results="also write the report as a results page (e.g. docs/results/search.md)",
+    )
+    p.add_argument("--prm", help="use this PRM instead of training one on oracle step labels")
+    p.add_argument("--orm", help="use this ORM instead of training one on outcomes")
+    p.add_argument("--problems", type=int, default=None, help="held-out problems (default 128; quick: 4)")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of every sampling method")
+    return run(main, p, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(cli())
