@@ -40,8 +40,8 @@ findings: $(STAMP)
 
 # ruff (style and likely bugs) and import-linter (the layers of docs/design.md), then every test
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks examples
-	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/ruff check src tests benchmarks studies examples
+	$(BIN)/ruff format --check src tests benchmarks studies examples
 	$(BIN)/lint-imports
 
 test: lint
@@ -57,14 +57,14 @@ test-cpu-kinds: lint
 results: $(STAMP)
 	$(BIN)/creditrl demo --run-dir runs/demo --results docs/results/demo.md
 	$(BIN)/creditrl demo src/creditrl/configs/arith.yaml --run-dir runs/demo-arith --results docs/results/demo_arith.md
-	$(BIN)/creditrl prm report --run-dir runs/prm-report --results docs/results/prm.md
-	$(BIN)/creditrl search report --out runs/search-report --results docs/results/search.md
+	$(BIN)/python -m studies.prm --out runs/prm-report --results docs/results/prm.md
+	$(BIN)/python -m studies.search --out runs/search-report --results docs/results/search.md
 	$(BIN)/python benchmarks/credit_speed.py --results docs/results/credit_speed.md
 	$(BIN)/python benchmarks/ray_overhead.py --results docs/results/scale_out.md
 	$(BIN)/python benchmarks/dependency_check.py --results docs/results/dependencies.md
-	$(BIN)/creditrl long-report --results docs/results/long_outputs.md
-	$(BIN)/creditrl long-report --set "task.args={min_steps: 41, max_steps: 61, modulus: 10, heldout_mod: 2}" --set "sft.task_args={min_steps: 1, max_steps: 99, modulus: 10, heldout_mod: 2}" --set sft.steps=2000 --results docs/results/long_outputs_mod10.md
-	$(BIN)/creditrl exposure-report --jobs 2 --summaries findings/runs/exposure --results docs/results/scheduled_sampling.md
+	$(BIN)/python -m studies.long_outputs --results docs/results/long_outputs.md
+	$(BIN)/python -m studies.long_outputs --set "task.args={min_steps: 41, max_steps: 61, modulus: 10, heldout_mod: 2}" --set "sft.task_args={min_steps: 1, max_steps: 99, modulus: 10, heldout_mod: 2}" --set sft.steps=2000 --results docs/results/long_outputs_mod10.md
+	$(BIN)/python -m studies.scheduled_sampling --jobs 2 --summaries findings/runs/exposure --results docs/results/scheduled_sampling.md
 	$(MAKE) bench
 	$(MAKE) performance
 

@@ -1,10 +1,10 @@
 """The ``creditrl`` command line. Every subcommand lives in this package, one module per family:
 
 - :mod:`.train`: ``demo``, ``sft``, ``train``, ``config``;
-- :mod:`.prm`: ``prm label | train | eval | score | report``;
-- :mod:`.search`: ``search`` and ``search report``;
+- :mod:`.prm`: ``prm label | train | eval | score``;
+- :mod:`.search`: ``search``;
 - :mod:`.inspect`: ``inspect``;
-- :mod:`.experiments`: ``compare``, ``findings``, ``value-report``, ``tree-report``, ``long-report``, ``eval``;
+- :mod:`.experiments`: ``compare``, ``findings``, ``eval``;
 - :mod:`.bench`: ``bench``.
 
 An expected problem (a bad key, name or value, a missing file) ends the command with one line
@@ -60,8 +60,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:2] == ["search", "report"]:  # `search` takes an optional CONFIG, so its report is its own command
-        argv = ["search-report", *argv[2:]]
     args = build_parser().parse_args(argv)
     quiet_libraries()
     log_to_stderr()
