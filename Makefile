@@ -25,12 +25,18 @@ demo: $(STAMP)
 demo-quick: $(STAMP)
 	$(BIN)/creditrl demo --quick
 
+# speed against TRL and HF generate (benchmarks/bench.py)
 bench: $(STAMP)
-	$(BIN)/creditrl bench --curve 50 --scaling --out runs/bench --results docs/results/bench.md
+	$(BIN)/python benchmarks/bench.py --curve 50 --scaling --out runs/bench --results docs/results/bench.md
 
-# long outputs, model sizes and the study settings (about an hour on 2 cores)
+# long outputs, model sizes and the study settings (about an hour on 2 cores), held to the performance
+# issue's targets; BASELINE=DIR adds arith.yaml against a checkout of older code (git worktree add DIR d760505)
+BASELINE ?=
+PERFORMANCE_TARGETS := --min-speedup 3 --min-bandwidth-share 0.5 --min-peak-share 0.5 --min-baseline-speedup 2 \
+	--max-rss-mb 4096
 performance: $(STAMP)
-	$(BIN)/creditrl bench --performance --out runs/performance --results docs/results/performance.md
+	$(BIN)/python benchmarks/performance.py --out runs/performance --results docs/results/performance.md \
+		$(PERFORMANCE_TARGETS) $(if $(BASELINE),--baseline $(BASELINE))
 
 # FINDINGS.md from findings/*.yaml and their grids (resumable: finished runs are read back);
 # JOBS runs at a time, each with torch threads / JOBS threads (benchmarks/compare_jobs.py)

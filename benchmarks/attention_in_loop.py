@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/attention_in_loop.py [--threads 2] [--repeats 4]
 
-The arith config's SFT policy (as ``creditrl bench`` uses), 16 prompts x 8 samples, 48 tokens
+The arith config's SFT policy (as ``benchmarks/bench.py`` uses), 16 prompts x 8 samples, 48 tokens
 with eos disabled. Every call of the fused rotary + cache + attention kernel during
 ``--repeats`` generate calls is timed; then one call's arguments (at 24 response columns) are
 copied and the same kernel is timed on them alone: hot (back to back), after a 32 MB memory
@@ -17,7 +17,7 @@ import time
 import numpy as np
 import torch
 
-from creditrl.bench.run import bench_policy_and_prompts
+from bench import bench_policy_and_prompts
 from creditrl.policy.engines import SamplingParams, StaticEngine, kernels
 
 COLUMNS = 24  # the response length at which one call's arguments are kept for the isolated runs
@@ -29,7 +29,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=4)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    model, tok, prompts = bench_policy_and_prompts()  # the SFT policy creditrl bench uses
+    model, tok, prompts = bench_policy_and_prompts()  # the SFT policy benchmarks/bench.py uses
     params = SamplingParams(max_new_tokens=48, temperature=1.0)
     engine = StaticEngine(model, eos_id=-1, pad_id=tok.pad_token_id, kernels="numba")
     lib = kernels._need()

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/decode_profile.py [--threads 2] [--repeats 5] [--rows-per-prompt 8] [--every-row]
 
-The arith config's SFT policy (as ``creditrl bench`` uses), 16 arithmetic prompts x 8 samples,
+The arith config's SFT policy (as ``benchmarks/bench.py`` uses), 16 arithmetic prompts x 8 samples,
 48 tokens with eos disabled, ``policy.kernels=numba``. Every call inside the decode step (the
 matrix products by weight, the attention kernel, RMSNorm, the gated SiLU), the sampling step and
 the prompt prefill is timed with a wall clock over ``--repeats`` generate calls after one
@@ -19,7 +19,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from creditrl.bench.run import bench_policy_and_prompts
+from bench import bench_policy_and_prompts
 from creditrl.policy.engines import SamplingParams, kernels
 from creditrl.policy.engines import static as se
 
@@ -34,7 +34,7 @@ def main() -> None:
     ap.add_argument("--every-row", action="store_true", help="share_rows=False")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    model, tok, prompts = bench_policy_and_prompts()  # the SFT policy creditrl bench uses
+    model, tok, prompts = bench_policy_and_prompts()  # the SFT policy benchmarks/bench.py uses
     params = SamplingParams(max_new_tokens=STEPS, temperature=1.0)
     engine = se.StaticEngine(model, eos_id=-1, pad_id=tok.pad_token_id, kernels="numba", share_rows=not args.every_row)
     hidden, inter = model.config.hidden_size, model.config.intermediate_size

@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from creditrl.bench.run import BenchOptions, resolve_policy
+from bench import BenchOptions, resolve_policy
 from creditrl.experiments.report import printed_results  # noqa: E402
 from creditrl.policy.engines import SamplingParams, StaticEngine
 from creditrl.policy.model import load_policy
@@ -33,7 +33,7 @@ def main() -> None:
 
 def _run(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
-    model, tok = load_policy(resolve_policy(BenchOptions()))  # the demo's SFT policy, as creditrl bench uses
+    model, tok = load_policy(resolve_policy(BenchOptions()))  # the demo's SFT policy, as benchmarks/bench.py uses
     model.eval()
     task = make_task("arithmetic", min_ops=4, max_ops=6)
     params = SamplingParams(max_new_tokens=args.tokens, temperature=1.0)

@@ -34,13 +34,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_realsize import QWEN2_05B, save_model  # noqa: E402 - the sibling script's model
-
 from creditrl.policy.device import autocast  # noqa: E402
 from creditrl.policy.engines import CompiledEngine, SamplingParams, choose_engine, left_pad  # noqa: E402
 from creditrl.policy.model import count_parameters, load_policy  # noqa: E402
 from creditrl.policy.tokenizer import encode_prompt  # noqa: E402
 from creditrl.tasks import make_task  # noqa: E402
+from gpu_realsize import QWEN2_05B, save_model  # noqa: E402 - the sibling script's model
 
 
 def sync(device: str) -> None:

@@ -7,8 +7,8 @@ engine on CUDA, HF ``generate`` inside TRL). Run on a GPU machine::
 
 The model: Qwen2-0.5B's transformer body (24 layers, hidden 896, 14 heads, 2 KV heads, MLP 4,864, q/k/v
 bias, tied embeddings) on creditrl's character vocabulary, random init. That is the real model's layers
-(about 358M parameters) without its 151,936-token embedding (136M parameters). As in ``creditrl bench
---performance``, an eos outside the vocabulary is appended, so every row generates exactly the asked
+(about 358M parameters) without its 151,936-token embedding (136M parameters). As in ``benchmarks/performance.py``,
+an eos outside the vocabulary is appended, so every row generates exactly the asked
 length in both trainers.
 
 At each length, creditrl's iterations (``RLTrainer``: rollout, scoring, GRPO, update) and TRL's steps
@@ -36,11 +36,11 @@ from pathlib import Path
 
 import torch
 
-from creditrl.bench.perf_points import save_with_unreachable_eos
-from creditrl.bench.run import BenchOptions, creditrl_iterations, spread, trl_iterations
+from bench import BenchOptions, creditrl_iterations, spread, trl_iterations
 from creditrl.policy.engines import choose_engine
 from creditrl.policy.model import count_parameters, load_policy
 from creditrl.policy.tokenizer import build_char_tokenizer
+from perf_points import save_with_unreachable_eos
 
 QWEN2_05B = {
     "hidden_size": 896,

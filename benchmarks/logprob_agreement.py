@@ -14,7 +14,7 @@ import argparse
 
 import torch
 
-from creditrl.bench.run import bench_policy_and_prompts
+from bench import bench_policy_and_prompts
 from creditrl.policy.engines import SamplingParams, StaticEngine
 
 
@@ -24,7 +24,7 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=48)
     args = ap.parse_args()
-    model, tok, prompts = bench_policy_and_prompts(args.prompts)  # the SFT policy creditrl bench uses
+    model, tok, prompts = bench_policy_and_prompts(args.prompts)  # the SFT policy benchmarks/bench.py uses
     params = SamplingParams(max_new_tokens=args.tokens, temperature=1.0)
     for kernels in ("torch", "numba"):
         engine = StaticEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, kernels=kernels)

@@ -4,8 +4,7 @@
 - :mod:`.prm`: ``prm label | train | eval | score``;
 - :mod:`.search`: ``search``;
 - :mod:`.inspect`: ``inspect``;
-- :mod:`.experiments`: ``compare``, ``findings``, ``eval``;
-- :mod:`.bench`: ``bench``.
+- :mod:`.experiments`: ``compare``, ``findings``, ``eval``.
 
 An expected problem (a bad key, name or value, a missing file) ends the command with one line
 on stderr and exit status 2, without a traceback; Ctrl-C with one line and status 130.
@@ -49,11 +48,11 @@ def log_to_stderr() -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from creditrl.cli import bench, experiments, inspect, prm, search, train
+    from creditrl.cli import experiments, inspect, prm, search, train
 
     parser = argparse.ArgumentParser(prog="creditrl", description="RL fine-tuning where credit assignment comes first")
     sub = parser.add_subparsers(dest="command", required=True)
-    for module in (train, bench, prm, search, inspect, experiments):
+    for module in (train, prm, search, inspect, experiments):
         module.add_parsers(sub)
     return parser
 

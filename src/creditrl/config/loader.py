@@ -222,5 +222,5 @@ def demo_config_path(quick: bool) -> Path:
 
 def arith_config_path(quick: bool) -> Path:
     """The reference arithmetic config (operands 1-9) that the findings grids, the reports and
-    ``creditrl bench`` start from; under ``quick`` the demo's smoke-test sizes."""
+    ``benchmarks/bench.py`` start from; under ``quick`` the demo's smoke-test sizes."""
     return packaged_config("demo_quick" if quick else "arith")

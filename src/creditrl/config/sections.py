@@ -391,5 +391,5 @@ class OptimConfig(Section):
         False,
         description="an approximation: also leave zero-advantage rows out when a KL term is on, "
         "dropping their KL gradient (the KL then regularises the trained rows only); "
-        "`creditrl bench --performance` measures its gradient, FINDINGS.md (KLSKIP-arith) its training",
+        "`benchmarks/performance.py` measures its gradient, FINDINGS.md (KLSKIP-arith) its training",
     )

@@ -1,4 +1,4 @@
-"""Section g of `creditrl bench --performance`: where an iteration's time goes, by stage and by the
+"""Section g of `benchmarks/performance.py`: where an iteration's time goes, by stage and by the
 kind of work -- the profile behind the points that miss their targets.
 
 A few iterations of a workload run under ``torch.profiler``; every op is attributed to the stage
@@ -117,11 +117,11 @@ def profile_iterations(cfg: Config, init: str, warmup: int, iterations: int) -> 
 def profile_workloads(opts: Any, threads: int, log: Callable[[str], None]) -> dict[str, Any]:
     """Section g: the study's arith.yaml iteration (KL on) and the GRPO iteration of every length
     and size point of sections a and b, each profiled by stage and kind of work."""
-    from creditrl.bench.perf_points import can_stop, length_policy, point_settings, save_never_eos_model
-    from creditrl.bench.perf_study import study_overrides_of, study_start
-    from creditrl.bench.run import bench_config
+    from bench import bench_config
     from creditrl.config.loader import packaged_config
     from creditrl.policy.model import load_policy
+    from perf_points import can_stop, length_policy, point_settings, save_never_eos_model
+    from perf_study import study_overrides_of, study_start
 
     out: dict[str, Any] = {}
     overrides = [o for o in study_overrides_of(opts, "arith", threads) if not o.startswith("train.iterations=")]

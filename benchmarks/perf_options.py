@@ -1,16 +1,29 @@
-"""The options of `creditrl bench --performance` (:mod:`creditrl.bench.performance`): the model
-sizes, every section's sizes, and the quick variant."""
+"""The options of ``benchmarks/performance.py``: the model sizes, every section's sizes, the
+targets the page holds the run to, and the quick variant."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import creditrl
 from creditrl.policy.model import TinyPreset
 
 NEVER_EOS = "<never-eos>"  # the appended eos of the random-init models: outside every model's vocabulary
-BASELINE = "d760505"  # the commit the performance issue names as its baseline
-CREDITRL_SRC = Path(__file__).resolve().parents[2]  # .../src: PYTHONPATH of the current code's subprocesses
+CREDITRL_SRC = Path(creditrl.__file__).resolve().parents[1]  # .../src: PYTHONPATH of the current code's subprocesses
+BENCHMARKS = Path(__file__).resolve().parent  # these scripts' folder, for the subprocesses that import them
+
+
+@dataclass(frozen=True)
+class Targets:
+    """What the page holds a run to (each None: not a target). Arguments of the command, kept in the
+    run's JSON, so a re-rendered page checks the same targets unless told others."""
+
+    min_speedup: float | None = None  # creditrl's iteration vs TRL's, and its decode vs HF generate
+    min_bandwidth_share: float | None = None  # the decode's bytes/s at the longest length vs the copy bandwidth
+    min_peak_share: float | None = None  # the update's model FLOP/s vs the matmul peak
+    min_baseline_speedup: float | None = None  # arith.yaml's samples/s end to end vs the baseline's
+    max_rss_mb: float | None = None  # section e's peak RSS
 
 
 @dataclass(frozen=True)
@@ -57,7 +70,8 @@ class PerformanceOptions:
     study: tuple[str, ...] = ("arith", "chain")  # (c): packaged configs run by `creditrl train`
     study_iterations: dict[str, int] = field(default_factory=lambda: {"arith": 45, "chain": 10})
     study_overrides: dict[str, tuple[str, ...]] = field(default_factory=dict)  # extra --set per config
-    baseline: str | None = BASELINE  # (c): arith.yaml on this commit vs the current code (None skips it)
+    baseline: Path | None = None  # (c): a checkout of the baseline's source: its arith.yaml vs the current code
+    baseline_name: str = ""  # (c): the baseline's name on the page (default: the checkout folder's name)
     baseline_rounds: int = 2  # (old, new) pairs
     baseline_warmup: bool = True  # one untimed 1-iteration run of each code first (a fresh worktree compiles numba)
     copy_mb: int = 256  # (d)
@@ -68,7 +82,6 @@ class PerformanceOptions:
     rss_prompts: int = 16
     rss_group: int = 8
     rss_tokens: int = 1024
-    rss_target_mb: float = 4096.0
     forward: tuple[str, ...] = ("arith", "chain")  # (f): packed vs HF forward on these configs' first batch
     forward_repeats: int = 3
     kl_skip: bool = True  # (f): what optim.skip_zero_advantage_kl changes, on arith.yaml
@@ -78,6 +91,7 @@ class PerformanceOptions:
     profile_warmup: int = 2  # (g): unprofiled iterations first (the first also warms the kernels)
     profile_iterations: int = 5
     trl: bool = True
+    targets: Targets = field(default_factory=Targets)
     seed: int = 0
     out: Path = field(default_factory=lambda: Path("runs/bench"))
     results: Path | None = None

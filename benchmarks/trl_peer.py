@@ -3,7 +3,7 @@
 :func:`trl_grpo_run` runs TRL's GRPO on creditrl's model and task at the settings of one creditrl
 ``grpo`` iteration (``prompts_per_iter`` prompts x ``group_size`` samples, one optimizer step on
 all of them, token-mean PPO-clip loss, no KL) and times every optimizer step.
-(The decode baseline, plain HF ``generate``, is :mod:`creditrl.bench.hf_peer`.)
+(The decode baseline, plain HF ``generate``, is `hf_peer.py`.)
 
 ``trl`` is an optional dependency (``pip install 'creditrl[bench]'``): it is imported inside the
 functions only.
@@ -113,9 +113,9 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, TrainerCallback
 
-from creditrl.bench.trl_config import PeerSettings, grpo_config
 from creditrl.policy.tokenizer import decode_response, encode_prompt
 from creditrl.tasks.base import Problem, Task
+from trl_config import PeerSettings, grpo_config
 
 __all__ = [
     "PeerSettings",

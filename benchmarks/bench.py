@@ -1,5 +1,8 @@
-"""``creditrl bench``: creditrl's rollout and GRPO iteration against TRL and HF ``generate``, back
-to back in one process, on the same model, batch and settings.
+"""creditrl's rollout and GRPO iteration against TRL and HF ``generate``, back to back in one
+process, on the same model, batch and settings.
+
+    python benchmarks/bench.py [--curve 50] [--scaling] [--out runs/bench] [--results docs/results/bench.md]
+    python benchmarks/bench.py --render docs/results/bench.json --results docs/results/bench.md
 
 Sections (each prints min / median / max over repeats, and ratios peer / creditrl):
 
@@ -17,11 +20,13 @@ Sections (each prints min / median / max over repeats, and ratios peer / creditr
    iteration, plotted together (``reward_curve.png``).
 5. ``scaling``   -- (``--scaling``) creditrl's iteration time vs group size and vs max new tokens.
 
-Peak RSS of the bench process is printed at the end. Results go to ``OUT/bench.json``.
+Peak RSS of the bench process is printed at the end. Results go to ``OUT/bench.json`` (and, with
+``--results PAGE``, beside the page as PAGE's name with .json: ``--render`` writes the page again from it).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import tempfile
@@ -33,11 +38,11 @@ from typing import Any
 
 import torch
 
-from creditrl.bench.limits import matmul_peak, spread
-from creditrl.bench.report import markdown_report, plot_curve
+from bench_report import markdown_report, plot_curve
+from common import log_fn, matmul_peak, spread, write_json
 from creditrl.config import Config, load_config
 from creditrl.config.loader import arith_config_path
-from creditrl.experiments.report import peak_rss_mb, write_results
+from creditrl.experiments.report import command_line, peak_rss_mb, utc_stamp, write_results
 from creditrl.policy.engines import HFEngine, SamplingParams, StaticEngine
 from creditrl.policy.model import build_tiny, count_parameters, load_policy
 from creditrl.policy.tokenizer import encode_prompt
@@ -116,7 +121,7 @@ def bench_policy_and_prompts(n_prompts: int = 16) -> tuple[Any, Any, list[list[i
 
 
 def bench_decode(policy: str, opts: BenchOptions, log: Callable[[str], None]) -> dict[str, Any]:
-    from creditrl.bench.hf_peer import hf_generate_throughput
+    from hf_peer import hf_generate_throughput
 
     model, tok = load_policy(policy)
     model.eval()
@@ -211,7 +216,7 @@ def trl_iterations(
 ) -> list[dict]:
     """``n`` TRL GRPOTrainer steps from ``policy`` at the bench's settings on ``task`` (default the
     arith config's 4-6-operation arithmetic), on ``device`` in ``precision`` (``PeerSettings``)."""
-    from creditrl.bench.trl_peer import PeerSettings, trl_grpo_run
+    from trl_peer import PeerSettings, trl_grpo_run
 
     model, tok = load_policy(policy)
     settings = PeerSettings(
@@ -339,10 +344,7 @@ def bench_scaling(policy: str, opts: BenchOptions, log: Callable[[str], None]) -
 
 def run_bench(opts: BenchOptions) -> dict[str, Any]:
     opts.out.mkdir(parents=True, exist_ok=True)
-    start = time.time()
-
-    def log(msg: str) -> None:
-        print(f"[creditrl bench] {time.time() - start:6.0f} s  {msg}", flush=True)
+    log = log_fn("benchmarks/bench.py", time.time())
 
     policy = resolve_policy(opts)
     result: dict[str, Any] = {
@@ -356,21 +358,33 @@ def run_bench(opts: BenchOptions) -> dict[str, Any]:
     result["iteration"] = bench_iteration(policy, opts, result["peak_gflops"]["max"], log)
     if opts.curve:
         result["curve"] = bench_curve(policy, opts, log)
-        plot_curve(result["curve"], opts.out / "reward_curve.png")
     if opts.scaling:
         result["scaling"] = bench_scaling(policy, opts, log)
     result["peak_rss_mb"] = peak_rss_mb()
+    result["command"], result["date"] = command_line(), utc_stamp()
     log(f"peak RSS of the bench process: {result['peak_rss_mb']:.0f} MB")
-    (opts.out / "bench.json").write_text(json.dumps(result, indent=2))
+    write_json(opts.out / "bench.json", result)
+    publish(result, opts.out, opts.results)
+    return result
+
+
+def publish(result: dict[str, Any], out: Path, results: Path | None) -> str:
+    """The report (printed) and, with ``results``, the page (dated when it was measured) with the run's
+    JSON beside it (``results`` with the suffix .json), from which ``--render`` writes the page again."""
     report = markdown_report(result)
     print(report)
-    if opts.results is not None:
+    if "curve" in result:
+        out.mkdir(parents=True, exist_ok=True)
+        plot_curve(result["curve"], out / "reward_curve.png")
+    if results is not None:
+        write_json(results.with_suffix(".json"), result, indent=1)
         figures = {}
-        if opts.curve:
-            figures[f"{opts.results.stem}_reward_curve.png"] = opts.out / "reward_curve.png"
-            report += f"\n\n![reward curves]({opts.results.stem}_reward_curve.png)\n"
-        write_results(opts.results, "Speed: creditrl against TRL and HF generate", report, figures=figures)
-    return result
+        if "curve" in result:
+            figures[f"{results.stem}_reward_curve.png"] = out / "reward_curve.png"
+            report += f"\n\n![reward curves]({results.stem}_reward_curve.png)\n"
+        title = "Speed: creditrl against TRL and HF generate"
+        write_results(results, title, report, command=result.get("command"), figures=figures, stamp=result.get("date"))
+    return report
 
 
 def options_from_args(args: Any) -> BenchOptions:
@@ -403,3 +417,31 @@ def options_from_args(args: Any) -> BenchOptions:
             results=results,
         )
     return opts
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument(
+        "--policy", default="sft", help="sft (the arith config's SFT policy), tiny (random init) or a model dir"
+    )
+    p.add_argument("--curve", type=int, default=0, metavar="N", help="also N-iteration reward curves, TRL vs creditrl")
+    p.add_argument("--scaling", action="store_true", help="also iteration time vs group size and max new tokens")
+    p.add_argument("--no-trl", action="store_true", help="skip the TRL peer (trl not installed)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes: every section in seconds (numbers meaningless)")
+    p.add_argument("--out", default="runs/bench", help="where bench.json and the plot go")
+    p.add_argument("--results", metavar="PAGE", help="also write the tables as a results page, its JSON beside it")
+    p.add_argument("--render", metavar="JSON", help="only write the page again from a saved run's JSON (no measuring)")
+    args = p.parse_args(argv)
+    if args.render:
+        result = json.loads(Path(args.render).read_text())
+        publish(result, Path(args.out), Path(args.results) if args.results else None)
+        return 0
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    run_bench(options_from_args(args))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

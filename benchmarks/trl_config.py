@@ -1,5 +1,5 @@
 """The settings of one GRPO iteration shared by creditrl and its TRL peer, and the ``GRPOConfig`` that
-makes TRL's ``GRPOTrainer`` run exactly them (:mod:`creditrl.bench.trl_peer` documents every matched
+makes TRL's ``GRPOTrainer`` run exactly them (`trl_peer.py` documents every matched
 item and every remaining difference)."""
 
 from __future__ import annotations

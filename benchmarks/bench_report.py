@@ -1,4 +1,4 @@
-"""``creditrl bench``'s output: the tables of a ``bench.json`` and the reward-curve plot."""
+"""``benchmarks/bench.py``'s output: the tables of a ``bench.json`` and the reward-curve plot."""
 
 from __future__ import annotations
 
@@ -32,12 +32,23 @@ def plot_curve(curve: dict[str, list[float]], path: Path) -> None:
     plt.close(fig)
 
 
+METHOD = (
+    "creditrl and its peers run back to back in one process on the same model, batch and settings; decode calls "
+    "and GRPO iteration rounds alternate between them, the first iteration of each round dropped as warm-up. Cells "
+    "are min / median / max over the repeats; ratios are of medians."
+)
+
+
 def markdown_report(res: dict[str, Any]) -> str:
-    """The tables README shows, from a bench.json."""
+    """The page's tables, from a bench.json."""
     o = res["options"]
     lines = [
-        f"Batch {o['prompts']} prompts x {o['group']} samples, up to {o['max_new_tokens']} new tokens, "
-        f"{res['threads']} threads; min / median / max over repeats.",
+        METHOD,
+        "",
+        "| batch (prompts x samples) | max new tokens | threads | decode repeats | iteration rounds x iterations |",
+        "|---|---|---|---|---|",
+        f"| {o['prompts']} x {o['group']} | {o['max_new_tokens']} | {res['threads']} | {o['repeats']} | "
+        f"{o['rounds']} x {o['iterations']} |",
         "",
         "| decode (tokens/s) | workload | HF generate | creditrl HFEngine | creditrl StaticEngine, tensor ops "
         "(`policy.kernels=torch`) | creditrl StaticEngine, every row decoded (`share_rows=False`) | "

@@ -1,11 +1,17 @@
-"""The machine's limits that the benches measure their numbers against: the fp32 matmul peak (by
-the faster of torch's and oneDNN's products) and a STREAM-style copy bandwidth."""
+"""What the speed benchmarks share: the spread of repeated timings, peer / creditrl ratios, a timed
+log, the JSON a benchmark keeps, and the machine's limits they measure against (the fp32 matmul peak,
+by the faster of torch's and oneDNN's products, and a STREAM-style copy bandwidth).
+
+The benchmarks are scripts (``python benchmarks/<name>.py``), not part of the package; their
+modules import each other by name, as the script's own folder is on ``sys.path``."""
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -13,6 +19,26 @@ import torch
 
 def spread(xs: list[float]) -> dict[str, float]:
     return {"min": min(xs), "median": statistics.median(xs), "max": max(xs), "n": len(xs)}
+
+
+def median_ratio(peer: list[float], ours: list[float]) -> float:
+    """Peer / creditrl median seconds: creditrl's speed-up."""
+    return statistics.median(peer) / statistics.median(ours)
+
+
+def log_fn(name: str, start: float) -> Callable[[str], None]:
+    """A ``log(msg)`` printing ``[name] <seconds since start> s  msg``."""
+
+    def log(msg: str) -> None:
+        print(f"[{name}] {time.time() - start:6.0f} s  {msg}", flush=True)
+
+    return log
+
+
+def write_json(path: Path, result: dict[str, Any], indent: int = 2) -> None:
+    """A benchmark's result as JSON (paths and other objects as strings)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=indent, default=str))
 
 
 def matmul_peak(n: int, repeats: int = 5) -> dict[str, Any]:

@@ -1,5 +1,10 @@
-"""``creditrl bench --performance``: long outputs, larger models and whole study runs, against the
-peers and against the machine's own limits.
+"""Long outputs, larger models and whole study runs, against the peers and against the machine's own
+limits.
+
+    python benchmarks/performance.py --out runs/performance --results docs/results/performance.md \
+        [--baseline DIR --baseline-name NAME] [--min-speedup 3 --min-peak-share 0.5 ...]
+    python benchmarks/performance.py --render docs/results/performance.json --results docs/results/performance.md
+    python benchmarks/performance.py --update docs/results/performance.json --sections study,rss
 
 Sections (every ratio measured in the same run, the peers interleaved with creditrl: a round of
 creditrl, then one of the peer, repeated; medians of the repeats; ratios are peer / creditrl
@@ -14,33 +19,35 @@ b. ``sizes``    -- random-init Llamas of about 0.9M, 10M and 50M parameters at o
    tokenizer carries an extra special token appended as eos, outside the model's vocabulary, so no
    row can end early and both peers decode exactly ``max_new_tokens`` on every row.
 c. ``study``    -- whole ``creditrl train`` runs (subprocesses, end to end) on arith.yaml and
-   chain.yaml: samples/s and the share of every stage; and arith.yaml on the baseline commit
-   (a ``git worktree`` of it, same venv) against the current code, interleaved, same seed:
-   samples/s, the speed-up and whether their metrics rows agree.
+   chain.yaml: samples/s and the share of every stage; and, with ``--baseline DIR`` (a checkout of
+   older code the user made, e.g. ``git worktree add DIR COMMIT``), arith.yaml on it against the current
+   code, interleaved, same seed and interpreter: samples/s, the speed-up and whether their metrics rows agree.
 d. ``limits``   -- a STREAM-style copy (bandwidth) and the fp32 matmul peak, in this process; the
    decode's bytes-per-token arithmetic (:func:`decode_bytes`) against the copy bandwidth and the
    update's model FLOP/s against the peak, at every point of (a) and (b).
 e. ``rss``      -- peak RSS of a subprocess running one creditrl iteration of 128 samples x 1,024
-   tokens at the ~10M size, against a 4 GB target.
+   tokens at the ~10M size.
 f. ``forward``, ``kl_skip`` -- the packed forward against the HF pass; what leaving zero-advantage
    rows out under a KL term would change.
 g. ``profile``  -- where an iteration's time goes (study arith.yaml, the first length, the middle
-   size), by stage and by kind of work (:mod:`~creditrl.bench.perf_profile`).
+   size), by stage and by kind of work (`perf_profile.py`).
 
 Results go to ``OUT/performance.json`` and the plots ``OUT/performance_length.png`` and
 ``OUT/performance_size.png``; the markdown report is printed (and written with ``--results PAGE``, with
-the run's JSON beside it as PAGE's name with .json: ``--render`` and ``--update`` take that file).
+the run's JSON beside it as PAGE's name with .json: ``--render`` and ``--update`` take that file). The
+targets (``--min-speedup`` ...) are arguments, kept in the JSON; the page shows each point against them.
 
-The code follows the sections: :mod:`~creditrl.bench.perf_options` (the sizes),
-:mod:`~creditrl.bench.perf_points` (a, b, d; the limits in :mod:`~creditrl.bench.limits`),
-:mod:`~creditrl.bench.perf_study` (c, f),
-:mod:`~creditrl.bench.perf_rss` (e), :mod:`~creditrl.bench.perf_profile` (g),
-:mod:`~creditrl.bench.performance_report` (the page), :mod:`~creditrl.bench.perf_flags` (the flagged points
-and what explains them), :mod:`~creditrl.bench.perf_plots` (the plots); this module runs them in order.
+The code follows the sections: `perf_options.py` (the sizes),
+`perf_points.py` (a, b, d; the limits in :mod:`common.py`),
+`perf_study.py` (c, f),
+`perf_rss.py` (e), `perf_profile.py` (g),
+`performance_report.py` (the page), `perf_targets.py` (the targets and
+bounds), `perf_plots.py` (the plots), `common.py` (the limits); this script runs them in order.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import tempfile
 import time
@@ -50,41 +57,16 @@ from typing import Any
 
 import torch
 
-from creditrl.bench.limits import copy_bandwidth, matmul_peak
-from creditrl.bench.perf_flags import flags
-from creditrl.bench.perf_options import ModelSize, PerformanceOptions, quick_options
-from creditrl.bench.perf_plots import plot_lengths, plot_sizes
-from creditrl.bench.perf_points import (
-    _log_fn,
-    bench_lengths,
-    bench_sizes,
-    decode_bytes,
-    save_never_eos_model,
-)
-from creditrl.bench.perf_profile import profile_workloads
-from creditrl.bench.perf_rss import bench_rss
-from creditrl.bench.perf_study import (
-    bench_forward,
-    bench_kl_skip,
-    bench_study,
-    compare_rows,
-    summarise_run,
-)
-from creditrl.bench.performance_report import performance_report
+from common import copy_bandwidth, log_fn, matmul_peak, write_json
 from creditrl.experiments.report import command_line, peak_rss_mb, utc_stamp, write_results
-
-__all__ = [
-    "ModelSize",
-    "PerformanceOptions",
-    "quick_options",
-    "options_from_args",
-    "run_performance",
-    "save_never_eos_model",
-    "decode_bytes",
-    "copy_bandwidth",
-    "compare_rows",
-    "summarise_run",
-]
+from perf_options import PerformanceOptions, Targets, quick_options
+from perf_plots import plot_lengths, plot_sizes
+from perf_points import bench_lengths, bench_sizes
+from perf_profile import profile_workloads
+from perf_rss import bench_rss
+from perf_study import bench_forward, bench_kl_skip, bench_study
+from perf_targets import TARGET_KEYS
+from performance_report import performance_report
 
 # -- the command ---------------------------------------------------------------------------------------------
 
@@ -93,10 +75,11 @@ def run_performance(opts: PerformanceOptions) -> dict[str, Any]:
     if opts.iterations < 2 or opts.rounds < 1 or opts.repeats < 1:
         raise ValueError("need iterations >= 2 (the first of a round is warm-up), rounds >= 1 and repeats >= 1")
     opts.out.mkdir(parents=True, exist_ok=True)
-    log = _log_fn(time.time())
+    log = log_fn("benchmarks/performance.py", time.time())
     threads = torch.get_num_threads()
     options = json.loads(json.dumps(asdict(opts), default=str))  # paths as strings
     result: dict[str, Any] = {"options": options, "threads": threads, "torch": torch.__version__}
+    result["targets"] = asdict(opts.targets)
     result["command"] = command_line()
     result["date"] = utc_stamp()
     copy, peak = copy_bandwidth(opts.copy_mb, opts.copy_repeats), matmul_peak(opts.matmul_n)
@@ -109,9 +92,9 @@ def run_performance(opts: PerformanceOptions) -> dict[str, Any]:
         result["lengths"] = bench_lengths(opts, result["limits"], Path(tmp), log)
         result["sizes"] = bench_sizes(opts, result["limits"], Path(tmp), log)
     partial = opts.out / "performance.partial.json"  # each finished section, so a failure keeps them
-    partial.write_text(json.dumps(result, indent=2, default=str))
+    write_json(partial, result)
     result["study"] = bench_study(opts, threads, log)
-    partial.write_text(json.dumps(result, indent=2, default=str))
+    write_json(partial, result)
     if opts.rss:
         result["rss"] = bench_rss(opts, threads, log)
     result["forward"] = bench_forward(opts, threads, log)
@@ -120,9 +103,8 @@ def run_performance(opts: PerformanceOptions) -> dict[str, Any]:
     if opts.profile:
         result["profile"] = profile_workloads(opts, threads, log)
     result["peak_rss_mb"] = peak_rss_mb()
-    result["flags"] = flags(result)
-    log(f"peak RSS of the bench process: {result['peak_rss_mb']:.0f} MB; {len(result['flags'])} points flagged")
-    (opts.out / "performance.json").write_text(json.dumps(result, indent=2, default=str))
+    log(f"peak RSS of the bench process: {result['peak_rss_mb']:.0f} MB")
+    write_json(opts.out / "performance.json", result)
     publish(result, opts.out, opts.results)
     return result
 
@@ -132,12 +114,11 @@ def publish(result: dict[str, Any], out: Path, results: Path | None) -> str:
     when it was measured) and the run's JSON beside it (``results`` with the suffix .json)."""
     plot_lengths(result, out / "performance_length.png")
     plot_sizes(result, out / "performance_size.png")
-    report = performance_report(result)
+    report = performance_report(result, result.get("targets", {}))
     print(report)
     if results is not None:
         # the run itself next to its page, so that a later --render or --update starts from the repository
-        results.parent.mkdir(parents=True, exist_ok=True)
-        results.with_suffix(".json").write_text(json.dumps(result, indent=1, default=str))
+        write_json(results.with_suffix(".json"), result, indent=1)
         stem = results.stem
         figures = {
             f"{stem}_length.png": out / "performance_length.png",
@@ -150,23 +131,22 @@ def publish(result: dict[str, Any], out: Path, results: Path | None) -> str:
     return report
 
 
-def _load_saved(path: Path) -> dict[str, Any]:
+def load_saved(path: Path, targets: dict[str, float | None] | None = None) -> dict[str, Any]:
+    """A saved run, its targets those it was measured with, replaced by each of ``targets`` not None."""
     result = json.loads(Path(path).read_text())
-    o = result["options"]
-    result.setdefault(
-        "command",
-        f"creditrl bench --performance --threads {result['threads']} --out {o['out']} --results {o['results']}",
-    )
+    result.pop("flags", None)  # the verdict lines of runs saved before the targets became a table
     result.setdefault("date", utc_stamp(Path(path).stat().st_mtime))  # a run saved before runs were dated
+    kept = result.get("targets", {})
+    result["targets"] = {
+        k: (targets or {}).get(k) if (targets or {}).get(k) is not None else kept.get(k) for k in TARGET_KEYS
+    }
     return result
 
 
-def render_saved(path: Path, results: Path | None) -> str:
+def render_saved(path: Path, results: Path | None, targets: dict[str, float | None] | None = None) -> str:
     """Re-render a finished run's page from its ``performance.json`` (the command that measured it
-    and its date stay the page's); the flags are recomputed by today's report code."""
-    result = _load_saved(path)
-    result["flags"] = flags(result)
-    return publish(result, Path(path).parent, results)
+    and its date stay the page's), against its targets or ``targets``."""
+    return publish(load_saved(path, targets), Path(path).parent, results)
 
 
 # the sections that stand alone, so they can be measured again into a saved run
@@ -186,27 +166,75 @@ def remeasure(path: Path, sections: list[str], opts: PerformanceOptions) -> dict
     unknown = sorted(set(sections) - set(REMEASURABLE))
     if unknown:
         raise ValueError(f"--sections: unknown {', '.join(unknown)}; valid: {', '.join(REMEASURABLE)}")
-    result = _load_saved(path)
+    result = load_saved(path, asdict(opts.targets))
     if result["threads"] != torch.get_num_threads():
         raise ValueError(
             f"--update {path}: that run used {result['threads']} threads and this one {torch.get_num_threads()}; "
             "pass --threads to match"
         )
-    log = _log_fn(time.time())
+    log = log_fn("benchmarks/performance.py", time.time())
     for name in sections:
         result[name] = REMEASURABLE[name](opts, result["threads"], log)
         result.setdefault("remeasured", {})[name] = {"command": command_line(), "date": utc_stamp()}
-    result["flags"] = flags(result)
-    Path(path).write_text(json.dumps(result, indent=2, default=str))
+    write_json(Path(path), result)
     publish(result, Path(path).parent, opts.results)
     return result
 
 
-def options_from_args(args: Any) -> PerformanceOptions:
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--policy", default="sft", help="sft (the chain config's SFT policy), tiny (random init) or a dir")
+    p.add_argument("--no-trl", action="store_true", help="skip the TRL peer (trl not installed)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes: every section in seconds (numbers meaningless)")
+    p.add_argument("--out", default="runs/bench", help="where performance.json and the plots go")
+    p.add_argument("--results", metavar="PAGE", help="also write the page (e.g. docs/results/performance.md)")
+    p.add_argument("--render", metavar="JSON", help="only re-render a saved run's page from its JSON (no measuring)")
+    p.add_argument("--update", metavar="JSON", help="with --sections: the saved run the sections go into")
+    p.add_argument(
+        "--sections",
+        metavar="LIST",
+        help="with --update: measure only these again (comma-separated: study, rss, forward, kl_skip, profile)",
+    )
+    p.add_argument("--baseline", metavar="DIR", type=Path, help="a checkout of older code to run arith.yaml against")
+    p.add_argument("--baseline-name", default="", help="the baseline's name on the page (default: DIR's name)")
+    t = p.add_argument_group("targets (each optional; the page shows every point against those given)")
+    t.add_argument("--min-speedup", type=float, help="iteration vs TRL and decode vs HF generate (x)")
+    t.add_argument("--min-bandwidth-share", type=float, help="decode at the longest length vs copy bandwidth (0-1)")
+    t.add_argument("--min-peak-share", type=float, help="update model FLOP/s vs the matmul peak (0-1)")
+    t.add_argument("--min-baseline-speedup", type=float, help="arith.yaml's samples/s vs the baseline's (x)")
+    t.add_argument("--max-rss-mb", type=float, help="section e's peak RSS (MB)")
+    return p
+
+
+def options_from_args(args: argparse.Namespace) -> PerformanceOptions:
     opts = PerformanceOptions(
         policy=args.policy,
         trl=not args.no_trl,
         out=Path(args.out),
         results=Path(args.results) if args.results else None,
+        baseline=args.baseline,
+        baseline_name=args.baseline_name,
+        targets=Targets(**{k: getattr(args, k) for k in TARGET_KEYS}),
     )
     return quick_options(opts) if args.quick else opts
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    opts = options_from_args(args)
+    if args.render:
+        render_saved(Path(args.render), opts.results, asdict(opts.targets))
+    elif args.sections or args.update:
+        if not (args.sections and args.update):
+            raise SystemExit("benchmarks/performance.py: --sections and --update go together")
+        remeasure(Path(args.update), args.sections.split(","), opts)
+    else:
+        run_performance(opts)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

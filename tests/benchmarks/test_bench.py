@@ -1,17 +1,17 @@
-"""`creditrl bench` end to end at quick sizes: the report's numbers are consistent with each other."""
+"""`benchmarks/bench.py` end to end at quick sizes: the report's numbers are consistent with each other."""
 
 import json
 
 import pytest
 
-from creditrl.bench.limits import matmul_peak, spread
-from creditrl.bench.report import markdown_report
-from creditrl.bench.run import BenchOptions, run_bench
-from creditrl.cli import main
+from bench import BenchOptions, main, run_bench
+from bench_report import markdown_report
+from common import matmul_peak, median_ratio, spread
 
 
 def test_spread_and_peak():
     assert spread([3.0, 1.0, 2.0]) == {"min": 1.0, "median": 2.0, "max": 3.0, "n": 3}
+    assert median_ratio([4.0, 6.0, 100.0], [1.0, 2.0, 3.0]) == 3.0  # peer / creditrl medians
     peak = matmul_peak(64, repeats=3)
     assert 0 < peak["min"] <= peak["median"] <= peak["max"] and peak["n"] == 3
     # the faster library's spread: its best is the best of every library measured
@@ -93,15 +93,22 @@ def test_bench_sections_agree(quick_result):
     assert "every row trained (`optim.skip_zero_advantage=false`)" in report
 
 
-def test_bench_cli_quick_without_trl(tmp_path, capsys):
-    assert main(["bench", "--quick", "--no-trl", "--policy", "tiny", "--out", str(tmp_path)]) == 0
+def test_bench_script_quick_without_trl_and_its_page_re_rendered(tmp_path, capsys):
+    page = tmp_path / "page.md"
+    assert main(["--quick", "--no-trl", "--policy", "tiny", "--out", str(tmp_path), "--results", str(page)]) == 0
     res = json.loads((tmp_path / "bench.json").read_text())
     assert "trl" not in res["iteration"] and res["options"]["max_new_tokens"] == 8
     assert "| creditrl full iteration |" in capsys.readouterr().out
+    assert json.loads(page.with_suffix(".json").read_text()) == res  # the run beside its page
+    first = page.read_text()
+    assert f"| 2 x 2 | 8 | {res['threads']} | 2 | 1 x 2 |" in first
+    again = tmp_path / "again.md"
+    assert main(["--render", str(page.with_suffix(".json")), "--out", str(tmp_path), "--results", str(again)]) == 0
+    assert again.read_text() == first  # the same command and date: the page follows from its JSON alone
 
 
 def test_curve_summary_numbers(monkeypatch):
-    import creditrl.bench.run as run
+    import bench as run
 
     ours, theirs = [0.1, 0.2, 0.3, 0.4], [0.2, 0.2, 0.4, 0.6]
     monkeypatch.setattr(run, "creditrl_iterations", lambda policy, opts, n: [{"reward/mean": r} for r in ours[:n]])

@@ -7,8 +7,12 @@ import tempfile
 import pytest
 import torch
 
-from creditrl.bench.hf_peer import hf_generate_throughput
-from creditrl.bench.trl_peer import (
+from creditrl.policy.model import build_tiny
+from creditrl.policy.tokenizer import encode_prompt
+from creditrl.tasks.arithmetic import ArithmeticTask
+from creditrl.train.rl import iteration_seed
+from hf_peer import hf_generate_throughput
+from trl_peer import (
     PeerSettings,
     _build_trainer,
     make_outcome_reward,
@@ -16,10 +20,6 @@ from creditrl.bench.trl_peer import (
     trl_grpo_run,
     trl_prompt_text,
 )
-from creditrl.policy.model import build_tiny
-from creditrl.policy.tokenizer import encode_prompt
-from creditrl.tasks.arithmetic import ArithmeticTask
-from creditrl.train.rl import iteration_seed
 
 TINY_RUN = PeerSettings(prompts_per_iter=2, group_size=2, max_new_tokens=8)
 # Answers are 0 or 1: a policy that writes "#0" or "#1" at random is right half the time, so groups
@@ -154,7 +154,7 @@ def test_hf_generate_throughput_stops_counting_at_eos(coin_policy):
 
 
 def test_peer_device_and_precision_set_trls_flags_and_bad_values_are_refused():
-    from creditrl.bench.trl_config import grpo_config
+    from trl_config import grpo_config
 
     with tempfile.TemporaryDirectory() as out:
         cpu = grpo_config(out, 1, PeerSettings())

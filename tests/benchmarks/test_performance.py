@@ -1,5 +1,6 @@
-"""`creditrl bench --performance` at quick sizes: every section is there, the never-sampled eos makes
-every row decode max_new_tokens, and the derived numbers follow from the raw ones."""
+"""`benchmarks/performance.py` at quick sizes: every section is there, the never-sampled eos makes
+every row decode max_new_tokens, the derived numbers (targets, bounds) follow from the raw ones, and
+the page's only prose is its constant method paragraphs."""
 
 import json
 import statistics
@@ -12,68 +13,83 @@ from pathlib import Path
 import pytest
 import torch
 
-from creditrl.bench.hf_peer import hf_generate_throughput
-from creditrl.bench.perf_flags import flags
-from creditrl.bench.perf_options import BASELINE, CREDITRL_SRC
-from creditrl.bench.perf_points import model_geometry
-from creditrl.bench.perf_profile import KINDS
-from creditrl.bench.perf_study import baseline_worktree
-from creditrl.bench.performance import (
-    ModelSize,
-    PerformanceOptions,
-    compare_rows,
-    decode_bytes,
-    options_from_args,
-    quick_options,
-    run_performance,
-    save_never_eos_model,
-    summarise_run,
-)
-from creditrl.bench.run import update_model_flops
-from creditrl.cli import build_parser
+from bench import update_model_flops
 from creditrl.policy.engines import SamplingParams, StaticEngine
 from creditrl.policy.model import load_policy
 from creditrl.policy.tokenizer import encode_prompt
 from creditrl.tasks import make_task
+from hf_peer import hf_generate_throughput
+from perf_options import ModelSize, PerformanceOptions, Targets, quick_options
+from perf_points import decode_bytes, model_geometry, save_never_eos_model
+from perf_profile import KINDS, profile_lines
+from perf_study import baseline_label, baseline_source, compare_rows, summarise_run
+from perf_targets import (
+    attention_flops,
+    decode_bounds,
+    decode_ceiling,
+    iteration_bounds,
+    prompt_length,
+    study_budget,
+    target_rows,
+    update_budget_rows,
+)
+from performance import load_saved, options_from_args, parser, render_saved, run_performance
+from performance_report import METHOD, performance_report
 
 SMALL = ModelSize("small", hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
+TARGETS = Targets(
+    min_speedup=3.0, min_bandwidth_share=0.5, min_peak_share=0.5, min_baseline_speedup=2.0, max_rss_mb=4096
+)
 
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
     out = tmp_path_factory.mktemp("performance")
-    # the d760505 comparison (a worktree and two more `creditrl train` subprocesses, the first of them
-    # compiling the old tree's numba kernels) is left out to keep this well under a minute
-    opts = replace(quick_options(PerformanceOptions()), out=out, results=out / "page.md", baseline=None)
+    # no baseline comparison (a checkout and two more `creditrl train` subprocesses, the first of them
+    # compiling the old tree's numba kernels), to keep this well under a minute
+    opts = replace(quick_options(PerformanceOptions()), out=out, results=out / "page.md", targets=TARGETS)
     return run_performance(opts), opts
 
 
 def test_quick_options_are_quick_and_cover_every_section():
     q = quick_options(PerformanceOptions())
     assert q.policy == "tiny" and q.lengths == (8, 16) and q.repeats == 1 and q.iterations == 2 and q.rounds == 1
-    assert set(q.study_iterations.values()) == {3} and q.baseline == BASELINE and q.rss and q.trl
+    assert set(q.study_iterations.values()) == {3} and q.baseline is None and q.rss and q.trl
     assert all(o.startswith(("train.", "rollout.", "task.")) for os_ in q.study_overrides.values() for o in os_)
-    args = build_parser().parse_args(
-        ["bench", "--performance", "--quick", "--no-trl", "--out", "x", "--results", "p.md"]
-    )
-    opts = options_from_args(args)
-    assert args.performance and opts.lengths == (8, 16) and not opts.trl
+    opts = options_from_args(parser().parse_args(["--quick", "--no-trl", "--out", "x", "--results", "p.md"]))
+    assert opts.lengths == (8, 16) and not opts.trl
     assert opts.out == Path("x") and opts.results == Path("p.md")
-    full = options_from_args(build_parser().parse_args(["bench", "--performance"]))
+    full = options_from_args(parser().parse_args([]))
     assert full.lengths == (64, 256, 512, 1000) and full.prompts * full.group == 16 and full.policy == "sft"
     assert [s.name for s in full.sizes] == ["tiny", "10M", "50M"] and full.size_length == 256
+    assert full.targets == Targets() and full.baseline is None  # no target and no baseline unless given
+
+
+def test_targets_and_the_baseline_are_arguments():
+    args = ["--min-speedup", "2.5", "--min-peak-share", "0.4", "--max-rss-mb", "1000", "--baseline", "old/tree"]
+    opts = options_from_args(parser().parse_args(args))
+    assert opts.targets == Targets(min_speedup=2.5, min_peak_share=0.4, max_rss_mb=1000.0)
+    assert opts.baseline == Path("old/tree") and baseline_label(opts) == "tree"
+    assert baseline_label(replace(opts, baseline_name="d760505")) == "d760505"
 
 
 def test_report_has_every_section_and_the_page_its_header(quick):
     res, opts = quick
     saved = json.loads((opts.out / "performance.json").read_text())
-    assert {"limits", "lengths", "sizes", "study", "rss", "forward", "kl_skip", "profile", "flags"} <= set(saved)
+    assert {"limits", "lengths", "sizes", "study", "rss", "forward", "kl_skip", "profile"} <= set(saved)
+    assert saved["targets"] == {
+        "min_speedup": 3.0,
+        "min_bandwidth_share": 0.5,
+        "min_peak_share": 0.5,
+        "min_baseline_speedup": 2.0,
+        "max_rss_mb": 4096,
+    }
     page = opts.results.read_text()
     assert json.loads(opts.results.with_suffix(".json").read_text()) == saved  # the run beside its page
     assert page.startswith("# Performance") and "Written by `" in page and "machine:" in page
     for heading in ("## a. By generated length", "## b. By model size", "## c. Study settings"):
         assert heading in page
-    for heading in ("## d. Bandwidth and peak", "## e. Peak RSS", "## f. The packed forward", "## Flagged points"):
+    for heading in ("## d. Bandwidth and peak", "## e. Peak RSS", "## f. The packed forward", "## Bounds of"):
         assert heading in page
     assert "## g. Where the time goes" in page and "| study arith |" in page
     # section g: the study's iteration and every point's, each stage split by kind
@@ -93,9 +109,14 @@ def test_report_has_every_section_and_the_page_its_header(quick):
     assert run["iterations"] == 3 and run["samples"] == 3 * 2 * 2 and run["evaluations"] == 2
     assert run["wall_s"] > run["iterations_s"] > 0 and run["samples_per_s"] == pytest.approx(12 / run["wall_s"])
     assert set(run["stages_s"]) >= {"rollout", "update"} and run["eval_source"] in ("row gaps", "time/eval_s")
-    assert 0 < res["rss"]["peak_rss_mb"] < res["rss"]["target_mb"] and res["rss"]["response_length"] == 32
-    # every flag is printed, one per line
-    assert all(f"- {f}" in page for f in res["flags"])
+    assert 0 < res["rss"]["peak_rss_mb"] < 4096 and res["rss"]["response_length"] == 32
+    # one targets row per target and point: 4 iteration ratios, 4 decode ratios, the longest length's
+    # bandwidth, 4 peak shares and the peak RSS (no baseline, so no baseline target)
+    rows = target_rows(res, saved["targets"])
+    assert len(rows) == 4 + 4 + 1 + 4 + 1
+    for r in rows:
+        met = "yes" if r["met"] else "**no**"
+        assert f"| {r['target']} | {r['threshold']:,.4g} | {r['point']} | {r['value']:,.4g} | {met} |" in page
 
 
 def test_never_eos_rows_decode_exactly_max_new_tokens(quick):
@@ -170,7 +191,6 @@ def test_ratios_are_peer_over_creditrl_medians(quick):
             6 * n * (r["tokens/prompt"] + r["tokens/generated"]) / r["time/update_s"] / 1e9 for r in rows
         )
         assert it["update_gflops"]["median"] == pytest.approx(got)
-    assert res["flags"] == flags(res)
 
 
 def test_update_model_flops_count_real_tokens_of_the_trained_rows():
@@ -179,18 +199,26 @@ def test_update_model_flops_count_real_tokens_of_the_trained_rows():
     assert update_model_flops(1_000, {**row, "update/skipped_rows": 0.25}) == 6 * 1_000 * 100 * 0.75
 
 
-def test_flags_name_each_point_below_a_threshold(quick):
-    res, _ = quick
-    fast = json.loads(json.dumps(res))
-    for p in fast["lengths"] + fast["sizes"]:
+def test_a_target_row_per_point_met_at_or_above_its_threshold(quick):
+    res = json.loads(json.dumps(quick[0]))
+    for p in res["lengths"] + res["sizes"]:
         p["iteration"].update(ratio_trl_vs_creditrl=5.0, update_peak_share=0.9)
         p["decode"].update(ratio_hf_vs_creditrl=5.0, bandwidth_share=0.9)
-    assert flags(fast) == []
-    p = fast["sizes"][1]
+    assert all(r["met"] for r in target_rows(res, vars(TARGETS)))
+    p = res["sizes"][1]
     p["iteration"]["ratio_trl_vs_creditrl"] = 2.5
-    p["decode"]["bandwidth_share"] = 0.25
-    assert [f.split(":")[0] for f in flags(fast)] == ["b. size 0.3M"] * 2
-    assert "2.50x TRL" in flags(fast)[0] and "25% of the" in flags(fast)[1]
+    res["lengths"][1]["decode"]["bandwidth_share"] = 0.25
+    res["sizes"][0]["iteration"]["ratio_trl_vs_creditrl"] = 3.0  # exactly the target: met
+    missed = [(r["point"], r["value"]) for r in target_rows(res, vars(TARGETS)) if not r["met"]]
+    assert missed == [("size 0.3M", 2.5), ("length 16", 0.25)]
+    res["rss"]["peak_rss_mb"] = 5000.0  # an upper bound: over it is missed
+    assert [r["point"] for r in target_rows(res, vars(TARGETS)) if not r["met"]][-1] == "0.1M"
+    only = target_rows(res, {"min_peak_share": 0.95})  # a target not given has no rows
+    assert len(only) == 4 and not any(r["met"] for r in only)
+    assert target_rows(res, {}) == []
+    res["study"]["baseline"] = {"commit": "abc", "speedup": 1.04}
+    (base,) = [r for r in target_rows(res, {"min_baseline_speedup": 2.0})]
+    assert (base["point"], base["value"], base["met"]) == ("study", 1.04, False) and "abc" in base["target"]
 
 
 def test_summarise_run_splits_the_time_outside_iterations():
@@ -230,21 +258,18 @@ def test_summarise_run_splits_the_time_outside_iterations():
     assert compare_rows(rows, other)["samples"] is None  # no token counts in these rows: unknown, not "same"
 
 
-def test_baseline_worktree_is_the_old_commit_and_is_removed():
-    with baseline_worktree(BASELINE) as tree:
-        assert (tree / "src/creditrl/cli.py").exists()  # d760505's command line was one module
-        assert (tree / "src/creditrl/configs/arith.yaml").exists()
-        head = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True).stdout
-        assert head.startswith(BASELINE)
-    assert not tree.exists()
-    listed = subprocess.run(["git", "-C", str(CREDITRL_SRC), "worktree", "list"], capture_output=True, text=True)
-    assert str(tree) not in listed.stdout
+def test_the_baseline_is_a_checkout_the_user_made(tmp_path):
+    (tmp_path / "old/src/creditrl/configs").mkdir(parents=True)
+    (tmp_path / "old/src/creditrl/configs/arith.yaml").write_text("{}")
+    assert baseline_source(tmp_path / "old") == (tmp_path / "old/src").resolve()
+    with pytest.raises(ValueError, match="not a creditrl checkout"):
+        baseline_source(tmp_path)
 
 
 def test_a_policy_that_can_stop_gets_the_length_margin(tmp_path):
     """The SFT path of section a, with a stand-in: a plain random-init model (its eos is in the vocabulary)."""
-    from creditrl.bench.perf_points import measure_point
     from creditrl.policy.model import build_tiny
+    from perf_points import measure_point
 
     model, tok = build_tiny(0, SMALL.preset())
     model.save_pretrained(tmp_path / "m")
@@ -258,30 +283,33 @@ def test_a_policy_that_can_stop_gets_the_length_margin(tmp_path):
     assert "trl_iter_s" not in p["iteration"] and p["iteration"]["creditrl_iter_s"]["n"] == 1
 
 
-def test_a_saved_run_re_renders_with_its_own_command_and_the_explanations(quick, tmp_path):
-    from creditrl.bench.perf_flags import _attention_share, prompt_length
-    from creditrl.bench.performance import render_saved
-
+def test_a_saved_run_re_renders_with_its_own_command_and_the_bounds(quick, tmp_path):
     res, opts = quick
     page = tmp_path / "again.md"
     render_saved(opts.out / "performance.json", page)
     text = page.read_text()
     assert f"Written by `{res['command']}`" in text  # the measuring command, not the re-render's
-    assert "### What explains them" in text and "## f. The packed forward" in text
+    assert "## Bounds of sections a and b" in text and "## f. The packed forward" in text
     assert (tmp_path / "again_length.png").exists() and (tmp_path / "again_size.png").exists()
     p = res["lengths"][0]
     rows = opts.prompts * opts.group
-    att, lin = _attention_share(p, rows)
+    att, lin = attention_flops(p, rows)
     t, n = p["iteration"]["creditrl_length"], prompt_length(p)
     # causal: response query i sees the n prompt keys and i + 1 response keys
     keys = sum(n + i + 1 for i in range(int(t))) if t == int(t) else t * n + t * (t + 1) / 2
     assert att == pytest.approx(3 * p["layers"] * 4 * rows * p["kv_heads"] * p["head_dim"] * keys)
     assert lin == pytest.approx(6 * p["non_embedding_parameters"] * rows * (t + n))
+    (bound,) = [r for r in iteration_bounds(res, vars(TARGETS)) if r["point"] == "length 8"]
+    assert bound["peak_share_with_attention"] == pytest.approx(p["iteration"]["update_peak_share"] * (att + lin) / lin)
+    assert f"| length 8 | {bound['rollout_s']:.3f} | {bound['update_s']:.3f} |" in text
+    # targets given at the re-render replace those the run kept, one by one
+    again = load_saved(opts.out / "performance.json", {"min_speedup": 9.0, "max_rss_mb": None})
+    assert again["targets"] == {**vars(TARGETS), "min_speedup": 9.0}
 
 
 def test_the_prompt_length_follows_from_the_kv_positions_a_decode_read():
-    from creditrl.bench.perf_flags import prompt_length
-    from creditrl.bench.perf_points import decode_bytes
+
+    from perf_points import decode_bytes
 
     geometry = {"non_embedding_parameters": 10, "layers": 2, "kv_heads": 2, "head_dim": 4}
     lengths = [5, 3, 7, 7]
@@ -293,29 +321,38 @@ def test_the_prompt_length_follows_from_the_kv_positions_a_decode_read():
     assert prompt_length(p) == pytest.approx((5 * 4 + 3 * 4 + 7 * 10 + 7 * 10) / 22)
 
 
-def test_the_iteration_explanation_says_what_rollout_would_close_each_point_or_that_none_would():
-    from creditrl.bench.perf_flags import _iteration_explanation
-
+def test_the_iteration_bounds_give_the_rollout_a_target_allows_and_the_ratio_at_a_zero_second_rollout():
     def point(length, trl, update, rollout):
         it = {
             "trl_iter_s": {"median": trl},
             "creditrl_update_s": {"median": update},
             "creditrl_rollout_s": {"median": rollout},
-            "ratio_trl_vs_creditrl": trl / (update + rollout),
+            "creditrl_iter_s": {"median": update + rollout},
+            "creditrl_length": 10.0,
+            "update_peak_share": 0.25,
         }
-        return {"length": length, "iteration": it}
+        decode = {"traffic": {"kv_positions_read": 4 * 45 + 4 * 10 * 5}}  # 4 rows of 10 tokens after 5 prompt tokens
+        raw = {"decode": {"creditrl": {"lengths": [[10] * 4]}}}
+        geometry = {"layers": 2, "kv_heads": 2, "head_dim": 4, "non_embedding_parameters": 100}
+        return {"length": length, "iteration": it, "decode": decode, "raw": raw, **geometry}
 
-    res = {"lengths": [point(64, 3.0, 0.5, 1.0), point(256, 3.0, 1.5, 0.5), point(512, 9.0, 1.0, 1.0)], "sizes": []}
-    (text,) = _iteration_explanation(res)
-    assert "close it at length 64 (a rollout of at most 0.500 s, now 1.000 s)." in text
-    assert "At length 256 (2.00x) not even a rollout of zero seconds would" in text
-    assert "length 512" not in text  # 4.5x: not flagged
-    res["lengths"] = res["lengths"][2:]
-    assert _iteration_explanation(res) == []
+    res = {
+        "options": {"prompts": 2, "group": 2},
+        "lengths": [point(64, 3.0, 0.5, 1.0), point(256, 3.0, 1.5, 0.5)],
+        "sizes": [],
+    }
+    fast, slow = iteration_bounds(res, {"min_speedup": 3.0})
+    assert fast["rollout_allowed_s"] == pytest.approx(0.5) and fast["zero_rollout_ratio"] == pytest.approx(6.0)
+    assert slow["rollout_allowed_s"] == pytest.approx(-0.5) and slow["zero_rollout_ratio"] == pytest.approx(2.0)
+    assert fast["update_share"] == pytest.approx(0.5 / 1.5)
+    assert iteration_bounds(res, {})[0]["rollout_allowed_s"] is None  # no target: nothing allowed to compute
+    # T = 10, P = 5: attention 3 x 2 layers x 4 x 4 rows x 8 wide x (50 + 55); 6 N x 4 rows x 15 positions
+    assert fast["attention_gflop"] * 1e9 == pytest.approx(3 * 2 * 4 * 4 * 8 * 105)
+    assert fast["linear_gflop"] * 1e9 == pytest.approx(6 * 100 * 4 * 15)
 
 
 def test_a_re_render_keeps_the_date_of_the_measurement(quick, tmp_path):
-    from creditrl.bench.performance import render_saved
+    from performance import render_saved
 
     res, opts = quick
     saved = json.loads((opts.out / "performance.json").read_text())
@@ -328,7 +365,7 @@ def test_a_re_render_keeps_the_date_of_the_measurement(quick, tmp_path):
 
 
 def test_a_section_measured_again_goes_into_the_saved_run_and_is_named(quick, tmp_path):
-    from creditrl.bench.performance import remeasure
+    from performance import remeasure
 
     res, opts = quick
     saved = tmp_path / "performance.json"
@@ -342,7 +379,10 @@ def test_a_section_measured_again_goes_into_the_saved_run_and_is_named(quick, tm
     assert all(0 < mb <= after["rss"]["peak_rss_mb"] + 1 for mb in after["rss"]["stage_peak_mb"].values())
     page = (tmp_path / "p.md").read_text()
     assert f"Written by `{res['command']}`" in page
-    assert "\n- section e (peak RSS): by `" in page and "largest resident set within each stage" in page
+    assert "| e (peak RSS) | `" in page
+    r = after["rss"]
+    row = f"| {r['peak_rss_mb']:,.0f} | {r['stage_peak_mb']['rollout']:,.0f} | {r['stage_peak_mb']['reference']:,.0f} |"
+    assert row in page
     with pytest.raises(ValueError, match="--sections: unknown lengths; valid: study, rss, forward, kl_skip, profile"):
         remeasure(saved, ["lengths"], opts)
     threads = torch.get_num_threads()
@@ -377,7 +417,7 @@ def peak_rss_now_mb() -> float:
 
 
 def test_the_rss_sampler_splits_its_samples_by_stage():
-    from creditrl.bench.perf_rss import RssSampler
+    from perf_rss import RssSampler
 
     sampler = RssSampler()
     sampler.start = 100.0
@@ -399,9 +439,7 @@ def test_the_rss_sampler_splits_its_samples_by_stage():
     del blob
 
 
-def test_the_decode_products_ceiling_counts_every_product_and_explains_the_decode(quick):
-    from creditrl.bench.perf_flags import _decode_explanation, decode_ceiling
-
+def test_the_decode_bounds_set_the_target_against_the_ceiling(quick):
     res, opts = quick
     rows = opts.prompts * opts.group
     for p in res["lengths"] + res["sizes"]:
@@ -411,43 +449,57 @@ def test_the_decode_products_ceiling_counts_every_product_and_explains_the_decod
         assert c["gflops"] == pytest.approx(c["flops_per_step"] / c["step_s"]["min"] / 1e9)
     fast = json.loads(json.dumps(res))
     p = fast["sizes"][0]
-    for q in fast["lengths"] + fast["sizes"]:
-        q["decode"]["ratio_hf_vs_creditrl"] = 5.0
-    assert _decode_explanation(fast) == []
     ceiling = decode_ceiling(p["decode"], fast["limits"]["copy_gbs"])
     assert ceiling < p["decode"]["products"]["tokens_per_s"]  # the KV read adds to the products' time
-    p["decode"].update(ratio_hf_vs_creditrl=1.5)
     p["decode"]["hf_generate_tokens_per_s"]["median"] = ceiling / 2  # 3x HF = 1.5x the ceiling
     p["decode"]["creditrl_tokens_per_s"]["median"] = ceiling * 0.75
-    text = _decode_explanation(fast)[0]
-    assert f"{1.5 * ceiling:,.0f} tokens/s, above it" in text and "75% of that, HF generate 50%" in text
-    assert f"the ceiling is {ceiling:,.0f} tokens/s" in text and "out of reach" in text
-    p["decode"]["hf_generate_tokens_per_s"]["median"] = ceiling / 4  # 3x HF = 0.75x the ceiling
-    assert "below it" in _decode_explanation(fast)[0] and "within reach" in _decode_explanation(fast)[0]
-    q = fast["sizes"][1]  # one point of each kind: each gets its own verdict
-    q["decode"].update(ratio_hf_vs_creditrl=1.2)
-    q["decode"]["hf_generate_tokens_per_s"]["median"] = q["decode"]["products"]["tokens_per_s"]
-    both = _decode_explanation(fast)
-    assert len(both) == 2 and "out of reach" in both[0] and "0.3M" in both[0] and "0.1M" in both[1]
+    bound = decode_bounds(fast, {"min_speedup": 3.0})[2]
+    assert bound["point"] == "size 0.1M" and bound["ceiling_tokens_per_s"] == pytest.approx(ceiling)
+    assert bound["creditrl_share"] == pytest.approx(0.75) and bound["hf_share"] == pytest.approx(0.5)
+    assert bound["target_tokens_per_s"] == pytest.approx(1.5 * ceiling) and bound["target_share"] == pytest.approx(1.5)
+    assert decode_bounds(fast, {})[2]["target_share"] is None
 
 
-def test_the_study_floor_is_the_model_flops_of_an_iteration_at_the_peak(quick):
-    from creditrl.bench.perf_flags import _study_floor
+def test_the_study_budget_is_the_model_flops_of_an_iteration_against_the_time_a_speedup_allows(quick):
+    res = json.loads(json.dumps(quick[0]))
+    n, peak = res["lengths"][0]["non_embedding_parameters"], res["limits"]["peak_gflops"]
+    res["study"]["baseline"] = {
+        "commit": "abc",
+        "old": [{"samples": 1280, "iterations": 10, "samples_per_iteration_s": 128.0, "wall_s": 30.0}] * 3,
+    }
+    res["forward"]["arith"]["response_tokens"] = 5000
+    b = study_budget(res, {"min_baseline_speedup": 2.0})
+    assert b["baseline_iteration_s"] == pytest.approx(1.0) and b["allowed_iteration_s"] == pytest.approx(0.5)
+    assert b["model_gflop"] == pytest.approx(10 * n * 5000 / 1e9)
+    assert b["model_s_at_peak"] == pytest.approx(10 * n * 5000 / peak / 1e9)
+    assert b["left_iteration_s"] == pytest.approx(0.5 - b["model_s_at_peak"])
+    run = res["study"]["runs"]["arith"][0]
+    assert b["allowed_wall_s"] == pytest.approx(15.0)
+    assert b["left_per_iteration_s"] == pytest.approx((15.0 - run["outside_iterations_s"]) / run["iterations"])
+    kinds = {k: sum(s[k] for s in res["profile"]["study arith"]["stages"].values()) for k in KINDS}
+    assert b["profiled_products_s"] == pytest.approx(kinds["products"])
+    assert "allowed_iteration_s" not in study_budget(res, {})  # no target: no allowance
+    res["study"].pop("baseline")
+    assert study_budget(res, {"min_baseline_speedup": 2.0}) is None
 
-    res, _ = quick
-    n = res["lengths"][0]["non_embedding_parameters"]
-    base = {"commit": "abc", "old": [{"samples": 1280, "iterations": 10, "samples_per_iteration_s": 128.0}] * 3}
-    text = _study_floor(res, base, {"response_tokens": 5000})
-    peak = res["limits"]["peak_gflops"]
-    assert "means 0.50 s per iteration" in text  # half of 1 s: twice the samples/s
-    assert f"{10 * n * 5000 / 1e9:.1f} GFLOP for 5,000 tokens" in text
-    assert f"take {10 * n * 5000 / peak / 1e9:.2f} s" in text
-    assert _study_floor(res, {"commit": "abc"}, {"response_tokens": 5000}) == ""
+
+def test_the_update_budget_is_the_time_a_peak_share_allows_against_the_profiled_products(quick):
+    res = json.loads(json.dumps(quick[0]))
+    for p in res["lengths"] + res["sizes"]:
+        p["iteration"]["update_peak_share"] = 0.9
+    p = res["lengths"][0]
+    p["iteration"]["update_peak_share"] = 0.25
+    rows = update_budget_rows(res, {"min_peak_share": 0.5})
+    assert [r["point"] for r in rows] == ["length 8"]
+    u, seconds = res["profile"]["length 8"]["stages"]["update"], p["iteration"]["creditrl_update_s"]["median"]
+    assert rows[0]["allowed_s"] == pytest.approx(seconds / 2)  # the same FLOPs at twice the share
+    assert rows[0]["left_s"] == pytest.approx(seconds / 2 - u["products"] - u["attention"])
+    assert update_budget_rows(res, {}) == []
 
 
 def test_decode_products_count_every_linear_weight_of_a_step():
-    from creditrl.bench.perf_points import decode_products
     from creditrl.policy.model import build_tiny
+    from perf_points import decode_products
 
     model = build_tiny(0)[0]
     linears = sum(m.weight.numel() for m in model.model.layers.modules() if isinstance(m, torch.nn.Linear))
@@ -461,7 +513,6 @@ def test_decode_products_count_every_linear_weight_of_a_step():
 
 
 def test_the_decode_ceiling_adds_the_kv_read_at_the_copy_bandwidth_to_the_products():
-    from creditrl.bench.perf_flags import decode_ceiling
 
     # 1,000 tokens/s of products = 1 ms per token; 10 positions x 1e6 bytes over 100 tokens at 1 GB/s = 0.1 ms
     d = {
@@ -471,60 +522,52 @@ def test_the_decode_ceiling_adds_the_kv_read_at_the_copy_bandwidth_to_the_produc
     assert decode_ceiling(d, 1.0) == pytest.approx(1 / (1e-3 + 1e-4))
 
 
-def test_the_page_says_where_the_two_codes_samples_part():
-    from creditrl.bench.performance_report import _samples_line
+def test_the_baseline_table_gives_where_the_two_codes_samples_part(quick):
+    from performance_report import _baseline_table
 
     rows = [{"iteration": i, "tokens/generated": 100, "loss/policy": 1e-3} for i in range(1, 6)]
     other = [dict(r) for r in rows]
     other[1]["loss/policy"] = 1e-3 + 2e-9
     other[3]["tokens/generated"] = 99
-    study = {"baseline": {"commit": "abc", "old": [{"rows": rows}]}, "runs": {"arith": [{"rows": other}]}}
-    line = _samples_line(study)
-    assert "same tokens up to iteration 3, their policy losses within 2.0e-09 of each other" in line
-    assert "(losses of order 1.0e-03)" in line and "At iteration 4 that rounding tipped" in line
-    study["runs"]["arith"] = [{"rows": rows}]
-    assert _samples_line(study).startswith(" Every iteration sampled the same tokens")
-    study["runs"]["arith"] = [{"rows": [{"iteration": 1, "reward/mean": 0.5}]}]  # rows without token counts
-    assert _samples_line(study) == ""
+    agree = compare_rows(rows, other)
+    base = {"commit": "abc", "old": [{"rows": rows}], "speedup": 1.5, "speedup_iterations": 1.25, "agreement": agree}
+    table = _baseline_table({"baseline": base, "runs": {"arith": [{"rows": other}]}})
+    assert "| first iteration whose samples differ | 4 |" in table
+    assert "| max abs difference of loss/policy before it | 2.0e-09 |" in table
+    assert "| median abs loss/policy before it | 1.0e-03 |" in table
+    assert "| speed-up, samples/s end to end (median wall times) | 1.50 |" in table
+    same = _baseline_table({"baseline": base, "runs": {"arith": [{"rows": rows}]}})
+    assert "| first iteration whose samples differ | none |" in same
 
 
-def test_a_decode_over_the_copy_bandwidth_says_why_and_the_rows_it_computed(quick):
-    from creditrl.bench.performance_report import _over_bandwidth
+def test_the_decode_table_gives_the_share_of_row_steps_computed(quick):
+    from performance_report import _point_tables
 
     res, _ = quick
     for p in res["lengths"] + res["sizes"]:
         computed, decoded = p["decode"]["computed_row_steps"]
         assert 0 < computed <= decoded
     p = json.loads(json.dumps(res["lengths"][0]))
-    p["decode"]["bandwidth_share"] = 0.99
-    assert _over_bandwidth(p) == ""
     p["decode"].update(bandwidth_share=1.08, computed_row_steps=[300, 1200])
-    text = _over_bandwidth(p)
-    assert "Above 100%" in text and "it computed 25% of the row-steps it decoded" in text
-    assert f"{p['decode']['traffic']['weights_bytes'] / 1e6:.2f} MB of weights" in text
+    (row,) = [line for line in _point_tables("a", [p], 100.0) if line.startswith("| length 8 | ") and "GB" not in line][
+        1:
+    ]
+    assert "| 108% | 25% |" in row
 
 
-def test_the_targets_table_splits_each_target_into_the_points_that_meet_it_and_those_that_miss(quick):
-    import copy
+def test_the_page_prose_is_its_constant_method_paragraphs(quick):
+    """Every line of the page that is not a table row, a heading or a figure is a paragraph written once:
+    a run with other numbers has exactly the same prose."""
+    res, opts = quick
+    other = json.loads(json.dumps(res))
+    for p in other["lengths"] + other["sizes"]:
+        p["iteration"]["ratio_trl_vs_creditrl"] *= 7
+        p["decode"]["ratio_hf_vs_creditrl"] /= 3
+    other["options"]["prompts"] = 5
 
-    from creditrl.bench.perf_flags import targets
+    def prose(r):
+        lines = performance_report(r, vars(TARGETS)).splitlines()
+        return [line for line in lines if line and not line.startswith(("|", "#", "!["))]
 
-    res = copy.deepcopy(quick[0])
-    a, b = res["lengths"]
-    a["iteration"]["ratio_trl_vs_creditrl"], b["iteration"]["ratio_trl_vs_creditrl"] = 3.5, 2.0
-    for p in res["sizes"]:
-        p["iteration"]["ratio_trl_vs_creditrl"] = 3.0  # exactly the target: met
-    b["decode"]["bandwidth_share"] = 0.25
-    res["study"]["baseline"] = {"commit": "abc", "speedup": 1.04}
-    rows = targets(res)
-    assert rows[:2] == ["| target | this run |", "|---|---|"] and len(rows) == 2 + 6
-    assert rows[2] == (
-        "| GRPO iteration >= 3x TRL's, at every length and size | met at length 8 (3.50x), size 0.1M (3.00x), "
-        "size 0.3M (3.00x); **missed** at length 16 (2.00x) |"
-    )
-    assert rows[4] == "| decode at the longest length >= 50% of the copy bandwidth | **missed** at length 16 (25%) |"
-    assert rows[6] == "| study settings (arith.yaml) >= 2x `abc`'s samples/s end to end | **missed**: 1.04x |"
-    assert rows[7].startswith("| peak RSS <= 4,096 MB, 4 samples x 32 tokens at 0.1M | **met**: ")
-    b["decode"]["bandwidth_share"] = 0.6
-    assert targets(res)[4].endswith("| **met**: length 16 (60%) |")
-    assert "## Targets" in quick[1].results.read_text()
+    constant = {*METHOD.values(), *profile_lines({})[2:3], "No targets given."}
+    assert set(prose(res)) <= constant and prose(res) == prose(other)

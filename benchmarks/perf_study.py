@@ -1,26 +1,24 @@
-"""Sections c and f of `creditrl bench --performance`: whole `creditrl train` runs (and the
-baseline commit's, back to back), the packed forward against the HF pass and what the KL
-row-skipping approximation changes (section e, the peak RSS, is :mod:`creditrl.bench.perf_rss`)."""
+"""Sections c and f of `benchmarks/performance.py`: whole `creditrl train` runs (and a baseline
+checkout's, back to back), the packed forward against the HF pass and what the KL
+row-skipping approximation changes (section e, the peak RSS, is `perf_rss.py`)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from creditrl.bench.perf_options import CREDITRL_SRC, PerformanceOptions
-from creditrl.bench.perf_points import _median_ratio
+from common import median_ratio
 from creditrl.config import Config, load_config
 from creditrl.config.loader import packaged_config
 from creditrl.inspect.data import load_metrics
+from perf_options import CREDITRL_SRC, PerformanceOptions
 
 # -- (c): whole `creditrl train` runs -----------------------------------------------------------------------
 
@@ -152,25 +150,18 @@ def _first_sample_difference(a: list[dict], by_it: dict[int, dict]) -> dict[str,
     }
 
 
-@contextlib.contextmanager
-def baseline_worktree(commit: str) -> Iterator[Path]:
-    """A detached ``git worktree`` of ``commit`` in a temporary directory, removed afterwards."""
-    repo = subprocess.run(
-        ["git", "-C", str(CREDITRL_SRC), "rev-parse", "--show-toplevel"], capture_output=True, text=True
-    )
-    if repo.returncode != 0:
-        raise RuntimeError(f"the baseline comparison needs creditrl's git checkout ({repo.stderr.strip()})")
-    top = repo.stdout.strip()
-    tree = Path(tempfile.mkdtemp(prefix=f"creditrl-{commit}-")) / "tree"
-    subprocess.run(
-        ["git", "-C", top, "worktree", "add", "--detach", str(tree), commit], check=True, capture_output=True
-    )
-    try:
-        yield tree
-    finally:
-        subprocess.run(["git", "-C", top, "worktree", "remove", "--force", str(tree)], capture_output=True)
-        shutil.rmtree(tree.parent, ignore_errors=True)
-        subprocess.run(["git", "-C", top, "worktree", "prune"], capture_output=True)
+def baseline_source(checkout: Path) -> Path:
+    """The ``src`` folder of a checkout of the baseline (made by the user, e.g. ``git worktree add DIR
+    COMMIT``); its ``creditrl train`` runs with this interpreter, so the baseline must import under it."""
+    src = Path(checkout).resolve() / "src"
+    if not (src / "creditrl" / "configs" / "arith.yaml").is_file():
+        raise ValueError(f"--baseline {checkout}: not a creditrl checkout (no src/creditrl/configs/arith.yaml)")
+    return src
+
+
+def baseline_label(opts: PerformanceOptions) -> str:
+    """The baseline's name on the page: ``--baseline-name``, else its checkout folder's name."""
+    return opts.baseline_name or Path(opts.baseline or "").resolve().name
 
 
 def study_overrides_of(opts: PerformanceOptions, name: str, threads: int) -> list[str]:
@@ -218,32 +209,32 @@ def bench_study(opts: PerformanceOptions, threads: int, log: Callable[[str], Non
             _ensure_sft("arith", overrides, log)
         old: list[dict] = []
         new: list[dict] = []
-        with baseline_worktree(opts.baseline) as tree:
-            config = tree / "src/creditrl/configs/arith.yaml"
-            if opts.baseline_warmup:  # untimed: the worktree's numba cache and bytecode, and the current code's
-                warm = [*overrides, "train.iterations=1"]
-                timed_train(tree / "src", config, warm, runs_dir / f"warmup-{opts.baseline}")
-                timed_train(CREDITRL_SRC, packaged_config("arith"), warm, runs_dir / "warmup")
-                log(f"study baseline: warm-up runs of {opts.baseline} and of the current code done")
-            for i in range(opts.baseline_rounds):  # old, new, old, new
-                old.append(timed_train(tree / "src", config, overrides, runs_dir / f"arith-{opts.baseline}-{i}"))
-                _log_run(log, f"arith at {opts.baseline} #{i + 1}", old[-1])
-                new.append(timed_train(CREDITRL_SRC, packaged_config("arith"), overrides, runs_dir / f"arith-{i}"))
-                _log_run(log, f"arith, current code #{i + 1}", new[-1])
+        src, name = baseline_source(opts.baseline), baseline_label(opts)
+        config = src / "creditrl/configs/arith.yaml"
+        if opts.baseline_warmup:  # untimed: a fresh checkout's numba cache and bytecode, and the current code's
+            warm = [*overrides, "train.iterations=1"]
+            timed_train(src, config, warm, runs_dir / f"warmup-{name}")
+            timed_train(CREDITRL_SRC, packaged_config("arith"), warm, runs_dir / "warmup")
+            log(f"study baseline: warm-up runs of {name} and of the current code done")
+        for i in range(opts.baseline_rounds):  # old, new, old, new
+            old.append(timed_train(src, config, overrides, runs_dir / f"arith-{name}-{i}"))
+            _log_run(log, f"arith at {name} #{i + 1}", old[-1])
+            new.append(timed_train(CREDITRL_SRC, packaged_config("arith"), overrides, runs_dir / f"arith-{i}"))
+            _log_run(log, f"arith, current code #{i + 1}", new[-1])
         out["runs"]["arith"] = new
         agree = compare_rows(old[0]["rows"], new[0]["rows"])
         out["baseline"] = {
-            "commit": opts.baseline,
+            "commit": name,
             "warmup": opts.baseline_warmup,
             "old": old,
-            "speedup": _median_ratio([r["wall_s"] for r in old], [r["wall_s"] for r in new]),
-            "speedup_iterations": _median_ratio([r["iterations_s"] for r in old], [r["iterations_s"] for r in new]),
+            "speedup": median_ratio([r["wall_s"] for r in old], [r["wall_s"] for r in new]),
+            "speedup_iterations": median_ratio([r["iterations_s"] for r in old], [r["iterations_s"] for r in new]),
             "agreement": agree,
             "same_code_agreement": compare_rows(new[0]["rows"], new[-1]["rows"]) if len(new) > 1 else None,
         }
         b = out["baseline"]
         log(
-            f"study baseline: current code {b['speedup']:.2f}x the samples/s of {opts.baseline} end to end "
+            f"study baseline: current code {b['speedup']:.2f}x the samples/s of {name} end to end "
             f"({b['speedup_iterations']:.2f}x within iterations); largest |difference| eval/accuracy "
             f"{agree['eval/accuracy']['max_abs_diff']}, reward/mean {agree['reward/mean']['max_abs_diff']}"
         )
@@ -262,7 +253,7 @@ def study_start(name: str, overrides: list[str]) -> tuple[Config, str]:
 
 
 def bench_forward(opts: PerformanceOptions, threads: int, log: Callable[[str], None]) -> dict[str, Any]:
-    from creditrl.bench.forward_ab import forward_ab
+    from forward_ab import forward_ab
 
     out: dict[str, Any] = {}
     for name in opts.forward:
@@ -278,7 +269,7 @@ def bench_forward(opts: PerformanceOptions, threads: int, log: Callable[[str], N
 
 
 def bench_kl_skip(opts: PerformanceOptions, threads: int, log: Callable[[str], None]) -> dict[str, Any]:
-    from creditrl.bench.kl_skip import kl_skip_effect
+    from kl_skip import kl_skip_effect
 
     overrides = [o for o in study_overrides_of(opts, "arith", threads) if not o.startswith("train.iterations=")]
     cfg, start = study_start("arith", [*overrides, "train.eval_every=100000"])

@@ -1,4 +1,4 @@
-"""Sections a and b of `creditrl bench --performance`: the machine's limits, and one point (a
+"""Sections a and b of `benchmarks/performance.py`: the machine's limits, and one point (a
 generated length or a model size) of decode and GRPO iteration against HF generate and TRL."""
 
 from __future__ import annotations
@@ -13,16 +13,16 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from creditrl.bench.limits import spread
-from creditrl.bench.perf_options import NEVER_EOS, TINY, ModelSize, PerformanceOptions
-from creditrl.bench.run import BenchOptions, creditrl_iterations, trl_iterations, update_model_flops
+from bench import BenchOptions, creditrl_iterations, trl_iterations, update_model_flops
+from common import median_ratio, spread
 from creditrl.config import load_config
 from creditrl.config.loader import packaged_config
 from creditrl.policy.engines import SamplingParams, StaticEngine
 from creditrl.policy.model import build_tiny, count_parameters, load_policy
 from creditrl.policy.tokenizer import encode_prompt
 from creditrl.tasks import Task, make_task
-from creditrl.tasks.chain import steps_for_tokens
+from creditrl.tasks.chain import band, sft_longest, steps_for_tokens
+from perf_options import NEVER_EOS, TINY, ModelSize, PerformanceOptions
 
 # -- models and the machine's limits -----------------------------------------------------------------------
 
@@ -96,13 +96,6 @@ def decode_bytes(
 # -- (a) and (b): one point: decode and iteration against the peers -----------------------------------------
 
 
-def _log_fn(start: float) -> Callable[[str], None]:
-    def log(msg: str) -> None:
-        print(f"[creditrl bench --performance] {time.time() - start:6.0f} s  {msg}", flush=True)
-
-    return log
-
-
 def decode_products(model: Any, rows: int, steps: int = 50, repeats: int = 5) -> dict[str, Any]:
     """The decode's ceiling set by its matrix products alone: one decode step's products of every
     layer (q|k|v, o, gate|up, down) and the head, on the model's own weights for ``rows`` rows of
@@ -150,7 +143,7 @@ def measure_decode(
 ) -> dict[str, Any]:
     """creditrl's StaticEngine and HF generate, alternating, ``opts.repeats`` calls each (after one
     untimed call of each) on ``prompts x opts.group`` rows; seconds, tokens and row lengths per call."""
-    from creditrl.bench.hf_peer import hf_generate_throughput
+    from hf_peer import hf_generate_throughput
 
     engine = StaticEngine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
     params = SamplingParams(max_new_tokens=max_new, temperature=opts.temperature)
@@ -200,10 +193,6 @@ def measure_iterations(
     return {"creditrl": rows, "trl": trl}
 
 
-def _median_ratio(peer: list[float], ours: list[float]) -> float:
-    return statistics.median(peer) / statistics.median(ours)
-
-
 def summarise_point(
     geometry: dict[str, int],
     prompt_lengths: list[int],
@@ -226,7 +215,7 @@ def summarise_point(
             "creditrl_length": statistics.mean(d["tokens"]) / rows,
             "hf_generate_length": statistics.mean(h["tokens"]) / rows,
             # seconds per generated token: the two may generate different numbers of tokens (eos)
-            "ratio_hf_vs_creditrl": _median_ratio(
+            "ratio_hf_vs_creditrl": median_ratio(
                 [s / n for n, s in zip(h["tokens"], h["s"])], [s / n for n, s in zip(d["tokens"], d["s"])]
             ),
             "bytes_per_token": statistics.median(t["bytes_per_token"] for t in traffic),
@@ -255,7 +244,7 @@ def summarise_point(
         it["trl_iter_s"] = spread([r["time_s"] for r in t])
         it["trl_tokens_per_s"] = spread([r["tokens"] / r["time_s"] for r in t])
         it["trl_length"] = statistics.mean(r["tokens"] for r in t) / rows
-        it["ratio_trl_vs_creditrl"] = _median_ratio([r["time_s"] for r in t], [r["time/iter_s"] for r in c])
+        it["ratio_trl_vs_creditrl"] = median_ratio([r["time_s"] for r in t], [r["time/iter_s"] for r in c])
     out["iteration"] = it
     return out
 
@@ -266,8 +255,6 @@ def point_settings(policy: str, length: int, opts: PerformanceOptions, stops: bo
     bench's settings and the trainer's overrides."""
     # a band of chain lengths around the one of ~length tokens (one length alone has 25 prompts, about
     # 1 in 10 held out), no longer than the chains the chain config's SFT saw (its counter never passed them)
-    from creditrl.experiments.long_report import band, sft_longest
-
     steps = steps_for_tokens(length)
     lo, hi = band(steps, sft_longest(load_config(packaged_config("chain"))))
     max_new = length + opts.length_margin if stops else length

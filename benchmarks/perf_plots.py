@@ -1,4 +1,4 @@
-"""``creditrl bench --performance``'s plots: tokens/s against generated length and against model size."""
+"""``benchmarks/performance.py``'s plots: tokens/s against generated length and against model size."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Section g of `creditrl bench --performance`: every op's own time goes to the stage holding it and
+"""Section g of `benchmarks/performance.py`: every op's own time goes to the stage holding it and
 to one kind of work, the kinds partition each stage, and the page's explanations quote the profile."""
 
 from dataclasses import dataclass, field
@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from creditrl.bench.perf_flags import _rollout_profile, _study_profile, _study_wall, _update_budget, _update_profile
-from creditrl.bench.perf_profile import KINDS, op_kind, per_iteration, profile_lines, tally
 from creditrl.train.metrics import STAGE_LABEL, StageTimer
+from perf_profile import KINDS, op_kind, per_iteration, profile_lines, tally
+from perf_targets import study_budget, update_budget_rows
 
 
 @dataclass
@@ -95,34 +95,7 @@ def _point(length: int, update_share: float, decode_ratio: float, update_s: floa
     }
 
 
-def test_the_explanations_quote_the_profile_of_the_points_below_each_target():
-    res = {
-        "lengths": [_point(8, 0.3, 2.0), _point(16, 0.6, 4.0)],  # length 16 meets both targets
-        "sizes": [],
-        "limits": {"peak_gflops": 100},
-        "profile": {
-            "study arith": _profile(0.3, 0.1, 0.5),
-            "length 8": {
-                "stages": {**_profile(0.2, 0.6, 1.0)["stages"], **_profile(0.1, 0.1, 0.4, "rollout")["stages"]}
-            },
-            "length 16": _profile(0.5, 0.1, 1.0),
-        },
-    }
-    study = _study_profile(res, target=0.4, flops=30e9)
-    assert "0.30 s in matrix products (the model FLOPs at 100 GFLOP/s)" in study
-    assert "75% of the 0.40 s that 2x allows" in study
-    update = _update_profile(res)
-    assert update.startswith(
-        " Profiled (section g), the update's time is at length 8, 20% products, 0% attention, 60% other PyTorch ops "
-        "(the longest: mul, cat) and 20% outside them. **What 50% of the peak asks**"
-    )
-    rollout = _rollout_profile(res)
-    assert "the training rollout's time is at length 8, 25% products, 25% other PyTorch ops and 50% outside them:" in (
-        rollout
-    )
-    assert "length 16" not in rollout
-    none = {"lengths": res["lengths"], "sizes": []}
-    assert _study_profile(none, 0.4, 1.0) == _update_profile(none) == _rollout_profile(none) == ""
+def test_the_profile_table_splits_each_stage_by_kind():
     lines = profile_lines({"length 8": _profile(0.2, 0.6, 1.0)})
     assert lines[0] == "## g. Where the time goes"
     assert "| length 8 | 1.000 / 1.000 | update | 1.000 | 0.200 (20%) | 0.000 (0%) | 0.600 (60%) | 0.200 (20%) |" in (
@@ -142,28 +115,28 @@ def test_what_half_the_peak_asks_of_the_update_and_2x_of_the_study_end_to_end():
             "length 32": _profile(0.6, 0.4, 2.0, attention=0.5),
         },
     }
-    budget = _update_budget(res)
-    assert (
-        "at length 8, within 0.600 s (now 1.000 s): its products take 0.400 s (75 GFLOP/s, 75% of the peak) and its "
-        "attention 0.100 s, which leaves 0.100 s for its other ops and the Python around them (now 0.500 s)."
-    ) in budget
-    assert (
-        "At length 32, within 0.800 s (now 2.000 s): its products take 0.600 s (67 GFLOP/s, 67% of the peak) and "
-        "its attention 0.500 s: there the products and the attention alone"
-    ) in budget
-    res["lengths"][1]["iteration"]["update_peak_share"] = 0.5  # meets the target: not named
-    assert "length 32" not in _update_budget(res)
-    assert _update_budget({**res, "profile": {}}) == ""
+    fits, over = update_budget_rows(res, {"min_peak_share": 0.5})
+    assert fits["point"] == "length 8" and fits["allowed_s"] == pytest.approx(0.6)
+    assert fits["products_gflops"] == pytest.approx(75) and fits["products_peak_share"] == pytest.approx(0.75)
+    assert fits["left_s"] == pytest.approx(0.1) and fits["other_now_s"] == pytest.approx(0.5)
+    assert over["point"] == "length 32" and over["allowed_s"] == pytest.approx(0.8)
+    assert over["products_gflops"] == pytest.approx(40 / 0.6) and over["left_s"] == pytest.approx(-0.3)
+    res["lengths"][1]["iteration"]["update_peak_share"] = 0.5  # meets the target: no row
+    assert [r["point"] for r in update_budget_rows(res, {"min_peak_share": 0.5})] == ["length 8"]
+    assert update_budget_rows({**res, "profile": {}}, {"min_peak_share": 0.5}) == []
     # 2x of a median 44 s baseline is 22 s; 6 s outside 40 iterations leaves 0.4 s each
     study = {
-        "baseline": {"commit": "abc1234", "old": [{"wall_s": w} for w in (40, 44, 48)]},
+        "baseline": {
+            "commit": "abc1234",
+            "old": [
+                {"wall_s": w, "samples": 400, "iterations": 40, "samples_per_iteration_s": 10.0} for w in (40, 44, 48)
+            ],
+        },
         "runs": {"arith": [{"wall_s": 30, "outside_iterations_s": o, "iterations": 40} for o in (5, 7)]},
     }
-    wall = _study_wall({"study": study}, core=0.5)
-    assert wall == (
-        " End to end, 2x means 22.0 s for the 40-iteration run (`abc1234`: 44.0 s, median); this code spends 6.0 s "
-        "outside the iterations (start-up, evaluations, checkpoints, exit), which leaves 0.40 s per iteration: less "
-        "than the products and the attention alone take (0.50 s)."
-    )
-    assert "more than" in _study_wall({"study": study}, core=0.3)
-    assert _study_wall({"study": {}}, core=0.5) == ""
+    res = {**res, "study": study, "forward": {"arith": {"response_tokens": 1000}}}
+    res["lengths"][0]["non_embedding_parameters"] = 1_000_000
+    b = study_budget(res, {"min_baseline_speedup": 2.0})
+    assert b["allowed_wall_s"] == pytest.approx(22.0) and b["outside_iterations_s"] == pytest.approx(6.0)
+    assert b["left_per_iteration_s"] == pytest.approx(0.4)
+    assert b["allowed_iteration_s"] == pytest.approx(0.5) and b["model_s_at_peak"] == pytest.approx(10 * 1e9 / 100e9)

@@ -1,1 +1,0 @@
-"""Speed benchmarks: creditrl against peer implementations (TRL's GRPOTrainer, plain HF ``generate``)."""
