@@ -80,3 +80,17 @@ def test_the_shared_report_arguments() -> None:
     assert not bare.quick and not hasattr(bare, "out") and not hasattr(bare, "seeds") and not hasattr(bare, "results")
     with pytest.raises(SystemExit):
         parser("x", None, out=None).parse_args(["--seeds", "2"])
+
+
+def test_a_page_names_a_study_by_the_module_it_ran(monkeypatch) -> None:
+    import sys
+    from types import SimpleNamespace
+
+    from creditrl.experiments.report import command_line
+
+    monkeypatch.setattr(sys, "argv", ["/repo/studies/prm.py", "--quick", "--set", "a=b c"])
+    monkeypatch.setitem(sys.modules, "__main__", SimpleNamespace(__spec__=SimpleNamespace(name="studies.prm")))
+    assert command_line() == "python -m studies.prm --quick --set 'a=b c'"
+    monkeypatch.setitem(sys.modules, "__main__", SimpleNamespace(__spec__=None))  # run as a file
+    assert command_line(["benchmarks/credit_speed.py", "--quick"]) == "python benchmarks/credit_speed.py --quick"
+    assert command_line(["/venv/bin/creditrl", "findings"]) == "creditrl findings"

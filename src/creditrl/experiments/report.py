@@ -24,11 +24,20 @@ matplotlib.use("Agg")  # files only; no display on servers or in CI
 import matplotlib.pyplot as plt  # noqa: E402
 
 
-def command_line(argv: list[str] | None = None) -> str:
-    """The command as typed: ``creditrl findings`` or ``python benchmarks/credit_speed.py``."""
+def command_line(argv: list[str] | None = None, module: str | None = None) -> str:
+    """The command as typed: ``creditrl findings``, ``python benchmarks/credit_speed.py`` or, for a
+    module run with ``-m`` (``module``; by default the running ``__main__``'s), ``python -m studies.prm``."""
     argv = list(sys.argv if argv is None else argv)
     prog = Path(argv[0]).name
-    head = ["creditrl"] if prog in ("creditrl", "__main__.py") else ["python", os.path.relpath(argv[0])]
+    if module is None:
+        spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+        module = spec.name if spec is not None and Path(argv[0]).stem == spec.name.rsplit(".", 1)[-1] else None
+    if prog in ("creditrl", "__main__.py"):
+        head = ["creditrl"]
+    elif module:
+        head = ["python", "-m", module]
+    else:
+        head = ["python", os.path.relpath(argv[0])]
     return " ".join(shlex.quote(a) for a in head + argv[1:])
 
 
