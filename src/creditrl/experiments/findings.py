@@ -233,7 +233,9 @@ def _grid_section(
     arms = None  # every arm
     if summaries is not None and not train:
         common = ([f"train.iterations={TOKEN_ITERATIONS}"] if grid.unit == "tokens" else []) + grid.common
-        so_far = summarised_runs(grid.base, grid.arms, grid.seeds, grid.budget, common, grid.unit, summaries)
+        so_far = summarised_runs(
+            grid.base, grid.arms, grid.seeds, grid.budget, common, grid.unit, summaries, grid.sft_seeds
+        )
         done = {a: sum(run.arm == a for run, _ in so_far) for a in grid.arms}
         finished = [a for a, n in done.items() if n == len(grid.seeds)]
         if len(finished) < len(grid.arms):
