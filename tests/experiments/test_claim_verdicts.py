@@ -14,6 +14,7 @@ from scipy import stats
 from creditrl.experiments.claim_verdicts import (
     BASELINE,
     COSTS,
+    NAMED,
     SEQUENCE,
     Comparison,
     changes_markdown,
@@ -82,6 +83,31 @@ def test_each_arm_is_compared_with_the_baseline_and_the_best_sequence_level_arm(
     alone = comparisons({**FINDING, "sequence_level": "gae"}, RESULTS, "gae", [0, 1, 2])
     assert [(r.role, r.best) for r in alone] == [(BASELINE, True)] * 3  # the baseline is the best sequence-level arm
     assert [r.best for r in rows] == [False, False, False, True, True]
+
+
+def test_a_findings_also_rows_compare_the_pairs_it_names_in_the_claims_holm_family(tmp_path: Path) -> None:
+    """``also``: each named pair is one more row, with its own expectation, after the baseline and
+    best-sequence-level rows (a pair that is already one of those is not repeated), judged in the
+    claim's one Holm family; a malformed entry is one line naming the file and the key."""
+    from creditrl.config import ConfigError
+    from creditrl.experiments.finding_files import load_finding
+
+    also = [
+        {"arm": "token", "against": "step", "expect": ("better", None)},
+        {"arm": "token", "against": "grpo", "expect": ("no better", None)},  # already a best-sequence-level row
+    ]
+    rows = comparisons({**FINDING, "also": also}, RESULTS, "gae", [0, 1, 2])
+    assert [(r.arm, r.reference, r.role) for r in rows][5:] == [("token", "step", NAMED)]
+    assert rows[5].per_seed == pytest.approx([0.04, -0.01, 0.01]) and rows[5].expect == "better"
+    judged = judge(rows)
+    _, levels = holm([t_difference(r.per_seed).p for r in rows], alpha=0.05)  # one family: all six rows
+    assert [r["difference"]["level"] for r in judged] == pytest.approx(list(levels))
+    text = "id: C1-x\nclaim_id: C1\ntitle: t\ngrid: g.yaml\nquestion: q\nreading: r\n"
+    (tmp_path / "f.yaml").write_text(text + "also: [{arm: a, against: b, expect: better by 3}]\n")
+    assert load_finding(tmp_path / "f.yaml")["also"] == [{"arm": "a", "against": "b", "expect": ("better", 0.03)}]
+    (tmp_path / "f.yaml").write_text(text + "also: [{arm: a, against: a, expect: better}]\n")
+    with pytest.raises(ConfigError, match=r"f.yaml: key 'also' must be a list of \{arm, against, expect\}"):
+        load_finding(tmp_path / "f.yaml")
 
 
 def _row(claim: str, per_seed: list[float], expect: str = "better", size: float | None = None) -> Comparison:

@@ -165,6 +165,7 @@ def test_committed_findings_name_existing_grids_and_arms():
         assert {slug(a) for a in grid.arms}
         assert set(finding.get("expect", {})) <= set(grid.arms) - {grid.reference}, f
         assert finding.get("sequence_level", grid.reference) in grid.arms, f
+        assert all({x["arm"], x["against"]} <= set(grid.arms) for x in finding.get("also", [])), f
 
 
 def test_quick_findings_write_the_file_with_filled_numbers(tmp_path: Path, monkeypatch):

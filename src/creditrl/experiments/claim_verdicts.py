@@ -64,7 +64,7 @@ COSTS = (  # a cost row's key (creditrl.experiments.compare_report.cost_rows) an
 )
 NOT_RECORDED = "not recorded"
 MARGINS = (0.01, 0.03)  # the other tie margins a verdict must survive
-BASELINE, SEQUENCE = "stated baseline", "best sequence-level"
+BASELINE, SEQUENCE, NAMED = "stated baseline", "best sequence-level", "named pair"  # NAMED: a finding's 'also' rows
 
 
 @dataclass
@@ -132,7 +132,8 @@ def comparisons(
     costs: list[dict[str, Any]] | None = None,
 ) -> list[Comparison]:
     """The finding's verdict rows (module docstring): each arm of ``expect`` against
-    ``reference``, then against the finding's ``sequence_level`` arm where that is another arm;
+    ``reference``, then against the finding's ``sequence_level`` arm where that is another arm,
+    then the pairs its ``also`` names (each ``arm`` against ``against``, with its own expectation);
     ``costs`` as in :func:`cost_ratios` (None: generated tokens only, from ``results``)."""
     if costs is None:
         costs = [{"arm": a, "generated_tokens": _tokens(hs)} for a, hs in results.items()]
@@ -141,12 +142,18 @@ def comparisons(
     pairs = [(arm, reference, BASELINE) for arm in finding.get("expect", {})]
     if best != reference:
         pairs += [(arm, best, SEQUENCE) for arm in finding.get("expect", {}) if arm != best]
+    also = {(x["arm"], x["against"]): x["expect"] for x in finding.get("also", [])}
+    done = {(arm, ref) for arm, ref, _ in pairs}
+    pairs += [(arm, against, NAMED) for arm, against in also if (arm, against) not in done]
     rows = []
     for arm, ref, role in pairs:
         x, y = outcome_matrix(results[arm]), outcome_matrix(results[ref])
-        expect, size = (
-            finding.get("sequence_expect", finding["expect"][arm]) if role == SEQUENCE else finding["expect"][arm]
-        )
+        if role == NAMED:
+            expect, size = also[(arm, ref)]
+        elif role == SEQUENCE:
+            expect, size = finding.get("sequence_expect", finding["expect"][arm])
+        else:
+            expect, size = finding["expect"][arm]
         rows.append(
             Comparison(
                 claim=finding["claim_id"],

@@ -35,6 +35,7 @@ FINDING_KEYS = {
     "power",
     "sequence_level",
     "sequence_expect",
+    "also",
     "timing",
     "time_claim",
 }
@@ -78,6 +79,18 @@ def load_finding(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: key 'time_claim' must be a positive number (the claimed ratio); got {claimed!r}")
     if "timing" in data and not isinstance(data["timing"], str):
         raise ConfigError(f"{path}: key 'timing' must be a timing.json path relative to the repository root")
+    if "also" in data:  # further verdict rows: [{arm, against, expect}], in the claim's Holm family
+        also = data["also"]
+        if not isinstance(also, list) or not all(
+            isinstance(x, dict) and set(x) == {"arm", "against", "expect"} and x["arm"] != x["against"] for x in also
+        ):
+            raise ConfigError(f"{path}: key 'also' must be a list of {{arm, against, expect}} with two different arms")
+        if data.get("claim_id") not in CLAIMS:
+            raise ConfigError(f"{path}: key 'claim_id' must be one of {', '.join(CLAIMS)} with 'also'")
+        data["also"] = [
+            {"arm": str(x["arm"]), "against": str(x["against"]), "expect": _expectation(path, x["arm"], x["expect"])}
+            for x in also
+        ]
     if "sequence_expect" in data:
         if "sequence_level" not in data:
             raise ConfigError(f"{path}: key 'sequence_expect' needs 'sequence_level', the arm it compares with")

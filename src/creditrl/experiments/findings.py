@@ -254,6 +254,7 @@ def _grid_section(
         finding = {**finding, "expect": {a: e for a, e in finding.get("expect", {}).items() if a in arms}}
         if finding.get("sequence_level") not in arms:
             finding.pop("sequence_level", None)
+        finding["also"] = [x for x in finding.get("also", []) if x["arm"] in arms and x["against"] in arms]
     rows = (
         comparisons(finding, summary["results"], grid.reference, grid.seeds, summary.get("costs"))
         if finding.get("expect")
