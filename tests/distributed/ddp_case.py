@@ -22,6 +22,7 @@ from creditrl.losses import AGGREGATIONS
 from creditrl.policy.model import build_tiny
 from creditrl.rollout.batch import TrajectoryBatch, response_logits, token_logprobs
 from creditrl.train import update as update_module
+from creditrl.train.plan import CreditSettings
 from creditrl.train.resolve import checked
 from creditrl.train.stages import Scored, credit
 from creditrl.train.update import CriticTarget, update
@@ -244,7 +245,7 @@ def _stage_whitening(adv: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor) 
         group_ids=torch.arange(b),
         finished=torch.ones(b, dtype=torch.bool),
     )
-    return credit(batch, scored, cfg)[0]
+    return credit(batch, scored, CreditSettings.of(cfg))[0]
 
 
 def main(out_dir: str) -> None:

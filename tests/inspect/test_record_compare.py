@@ -20,6 +20,7 @@ from creditrl.policy.tokenizer import build_char_tokenizer
 from creditrl.rollout.batch import batch_from_generation
 from creditrl.tasks import make_task
 from creditrl.train import stages
+from creditrl.train.plan import CreditSettings
 from creditrl.train.resolve import checked
 
 TASK = ["task.args={min_ops: 2, max_ops: 2, operand_min: 1, operand_max: 9, operators: '+-'}"]
@@ -56,7 +57,7 @@ def scored_batch(overrides: list[str], *, all_right_group: bool = True, values_s
     values = None
     if values_seed is not None:
         values = torch.rand(batch.response_mask.shape, generator=torch.Generator().manual_seed(values_seed))
-    adv, ret = stages.credit(batch, scored, cfg, values=values)
+    adv, ret = stages.credit(batch, scored, CreditSettings.of(cfg), values=values)
     return cfg, task, tok, batch, scored, values, adv, ret
 
 

@@ -24,6 +24,7 @@ from creditrl.policy.tokenizer import build_char_tokenizer
 from creditrl.rollout.batch import batch_from_generation
 from creditrl.tasks import make_task
 from creditrl.train import stages
+from creditrl.train.plan import CreditSettings
 from creditrl.train.resolve import checked
 
 WHITE = to_rgba(plt.get_cmap("RdBu_r")(0.5))
@@ -125,7 +126,7 @@ def record(iteration: int, all_same: bool) -> dict:
     batch = batch_from_generation(gen, index, tok.pad_token_id)
     batch.extras.update(problems=[problems[i] for i in index], completions=texts)
     scored = stages.Scorer(cfg, task, tok)(batch, progress=0.0, generator=torch.Generator().manual_seed(0))
-    adv, ret = stages.credit(batch, scored, cfg)
+    adv, ret = stages.credit(batch, scored, CreditSettings.of(cfg))
     return json.loads(json.dumps(iteration_record(iteration, batch, scored, adv, ret, cfg, tok, task)))
 
 

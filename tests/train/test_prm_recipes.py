@@ -81,8 +81,8 @@ def test_pure_recipe_is_min_form_plus_the_outcome_term(cache, tmp_path: Path, mo
     seen = []
     credit = stages.credit
 
-    def spy(batch, scored, cfg, **k):
-        adv, ret = credit(batch, scored, cfg, **k)
+    def spy(batch, scored, settings, **k):
+        adv, ret = credit(batch, scored, settings, **k)
         seen.append((batch, scored, adv))
         return adv, ret
 

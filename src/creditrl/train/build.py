@@ -5,7 +5,9 @@
 ``train.init=sft``), trains or finds the PRM for ``reward.prm=auto``, loads the policy and
 reference, picks the engine (and logs which one and why), and builds the reward, value and
 update parts. The resolved config is frozen; it is exactly what the run directory's
-``config.yaml`` holds, and :class:`~creditrl.train.rl.RLTrainer` only wires the parts.
+``config.yaml`` holds. Every setting is resolved here, once: the run's
+:class:`~creditrl.train.plan.RunPlan` is made last, and :class:`~creditrl.train.rl.RLTrainer` reads
+the plan and wires the parts, never the config.
 ``RLTrainer.resume`` goes through the same function, with the checkpoint's weights.
 """
 
@@ -13,7 +15,9 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -22,6 +26,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from creditrl.config import Config
 from creditrl.distributed import ddp
 from creditrl.errors import ConfigError
+from creditrl.inspect.record import record_iteration
 from creditrl.policy.device import grad_scaler, resolve_device
 from creditrl.policy.engines import GenerationEngine, SamplingParams, choose_engine, engine_for
 from creditrl.policy.model import apply_lora, load_policy, policy_options
@@ -30,6 +35,7 @@ from creditrl.rewards.stage import Scorer
 from creditrl.rollout.segment import step_stop_ids
 from creditrl.tasks import Problem, Task
 from creditrl.train.optim import make_optimizer
+from creditrl.train.plan import RunPlan, plan_of
 from creditrl.train.resolve import check, run_task, start_kind
 from creditrl.train.sft import cached_sft
 from creditrl.values.registry import VALUE_SOURCES
@@ -68,6 +74,7 @@ class RunParts:
     """Everything an RL run holds; built by :func:`build_run`."""
 
     config: Config  # resolved and frozen: the run directory's config.yaml
+    plan: RunPlan  # every setting the loop reads, resolved from ``config`` once
     task: Task
     init_path: str  # the start policy, and the reference for KL
     device: torch.device
@@ -83,6 +90,7 @@ class RunParts:
     params: SamplingParams
     stop_ids: tuple[int, ...]  # tree rollouts stop a segment at these tokens
     heldout: list[Problem]
+    inspector: Callable[..., Path | None]  # record_iteration bound to the config, tokenizer and task
     choices: dict[str, str] = field(default_factory=dict)  # what was resolved, and why
     prm_s: float = 0.0  # what the PRM a reward reads cost to label for and train (prm_cost_s)
     prm: dict[str, float] = field(default_factory=dict)  # its labels' and its own quality (prm_record)
@@ -177,7 +185,8 @@ def build_run(
 ) -> RunParts:
     """The parts of a run of ``cfg``: the task is built once (or ``task`` is used), the config is
     checked and resolved, the policy starts from ``init_path`` (default: ``train.init``) or, when
-    resuming, from ``checkpoint``'s weights."""
+    resuming, from ``checkpoint``'s weights. Every setting is resolved here, in one pass, before the
+    run's :class:`~creditrl.train.plan.RunPlan` is made: nothing after it returns resolves again."""
     ddp.join_learner_group(cfg)  # a torchrun / accelerate launch: data-parallel ranks (no-op otherwise)
     task = task or run_task(cfg)
     cfg = check(cfg, task)
@@ -209,6 +218,7 @@ def build_run(
     stop_ids = step_stop_ids(tokenizer, cfg.reward.step_separator) if value_stage.tree else ()
     return RunParts(
         config=cfg,
+        plan=plan_of(cfg),
         task=task,
         init_path=init_path,
         device=device,
@@ -224,6 +234,7 @@ def build_run(
         params=params,
         stop_ids=stop_ids,
         heldout=task.sample(cfg.train.eval_size, split="heldout", seed=EVAL_SEED),
+        inspector=partial(record_iteration, cfg=cfg, tokenizer=tokenizer, task=task),
         choices=choices,
         prm_s=prm_cost_s(cfg),
         prm=prm_record(cfg),

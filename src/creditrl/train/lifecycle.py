@@ -141,13 +141,20 @@ def _sections(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def checked_resume_config(path: Path, overrides: list[str]) -> Any:
+def checked_resume_config(path: Path, overrides: list[str], *, launched: bool = False) -> Any:
     """A run's saved config (``path``) with ``overrides`` applied, when each changes a key of
-    :data:`RESUMABLE`; otherwise a :class:`~creditrl.errors.ConfigError` naming the first other key."""
+    :data:`RESUMABLE`; otherwise a :class:`~creditrl.errors.ConfigError` naming the first other key.
+    ``launched`` (a data-parallel launch): a ``backend.learner=fsdp`` run is refused, its checkpoints
+    hold the weights but not the sharded optimizer state."""
     from creditrl.config import load_config
     from creditrl.errors import ConfigError
 
     saved = load_config(path)
+    if launched and saved.backend.learner == "fsdp":
+        raise ConfigError(
+            f"{path.parent}: resuming a backend.learner=fsdp run is not supported (its checkpoints hold "
+            "the weights but not the sharded optimizer state)"
+        )
     if not overrides:
         return saved
     cfg = load_config(path, overrides)

@@ -30,12 +30,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from tqdm import tqdm
 
 from creditrl.config import Config
-from creditrl.credit.schedule import linear_schedule
 from creditrl.distributed import ddp
-from creditrl.errors import ConfigError
 from creditrl.policy.model import LORA_BASE_FILE, is_lora
 from creditrl.tasks import Task
 from creditrl.train import rundir, stages
@@ -84,7 +83,8 @@ class RLTrainer(RunStart, RunOutput):
     def __init__(self, parts: RunParts, run_dir: Path, *, overwrite: bool = False) -> None:
         """``overwrite``: a new run may replace one already in ``run_dir`` (else :meth:`run` refuses)."""
         self.parts = parts
-        self.cfg = parts.config
+        self.plan = parts.plan  # every setting the loop reads (the config is not read past the build)
+        self.cfg = parts.config  # the resolved config, for callers that inspect a built run
         self.run_dir = Path(run_dir)
         self.overwrite = overwrite
         self.resumed = False
@@ -96,7 +96,7 @@ class RLTrainer(RunStart, RunOutput):
         self.finished_rng: dict[str, Any] | None = None  # the RNG states right after it
         self.signals = Signals(active=False)  # SIGINT / SIGTERM while run() runs
         self.totals = {"samples": 0, "tokens": 0, "time_s": 0.0}
-        self.completions_per_iter = self.cfg.train.log_completions if ddp.is_main() else 0
+        self.completions_per_iter = self.plan.log_completions if ddp.is_main() else 0
         self.completions: list[dict[str, Any]] = []  # the last iteration's sample (train.log_completions)
 
     @classmethod
@@ -152,24 +152,19 @@ class RLTrainer(RunStart, RunOutput):
         ``overrides`` (``--set``) may change only what leaves the trained iterations as they were
         (:data:`creditrl.train.lifecycle.RESUMABLE`: the number of iterations, cadences, trackers)."""
         run_dir = Path(run_dir)
-        cfg = checked_resume_config(run_dir / "config.yaml", list(overrides))
-        if cfg.backend.learner == "fsdp" and ddp.launched():
-            raise ConfigError(
-                f"{run_dir}: resuming a backend.learner=fsdp run is not supported (its checkpoints hold "
-                "the weights but not the sharded optimizer state)"
-            )
+        config = checked_resume_config(run_dir / "config.yaml", list(overrides), launched=ddp.launched())
         rundir.remove_partial_checkpoints(run_dir)
         ckpt = resume_checkpoint(run_dir / "checkpoints")
         if ckpt is None:  # killed before its first checkpoint: the run starts again from iteration 0
             log.warning("creditrl: %s has no checkpoint yet; the run starts again from iteration 0", run_dir)
             started = run_dir / rundir.RUN_STATE
             init_path = json.loads(started.read_text())["init_path"] if started.exists() else None
-            trainer = cls(build_run(cfg, init_path=init_path), run_dir)
+            trainer = cls(build_run(config, init_path=init_path), run_dir)
             trainer._restart()
             return trainer
         state = json.loads((ckpt / "trainer_state.json").read_text())
         log.info("creditrl: resuming %s from checkpoint %s (iteration %d)", run_dir, ckpt.name, state["iteration"])
-        trainer = cls(build_run(cfg, init_path=state["init_path"], checkpoint=ckpt), run_dir)
+        trainer = cls(build_run(config, init_path=state["init_path"], checkpoint=ckpt), run_dir)
         trainer._restore(ckpt)
         return trainer
 
@@ -200,19 +195,17 @@ class RLTrainer(RunStart, RunOutput):
     # -- the loop ------------------------------------------------------------------------------
     def _schedules(self, it: int) -> tuple[float, float, float]:
         """This iteration's learning rate (set on the optimizer), lambda and training progress."""
-        cfg = self.cfg
-        warmup = cfg.optim.warmup_iterations
-        lr = cfg.optim.lr * (min(1.0, (it + 1) / warmup) if warmup else 1.0)
+        plan = self.plan
+        lr = plan.lr_at(it)
         for group in self.parts.optimizer.param_groups:
             group["lr"] = lr
-        progress = it / max(1, cfg.train.iterations)
-        return lr, linear_schedule(cfg.credit.lam, cfg.credit.lam_end, progress), progress
+        return lr, plan.lam_at(it), plan.progress_at(it)
 
     def iteration(self, it: int) -> dict[str, Any]:
-        p, cfg = self.parts, self.cfg
-        gen = torch.Generator().manual_seed(iteration_seed(cfg.train.seed, it) + RANK_SEED_STRIDE * ddp.rank())
+        p, plan = self.parts, self.plan
+        gen = torch.Generator().manual_seed(iteration_seed(plan.seed, it) + RANK_SEED_STRIDE * ddp.rank())
         lr, lam, progress = self._schedules(it)
-        train_policy = it >= cfg.value.warmup_iterations  # false during the critic warm-up
+        train_policy = it >= plan.critic_only_iterations  # false during the critic warm-up
         timer = StageTimer()
         with timer("rollout"):
             batch = self._rollout(it, gen)
@@ -220,9 +213,9 @@ class RLTrainer(RunStart, RunOutput):
             ref_logp = stages.reference_logprobs(
                 p.reference,
                 batch,
-                cfg.policy.precision,
-                packed=cfg.policy.forward == "auto",
-                max_positions=cfg.optim.inference_positions,
+                plan.precision,
+                packed=plan.packed,
+                max_positions=plan.inference_positions,
             )
         self.signals.hold()  # from here the run's state changes: a signal waits for the iteration's end
         with timer("score"):
@@ -230,12 +223,14 @@ class RLTrainer(RunStart, RunOutput):
         with timer("value"):
             values = p.value_stage(batch, scored.step_ends, gen)
         with timer("credit"):
-            adv, ret = stages.credit(batch, scored, cfg, values=values.values, lam=lam, step_ends=values.step_ends)
+            adv, ret = stages.credit(
+                batch, scored, plan.credit, values=values.values, lam=lam, step_ends=values.step_ends
+            )
         with timer("update"):
             upd = stages.learn(p, batch, scored, adv, ret, values, ref_logp, gen, train_policy=train_policy)
-        stats = p.engine.stats() if cfg.backend.name == "ray" else {}  # backend/restarts, time/sync_s
-        if cfg.credit.lam_alpha:  # VAPO's per-response lambda of the advantages, averaged
-            stats["credit/lam_policy_mean"] = stages.policy_lam_mean(batch, scored, cfg, values.step_ends)
+        stats = p.engine.stats() if plan.ray else {}  # backend/restarts, time/sync_s
+        if plan.credit.lam_alpha:  # VAPO's per-response lambda of the advantages, averaged
+            stats["credit/lam_policy_mean"] = stages.policy_lam_mean(batch, scored, plan.credit, values.step_ends)
         record = IterationRecord(it + 1, batch, scored, values, adv, ret, upd, lr, lam, train_policy, stats)
         self._inspect(record)  # outside the stage timers
         self.completions = sample_completions(record, self.completions_per_iter)
@@ -253,10 +248,10 @@ class RLTrainer(RunStart, RunOutput):
                 rundir.check_fresh(self.run_dir, overwrite=self.overwrite)
             try:
                 rundir.remove_partial_checkpoints(self.run_dir)
-                self.cfg.dump(self.run_dir / "config.yaml")
+                (self.run_dir / "config.yaml").write_text(yaml.safe_dump(self.plan.saved_config, sort_keys=False))
                 (self.run_dir / rundir.RUN_STATE).write_text(json.dumps({"init_path": self.parts.init_path}))
                 first = self.start_iteration + 1 if self.resumed else 0  # trackers drop what they got from there
-                self.trackers = make_trackers(self.cfg.train.report_to, self.run_dir, self.cfg.to_dict(), first)
+                self.trackers = make_trackers(list(self.plan.report_to), self.run_dir, self.plan.saved_config, first)
                 return self._run()
             except Exception:
                 self.close()
@@ -272,17 +267,17 @@ class RLTrainer(RunStart, RunOutput):
             self._iterations(history)
             if ddp.is_main():
                 final = self.export_final()
-                if self.cfg.train.push_to_hub:
-                    log.info("creditrl: %s uploaded to %s", final, push_folder(final, self.cfg.train.push_to_hub))
+                if self.plan.push_to_hub:
+                    log.info("creditrl: %s uploaded to %s", final, push_folder(final, self.plan.push_to_hub))
         except Interrupted as exc:
             raise self._stopped(exc) from None
         self.close()
         return RLResult(self.run_dir, history)
 
     def _iterations(self, history: list[dict[str, Any]]) -> None:
-        cfg = self.cfg
+        plan = self.plan
         if self.start_iteration == 0 and not history:
-            pretrain = self._pretrain_critic() if cfg.value.pretrain_iterations else {}
+            pretrain = self._pretrain_critic() if plan.pretrain_iterations else {}
             row = {
                 "iteration": 0,
                 "samples/total": self.totals["samples"],
@@ -295,11 +290,11 @@ class RLTrainer(RunStart, RunOutput):
             }
             self._log(row, history)
         bar = tqdm(
-            range(self.start_iteration, cfg.train.iterations),
+            range(self.start_iteration, plan.iterations),
             initial=self.start_iteration,
-            total=cfg.train.iterations,
-            desc=f"rl {cfg.credit.estimator}/{cfg.reward.source}",
-            disable=not cfg.train.progress or not ddp.is_main() or not sys.stdout.isatty(),  # else plain lines
+            total=plan.iterations,
+            desc=f"rl {plan.label}",
+            disable=not plan.progress or not ddp.is_main() or not sys.stdout.isatty(),  # else plain lines
             dynamic_ncols=True,
         )
         last_eval = history[-1].get("eval/accuracy") if history else None
@@ -307,12 +302,12 @@ class RLTrainer(RunStart, RunOutput):
             for it in bar:
                 row = self.iteration(it)
                 done = it + 1
-                spent = cfg.train.max_tokens and self.totals["tokens"] >= cfg.train.max_tokens
-                if done % cfg.train.eval_every == 0 or done == cfg.train.iterations or spent:
+                spent = plan.spent(self.totals["tokens"])
+                if plan.due(done, plan.eval_every, spent):
                     row.update(self._evaluate_on_main())
                     last_eval = row.get("eval/accuracy")
                 self._log(row, history, self.completions)
-                if done % cfg.train.checkpoint_every == 0 or done == cfg.train.iterations or spent:
+                if plan.due(done, plan.checkpoint_every, spent):
                     if ddp.is_main():
                         self.save(done)
                     ddp.barrier()

@@ -13,15 +13,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from creditrl.config import Config
 from creditrl.distributed import ddp
-from creditrl.inspect.record import record_iteration
 from creditrl.policy.model import is_lora
 from creditrl.train.build import RunParts
 from creditrl.train.checkpoint import latest_name
 from creditrl.train.evaluate import evaluate
 from creditrl.train.lifecycle import Interrupted, Signals, resume_command
 from creditrl.train.metrics import IterationRecord, pack_outcomes, progress_line
+from creditrl.train.plan import RunPlan
 from creditrl.train.trackers import Tracker
 
 FINAL = "final"  # RUN_DIR/final: the trained policy, loadable with from_pretrained
@@ -31,7 +30,7 @@ class RunOutput:
     """:class:`~creditrl.train.rl.RLTrainer`'s evaluation, logging, stop handling and export."""
 
     parts: RunParts
-    cfg: Config
+    plan: RunPlan
     run_dir: Path
     trackers: list[Tracker]
     signals: Signals
@@ -59,18 +58,18 @@ class RunOutput:
         return out
 
     def evaluate(self) -> dict[str, float]:
-        p, cfg = self.parts, self.cfg
+        p, plan = self.parts, self.plan
         res = evaluate(
             p.model,
             p.tokenizer,
             p.task,
             p.heldout,
-            max_new_tokens=cfg.rollout.max_new_tokens,
-            engine=cfg.policy.engine,
-            precision=cfg.policy.precision,
-            kernels=cfg.policy.kernels,
+            max_new_tokens=plan.eval_max_new_tokens,
+            engine=plan.eval_engine,
+            precision=plan.precision,
+            kernels=plan.eval_kernels,
             calls=p.scorer.calls,
-            on_error=cfg.reward.on_error,
+            on_error=plan.on_error,
         )
         out = {"eval/accuracy": res.accuracy, "eval/step_accuracy": res.step_accuracy, "eval/length": res.mean_length}
         out.update(
@@ -84,16 +83,13 @@ class RunOutput:
     def _inspect(self, rec: IterationRecord) -> None:
         """The credit inspector's sample of this iteration (every ``train.inspect_every``), on rank 0."""
         if ddp.is_main():
-            record_iteration(
+            self.parts.inspector(
                 self.run_dir,
                 rec.iteration,
                 rec.batch,
                 rec.scored,
                 rec.advantages,
                 rec.returns,
-                self.cfg,
-                self.parts.tokenizer,
-                self.parts.task,
                 values=rec.values.values,
                 credit_step_ends=rec.values.step_ends,
                 lam=rec.lam,
@@ -103,7 +99,7 @@ class RunOutput:
         """After SIGINT / SIGTERM: a checkpoint of the last finished iteration when it has none, and
         the one line saying where the run stopped and how to resume it."""
         self.signals.reset()
-        done, total, ckpts = self.finished, self.cfg.train.iterations, self.run_dir / "checkpoints"
+        done, total, ckpts = self.finished, self.plan.iterations, self.run_dir / "checkpoints"
         resume = f"resume with: {resume_command(self.run_dir)}"
         if exc.at_once:  # a second signal: the iteration under way is abandoned, its state half-changed
             intact = latest_name(ckpts)
@@ -134,7 +130,7 @@ class RunOutput:
         adapters merged into the weights), written atomically; ``from_pretrained`` loads it."""
         p, final = self.parts, self.run_dir / FINAL
         model = p.model
-        if is_lora(model) and self.cfg.train.merge_lora:
+        if is_lora(model) and self.plan.merge_lora:
             model = copy.deepcopy(model).merge_and_unload()
         tmp = self.run_dir / (FINAL + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -160,5 +156,5 @@ class RunOutput:
                 tracker.log(row)
                 if completions:
                     tracker.log_completions(row["iteration"], completions)
-            if self.cfg.train.progress and not sys.stdout.isatty() and "reward/mean" in row:
-                print(progress_line(row, self.cfg.train.iterations), flush=True)
+            if self.plan.progress and not sys.stdout.isatty() and "reward/mean" in row:
+                print(progress_line(row, self.plan.iterations), flush=True)

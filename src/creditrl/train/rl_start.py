@@ -9,11 +9,11 @@ from typing import Any
 
 import torch
 
-from creditrl.config import Config
 from creditrl.distributed import ddp
 from creditrl.losses import explained_variance
 from creditrl.train import stages
 from creditrl.train.build import RunParts
+from creditrl.train.plan import RunPlan
 
 log = logging.getLogger("creditrl")
 RANK_SEED_STRIDE = 2**32  # data-parallel rank r samples its rollouts from iteration_seed + r * stride
@@ -28,7 +28,7 @@ class RunStart:
     """:class:`~creditrl.train.rl.RLTrainer`'s rollout, totals and value pretraining."""
 
     parts: RunParts
-    cfg: Config
+    plan: RunPlan
     totals: dict[str, Any]
 
     def _pretrain_critic(self) -> dict[str, float]:
@@ -39,24 +39,22 @@ class RunStart:
         PRETRAIN_SEED_OFFSET``, apart from RL's. Returns iteration 0's ``pretrain/*`` metrics: each
         batch's explained variance is measured before the critic trains on it (a fresh sample), the
         first (the untrained critic) and the last; the last update's value loss; ``time/pretrain_s``."""
-        p, cfg = self.parts, self.cfg
+        p, plan = self.parts, self.plan
         start, evs, update = time.perf_counter(), [], {}
-        for k in range(cfg.value.pretrain_iterations):
-            seed = iteration_seed(cfg.train.seed, k) + PRETRAIN_SEED_OFFSET
+        for k in range(plan.pretrain_iterations):
+            seed = iteration_seed(plan.seed, k) + PRETRAIN_SEED_OFFSET
             gen = torch.Generator().manual_seed(seed + RANK_SEED_STRIDE * ddp.rank())
             batch = self._rollout(k, gen, seed=seed)
             scored = p.scorer(batch, progress=0.0, generator=gen, ref_logprobs=None)
             values = p.value_stage(batch, scored.step_ends, gen)
             mc = {"lam": 1.0, "lam_critic": 1.0, "lam_alpha": 0.0}  # Monte-Carlo returns
-            adv, ret = stages.credit(batch, scored, cfg, values=values.values, step_ends=values.step_ends, **mc)
+            adv, ret = stages.credit(batch, scored, plan.credit, values=values.values, step_ends=values.step_ends, **mc)
             mask = batch.response_mask & scored.keep[:, None]
             (ev,) = ddp.all_reduce_mean([explained_variance(values.values, ret, mask)])
             evs.append(ev)
             update = stages.learn(p, batch, scored, adv, ret, values, None, gen, train_policy=False)
             self._count(batch.size, stages.generated_tokens(batch), 0.0)
-            log.info(
-                "creditrl: value pretraining %d/%d: explained variance %.3f", k + 1, cfg.value.pretrain_iterations, ev
-            )
+            log.info("creditrl: value pretraining %d/%d: explained variance %.3f", k + 1, plan.pretrain_iterations, ev)
         seconds = time.perf_counter() - start
         self.totals["time_s"] += seconds
         return {
@@ -70,14 +68,14 @@ class RunStart:
     def _rollout(self, it: int, generator: torch.Generator, *, seed: int | None = None):
         """This iteration's problems (the same on every rank; each keeps its share) and their samples;
         ``seed`` replaces the problems' seed ``iteration_seed(train.seed, it)``."""
-        p, cfg = self.parts, self.cfg
-        seed = iteration_seed(cfg.train.seed, it) if seed is None else seed
-        problems = p.task.sample(cfg.rollout.prompts_per_iter, split="train", seed=seed)
+        p, plan = self.parts, self.plan
+        seed = iteration_seed(plan.seed, it) if seed is None else seed
+        problems = p.task.sample(plan.prompts_per_iter, split="train", seed=seed)
         return stages.rollout(
             p.engine,
             p.tokenizer,
             ddp.share(problems),
-            cfg.rollout.group_size,
+            plan.group_size,
             p.params,
             generator,
             tree=p.value_stage.tree,

@@ -10,7 +10,6 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from creditrl.config import Config
 from creditrl.credit import credit_lengths, estimate_at, length_adaptive_lam, normalise, outcome_advantage
 from creditrl.credit.estimators import EPS
 from creditrl.distributed import ddp
@@ -21,6 +20,7 @@ from creditrl.rewards.stage import Scored, Scorer
 from creditrl.rollout.batch import TrajectoryBatch, batch_from_generation, chunked_response_logprobs
 from creditrl.tasks.base import Problem
 from creditrl.train.build import RunParts
+from creditrl.train.plan import CreditSettings
 from creditrl.train.update import CriticTarget, update
 from creditrl.values.stage import ValueOut
 from creditrl.values.tree import TreeShape, tree_rollout
@@ -99,7 +99,7 @@ def generated_tokens(batch: TrajectoryBatch) -> int:
 def credit(
     batch: TrajectoryBatch,
     scored: Scored,
-    cfg: Config,
+    settings: CreditSettings,
     *,
     values: torch.Tensor | None = None,
     lam: float | None = None,
@@ -111,6 +111,7 @@ def credit(
 
     Only the kept responses enter (``scored.keep``): a response dropped by the reward error
     policy or the hybrid filter neither receives credit nor counts in its group's statistics.
+    ``settings`` are the run's ``credit.*`` (:class:`~creditrl.train.plan.CreditSettings`).
     ``lam`` overrides ``credit.lam`` (the lambda schedule), ``lam_critic`` and ``lam_alpha`` the
     returns' lambda ``credit.lam_critic`` (None: the config's) and ``credit.lam_alpha`` (value
     pretraining asks for Monte-Carlo returns: ``lam = lam_critic = 1``, ``lam_alpha = 0``, see
@@ -127,39 +128,40 @@ def credit(
     rows = scored.keep.nonzero().squeeze(-1)
     adv = torch.zeros(batch.response_mask.shape)
     ret = torch.zeros(batch.response_mask.shape)
-    global_batch = cfg.credit.normaliser == "batch" and ddp.world_size() > 1
+    c = settings
+    global_batch = c.normaliser == "batch" and ddp.world_size() > 1
     if rows.numel() == 0:
         if global_batch:  # the collective runs on every rank, also one without kept rows
             ddp.batch_whitening(adv[:0], batch.response_mask[:0], EPS)
         return adv, ret
     mask = batch.response_mask[rows]
     a, r = estimate_at(
-        cfg.credit.resolution,
-        cfg.credit.estimator,
+        c.resolution,
+        c.estimator,
         scored.rewards[rows],
         scored.reward_mask[rows],
         mask,
         step_ends=(scored.step_ends if step_ends is None else step_ends)[rows],
         group_ids=batch.group_ids[rows],
         values=None if values is None else values[rows],
-        gamma=cfg.credit.gamma,
-        lam=cfg.credit.lam if lam is None else lam,
-        lam_alpha=cfg.credit.lam_alpha if lam_alpha is None else lam_alpha,
-        lam_critic=cfg.credit.lam_critic if lam_critic is None else lam_critic,
+        gamma=c.gamma,
+        lam=c.lam if lam is None else lam,
+        lam_alpha=c.lam_alpha if lam_alpha is None else lam_alpha,
+        lam_critic=c.lam_critic if lam_critic is None else lam_critic,
     )
-    if cfg.credit.outcome_coef:  # the verifiable outcome as a channel of its own (creditrl.credit.outcome)
+    if c.outcome_coef:  # the verifiable outcome as a channel of its own (creditrl.credit.outcome)
         outcome = scored.outcome[rows].to(a.dtype)  # (kept B,)
-        a = a + cfg.credit.outcome_coef * outcome_advantage(outcome, mask, batch.group_ids[rows])
+        a = a + c.outcome_coef * outcome_advantage(outcome, mask, batch.group_ids[rows])
     if global_batch:
         adv[rows] = ddp.batch_whitening(a, mask, EPS)
     else:
-        adv[rows] = normalise(cfg.credit.normaliser, a, mask, group_ids=batch.group_ids[rows])
+        adv[rows] = normalise(c.normaliser, a, mask, group_ids=batch.group_ids[rows])
     ret[rows] = r
     return adv, ret
 
 
 def policy_lam_mean(
-    batch: TrajectoryBatch, scored: Scored, cfg: Config, step_ends: torch.Tensor | None = None
+    batch: TrajectoryBatch, scored: Scored, settings: CreditSettings, step_ends: torch.Tensor | None = None
 ) -> float:
     """The mean over the kept responses of the advantages' lambda under ``credit.lam_alpha`` (VAPO's
     per-response ``clamp(1 - 1/(alpha l), 0, 1)``, l in credit time steps); ``step_ends`` as in
@@ -168,8 +170,8 @@ def policy_lam_mean(
     if not bool(rows.any()):
         return 0.0
     ends = (scored.step_ends if step_ends is None else step_ends)[rows]
-    lengths = credit_lengths(cfg.credit.resolution, batch.response_mask[rows], ends)
-    return float(length_adaptive_lam(lengths, cfg.credit.lam_alpha).mean())
+    lengths = credit_lengths(settings.resolution, batch.response_mask[rows], ends)
+    return float(length_adaptive_lam(lengths, settings.lam_alpha).mean())
 
 
 def learn(
@@ -186,8 +188,8 @@ def learn(
 ) -> dict[str, float]:
     """The update stage: the policy (and a learned critic, toward ``returns``) take their steps on
     the kept responses; then the copies that generate follow (an FSDP learner's gathered weights,
-    the Ray workers' broadcast). Returns the update's metrics."""
-    cfg = parts.config
+    the Ray workers' broadcast). Returns the update's metrics. The update's own settings (loss,
+    optimizer, value loss) are the config's sections, which :func:`creditrl.train.update.update` reads."""
     mask = batch.response_mask & scored.keep[:, None]
     policy, critic_module = parts.learners.get(parts.model, parts.value_stage.critic)
     critic = None
@@ -199,7 +201,7 @@ def learn(
         batch,
         advantages,
         mask,
-        cfg,
+        parts.config,
         generator,
         ref_logprobs=ref_logprobs,
         critic=critic,
@@ -208,6 +210,6 @@ def learn(
     )
     if parts.learners.sharded:  # every rank gathers the updated shards into its generation copy
         parts.model.load_state_dict(ddp.full_state_dict(policy))
-    if cfg.backend.name == "ray":  # broadcast the new weights to the rollout workers
+    if parts.plan.ray:  # broadcast the new weights to the rollout workers
         parts.engine.sync(parts.model)
     return out
