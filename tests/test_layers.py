@@ -101,3 +101,41 @@ def test_the_data_flow_reads_in_one_sitting() -> None:
     assert {k: n for k, n in lengths.items() if n > 80} == {}
     iteration = [n for k, n in lengths.items() if k.startswith("src/creditrl/train/rl.py") and k.endswith(" iteration")]
     assert len(iteration) == 1 and iteration[0] <= 40
+
+
+def _design_layers() -> list[set[str]]:
+    """The packages of each row of docs/design.md's layer table, bottom to top."""
+    import re
+
+    text = (ROOT / "docs" / "design.md").read_text()
+    section = text.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if re.match(r"\|\s*\d+\s*\|", line)]
+    numbers = [int(row.split("|")[1]) for row in rows]
+    assert numbers == list(range(len(rows))), numbers  # one row per layer, numbered from 0
+    return [set(re.findall(r"`([a-z_]+)`", row.split("|")[2])) for row in rows]
+
+
+def _contract_layers() -> list[set[str]]:
+    """The ``layers`` import-linter contract of pyproject.toml, bottom to top, without the layers
+    whose package does not exist (a package being moved out of creditrl)."""
+    import tomllib
+
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    (layers,) = [c["layers"] for c in config["contracts"] if c["name"] == "layers"]
+    package = ROOT / "src" / "creditrl"
+    out = []
+    for layer in reversed(layers):
+        names = {name.strip() for name in layer.split("|")}
+        names = {n for n in names if (package / n).is_dir() or (package / f"{n}.py").is_file()}
+        if names:
+            out.append(names)
+    return out
+
+
+def test_the_design_layer_table_is_the_contract() -> None:
+    assert _design_layers() == _contract_layers()
+    package = ROOT / "src" / "creditrl"
+    listed = set().union(*_design_layers())
+    present = {p.name for p in package.iterdir() if (p / "__init__.py").is_file() and p.name != "configs"}
+    present |= {p.stem for p in package.glob("*.py") if p.stem != "__init__"}
+    assert listed == present
