@@ -4,6 +4,7 @@ once (:data:`METHOD`), every number is a table cell. The plots are ``perf_plots.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from perf_profile import profile_lines
@@ -85,6 +86,14 @@ def _table(head: list[str], rows: list[list[str]]) -> list[str]:
     return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in rows)]
 
 
+Column = tuple[str, Callable[[Any], str]]
+
+
+def _columns(items: list[Any], columns: list[Column]) -> list[str]:
+    """A table with one row per item and one column per (header, the item's cell)."""
+    return _table([h for h, _ in columns], [[cell(x) for _, cell in columns] for x in items])
+
+
 def settings_lines(res: dict[str, Any]) -> list[str]:
     o = res["options"]
     rows = [
@@ -119,203 +128,129 @@ def targets_lines(res: dict[str, Any], targets: dict[str, float | None]) -> list
     )
 
 
+def _trl(it: dict[str, Any], key: str, fmt: str) -> str:
+    return _m(it[key], fmt) if "trl_iter_s" in it else "-"
+
+
 def _point_tables(section: str, points: list[dict[str, Any]], peak: float) -> list[str]:
     """The iteration table and the decode table of (a) or (b)."""
-    head = "generated length" if section == "a" else "model"
-    rows = []
-    for p in points:
-        it, d = p["iteration"], p["decode"]
-        trl = "trl_iter_s" in it
-        rows.append(
-            [
-                point_label(section, p),
-                f"{p['max_new_tokens']:,}",
-                f"{it['creditrl_length']:.0f}",
-                f"{it['trl_length']:.0f}" if trl else "-",
-                f"{d['creditrl_length']:.0f}",
-                f"{d['hf_generate_length']:.0f}",
-                _m(it["creditrl_iter_s"], ".3f"),
-                _m(it["trl_iter_s"], ".3f") if trl else "-",
-                _f(it.get("ratio_trl_vs_creditrl"), ".2f"),
-                _m(it["creditrl_tokens_per_s"]),
-                _m(it["trl_tokens_per_s"]) if trl else "-",
-                _m(it["update_gflops"], ".1f"),
-                _pct(it["update_peak_share"]),
-            ]
-        )
-    lines = _table(
+    label: Column = ("generated length" if section == "a" else "model", lambda p: point_label(section, p))
+    it = lambda p: p["iteration"]  # noqa: E731
+    iteration = _columns(
+        points,
         [
-            head,
-            "max new tokens",
-            "mean length: creditrl rollout",
-            "TRL",
-            "creditrl decode",
-            "HF generate",
-            "creditrl iteration s",
-            "TRL iteration s",
-            "TRL / creditrl",
-            "creditrl iteration tokens/s",
-            "TRL tokens/s",
-            "update GFLOP/s",
-            f"share of the {peak:.0f} GFLOP/s peak",
+            label,
+            ("max new tokens", lambda p: f"{p['max_new_tokens']:,}"),
+            ("mean length: creditrl rollout", lambda p: f"{it(p)['creditrl_length']:.0f}"),
+            ("TRL", lambda p: f"{it(p)['trl_length']:.0f}" if "trl_iter_s" in it(p) else "-"),
+            ("creditrl decode", lambda p: f"{p['decode']['creditrl_length']:.0f}"),
+            ("HF generate", lambda p: f"{p['decode']['hf_generate_length']:.0f}"),
+            ("creditrl iteration s", lambda p: _m(it(p)["creditrl_iter_s"], ".3f")),
+            ("TRL iteration s", lambda p: _trl(it(p), "trl_iter_s", ".3f")),
+            ("TRL / creditrl", lambda p: _f(it(p).get("ratio_trl_vs_creditrl"), ".2f")),
+            ("creditrl iteration tokens/s", lambda p: _m(it(p)["creditrl_tokens_per_s"])),
+            ("TRL tokens/s", lambda p: _trl(it(p), "trl_tokens_per_s", ",.0f")),
+            ("update GFLOP/s", lambda p: _m(it(p)["update_gflops"], ".1f")),
+            (f"share of the {peak:.0f} GFLOP/s peak", lambda p: _pct(it(p)["update_peak_share"])),
         ],
-        rows,
     )
-    rows = []
-    for p in points:
-        d = p["decode"]
-        c = d.get("products")
-        computed = d.get("computed_row_steps")
-        rows.append(
-            [
-                point_label(section, p),
-                _m(d["creditrl_tokens_per_s"]),
-                _m(d["hf_generate_tokens_per_s"]),
-                f"{d['ratio_hf_vs_creditrl']:.2f}",
-                f"{d['bytes_per_token']:,.0f}",
-                _m(d["gb_per_s"], ".2f"),
-                _pct(d["bandwidth_share"]),
-                _pct(computed[0] / computed[1]) if computed and computed[1] else "-",
-                f"{c['tokens_per_s']:,.0f}" if c else "-",
-                f"{c['gflops']:.0f}" if c else "-",
-            ]
-        )
-    return (
-        lines
-        + [""]
-        + _table(
-            [
-                head,
-                "creditrl decode tokens/s",
-                "HF generate tokens/s",
-                "HF / creditrl",
-                "bytes per generated token",
-                "decode GB/s",
-                "share of copy bandwidth",
-                "row-steps computed",
-                "products alone tokens/s",
-                "products alone GFLOP/s",
-            ],
-            rows,
-        )
+    d = lambda p: p["decode"]  # noqa: E731
+    c = lambda p, k, fmt: format(d(p)["products"][k], fmt) if d(p).get("products") else "-"  # noqa: E731
+    steps = lambda p: d(p).get("computed_row_steps") or [0, 0]  # noqa: E731
+    decode = _columns(
+        points,
+        [
+            label,
+            ("creditrl decode tokens/s", lambda p: _m(d(p)["creditrl_tokens_per_s"])),
+            ("HF generate tokens/s", lambda p: _m(d(p)["hf_generate_tokens_per_s"])),
+            ("HF / creditrl", lambda p: f"{d(p)['ratio_hf_vs_creditrl']:.2f}"),
+            ("bytes per generated token", lambda p: f"{d(p)['bytes_per_token']:,.0f}"),
+            ("decode GB/s", lambda p: _m(d(p)["gb_per_s"], ".2f")),
+            ("share of copy bandwidth", lambda p: _pct(d(p)["bandwidth_share"])),
+            ("row-steps computed", lambda p: _pct(steps(p)[0] / steps(p)[1]) if steps(p)[1] else "-"),
+            ("products alone tokens/s", lambda p: c(p, "tokens_per_s", ",.0f")),
+            ("products alone GFLOP/s", lambda p: c(p, "gflops", ".0f")),
+        ],
     )
+    return [*iteration, "", *decode]
 
 
 def bounds_lines(res: dict[str, Any], targets: dict[str, float | None]) -> list[str]:
-    it = [
-        [
-            r["point"],
-            f"{r['rollout_s']:.3f}",
-            f"{r['update_s']:.3f}",
-            _pct(r["update_share"]),
-            _f(r["zero_rollout_ratio"], ".2f"),
-            _f(r["rollout_allowed_s"], ".3f"),
-            f"{r['attention_gflop']:.1f}",
-            f"{r['linear_gflop']:.1f}",
-            _pct(r["peak_share_with_attention"]),
-        ]
-        for r in iteration_bounds(res, targets)
-    ]
     lines = [
         METHOD["bounds"],
         "",
-        *_table(
+        *_columns(
+            iteration_bounds(res, targets),
             [
-                "point",
-                "rollout s",
-                "update s",
-                "update share",
-                "TRL / creditrl at a zero-second rollout",
-                "rollout allowed s",
-                "attention GFLOP",
-                "6 N GFLOP",
-                "update share of peak, attention counted",
+                ("point", lambda r: r["point"]),
+                ("rollout s", lambda r: f"{r['rollout_s']:.3f}"),
+                ("update s", lambda r: f"{r['update_s']:.3f}"),
+                ("update share", lambda r: _pct(r["update_share"])),
+                ("TRL / creditrl at a zero-second rollout", lambda r: _f(r["zero_rollout_ratio"], ".2f")),
+                ("rollout allowed s", lambda r: _f(r["rollout_allowed_s"], ".3f")),
+                ("attention GFLOP", lambda r: f"{r['attention_gflop']:.1f}"),
+                ("6 N GFLOP", lambda r: f"{r['linear_gflop']:.1f}"),
+                ("update share of peak, attention counted", lambda r: _pct(r["peak_share_with_attention"])),
             ],
-            it,
         ),
     ]
     dec = decode_bounds(res, targets)
     if dec:
-        rows = [
-            [
-                r["point"],
-                f"{r['products_tokens_per_s']:,.0f}",
-                ", ".join(f"{LIBRARY.get(k, k)} {v:,.0f}" for k, v in r["by_library"].items()) or "-",
-                f"{r['ceiling_tokens_per_s']:,.0f}",
-                _pct(r["creditrl_share"]),
-                _pct(r["hf_share"]),
-                _f(r["target_tokens_per_s"], ",.0f"),
-                _pct(r["target_share"]),
-            ]
-            for r in dec
-        ]
+        libs = lambda r: ", ".join(f"{LIBRARY.get(k, k)} {v:,.0f}" for k, v in r["by_library"].items()) or "-"  # noqa: E731
         lines += [
             "",
             METHOD["decode_bounds"],
             "",
-            *_table(
+            *_columns(
+                dec,
                 [
-                    "point",
-                    "products alone tokens/s",
-                    "by library",
-                    "ceiling tokens/s",
-                    "creditrl / ceiling",
-                    "HF generate / ceiling",
-                    "target tokens/s",
-                    "target / ceiling",
+                    ("point", lambda r: r["point"]),
+                    ("products alone tokens/s", lambda r: f"{r['products_tokens_per_s']:,.0f}"),
+                    ("by library", libs),
+                    ("ceiling tokens/s", lambda r: f"{r['ceiling_tokens_per_s']:,.0f}"),
+                    ("creditrl / ceiling", lambda r: _pct(r["creditrl_share"])),
+                    ("HF generate / ceiling", lambda r: _pct(r["hf_share"])),
+                    ("target tokens/s", lambda r: _f(r["target_tokens_per_s"], ",.0f")),
+                    ("target / ceiling", lambda r: _pct(r["target_share"])),
                 ],
-                rows,
             ),
         ]
     return lines
+
+
+def _outside(r: dict[str, Any]) -> list[float | None]:
+    """A study run's seconds outside the iterations: start-up + first evaluation, later evaluations, rest."""
+    if "until_first_row_s" in r:
+        rest = r["outside_iterations_s"] - r["until_first_row_s"] - r["later_evals_s"]
+        return [r["until_first_row_s"], r["later_evals_s"], rest]
+    if "eval_s" in r:
+        return [None, r["eval_s"], r["outside_iterations_s"] - r["eval_s"]]
+    return [None, None, r["outside_iterations_s"]]
 
 
 def _study_lines(study: dict[str, Any]) -> list[str]:
     runs = [(name, "current", r) for name, rs in study["runs"].items() for r in rs]
     if "baseline" in study:
         runs += [("arith", study["baseline"]["commit"], r) for r in study["baseline"]["old"]]
-    rows = []
-    for name, code, r in runs:
-        share = lambda s: f"{100 * s / r['wall_s']:.1f}%"  # noqa: E731
-        stages = [share(r["stages_s"][k]) if k in r["stages_s"] else "-" for k in STAGES]
-        if "until_first_row_s" in r:
-            rest = r["outside_iterations_s"] - r["until_first_row_s"] - r["later_evals_s"]
-            outside = [share(r["until_first_row_s"]), share(r["later_evals_s"]), share(rest)]
-        elif "eval_s" in r:
-            outside = ["-", share(r["eval_s"]), share(r["outside_iterations_s"] - r["eval_s"])]
-        else:
-            outside = ["-", "-", share(r["outside_iterations_s"])]
-        rows.append(
-            [
-                name,
-                code,
-                f"{r['iterations']}",
-                f"{r['samples']:,}",
-                f"{r['wall_s']:.1f}",
-                f"{r['samples_per_s']:.1f}",
-                f"{r['samples_per_iteration_s']:.1f}",
-                *stages,
-                *outside,
-            ]
-        )
+    share = lambda s, r: "-" if s is None else f"{100 * s / r['wall_s']:.1f}%"  # noqa: E731
+    stage = lambda k: (k, lambda x: share(x[2]["stages_s"].get(k), x[2]))  # noqa: E731
+    outside = lambda i, h: (h, lambda x: share(_outside(x[2])[i], x[2]))  # noqa: E731
     lines = [
         METHOD["c"],
         "",
-        *_table(
+        *_columns(
+            runs,
             [
-                "config",
-                "code",
-                "iterations",
-                "samples",
-                "wall s",
-                "samples/s end to end",
-                "samples/s within iterations",
-                *STAGES,
-                "start-up + first evaluation",
-                "later evaluations",
-                "rest",
+                ("config", lambda x: x[0]),
+                ("code", lambda x: x[1]),
+                ("iterations", lambda x: f"{x[2]['iterations']}"),
+                ("samples", lambda x: f"{x[2]['samples']:,}"),
+                ("wall s", lambda x: f"{x[2]['wall_s']:.1f}"),
+                ("samples/s end to end", lambda x: f"{x[2]['samples_per_s']:.1f}"),
+                ("samples/s within iterations", lambda x: f"{x[2]['samples_per_iteration_s']:.1f}"),
+                *(stage(k) for k in STAGES),
+                *(outside(i, h) for i, h in enumerate(("start-up + first evaluation", "later evaluations", "rest"))),
             ],
-            rows,
         ),
     ]
     if "baseline" in study:
@@ -383,7 +318,7 @@ def study_budget_lines(res: dict[str, Any], targets: dict[str, float | None]) ->
 
 def limits_lines(res: dict[str, Any]) -> list[str]:
     o, lim = res["options"], res["limits"]
-    by = lim["matmul"].get("by_library", {})
+    by = ", ".join(f"{LIBRARY.get(k, k)} {v:.0f}" for k, v in lim["matmul"].get("by_library", {}).items()) or "-"
     rows = [
         ["copy (GB/s)", f"{o['copy_mb']} MB", f"{lim['copy']['max']:.2f}", f"{lim['copy']['median']:.2f}", "-"],
         [
@@ -391,45 +326,31 @@ def limits_lines(res: dict[str, Any]) -> list[str]:
             f"n = {o['matmul_n']}",
             f"{lim['matmul']['max']:.1f}",
             f"{lim['matmul']['median']:.1f}",
-            ", ".join(f"{LIBRARY.get(k, k)} {v:.0f}" for k, v in by.items()) or "-",
+            by,
         ],
     ]
     lines = [METHOD["d"], "", *_table(["limit", "size", "best", "median", "best by library"], rows)]
-    p = max(res["lengths"], key=lambda q: q["length"]) if res["lengths"] else None
-    if p is not None:
-        t = p["decode"]["traffic"]
-        row = [
-            f"{p['length']:,}",
-            f"{p['non_embedding_parameters']:,}",
-            f"{t['weights_bytes']:,}",
-            f"{p['layers']}",
-            f"{p['kv_heads']}",
-            f"{p['head_dim']}",
-            f"{t['kv_bytes_per_position']:,}",
-            f"{t['steps']:,}",
-            f"{len(p['raw']['decode']['creditrl']['lengths'][-1])}",
-            f"{t['tokens']:,}",
-            f"{t['kv_positions_read']:,}",
-            f"{t['bytes_per_token']:,.0f}",
-        ]
+    if res["lengths"]:
+        p = max(res["lengths"], key=lambda q: q["length"])
+        t = {**p["decode"]["traffic"], "rows": len(p["raw"]["decode"]["creditrl"]["lengths"][-1])}
         lines += [
             "",
-            *_table(
+            *_columns(
+                [p],
                 [
-                    "length",
-                    "non-embedding parameters",
-                    "weight bytes",
-                    "layers",
-                    "kv heads",
-                    "head dim",
-                    "KV bytes per position",
-                    "steps",
-                    "rows",
-                    "generated tokens",
-                    "row-positions read",
-                    "bytes per token",
+                    ("length", lambda p: f"{p['length']:,}"),
+                    ("non-embedding parameters", lambda p: f"{p['non_embedding_parameters']:,}"),
+                    ("weight bytes", lambda _: f"{t['weights_bytes']:,}"),
+                    ("layers", lambda p: f"{p['layers']}"),
+                    ("kv heads", lambda p: f"{p['kv_heads']}"),
+                    ("head dim", lambda p: f"{p['head_dim']}"),
+                    ("KV bytes per position", lambda _: f"{t['kv_bytes_per_position']:,}"),
+                    ("steps", lambda _: f"{t['steps']:,}"),
+                    ("rows", lambda _: f"{t['rows']}"),
+                    ("generated tokens", lambda _: f"{t['tokens']:,}"),
+                    ("row-positions read", lambda _: f"{t['kv_positions_read']:,}"),
+                    ("bytes per token", lambda _: f"{t['bytes_per_token']:,.0f}"),
                 ],
-                [row],
             ),
         ]
     return lines
@@ -437,110 +358,85 @@ def limits_lines(res: dict[str, Any]) -> list[str]:
 
 def rss_lines(r: dict[str, Any]) -> list[str]:
     spec, peaks = r["spec"], r.get("stage_peak_mb", {})
-    row = [
-        spec["size"]["name"],
-        f"{spec['prompts']} x {spec['group']} x {spec['tokens']:,}",
-        f"{r['response_length']:.0f}",
-        f"{r['peak_rss_mb']:,.0f}",
-        *(_f(peaks.get(k), ",.0f") for k in _MEMORY_STAGES),
-        r.get("peak_stage", "-"),
-        f"{r['iter_s']:.1f}",
-        f"{r['rollout_s']:.1f}",
-        f"{r['update_s']:.1f}",
+    stage = lambda k: (f"{k} MB", lambda _: _f(peaks.get(k), ",.0f"))  # noqa: E731
+    columns: list[Column] = [
+        ("model", lambda _: spec["size"]["name"]),
+        ("prompts x samples x max tokens", lambda _: f"{spec['prompts']} x {spec['group']} x {spec['tokens']:,}"),
+        ("mean response length", lambda r: f"{r['response_length']:.0f}"),
+        ("peak RSS MB", lambda r: f"{r['peak_rss_mb']:,.0f}"),
+        *(stage(k) for k in _MEMORY_STAGES),
+        ("stage of the peak", lambda r: r.get("peak_stage", "-")),
+        ("iteration s", lambda r: f"{r['iter_s']:.1f}"),
+        ("rollout s", lambda r: f"{r['rollout_s']:.1f}"),
+        ("update s", lambda r: f"{r['update_s']:.1f}"),
     ]
-    return [
-        METHOD["e"],
-        "",
-        *_table(
-            [
-                "model",
-                "prompts x samples x max tokens",
-                "mean response length",
-                "peak RSS MB",
-                *(f"{k} MB" for k in _MEMORY_STAGES),
-                "stage of the peak",
-                "iteration s",
-                "rollout s",
-                "update s",
-            ],
-            [row],
-        ),
-    ]
+    return [METHOD["e"], "", *_columns([r], columns)]
 
 
 def _exactness_lines(res: dict[str, Any]) -> list[str]:
     """Section f: the packed forward against the HF pass, and the KL row-skipping approximation."""
     lines = ["", "## f. The packed forward, and zero-advantage rows under a KL term", ""]
     if res.get("forward"):
-        rows = []
-        for name, r in res["forward"].items():
-            m = r["median_s"]
-            rows.append(
-                [
-                    name,
-                    f"{r['rows']}",
-                    f"{r['response_tokens']:,}",
-                    f"{r['padded_positions']:,}",
-                    f"{m['infer_hf']:.3f}",
-                    f"{m['infer_packed']:.3f}",
-                    f"{r['speedup_infer']:.2f}",
-                    f"{m['train_hf']:.3f}",
-                    f"{m['train_packed']:.3f}",
-                    f"{r['speedup_train']:.2f}",
-                    f"{r['max_abs_logprob_diff']:.1e}",
-                    f"{r['grad_relative_distance']:.1e}",
-                ]
-            )
-        lines += [
-            METHOD["forward"],
-            "",
-            *_table(
-                [
-                    "config",
-                    "rows",
-                    "response tokens",
-                    "padded positions",
-                    "no gradient: HF s",
-                    "packed s",
-                    "HF / packed",
-                    "forward + backward: HF s",
-                    "packed s",
-                    "HF / packed",
-                    "max abs log-prob difference",
-                    "gradient relative distance",
-                ],
-                rows,
-            ),
+        m = lambda x, k: f"{x[1]['median_s'][k]:.3f}"  # noqa: E731
+        columns: list[Column] = [
+            ("config", lambda x: x[0]),
+            ("rows", lambda x: f"{x[1]['rows']}"),
+            ("response tokens", lambda x: f"{x[1]['response_tokens']:,}"),
+            ("padded positions", lambda x: f"{x[1]['padded_positions']:,}"),
+            ("no gradient: HF s", lambda x: m(x, "infer_hf")),
+            ("packed s", lambda x: m(x, "infer_packed")),
+            ("HF / packed", lambda x: f"{x[1]['speedup_infer']:.2f}"),
+            ("forward + backward: HF s", lambda x: m(x, "train_hf")),
+            ("packed s", lambda x: m(x, "train_packed")),
+            ("HF / packed", lambda x: f"{x[1]['speedup_train']:.2f}"),
+            ("max abs log-prob difference", lambda x: f"{x[1]['max_abs_logprob_diff']:.1e}"),
+            ("gradient relative distance", lambda x: f"{x[1]['grad_relative_distance']:.1e}"),
         ]
+        lines += [METHOD["forward"], "", *_columns(list(res["forward"].items()), columns)]
     if res.get("kl_skip"):
-        rows = [
-            [
-                f"{r['iteration']}",
-                _pct(r["skipped_rows"]),
-                f"{r['cosine']:.4f}",
-                f"{r['relative_distance']:.3f}",
-                f"{r['update_s_exact']:.3f}",
-                f"{r['update_s_approx']:.3f}",
-            ]
-            for r in res["kl_skip"]["rows"]
+        columns = [
+            ("iteration", lambda r: f"{r['iteration']}"),
+            ("rows left out", lambda r: _pct(r["skipped_rows"])),
+            ("gradient cosine", lambda r: f"{r['cosine']:.4f}"),
+            ("relative distance", lambda r: f"{r['relative_distance']:.3f}"),
+            ("update s, exact", lambda r: f"{r['update_s_exact']:.3f}"),
+            ("update s, approx.", lambda r: f"{r['update_s_approx']:.3f}"),
         ]
-        lines += [
-            "",
-            METHOD["kl_skip"],
-            "",
-            *_table(
-                [
-                    "iteration",
-                    "rows left out",
-                    "gradient cosine",
-                    "relative distance",
-                    "update s, exact",
-                    "update s, approx.",
-                ],
-                rows,
-            ),
-        ]
+        lines += ["", METHOD["kl_skip"], "", *_columns(res["kl_skip"]["rows"], columns)]
     return lines
+
+
+def _size_table(points: list[dict[str, Any]]) -> list[str]:
+    size = lambda k: lambda p: f"{p['size'][k]}"  # noqa: E731
+    columns: list[Column] = [
+        ("model", size("name")),
+        ("hidden", size("hidden_size")),
+        ("layers", size("num_layers")),
+        ("heads", size("num_heads")),
+        ("intermediate", size("intermediate_size")),
+        ("parameters", lambda p: f"{p['parameters']:,}"),
+        ("non-embedding", lambda p: f"{p['non_embedding_parameters']:,}"),
+    ]
+    return _columns(points, columns)
+
+
+def _budget_lines(budget: list[dict[str, Any]]) -> list[str]:
+    """Section g's verdict on the update's peak-share target (:func:`perf_targets.update_budget_rows`)."""
+    if not budget:
+        return []
+    s = lambda k: lambda r: f"{r[k]:.3f}"  # noqa: E731
+    columns: list[Column] = [
+        ("point", lambda r: r["point"]),
+        ("update s", s("update_s")),
+        ("allowed s", s("allowed_s")),
+        ("products s", s("products_s")),
+        ("products GFLOP/s", lambda r: f"{r['products_gflops']:.0f}"),
+        ("products share of peak", lambda r: _pct(r["products_peak_share"])),
+        ("attention s", s("attention_s")),
+        ("left s", s("left_s")),
+        ("other ops and Python now s", s("other_now_s")),
+    ]
+    return ["", METHOD["budget"], "", *_columns(budget, columns)]
 
 
 REMEASURED_TITLES = {
@@ -579,21 +475,7 @@ def performance_report(res: dict[str, Any], targets: dict[str, float | None]) ->
         "",
         METHOD["b"],
         "",
-        *_table(
-            ["model", "hidden", "layers", "heads", "intermediate", "parameters", "non-embedding"],
-            [
-                [
-                    p["size"]["name"],
-                    f"{p['size']['hidden_size']}",
-                    f"{p['size']['num_layers']}",
-                    f"{p['size']['num_heads']}",
-                    f"{p['size']['intermediate_size']}",
-                    f"{p['parameters']:,}",
-                    f"{p['non_embedding_parameters']:,}",
-                ]
-                for p in res["sizes"]
-            ],
-        ),
+        *_size_table(res["sizes"]),
         "",
         *_point_tables("b", res["sizes"], lim["peak_gflops"]),
         "",
@@ -617,39 +499,5 @@ def performance_report(res: dict[str, Any], targets: dict[str, float | None]) ->
     lines += _exactness_lines(res)
     if res.get("profile"):
         lines += ["", *profile_lines(res["profile"])]
-        budget = update_budget_rows(res, targets)
-        if budget:
-            rows = [
-                [
-                    r["point"],
-                    f"{r['update_s']:.3f}",
-                    f"{r['allowed_s']:.3f}",
-                    f"{r['products_s']:.3f}",
-                    f"{r['products_gflops']:.0f}",
-                    _pct(r["products_peak_share"]),
-                    f"{r['attention_s']:.3f}",
-                    f"{r['left_s']:.3f}",
-                    f"{r['other_now_s']:.3f}",
-                ]
-                for r in budget
-            ]
-            lines += [
-                "",
-                METHOD["budget"],
-                "",
-                *_table(
-                    [
-                        "point",
-                        "update s",
-                        "allowed s",
-                        "products s",
-                        "products GFLOP/s",
-                        "products share of peak",
-                        "attention s",
-                        "left s",
-                        "other ops and Python now s",
-                    ],
-                    rows,
-                ),
-            ]
+        lines += _budget_lines(update_budget_rows(res, targets))
     return "\n".join(lines)
