@@ -43,6 +43,11 @@ performance: $(STAMP)
 JOBS ?= 2
 findings: $(STAMP)
 	$(BIN)/creditrl findings --jobs $(JOBS)
+	$(BIN)/python docs/glance.py
+
+# README's results table from the JSON of the pages it links (docs/glance.py; tests/test_readme.py checks it)
+readme: $(STAMP)
+	$(BIN)/python docs/glance.py
 
 # ruff (style and likely bugs) and import-linter (the layers of docs/design.md), then every test
 lint: $(STAMP)

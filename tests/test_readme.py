@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -51,21 +52,40 @@ def test_every_schema_field_is_described() -> None:
 
 
 def test_readme_is_a_user_document() -> None:
-    """At most ~600 lines, no run logs (dates, clock times), and every measured number it shows
-    sits in the results table, whose rows link to pages the measuring commands wrote."""
+    """At most 300 lines, no run logs (dates, clock times); every link to a file resolves, and every
+    results page it links states its command, machine and date."""
     text = README.read_text()
-    assert len(text.splitlines()) <= 600
+    assert len(text.splitlines()) <= 300
     assert re.findall(r"20\d\d-[01]\d-[0-3]\d|\d\d:\d\d UTC", text) == []
-    table = re.search(r"## Results at a glance\n\n(.*?)\n\n", text, re.S).group(1).splitlines()
-    assert table[0].startswith("|") and 3 <= len(table) <= 17
-    for row in table[2:]:
-        links = re.findall(r"\]\(([^)#]+)", row)
-        assert links, row
-        for link in links:
-            page = README.parent / link
-            assert page.exists(), link
-            if link.startswith("docs/results/"):
-                assert page.read_text().splitlines()[2].startswith("Written by `"), link  # command, machine, date
+    for link in re.findall(r"\]\(([^)#]+)", text):
+        if link.startswith("http"):
+            continue
+        page = README.parent / link
+        assert page.exists(), link
+        if link.startswith("docs/results/") and link.endswith(".md"):
+            assert page.read_text().splitlines()[2].startswith("Written by `"), link  # command, machine, date
+
+
+def test_readme_results_table_is_generated_from_its_pages_json() -> None:
+    """The results table has at most 8 rows, no cell over 20 words, and is exactly what
+    docs/glance.py renders from the JSON of the pages it links (FINDINGS' verdicts.json, the
+    performance and GPU pages' JSON): each number is the JSON's."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("glance", README.parent / "docs" / "glance.py")
+    glance = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(glance)
+    table = glance.readme_table(README.read_text())
+    assert table == glance.table(), "README's results table is stale: run python docs/glance.py"
+    rows = table.splitlines()[2:]
+    assert 1 <= len(rows) <= 8
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert all(len(c.split()) <= 20 for c in cells), row
+    verdicts = json.loads((README.parent / glance.VERDICTS).read_text())["rows"]
+    c5 = next(r for r in verdicts if (r["finding"], r["arm"], r["reference"]) == glance.FINDING_ROWS[5][1:])
+    d = c5["difference"]
+    assert f"{100 * d['mean']:+.1f} points [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}]" in rows[5]
 
 
 def test_readme_reward_example_registers_a_working_source() -> None:
