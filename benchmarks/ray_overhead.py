@@ -10,7 +10,8 @@ wait). Ray and the workers are started before the timed iterations (``RLTrainer.
 waits for them). Prints seconds per iteration (min / median / max over the iterations after
 the first), the median of the stages the backend touches (rollout; value = MC continuations;
 update = update + weight broadcast) and the ratio of the median to in-process with 2 threads.
-The numbers are only meaningful on an otherwise idle machine.
+The numbers are only meaningful on an otherwise idle machine. With ``--results PAGE`` they also go
+to PAGE's name with .json, beside the page.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # the intra-op threads are set ex
 
 import torch  # noqa: E402
 
+from common import spread, write_json  # noqa: E402
 from creditrl.config import load_config  # noqa: E402
 from creditrl.experiments.report import printed_results  # noqa: E402
 from creditrl.train.rl import RLTrainer  # noqa: E402
@@ -65,32 +67,55 @@ def timed_run(args: argparse.Namespace, extra: list[str], root: Path) -> tuple[l
     return rows, setup
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--iterations", type=int, default=8)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--tokens", type=int, default=24)
     ap.add_argument("--results", metavar="PAGE", help="also write what is printed as a results page (docs/results/...)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     with printed_results(args.results, "Scale-out: the Ray backend against the in-process loop"):
-        _run(args)
+        result = _run(args)
+    if args.results:
+        write_json(Path(args.results).with_suffix(".json"), result)
 
 
-def _run(args: argparse.Namespace) -> None:
+BASE, RAY = "in-process, 2 threads", "ray, 2 workers x 1 thread"
 
+
+def summary(results: dict[str, tuple[list[dict], float]]) -> dict[str, dict]:
+    """Per setup (``results``: its metrics rows after the first iteration, and its set-up seconds): the
+    set-up seconds, the spread of the iteration seconds, the median of each stage in :data:`KEYS`, and
+    the median iteration against in-process with 2 threads; for Ray, the median weight broadcast (ms)
+    and whether every iteration drew the same tokens and rewards as in-process."""
+    base = statistics.median(r["time/iter_s"] for r in results[BASE][0])
+    out = {}
+    for name, (rows, setup) in results.items():
+        its = [r["time/iter_s"] for r in rows]
+        out[name] = {
+            "setup_s": setup,
+            "iter_s": spread(its),
+            "stage_median_s": {k.split("/")[1][:-2]: statistics.median(r[k] for r in rows) for k in KEYS[1:]},
+            "ratio": statistics.median(its) / base,
+        }
+    far = results[RAY][0]
+    out[RAY]["broadcast_median_ms"] = 1000 * statistics.median(r["time/sync_s"] for r in far)
+    out[RAY]["same_as_in_process"] = all(
+        a["tokens/total"] == b["tokens/total"] and a["reward/mean"] == b["reward/mean"]
+        for a, b in zip(results[BASE][0], far)
+    )
+    return out
+
+
+def _run(args: argparse.Namespace) -> dict[str, object]:
     import ray
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     setups = {
-        "in-process, 2 threads": ["train.threads=2"],
+        BASE: ["train.threads=2"],
         "in-process, 1 thread": ["train.threads=1"],
-        "ray, 2 workers x 1 thread": [
-            "train.threads=2",
-            "backend.name=ray",
-            "backend.rollout_workers=2",
-            "backend.worker_threads=1",
-        ],
+        RAY: ["train.threads=2", "backend.name=ray", "backend.rollout_workers=2", "backend.worker_threads=1"],
     }
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -102,24 +127,24 @@ def _run(args: argparse.Namespace) -> None:
         f"{args.iterations - 1} timed iterations (after the first), Ray on 2 CPUs; "
         f"torch {torch.__version__}, ray {ray.__version__}"
     )
-    base = statistics.median(r["time/iter_s"] for r in results["in-process, 2 threads"][0])
+    setups_summary = summary(results)
     head = "".join(f"{k.split('/')[1][:-2] + ' med':>14}" for k in KEYS[1:])
     print(f"{'':<27}{'setup s':>8}{'iter s min':>12}{'median':>8}{'max':>8}{head}{'ratio':>8}")
-    for name, (rows, setup) in results.items():
-        its = [r["time/iter_s"] for r in rows]
-        mid = statistics.median(its)
-        stages = "".join(f"{statistics.median(r[k] for r in rows):14.3f}" for k in KEYS[1:])
-        print(f"{name:<27}{setup:8.2f}{min(its):12.3f}{mid:8.3f}{max(its):8.3f}{stages}{mid / base:7.2f}x")
-    far = results["ray, 2 workers x 1 thread"][0]
+    for name, r in setups_summary.items():
+        it = r["iter_s"]
+        stages = "".join(f"{v:14.3f}" for v in r["stage_median_s"].values())
+        print(
+            f"{name:<27}{r['setup_s']:8.2f}{it['min']:12.3f}{it['median']:8.3f}{it['max']:8.3f}{stages}"
+            f"{r['ratio']:7.2f}x"
+        )
+    far = setups_summary[RAY]
     print(
         f"ratio = median s/iteration / in-process 2 threads; ray setup = starting the workers + first broadcast; "
-        f"weight broadcast median {statistics.median(r['time/sync_s'] for r in far) * 1000:.1f} ms (in update)"
+        f"weight broadcast median {far['broadcast_median_ms']:.1f} ms (in update)"
     )
-    same = all(
-        a["tokens/total"] == b["tokens/total"] and a["reward/mean"] == b["reward/mean"]
-        for a, b in zip(results["in-process, 2 threads"][0], far)
-    )
-    print(f"same tokens and rewards as in-process every iteration: {same}")
+    print(f"same tokens and rewards as in-process every iteration: {far['same_as_in_process']}")
+    settings = {k: getattr(args, k) for k in ("iterations", "prompts", "group", "tokens")}
+    return {**settings, "torch": torch.__version__, "ray": ray.__version__, "setups": setups_summary}
 
 
 if __name__ == "__main__":
