@@ -128,11 +128,16 @@ def _row(claim: str, per_seed: list[float], expect: str = "better", size: float 
     )
 
 
-def _summary(rate: float, tokens: int, cost: dict | None = None, prm_s: float | None = None) -> dict:
+def _summary(
+    rate: float, tokens: int, cost: dict | None = None, prm_s: float | None = None, prm: tuple | None = None
+) -> dict:
     """A hand-made run summary: a start and a last evaluation over 400 problems, ``tokens``
-    generated, ``cost`` as a summary records it (None: one summarised before the cost record)."""
+    generated, ``cost`` as a summary records it (None: one summarised before the cost record);
+    ``prm``: its PRM's labelling tokens and training positions, as the start row records them."""
     start, last = _runs([rate])[0]
     start = {**start, "iteration": 0, "tokens/total": 0, **({} if prm_s is None else {"time/prm_s": prm_s})}
+    if prm is not None:
+        start |= {"prm/generated_tokens": prm[0], "prm/trained_positions": prm[1]}
     last = {**last, "iteration": 2, "tokens/total": tokens}
     summary = {"version": 1, "iter_s": [[1, 5.0], [2, 5.0]], "evals": [start, last]}
     return summary if cost is None else {**summary, "cost": cost}
@@ -152,11 +157,14 @@ def _cost_cells(arm: dict[str, list[dict]], reference: dict[str, list[dict]]) ->
 
 def test_the_verdict_tables_costs_are_ratios_of_what_the_summaries_record() -> None:
     recorded = lambda t, p, c: {"generated_tokens": t, "trained_positions": p, "cpu_s": c}  # noqa: E731
-    token = {"token": [_summary(0.4, 1200, recorded(1200, 6000, 30.0), prm_s=178.4) for _ in range(3)]}
+    # a PRM's labelling (300 tokens) and training (1,000 positions) are charged to the run that reads it
+    token = {"token": [_summary(0.4, 1200, recorded(1200, 6000, 30.0), 178.4, (300, 1000)) for _ in range(3)]}
     gae = {"gae": [_summary(0.3, 1000, recorded(1000, 2000, 20.0)) for _ in range(3)]}
-    assert _cost_cells(token, gae) == ["1.20x", "3.00x", "1.50x", "178 s / –"]
+    assert _cost_cells(token, gae) == ["1.50x", "3.50x", "1.50x", "178 s / –"]
+    unrecorded = {"token": [_summary(0.4, 1200, recorded(1200, 6000, 30.0), prm_s=178.4) for _ in range(3)]}
+    assert _cost_cells(unrecorded, gae) == ["not recorded", "not recorded", "1.50x", "178 s / –"]
     old = {"gae": [_summary(0.3, 1000) for _ in range(3)]}  # summarised before the cost record: tokens only
-    assert _cost_cells(token, old) == ["1.20x", "not recorded", "not recorded", "178 s / –"]
+    assert _cost_cells(token, old) == ["1.50x", "not recorded", "not recorded", "178 s / –"]
     one = {"gae": [_summary(0.3, 1000, recorded(1000, 2000, 20.0)) for _ in range(2)] + [_summary(0.3, 1000)]}
     assert _cost_cells(token, one)[1:3] == ["not recorded", "not recorded"]  # every run must record it
     plain = {"token": [_summary(0.4, 1500) for _ in range(3)]}

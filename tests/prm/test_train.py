@@ -64,6 +64,11 @@ def test_soft_labels_are_the_targets_only_when_soft(soft):
     scores = torch.tensor(prm.score(tok, [(e.prompt, e.completions) for e in examples[:16]]))  # (16, 2)
     expected = [0.3, 0.8] if soft else [0.0, 1.0]
     assert metrics["prm/positive_fraction"] == pytest.approx(sum(expected) / 2)
+    from creditrl.prm.train import _prepare
+
+    data, _ = _prepare(tok, examples, soft=soft, max_step_tokens=None, max_len=prm.max_positions)
+    assert len({len(d.ids) for d in data}) == 1  # every example encodes to one length L: no padding
+    assert metrics["prm/trained_positions"] == 60 * 16 * len(data[0].ids)  # steps x batch x L, one member
     assert scores.mean(0).tolist() == pytest.approx(expected, abs=0.08)
 
 

@@ -328,16 +328,35 @@ def cost_rows(
     """Per arm, what its runs cost in units no machine's speed or load changes, mean and 95%
     half-width over seeds: generated tokens, and where every run recorded them (``spent``: each arm's
     runs' costs in seed order, as a summary's ``cost``) the token positions its updates forwarded and
-    backpropagated and the CPU seconds of its process and the children it waited for."""
+    backpropagated and the CPU seconds of its process and the children it waited for. A run whose
+    reward reads a PRM is charged the PRM's labelling (the samples and MC continuations it generated)
+    and training (the positions it forwarded and backpropagated), as its start row records them
+    (``prm/generated_tokens``, ``prm/trained_positions``); where it does not, those two are not
+    recorded."""
 
     def stat(values: list[Any]) -> tuple[float, float] | None:
         return mean_ci95([float(v) for v in values]) if values and None not in values else None
 
+    def prm(h: list[dict[str, Any]], key: str) -> float | None:
+        """The PRM's part of a run's cost: 0 without a PRM, None when the run read one unrecorded."""
+        first = h[0] if h else {}
+        return first.get(key) if "time/prm_s" in first or key in first else 0.0
+
+    def plus(a: Any, b: Any) -> Any:
+        return None if a is None or b is None else a + b
+
     return [
         {
             "arm": arm,
-            "generated_tokens": mean_ci95([h[-1]["tokens/total"] for h in hs]),
-            "trained_positions": stat([c.get("trained_positions") for c in spent.get(arm, [])]),
+            "generated_tokens": stat([plus(h[-1]["tokens/total"], prm(h, "prm/generated_tokens")) for h in hs]),
+            "trained_positions": stat(
+                [
+                    plus(c.get("trained_positions"), prm(h, "prm/trained_positions"))
+                    for c, h in zip(spent.get(arm, []), hs)
+                ]
+            )
+            if spent.get(arm)
+            else None,
             "cpu_s": stat([c.get("cpu_s") for c in spent.get(arm, [])]),
         }
         for arm, hs in results.items()
@@ -350,7 +369,8 @@ def costs_markdown(rows: list[dict[str, Any]]) -> str:
         "Cost per run, mean ± 95% over seeds: generated tokens, the token positions (prompt and response) the "
         "updates forwarded and backpropagated over every PPO epoch, and the CPU seconds (user + system) of the "
         "run's process and the helper processes it waited for, which a machine's load does not inflate as it "
-        "does wall time.\n",
+        "does wall time. A run whose reward reads a PRM is charged the tokens the PRM's labelling generated and "
+        "the positions its training forwarded and backpropagated (– where the run did not record them).\n",
         "| arm | generated tokens | trained token-positions | CPU seconds |",
         "|---|---|---|---|",
     ]

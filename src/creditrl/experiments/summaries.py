@@ -47,6 +47,8 @@ EVAL_KEYS = (
     "prm/label_coverage",
     "prm/label_fpr",
     "prm/heldout_auroc",
+    "prm/generated_tokens",
+    "prm/trained_positions",
     "reward/mean",
     "train/accuracy",
     "eval/accuracy",

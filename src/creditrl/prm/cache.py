@@ -138,6 +138,8 @@ PRM_RECORD = {
     "coverage": "prm/label_coverage",
     "false_positive_rate": "prm/label_fpr",
     "prm/heldout_auroc": "prm/heldout_auroc",
+    "prm/generated_tokens": "prm/generated_tokens",
+    "prm/trained_positions": "prm/trained_positions",
 }
 
 
@@ -182,6 +184,9 @@ def _train_prm(cfg: Config, init_path: str, path: Path, progress: bool) -> None:
         **{k: v for k, v in metrics.items() if k != "prm/loss_curve"},
         "prm/label_s": label_s,
         "prm/cost_s": label_s + metrics["prm/time_s"],  # what a run using this PRM is charged
+        # the same in units no machine's speed changes: the samples and MC continuations generated
+        # to label, and the token positions training forwarded and backpropagated
+        "prm/generated_tokens": info["prm/sample_tokens"] + info.get("mc/tokens", 0),
     }
     (tmp / "prm_info.json").write_text(json.dumps(record, indent=2))
     shutil.rmtree(path, ignore_errors=True)

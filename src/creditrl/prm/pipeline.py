@@ -45,6 +45,7 @@ class Sample:
     steps: list[str]
     outcome: bool
     oracle: list[float | None]  # first-error step labels from the task's checker
+    tokens: int = 0  # the tokens generated for it
 
 
 @torch.no_grad()
@@ -75,7 +76,12 @@ def sample_solutions(
         steps = to_steps(completion, task.step_separator)
         out.append(
             Sample(
-                problem, completion, steps, task.check_outcome(problem, completion), oracle_labels(task, problem, steps)
+                problem,
+                completion,
+                steps,
+                task.check_outcome(problem, completion),
+                oracle_labels(task, problem, steps),
+                len(toks),
             )
         )
     return out
@@ -106,7 +112,7 @@ def label_samples(
     """
     if labeler not in LABELER_NAMES:
         raise ValueError(f"unknown labeler '{labeler}'; valid: {', '.join(LABELER_NAMES)}")
-    info: dict[str, Any] = {"labeler": labeler}
+    info: dict[str, Any] = {"labeler": labeler, "prm/sample_tokens": sum(s.tokens for s in samples)}
     rng = random.Random(seed)
 
     def one(name: str) -> list[list[float | None]]:

@@ -152,7 +152,8 @@ def train_prm(
         (mean loss over ``10`` equal windows of steps, averaged over members),
         ``prm/examples_used``, ``prm/examples_dropped_long_step``,
         ``prm/examples_dropped_unlabelled``, ``prm/steps_truncated``, ``prm/labelled_steps``,
-        ``prm/positive_fraction`` (mean target), ``prm/time_s``.
+        ``prm/positive_fraction`` (mean target), ``prm/time_s``, ``prm/trained_positions`` (the padded token
+        positions every member's batches forwarded and backpropagated).
     """
     if steps < 1 or batch_size < 1:
         raise ValueError(f"steps and batch_size must be >= 1, got steps={steps}, batch_size={batch_size}")
@@ -177,6 +178,7 @@ def train_prm(
     model.train()
     history: list[float] = []
     loss_ema = None
+    positions = 0
     bar = tqdm(range(steps), desc="prm", disable=not progress, dynamic_ncols=True)
     for step in bar:
         for g in opt.param_groups:
@@ -184,7 +186,9 @@ def train_prm(
         opt.zero_grad(set_to_none=True)
         losses = []
         for m in range(model.members):
-            loss = _member_loss(model, m, [data[j] for j in next(orders[m])], tokenizer.pad_token_id)
+            rows = [data[j] for j in next(orders[m])]
+            positions += len(rows) * max(len(r.ids) for r in rows)  # the padded batch, forward and backward
+            loss = _member_loss(model, m, rows, tokenizer.pad_token_id)
             loss.backward()
             losses.append(float(loss.detach()))
         for params in groups:
@@ -209,6 +213,7 @@ def train_prm(
         "prm/labelled_steps": len(targets),
         "prm/positive_fraction": sum(targets) / len(targets),
         "prm/time_s": time.time() - start,
+        "prm/trained_positions": positions,
     }
 
 
