@@ -17,10 +17,10 @@ import pytest
 from creditrl.config import load_config
 from creditrl.train import plan as plan_module
 from creditrl.train import resolve
-from creditrl.train.plan import CreditSettings, plan_of
+from creditrl.train.plan import CreditSettings, UpdateSettings, plan_of
 
 TRAIN = Path(plan_module.__file__).resolve().parent
-LOOP = ("rl.py", "rl_start.py", "rl_output.py", "stages.py")  # the loop and the stages it calls
+LOOP = ("rl.py", "rl_start.py", "rl_output.py", "stages.py", "update.py")  # the loop and what it calls
 BEHAVIOUR = Path(__file__).resolve().parents[1] / "fixtures" / "behaviour"
 
 
@@ -37,9 +37,9 @@ def config_reads(source: str) -> list[str]:
     return [f"{line}: {text}" for line, text in sorted(out)]
 
 
-# the one read each may make, of the config object whole: the trainer keeps it as ``trainer.cfg`` for
-# callers that inspect a built run; learn() hands it to update() (creditrl.train.update reads its sections)
-PASSED_WHOLE = {"rl.py": ["parts.config"], "stages.py": ["parts.config"]}
+# the one read, of the config object whole: the trainer keeps it as ``trainer.cfg`` for callers
+# that inspect a built run
+PASSED_WHOLE = {"rl.py": ["parts.config"]}
 
 
 @pytest.mark.parametrize("name", LOOP)
@@ -60,6 +60,7 @@ def test_the_plan_holds_the_resolved_settings() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.iterations = 3
     assert plan.saved_config == cfg.to_dict() and plan.credit == CreditSettings.of(cfg)
+    assert plan.update == UpdateSettings.of(cfg) and plan.update.loss is cfg.loss
     assert [plan.lr_at(i) / cfg.optim.lr for i in (0, 3, 9)] == [0.25, 1.0, 1.0]
     assert plan.lam_at(0) == 0.5 and plan.lam_at(5) == pytest.approx(0.7) and plan.lam_at(10) == pytest.approx(0.9)
     assert [plan.due(d, plan.eval_every, False) for d in (1, 3, 4, 10)] == [False, True, False, True]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from creditrl.config import Config
+from creditrl.config import Config, LossConfig, OptimConfig
 from creditrl.credit.schedule import linear_schedule
 
 
@@ -51,6 +51,24 @@ class CreditSettings:
 
 
 @dataclass(frozen=True)
+class UpdateSettings:
+    """The update's settings (:func:`creditrl.train.update.update`): the ``loss`` and ``optim``
+    sections (frozen, resolved), the forward's precision and path, the value loss's clip and weight."""
+
+    loss: LossConfig
+    optim: OptimConfig
+    precision: str  # policy.precision
+    packed: bool  # policy.forward=auto: the packed forward where it applies
+    value_clip_eps: float
+    value_coef: float
+
+    @classmethod
+    def of(cls, cfg: Config) -> UpdateSettings:
+        packed = cfg.policy.forward == "auto"
+        return cls(cfg.loss, cfg.optim, cfg.policy.precision, packed, cfg.value.clip_eps, cfg.value.coef)
+
+
+@dataclass(frozen=True)
 class RunPlan:
     """What the RL loop does and when: iterations and budget, cadences, seeds, schedules, the
     rollout's and reference's shapes, evaluation, logging and export. Built by :func:`plan_of`."""
@@ -67,6 +85,7 @@ class RunPlan:
     lr: float  # optim.lr, reached after optim.warmup_iterations
     lr_warmup: int
     credit: CreditSettings
+    update: UpdateSettings
     precision: str  # policy.precision of the reference forward
     packed: bool  # policy.forward=auto: the packed forward where it applies
     inference_positions: int  # optim.inference_positions: the reference forward's chunk
@@ -121,6 +140,7 @@ def plan_of(cfg: Config) -> RunPlan:
         lr=cfg.optim.lr,
         lr_warmup=cfg.optim.warmup_iterations,
         credit=CreditSettings.of(cfg),
+        update=UpdateSettings.of(cfg),
         precision=cfg.policy.precision,
         packed=cfg.policy.forward == "auto",
         inference_positions=cfg.optim.inference_positions,

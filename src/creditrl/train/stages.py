@@ -188,8 +188,7 @@ def learn(
 ) -> dict[str, float]:
     """The update stage: the policy (and a learned critic, toward ``returns``) take their steps on
     the kept responses; then the copies that generate follow (an FSDP learner's gathered weights,
-    the Ray workers' broadcast). Returns the update's metrics. The update's own settings (loss,
-    optimizer, value loss) are the config's sections, which :func:`creditrl.train.update.update` reads."""
+    the Ray workers' broadcast). Returns the update's metrics."""
     mask = batch.response_mask & scored.keep[:, None]
     policy, critic_module = parts.learners.get(parts.model, parts.value_stage.critic)
     critic = None
@@ -201,7 +200,7 @@ def learn(
         batch,
         advantages,
         mask,
-        parts.config,
+        parts.plan.update,
         generator,
         ref_logprobs=ref_logprobs,
         critic=critic,

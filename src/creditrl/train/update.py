@@ -43,6 +43,7 @@ from creditrl.rollout.batch import (
     token_entropy,
     token_logprobs,
 )
+from creditrl.train.plan import UpdateSettings
 from creditrl.values.critic import Critic
 
 
@@ -67,7 +68,7 @@ def update(
     batch: TrajectoryBatch,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    cfg: Config,
+    settings: UpdateSettings | Config,
     generator: torch.Generator,
     *,
     ref_logprobs: torch.Tensor | None = None,
@@ -77,6 +78,9 @@ def update(
 ) -> dict[str, float]:
     """Run the update; returns the metrics averaged over minibatches.
 
+    ``settings``: the update's part of the run's plan (:class:`~creditrl.train.plan.UpdateSettings`:
+    the ``loss`` and ``optim`` sections, precision, forward, the value loss's clip and weight), or a
+    resolved config to take them from.
     advantages, mask, ref_logprobs: (B, T); ``ref_logprobs`` enables the KL loss term when
     ``loss.kl_coef > 0``. Each minibatch's gradient is accumulated over micro-batches of whole
     prompt groups (``optim.micro_batch_positions``), each weighted by its share of the
@@ -89,12 +93,14 @@ def update(
     losses and steps the optimizers. With ``loss.recompute_logprobs`` (``auto``: when precision
     is not fp32) the old log-probs come from this model's own forward, not from the sampler.
     """
+    if isinstance(settings, Config):
+        settings = UpdateSettings.of(settings)
     device = module_device(ddp.unwrap(model))
     batch, advantages, mask = batch.to(device), advantages.to(device), mask.to(device)
     ref_logprobs = None if ref_logprobs is None else ref_logprobs.to(device)
     if critic is not None:
         critic = replace(critic, returns=critic.returns.to(device), old_values=critic.old_values.to(device))
-    batch, gap = _old_logprobs(ddp.unwrap(model), batch, cfg)
+    batch, gap = _old_logprobs(ddp.unwrap(model), batch, settings)
     # the largest padded length and row count over the ranks (the smallest, negated)
     width, most, fewest = ddp.all_reduce_max([float(mask.shape[1]), float(batch.size), -float(batch.size)])
     if most != -fewest:
@@ -108,22 +114,22 @@ def update(
         batch,
         advantages,
         mask,
-        cfg,
+        settings,
         ref_logprobs,
         critic,
         train_policy,
         scaler,
         width,
-        skippable=_zero_advantage_rows(advantages, mask, cfg, ref_logprobs, critic, train_policy),
+        skippable=_zero_advantage_rows(advantages, mask, settings, ref_logprobs, critic, train_policy),
     )
     sums: dict[str, float] = {}
     steps = 0
     model.train()
     if critic is not None:
         critic.critic.train()
-    for _ in range(cfg.optim.ppo_epochs):
+    for _ in range(settings.optim.ppo_epochs):
         order = torch.randperm(batch.size, generator=generator)
-        for rows in order.chunk(cfg.optim.minibatches):
+        for rows in order.chunk(settings.optim.minibatches):
             for k, v in step.minibatch(rows).items():
                 sums[k] = sums.get(k, 0.0) + v
             steps += 1
@@ -147,7 +153,7 @@ class _Update:
     batch: TrajectoryBatch
     advantages: torch.Tensor
     mask: torch.Tensor
-    cfg: Config
+    settings: UpdateSettings
     ref_logprobs: torch.Tensor | None
     critic: CriticTarget | None
     train_policy: bool
@@ -161,7 +167,7 @@ class _Update:
 
     def minibatch(self, rows: torch.Tensor) -> dict[str, float]:
         """Accumulate the gradient of ``rows`` over micro-batches, clip and step; the step's metrics."""
-        agg, oc, critic, scaler = self.cfg.loss.aggregation, self.cfg.optim, self.critic, self.scaler
+        agg, oc, critic, scaler = self.settings.loss.aggregation, self.settings.optim, self.critic, self.scaler
         self.optimizer.zero_grad(set_to_none=True)
         if critic is not None:
             critic.optimizer.zero_grad(set_to_none=True)
@@ -189,8 +195,8 @@ class _Update:
 
     def _accumulate(self, trained: torch.Tensor, total: float, empty: bool, logs: dict[str, float]) -> None:
         """Backward of every micro-batch of ``trained``, each weighted by its share of ``total``."""
-        agg, learners = self.cfg.loss.aggregation, self.learners
-        micros = micro_batches(self.batch, trained, self.cfg.optim.micro_batch_positions)
+        agg, learners = self.settings.loss.aggregation, self.learners
+        micros = micro_batches(self.batch, trained, self.settings.optim.micro_batch_positions)
         n = len(micros)
         if any(ddp.is_fsdp(m) for m in learners):  # FSDP all-gathers in every forward: equal pass counts
             n = int(ddp.all_reduce_max(float(n)))
@@ -206,7 +212,7 @@ class _Update:
                     micro,
                     self.advantages,
                     self.mask,
-                    self.cfg,
+                    self.settings,
                     self.ref_logprobs,
                     self.critic,
                     self.train_policy,
@@ -225,7 +231,7 @@ class _Update:
 def _zero_advantage_rows(
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    cfg: Config,
+    settings: UpdateSettings,
     ref_logprobs: torch.Tensor | None,
     critic: CriticTarget | None,
     train_policy: bool,
@@ -242,7 +248,7 @@ def _zero_advantage_rows(
     model gives, so skipping it is exact no more; ``optim.skip_zero_advantage_kl`` skips it
     anyway, as a stated approximation (off by default).
     """
-    lc, oc = cfg.loss, cfg.optim
+    lc, oc = settings.loss, settings.optim
     kl_on = ref_logprobs is not None and lc.kl_coef > 0
     allowed = (
         oc.skip_zero_advantage
@@ -262,7 +268,7 @@ def _micro_step(
     rows: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
-    cfg: Config,
+    settings: UpdateSettings,
     ref_logprobs: torch.Tensor | None,
     critic: CriticTarget | None,
     train_policy: bool,
@@ -275,9 +281,9 @@ def _micro_step(
     """Forward (under ``policy.precision`` autocast) and backward of ``weight *`` the losses of
     ``rows`` (gradients accumulate); returns the micro-batch's unweighted metrics."""
     mb = batch.select(rows).trimmed()
-    packed = cfg.policy.forward == "auto"
-    with autocast(mb.response_ids.device, cfg.policy.precision):  # the backward runs outside it
-        lc = cfg.loss
+    packed = settings.packed
+    with autocast(mb.response_ids.device, settings.precision):  # the backward runs outside it
+        lc = settings.loss
         width = mb.response_ids.shape[1]
         m = mask[rows][:, :width]
 
@@ -300,10 +306,10 @@ def _micro_step(
         if critic is not None:
             if states is not None and not train_policy:
                 states = states.detach()
-            value_loss = _value_loss(critic, mb, states, rows, m, agg, cfg.value.clip_eps)
+            value_loss = _value_loss(critic, mb, states, rows, m, agg, settings.value_clip_eps)
             logs["loss/value"] = float(value_loss.detach())
         if shared and value_loss is not None:
-            loss = loss + cfg.value.coef * value_loss
+            loss = loss + settings.value_coef * value_loss
     if not shared and value_loss is not None:
         _backward(weight * value_loss, scaler)
     if loss.requires_grad:
@@ -389,19 +395,19 @@ def _clip_and_step(
     return norm
 
 
-def _old_logprobs(model: PreTrainedModel, batch: TrajectoryBatch, cfg: Config) -> tuple[TrajectoryBatch, float | None]:
+def _old_logprobs(
+    model: PreTrainedModel, batch: TrajectoryBatch, settings: UpdateSettings
+) -> tuple[TrajectoryBatch, float | None]:
     """The batch with old log-probs recomputed by ``model`` (no gradient, under autocast, in
     chunks of ``optim.inference_positions``) when ``loss.recompute_logprobs`` asks for it, and the mean
     absolute gap to the sampler's over the response tokens; else ``(batch, None)``."""
-    mode = cfg.loss.recompute_logprobs
-    if mode == "never" or (mode == "auto" and cfg.policy.precision == "fp32"):
+    mode = settings.loss.recompute_logprobs
+    if mode == "never" or (mode == "auto" and settings.precision == "fp32"):
         return batch, None
     was_training = model.training
     model.eval()
-    with inference(batch.response_ids.device, cfg.policy.precision):
-        fresh = chunked_response_logprobs(
-            model, batch, cfg.optim.inference_positions, packed=cfg.policy.forward == "auto"
-        )
+    with inference(batch.response_ids.device, settings.precision):
+        fresh = chunked_response_logprobs(model, batch, settings.optim.inference_positions, packed=settings.packed)
     model.train(was_training)
     valid = batch.response_mask
     gap = float((fresh - batch.old_logprobs).abs()[valid].mean()) if bool(valid.any()) else 0.0
