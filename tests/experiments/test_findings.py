@@ -350,6 +350,25 @@ def test_findings_persist_run_summaries_and_rebuild_from_them_alone(tmp_path: Pa
         assert row in section
     assert section.index("| grpo | 1 |") < section.index("| rloo | 0 |") and "| reinforce" not in section
     assert "(#c11)" not in text and "(#c9)" in text  # no verdict row of it in the table at the top
+    # a grid whose seeds grew from 2 to 3 (its seeds 0 and 1 read from g's summaries): reported on the
+    # first 2 seeds, with a verdict, and the note says so
+    (tmp_path / "grids" / "g5.yaml").write_text(GRID.replace("name: g\n", "name: g5\n").replace("[0, 1]", "[0, 1, 2]"))
+    c12 = FINDING.replace("id: C9", "id: C12").replace("claim_id: C4", "claim_id: C6").replace("g.yaml", "g5.yaml")
+    (tmp_path / "findings" / "C12.yaml").write_text(c12)
+    assert main(["findings", "--root", str(tmp_path), "--no-train", "--out", str(partial)]) == 0
+    text = partial.read_text()
+    section = text[text.index("## C12:") : text.index("## C9:")]
+    assert (
+        "*In progress:* **grpo** 2 of 3 seeds; **rloo** 2 of 3 seeds; the table, the verdicts and the reading"
+        in section
+    )
+    assert "those of the arms with the grid's first 2 seeds, on those only ([0, 1] of [0, 1, 2])" in section
+    c9 = text[text.index("## C9:") :]
+    assert (
+        section[section.index("| arm |") : section.index("*Reading.*")].split("\n\n")[0]
+        == (c9[c9.index("| arm |") :].split("\n\n")[0])
+    )  # the same runs, the same table as the 2-seed grid's
+    assert text.count("| rloo vs grpo | better by 5 points |") == 3  # C9's, C10's and C12's rows
 
 
 def test_the_committed_findings_rebuild_from_their_summaries(tmp_path: Path) -> None:

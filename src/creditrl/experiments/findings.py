@@ -237,14 +237,27 @@ def _grid_section(
             grid.base, grid.arms, grid.seeds, grid.budget, common, grid.unit, summaries, grid.sft_seeds
         )
         done = {a: sum(run.arm == a for run, _ in so_far) for a in grid.arms}
-        finished = [a for a, n in done.items() if n == len(grid.seeds)]
-        if len(finished) < len(grid.arms):
-            if grid.reference not in finished or len(finished) < 2:
-                pending = _pending_section(finding, grid, so_far, len(grid.arms) * len(grid.seeds))
-                return lambda _: pending, [], [], None
-            arms = finished  # the reference and the arms that have every seed: reported now
+        first = _seeds_so_far(grid, so_far)
+        if first < min(2, len(grid.seeds)):
+            pending = _pending_section(finding, grid, so_far, len(grid.arms) * len(grid.seeds))
+            return lambda _: pending, [], [], None
+        # the reference and the arms that have the grid's first `first` seeds (every seed, unless the
+        # grid's seeds grew): reported now, on those seeds
+        ready = [a for a in grid.arms if {r.seed for r, _ in so_far if r.arm == a} >= set(grid.seeds[:first])]
+        if len(ready) < len(grid.arms) or first < len(grid.seeds):
+            arms, all_seeds = ready, grid.seeds
+            grid = dataclasses.replace(grid, seeds=grid.seeds[:first])
     where = runs / grid.name
-    summary = run_compare(grid_path, where, quick=quick, jobs=jobs, summaries=summaries, arms=arms)
+    fewer = arms is not None and len(grid.seeds) < len(all_seeds)  # then grid.seeds is 0, 1, ..., first - 1
+    summary = run_compare(
+        grid_path,
+        where,
+        quick=quick,
+        jobs=jobs,
+        summaries=summaries,
+        arms=arms,
+        seeds=len(grid.seeds) if fewer else None,
+    )
     plots = []
     for name in finding["plots"]:
         dest = docs / f"{finding['id']}_{name}.png"
@@ -266,18 +279,20 @@ def _grid_section(
     if arms is None:
         render = lambda judged: _section(finding, grid, summary, plots, out.parent, judged, timing=timing)  # noqa: E731
         return render, rows, days, panel
-    pending = {a: n for a, n in done.items() if a not in arms}
-    note = "; ".join(f"**{a}** {n} of {len(grid.seeds)} seeds" for a, n in pending.items())
+    pending = {a: n for a, n in done.items() if n < len(all_seeds)}
+    note = "; ".join(f"**{a}** {n} of {len(all_seeds)} seeds" for a, n in pending.items())
     shown = dataclasses.replace(grid, arms={a: o for a, o in grid.arms.items() if a in arms})
     reads = names_only(finding["reading"], arms)  # a reading of the reported arms only is given now
     what = "the table, the verdicts and the reading above are" if reads else "the table and the verdicts above are"
     wait = "" if reads else ", and the reading waits for the rest"
-    tail = (
-        f"\n*In progress:* {note}; {what} those of the arms with every seed{wait} "
-        f"(`creditrl compare {finding['grid']}`).\n"
+    which = (
+        "the arms with every seed"
+        if len(grid.seeds) == len(all_seeds)
+        else f"the arms with the grid's first {len(grid.seeds)} seeds, on those only ({grid.seeds} of {all_seeds})"
     )
+    tail = f"\n*In progress:* {note}; {what} those of {which}{wait} (`creditrl compare {finding['grid']}`).\n"
     tail += _runs_so_far(
-        [(run, s) for run, s in so_far if run.arm not in arms],
+        [(run, s) for run, s in so_far if run.arm not in arms or run.seed not in grid.seeds],
         grid.reference,
         "The finished runs of the arms still waiting for seeds, each on its own (their differences, "
         "intervals and verdicts wait until the arm has every seed):",
@@ -288,6 +303,21 @@ def _grid_section(
         days,
         panel,
     )
+
+
+def _seeds_so_far(grid, so_far: list[tuple[Any, dict[str, Any]]]) -> int:
+    """How many of the grid's first seeds (in its order) the reference arm and at least one other
+    arm have every run of, summarised: all of them when the grid is complete, fewer while its seeds
+    grow (a grid extended from 3 to 5 seeds reports on its first 3 meanwhile), 0 when there are
+    none to report. Only a prefix 0, 1, ..., k-1 counts, the seeds a shorter grid would run."""
+    have = {a: {r.seed for r, _ in so_far if r.arm == a} for a in grid.arms}
+    reference = grid.reference or next(iter(grid.arms))
+    for k in range(len(grid.seeds), 0, -1):
+        head = set(grid.seeds[:k])
+        if grid.seeds[:k] == list(range(k)) or k == len(grid.seeds):
+            if head <= have[reference] and any(head <= have[a] for a in grid.arms if a != reference):
+                return k
+    return 0
 
 
 def _train_only(root: Path, files: list[Path], only: list[str], quick: bool, runs: Path | None, jobs: int) -> None:
