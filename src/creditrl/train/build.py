@@ -36,7 +36,7 @@ from creditrl.rollout.segment import step_stop_ids
 from creditrl.tasks import Problem, Task
 from creditrl.train.optim import make_optimizer
 from creditrl.train.plan import RunPlan, plan_of
-from creditrl.train.resolve import check, run_task, start_kind
+from creditrl.train.resolve import resolve_run, run_task, start_kind
 from creditrl.train.sft import cached_sft
 from creditrl.values.registry import VALUE_SOURCES
 from creditrl.values.stage import ValueStage
@@ -96,13 +96,14 @@ class RunParts:
     prm: dict[str, float] = field(default_factory=dict)  # its labels' and its own quality (prm_record)
 
 
-def start_policy(cfg: Config, task: Task | None = None, *, progress: bool) -> str:
+def start_policy(cfg: Config, task: Task | None = None, *, progress: bool, sft_task: Task | None = None) -> str:
     """The path RL starts from for ``train.init``: the cached SFT warm start, ``policy.model``, or a
-    checkpoint directory (``task``: the run's task, built here when needed and not given)."""
+    checkpoint directory (``task``, ``sft_task``: the run's task and the warm start's, built here
+    when needed and not given)."""
     init = start_kind(cfg)
     if init == "sft":
         task = task or run_task(cfg)
-        sft_task = task if not cfg.sft.task_args else run_task(cfg, "sft.task_args")
+        sft_task = sft_task or (task if not cfg.sft.task_args else run_task(cfg, "sft.task_args"))
         with ddp.main_first():  # data-parallel ranks: rank 0 trains (or finds) the cache, the rest reuse it
             path, _ = cached_sft(cfg, progress=progress, task=task, sft_task=sft_task)
         return str(path)
@@ -188,10 +189,9 @@ def build_run(
     resuming, from ``checkpoint``'s weights. Every setting is resolved here, in one pass, before the
     run's :class:`~creditrl.train.plan.RunPlan` is made: nothing after it returns resolves again."""
     ddp.join_learner_group(cfg)  # a torchrun / accelerate launch: data-parallel ranks (no-op otherwise)
-    task = task or run_task(cfg)
-    cfg = check(cfg, task)
+    cfg, task, sft_task = resolve_run(cfg, task)  # the one call into creditrl.train.resolve
     torch.set_num_threads(cfg.train.threads)
-    init_path = init_path or start_policy(cfg, task, progress=cfg.train.progress)
+    init_path = init_path or start_policy(cfg, task, progress=cfg.train.progress, sft_task=sft_task)
     cfg = _prm(cfg.updated({"train": {"init": init_path}}), init_path, cfg.train.progress)
     device = resolve_device(cfg.policy.device)
     if device.type == "cuda":  # NCCL (data-parallel ranks) uses the current device

@@ -357,6 +357,18 @@ def check(cfg: Config, task: Task) -> Config:
     )
 
 
+def resolve_run(cfg: Config, task: Task | None = None) -> tuple[Config, Task, Task | None]:
+    """The one resolution a run's build makes: its task (``task`` when given), the config checked
+    against it (:func:`check`), and the SFT warm start's task when ``train.init`` resolves to
+    ``sft`` (``sft.task_args``' task, or the run's own; None otherwise)."""
+    task = task or run_task(cfg)
+    cfg = check(cfg, task)
+    sft_task = None
+    if cfg.train.init == "sft":
+        sft_task = run_task(cfg, "sft.task_args") if cfg.sft.task_args else task
+    return cfg, task, sft_task
+
+
 def checked(cfg: Config) -> Config:
     """:func:`check` with the task built here, and the SFT task's arguments checked too (a caller
     that builds a run passes its own task to :func:`check`)."""
