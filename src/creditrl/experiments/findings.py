@@ -114,7 +114,8 @@ def _section(
     results, claim_x = summary.get("results"), finding.get("time_claim")
     claim = f"\n*Folk claim:* {finding['claim'].strip()}\n" if finding.get("claim") else ""
     return (
-        f"## {finding['id']}: {finding['title']}\n\n*Question:* {finding['question'].strip()}\n{claim}\n"
+        f"{_anchor(finding)}## {finding['id']}: {finding['title']}\n\n"
+        f"*Question:* {finding['question'].strip()}\n{claim}\n"
         f"*Setting:* base `{grid.base.name}` with `{' '.join(grid.common) or '-'}`; {grid.budget:,} generated "
         f"{grid.unit} per run; seeds {grid.seeds}; start `{summary['init']}`; launched: "
         f"{launch_text(summary.get('launches', [{}]))}. Arms: {arms}. "
@@ -128,6 +129,12 @@ def _section(
             else ""
         )
     )
+
+
+def _anchor(finding: dict[str, Any]) -> str:
+    """The target of the verdict table's links to the section (``#c1-short``), which a heading's own
+    anchor (its whole title) is not."""
+    return f'<a id="{finding["id"].lower()}"></a>\n\n'
 
 
 def _power(finding: dict[str, Any]) -> str:
@@ -149,7 +156,8 @@ def _pending_section(finding: dict[str, Any], grid, finished: list[tuple[Any, di
     claim = f"\n*Folk claim:* {finding['claim'].strip()}\n" if finding.get("claim") else ""
     arms = "; ".join(f"**{name}**: `{' '.join(over) or '(base)'}`" for name, over in grid.arms.items())
     return (
-        f"## {finding['id']}: {finding['title']}\n\n*Question:* {finding['question'].strip()}\n{claim}\n"
+        f"{_anchor(finding)}## {finding['id']}: {finding['title']}\n\n"
+        f"*Question:* {finding['question'].strip()}\n{claim}\n"
         f"*Setting:* base `{grid.base.name}` with `{' '.join(grid.common) or '-'}`; {grid.budget:,} generated "
         f"{grid.unit} per run; seeds {grid.seeds}. Arms: {arms}.\n{_power(finding)}\n"
         f"*In progress:* {len(finished)} of {total} runs finished and summarised; `creditrl findings` runs the rest "
