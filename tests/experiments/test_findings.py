@@ -70,6 +70,31 @@ def _histories(outcomes: list[list[bool]]) -> list[list[dict]]:
     ]
 
 
+def test_fill_gives_each_arms_diagnostics_from_its_runs_windows():
+    """``{ARM.explained_variance}`` and the other diagnostics: each run's mean over its iterations
+    (a summary's windows, weighted by their iterations), then the mean over seeds; "not recorded"
+    where a run kept none (a summary from before the windows)."""
+    from creditrl.experiments.summaries import history
+
+    def run(ev: list[float], spread: float) -> list[dict]:
+        windows = [
+            {
+                "iteration": 30 * (i + 1),
+                "iterations": n,
+                "value/explained_variance": v,
+                "reward/zero_spread_groups": spread,
+            }
+            for i, (v, n) in enumerate(zip(ev, [30, 10]))
+        ]
+        return history({"iter_s": [], "evals": [], "windows": windows})
+
+    results = {"grpo": [run([0.2, 0.6], 0.5), run([0.0, 0.4], 0.7)]}
+    # seed 0: (0.2 * 30 + 0.6 * 10) / 40 = 0.3; seed 1: 0.1; their mean 0.2
+    text = "{grpo.explained_variance}, {grpo.zero_spread}, {grpo.kl}"
+    assert fill(text, ROWS[:1], results=results) == "0.20, 60%, not recorded"
+    assert fill("{grpo.entropy}", ROWS[:1], results={"grpo": _histories([[True]])}) == "not recorded"
+
+
 def test_fill_gives_the_paired_difference_between_two_arms():
     """``{diff:A/B.final}`` is A's paired difference to B, seed by seed over the same problems, in
     points with the 95% seed-level t-interval: B right on 4 of 10 problems in each of 3 seeds, A on

@@ -52,6 +52,13 @@ PLOTS = ("accuracy_vs_samples", "accuracy_vs_wall_time", "length_vs_samples")  #
 DEFAULT_PLOTS = PLOTS[:2]
 _PLACEHOLDER = re.compile(r"\{(ratio:|diff:|cmp:|timing:)?([A-Za-z0-9_]+)(?:/([A-Za-z0-9_]+))?\.([a-z_]+)\}")
 _FROM_RESULTS = ("gain", "moved")  # per-arm fields computed from the runs' histories, not the table's rows
+# per-arm diagnostics from the runs' histories (a summary's windows): the mean over the run, then over seeds
+DIAGNOSTICS = {
+    "explained_variance": ("value/explained_variance", "{:.2f}"),
+    "zero_spread": ("reward/zero_spread_groups", "{:.0%}"),
+    "kl": ("kl/ref", "{:.3f}"),
+    "entropy": ("policy/entropy", "{:.3f}"),
+}
 
 
 def load_finding(path: Path) -> dict[str, Any]:
@@ -171,7 +178,9 @@ def fill(
     seed-level t; ``{cmp:A/B.final}``, the words that interval decides: "above", "below" or "not
     shown different from"; ``{ARM.gain}``, the arm's held-out exact match at the end minus at its
     start with the 95% seed-level t-interval, and ``{ARM.moved}``, the words it decides: "above
-    its start", "below its start" or "not shown different from its start".
+    its start", "below its start" or "not shown different from its start". ``{ARM.explained_variance}``,
+    ``{ARM.zero_spread}``, ``{ARM.kl}``, ``{ARM.entropy}``: the arm's diagnostics (:data:`DIAGNOSTICS`),
+    each run's mean over its iterations, then the mean over seeds; "not recorded" where a run kept none.
 
     ``{timing:A/B.ratio}``: A's seconds per iteration against B's in the finding's committed
     controlled timing (``timing``, :func:`load_timing`) and the verdict on "about ``time_claim`` x"
@@ -213,6 +222,8 @@ def fill(
         if field in _FROM_RESULTS:
             d = gain(a, m.group(0))
             return diff_text(d) if field == "gain" else f"{_side(d)} its start"
+        if field in DIAGNOSTICS:
+            return diagnostic(a, field, m.group(0))
         return _fmt(field, value(a, field))
 
     def pair(a: str, b: str, field: str, kind: str) -> dict[str, Any]:
@@ -235,6 +246,17 @@ def fill(
             raise ValueError(f"reading: {text} needs the arms' results")
         ends = [[r["eval/accuracy"] for r in h if "eval/accuracy" in r] for h in results[value(arm, "arm")]]
         return asdict(t_difference([e[-1] - e[0] for e in ends]))
+
+    def diagnostic(arm: str, field: str, text: str) -> str:
+        from creditrl.experiments.summaries import run_mean
+
+        if results is None:
+            raise ValueError(f"reading: {text} needs the arms' results")
+        key, fmt = DIAGNOSTICS[field]
+        per_seed = [run_mean(h, key) for h in results[value(arm, "arm")]]
+        if not per_seed or None in per_seed:
+            return "not recorded"
+        return fmt.format(sum(per_seed) / len(per_seed))
 
     return _PLACEHOLDER.sub(sub, template)
 
