@@ -25,7 +25,7 @@ from typing import Any
 
 from creditrl.config import load_config
 from creditrl.experiments.evaluate import exposure_bias
-from creditrl.experiments.grid import QUICK_SET
+from creditrl.experiments.grid import QUICK_SET, Grid
 from creditrl.experiments.launch import run_arms
 from creditrl.experiments.plan import slug
 from creditrl.experiments.report import eval_rows
@@ -103,19 +103,8 @@ def run_exposure_report(
             init = json.loads(measured.read_text())["init"] if measured.is_file() else _sft_start(base, sets)
             starts[variant].append(_measure_start(load_config(base, sets), init, sizes["problems"], measured))
             log(f"{variant}, seed {seed}: start {starts[variant][-1]['accuracy']:.3f}")
-            results = run_arms(
-                base,
-                ARMS,
-                [seed],
-                sizes["samples"],
-                out / slug(variant),
-                init,
-                sets,
-                log,
-                unit="samples",
-                jobs=jobs,
-                summaries=keep if summaries else None,
-            )
+            grid = Grid(base=base, arms=ARMS, seeds=[seed], budget=sizes["samples"], common=sets, unit="samples")
+            results = run_arms(grid, out / slug(variant), init, log, jobs=jobs, summaries=keep if summaries else None)
             for arm, histories in results.items():
                 finals[variant][arm].append(eval_rows(histories[0])[-1]["eval/accuracy"])
     cfg = load_config(base, common)

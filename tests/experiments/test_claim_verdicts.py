@@ -4,6 +4,7 @@ from the committed summaries."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -235,7 +236,7 @@ def test_no_published_interval_is_narrower_than_the_seed_level_t_of_its_comparis
     """Recomputed from the committed summaries with scipy's paired t: every verdict row of
     FINDINGS.md holds the 95% seed-level t-interval of its comparison (to the printed digit)."""
     from creditrl.experiments.finding_files import load_finding
-    from creditrl.experiments.grid import TOKEN_ITERATIONS, load_grid
+    from creditrl.experiments.grid import load_grid
     from creditrl.experiments.plan import summary_files
     from creditrl.experiments.summaries import history, read_summary
     from creditrl.experiments.verdicts import outcome_matrix
@@ -249,10 +250,9 @@ def test_no_published_interval_is_narrower_than_the_seed_level_t_of_its_comparis
     assert len(rows) >= 60 and {f for f, *_ in rows} >= {"c1-short", "c1-mid", "c1-long", "c1-longest", "c1-paths"}
     for finding, arm, ref, mean, lo, hi in rows:
         grid = grids[finding]
-        common = ([f"train.iterations={TOKEN_ITERATIONS}"] if grid.unit == "tokens" else []) + grid.common
         where = ROOT / "findings" / "runs" / grid.name
         arms = {a: grid.arms[a] for a in (arm, ref)}
-        files = summary_files(grid.base, arms, grid.seeds, grid.budget, common, grid.unit, where)
+        files = summary_files(dataclasses.replace(grid, arms=arms), where)
         n = len(grid.seeds)
         x, y = (outcome_matrix([history(read_summary(p)) for p in files[i * n : (i + 1) * n]]) for i in (0, 1))
         ci = stats.ttest_rel(x.mean(axis=1), y.mean(axis=1)).confidence_interval(0.95)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import random
 import shutil
@@ -28,7 +29,7 @@ from creditrl.experiments.compare_report import (
     summarise_arm,
 )
 from creditrl.experiments.demo import demo_config_path
-from creditrl.experiments.grid import expand_grid, load_grid
+from creditrl.experiments.grid import Grid, expand_grid, load_grid
 from creditrl.experiments.report import cpu_kind
 from creditrl.train.metrics import pack_outcomes
 
@@ -342,16 +343,8 @@ def test_a_failing_parallel_run_names_its_arm_and_seed(tmp_path: Path, monkeypat
 
     monkeypatch.setenv("CREDITRL_CACHE", str(tmp_path / "cache"))
     with pytest.raises(RuntimeError, match="arm 'bad' seed 0 failed: .*no-such-checkpoint"):
-        run_arms(
-            demo_config_path(True),
-            {"bad": []},
-            [0],
-            32,
-            tmp_path / "out",
-            str(tmp_path / "no-such-checkpoint"),
-            unit="samples",
-            jobs=2,
-        )
+        grid = Grid(base=demo_config_path(True), arms={"bad": []}, seeds=[0], budget=32, unit="samples")
+        run_arms(grid, tmp_path / "out", str(tmp_path / "no-such-checkpoint"), jobs=2)
 
 
 def test_an_interrupted_grid_run_continues_from_its_last_checkpoint(tmp_path: Path, monkeypatch):
@@ -371,7 +364,8 @@ def test_an_interrupted_grid_run_continues_from_its_last_checkpoint(tmp_path: Pa
     common = [f"task.args={easy}", f"sft.task_args={easy}", "sft.steps=30", "sft.lr=0.003", "train.eval_every=2"]
 
     def run(out: Path) -> None:  # 64 samples: 4 iterations of 4 prompts x 4 samples, evaluated every 2
-        run_arms(demo_config_path(True), {"grpo": []}, [0], 64, out, "sft", common, logged.append, unit="samples")
+        grid = Grid(base=demo_config_path(True), arms={"grpo": []}, seeds=[0], budget=64, common=common, unit="samples")
+        run_arms(grid, out, "sft", logged.append)
 
     run(whole)
     ran: list[int] = []
@@ -431,18 +425,10 @@ def test_a_grid_keeps_its_start_and_runs_only_from_the_one_its_summarised_runs_s
     summaries = tmp_path / "findings" / "runs" / "g"
 
     def run(seeds_: list[int]) -> None:  # 32 samples: 2 iterations of 4 prompts x 4 samples
-        launch.run_arms(
-            demo_config_path(True),
-            {"grpo": []},
-            seeds_,
-            32,
-            tmp_path / "runs",
-            "sft",
-            common,
-            lambda m: None,
-            unit="samples",
-            summaries=summaries,
+        grid = Grid(
+            base=demo_config_path(True), arms={"grpo": []}, seeds=seeds_, budget=32, common=common, unit="samples"
         )
+        launch.run_arms(grid, tmp_path / "runs", "sft", lambda m: None, summaries=summaries)
 
     run([0])
     (entry,) = [p for p in (cache / "sft").iterdir() if p.is_dir()]
@@ -504,10 +490,8 @@ def test_a_grid_keeps_its_start_and_runs_only_from_the_one_its_summarised_runs_s
     other_task = "{min_ops: 2, max_ops: 2, operand_min: 1, operand_max: 2, operators: '+', heldout_mod: 2}"
     common2 = [f"task.args={other_task}", *common[1:], "train.eval_size=8"]  # 8 problems, not 16
     summaries2 = tmp_path / "findings" / "runs" / "g2"
-    launch.run_arms(
-        demo_config_path(True), {"grpo": []}, [0], 32, tmp_path / "runs2", "sft", common2, lambda m: None,
-        unit="samples", summaries=summaries2,
-    )  # fmt: skip
+    grid2 = Grid(base=demo_config_path(True), arms={"grpo": []}, seeds=[0], budget=32, common=common2, unit="samples")
+    launch.run_arms(grid2, tmp_path / "runs2", "sft", lambda m: None, summaries=summaries2)
     first2 = json.loads((summaries2 / "grpo" / "seed0.json").read_text())["evals"][0]
     assert first2["eval/correct"].startswith("8:") and first["eval/correct"].startswith("16:")
     cfg2 = load_config(demo_config_path(True), common2)
@@ -544,7 +528,8 @@ def test_pending_runs_go_seed_by_seed(tmp_path: Path, monkeypatch):
     monkeypatch.setattr(launch, "_launch", capture)
     arms = {"a": ["credit.estimator=grpo"], "b": ["credit.estimator=rloo"], "c": ["credit.estimator=reinforce"]}
     with pytest.raises(Launched):
-        launch.run_arms(demo_config_path(True), arms, [3, 1], 64, tmp_path / "runs", str(tmp_path / "start"))
+        grid = Grid(base=demo_config_path(True), arms=arms, seeds=[3, 1], budget=64)
+        launch.run_arms(grid, tmp_path / "runs", str(tmp_path / "start"))
     assert launched == [("a", 3), ("b", 3), ("c", 3), ("a", 1), ("b", 1), ("c", 1)]
 
 
@@ -557,8 +542,9 @@ def test_seeds_of_a_second_sft_start_run_from_it_and_the_others_keep_their_plan(
 
     arms = {"a": ["credit.estimator=grpo"], "b": ["credit.estimator=rloo"]}
     base, where = demo_config_path(True), tmp_path / "runs"
-    before = plan_runs(base, arms, [0, 1, 2], 32, where, "sft", [], "samples", None)
-    after = plan_runs(base, arms, [0, 1, 2], 32, where, "sft", [], "samples", None, {2: 1})
+    grid = Grid(base=base, arms=arms, seeds=[0, 1, 2], budget=32, unit="samples")
+    before = plan_runs(grid, where, "sft", None)
+    after = plan_runs(dataclasses.replace(grid, sft_seeds={2: 1}), where, "sft", None)
     assert [r.identity for r in after if r.seed != 2] == [r.identity for r in before if r.seed != 2]
     assert [r.overrides[:3] for r in after if r.seed == 2] == [
         ["credit.estimator=grpo", "sft.seed=1", "train.seed=2"],
@@ -577,7 +563,7 @@ def test_seeds_of_a_second_sft_start_run_from_it_and_the_others_keep_their_plan(
 
     monkeypatch.setattr(launch, "grid_start", fake_start)
     monkeypatch.setattr(launch, "_launch", fake_launch)
-    launch.run_arms(base, arms, [0, 1, 2], 32, where, "sft", [], unit="samples", sft_seeds={2: 1})
+    launch.run_arms(dataclasses.replace(grid, sft_seeds={2: 1}), where, "sft")
     assert starts == [[], ["sft.seed=1"]]
     assert launched == {(a, s): ("start-sft.seed=1" if s == 2 else "start-own") for a in arms for s in (0, 1, 2)}
 

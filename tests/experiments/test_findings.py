@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -285,20 +286,10 @@ def test_findings_persist_run_summaries_and_rebuild_from_them_alone(tmp_path: Pa
     g2 = load_grid(tmp_path / "grids" / "g2.yaml")
     where = tmp_path / "findings" / "runs" / "g2"
     same = {"grpo": g2.arms["grpo"]}
-    assert plan.summarised_arms(g2.base, same, g2.seeds, 32, g2.common, "samples", where) == {"grpo": 2}
+    assert plan.summarised_arms(dataclasses.replace(g2, arms=same), where) == {"grpo": 2}
     other = {"grpo": [*g2.arms["grpo"], "loss.kl_coef=0.1"]}
-    assert plan.summarised_arms(g2.base, other, g2.seeds, 32, g2.common, "samples", where) == {"grpo": 0}
-    shared = launch.run_arms(
-        g2.base,
-        {"grpo": g2.arms["grpo"]},
-        g2.seeds,
-        32,
-        tmp_path / "r2",
-        "sft",
-        g2.common,
-        unit="samples",
-        summaries=where,
-    )
+    assert plan.summarised_arms(dataclasses.replace(g2, arms=other), where) == {"grpo": 0}
+    shared = launch.run_arms(dataclasses.replace(g2, arms=same), tmp_path / "r2", "sft", summaries=where)
     assert [h[-1]["eval/correct"] for h in shared["grpo"]] == [
         json.loads(f.read_text())["evals"][-1]["eval/correct"] for f in files[:2]
     ]
@@ -423,16 +414,15 @@ def test_only_names_grid_findings_and_an_unknown_id_is_one_line(tmp_path: Path, 
 
 def _committed(finding_file: str) -> tuple[dict, dict, list[int]]:
     """A finding and its grid's per-arm histories, from the committed summaries."""
-    from creditrl.experiments.grid import TOKEN_ITERATIONS, load_grid
+    from creditrl.experiments.grid import load_grid
     from creditrl.experiments.plan import summary_files
     from creditrl.experiments.summaries import history, read_summary
 
     root = Path(__file__).resolve().parents[2]
     finding = load_finding(root / "findings" / finding_file)
     grid = load_grid(root / finding["grid"])
-    common = ([f"train.iterations={TOKEN_ITERATIONS}"] if grid.unit == "tokens" else []) + grid.common
     where = root / "findings" / "runs" / grid.name
-    files = iter(summary_files(grid.base, grid.arms, grid.seeds, grid.budget, common, grid.unit, where))
+    files = iter(summary_files(grid, where))
     results = {arm: [history(read_summary(next(files))) for _ in grid.seeds] for arm in grid.arms}
     return {**finding, "reference": grid.reference}, results, grid.seeds
 

@@ -61,7 +61,7 @@ from creditrl.experiments.compare_report import (
     verdict_rows,
 )
 from creditrl.experiments.curves import plot_seed_curves
-from creditrl.experiments.grid import TOKEN_ITERATIONS, load_grid
+from creditrl.experiments.grid import load_grid, run_common
 from creditrl.experiments.launch import launch_settings, run_arms, run_launch
 from creditrl.experiments.plan import slug, summary_files
 from creditrl.experiments.starts import any_start, kept_start, known_starts
@@ -90,27 +90,14 @@ def run_compare(
     start = time.time()
     log = lambda msg: print(f"[creditrl compare] {time.time() - start:6.0f} s  {msg}", flush=True)  # noqa: E731
     init: str | None = grid.init
-    common = ([f"train.iterations={TOKEN_ITERATIONS}"] if grid.unit == "tokens" else []) + grid.common
+    runs = grid  # the grid its runs are planned from
     if init == "policy":  # each run starts from its policy.model (train.init=policy), no SFT
         log(f"start: {load_config(grid.base, grid.common).policy.model} as it is (init: policy), no warm start")
-        common, init = common + ["train.init=policy"], None
+        runs, init = dataclasses.replace(grid, common=[*grid.common, "train.init=policy"]), None
     elif init == "sft" and summaries is None:
         init = any_start(grid.base, grid.common, known_starts(Path(grid_path).parent), log)
     log(f"{len(grid.arms)} arms x {len(grid.seeds)} seeds, {grid.budget:,} generated {grid.unit} per run -> {out}")
-    results = run_arms(
-        grid.base,
-        grid.arms,
-        grid.seeds,
-        grid.budget,
-        out,
-        init,
-        common,
-        log,
-        unit=grid.unit,
-        jobs=jobs,
-        summaries=summaries,
-        sft_seeds=grid.sft_seeds,
-    )
+    results = run_arms(runs, out, init, log, jobs=jobs, summaries=summaries)
     launches = launch_settings(out)
     machines = {  # each arm's runs' CPU kinds (None: not recorded): wall times compare only within one
         name: [run_launch(out / slug(name) / f"seed{s}").get("cpu") for s in grid.seeds] for name in grid.arms
@@ -120,12 +107,10 @@ def run_compare(
         arm: [_cost(out / slug(arm) / f"seed{s}", h) for s, h in zip(grid.seeds, hs)] for arm, hs in results.items()
     }
     if summaries is not None:
-        files = summary_files(
-            grid.base, grid.arms, grid.seeds, grid.budget, common, grid.unit, summaries, grid.sft_seeds
-        )
+        files = summary_files(runs, summaries)
         found = [read_summary(f) for f in files]  # a run shared with another grid: its summary there
         own = [f for f, s in zip(found, [s for _ in grid.arms for s in grid.seeds]) if s not in grid.sft_seeds]
-        kept = kept_start(grid.base, common, summaries.parent.parent / "starts", own)
+        kept = kept_start(grid.base, run_common(runs), summaries.parent.parent / "starts", own)
         # a kept start, named as the repository holds it (findings/starts/<recipe>), else the runs' own path
         init = found[0]["init"] if kept is None else kept.relative_to(summaries.parent.parent.parent).as_posix()
         loads = [f["load"] for f in found if f.get("load") is not None]

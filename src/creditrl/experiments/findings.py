@@ -80,7 +80,7 @@ from creditrl.experiments.compare_report import (
 )
 from creditrl.experiments.finding_files import CLAIMS, fill, load_finding, load_timing, names_only
 from creditrl.experiments.findings_figures import length_figure, settings_figure
-from creditrl.experiments.grid import TOKEN_ITERATIONS, load_grid
+from creditrl.experiments.grid import load_grid
 from creditrl.experiments.plan import summarised_runs
 from creditrl.experiments.summaries import history, read_summary
 
@@ -240,10 +240,7 @@ def _grid_section(
     summaries = None if quick else root / "findings" / "runs" / grid.name
     arms = None  # every arm
     if summaries is not None and not train:
-        common = ([f"train.iterations={TOKEN_ITERATIONS}"] if grid.unit == "tokens" else []) + grid.common
-        so_far = summarised_runs(
-            grid.base, grid.arms, grid.seeds, grid.budget, common, grid.unit, summaries, grid.sft_seeds
-        )
+        so_far = summarised_runs(grid, summaries)
         done = {a: sum(run.arm == a for run, _ in so_far) for a in grid.arms}
         first = _seeds_so_far(grid, so_far)
         if first < min(2, len(grid.seeds)):

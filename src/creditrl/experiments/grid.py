@@ -40,20 +40,29 @@ QUICK_SET = [
 QUICK_BUDGET = {"tokens": 600, "samples": 32}
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Grid:
-    name: str
+    """A comparison grid (a grid file, :func:`load_grid`, or one made in code): every arm's runs,
+    one per seed, from ``base`` + ``common`` + the arm's overrides, each up to ``budget``."""
+
     base: Path
-    common: list[str]
-    seeds: list[int]
-    unit: str  # tokens | samples
-    budget: int
-    target: float | None  # absolute accuracy target, or None when gain is set
-    gain: float | None  # target = the arm's start accuracy + gain
-    init: str  # resolved: sft, policy or a checkpoint directory
     arms: dict[str, list[str]]
+    seeds: list[int]
+    budget: int
+    name: str = "grid"
+    common: list[str] = field(default_factory=list)
+    unit: str = "tokens"  # tokens | samples
+    target: float | None = None  # absolute accuracy target, or None when gain is set
+    gain: float | None = None  # target = the arm's start accuracy + gain
+    init: str = "sft"  # resolved: sft, policy or a checkpoint directory
     reference: str | None = None  # the arm every other is compared with, problem by problem
     sft_seeds: dict[int, int] = field(default_factory=dict)  # RL seed -> the sft.seed of its start (init: sft)
+
+
+def run_common(grid: Grid) -> list[str]:
+    """The overrides every run of ``grid`` takes before its arm's: ``common``, after (for a tokens
+    budget) an iteration count the budget stops the run before (``TOKEN_ITERATIONS``)."""
+    return ([f"train.iterations={TOKEN_ITERATIONS}"] if grid.unit == "tokens" else []) + list(grid.common)
 
 
 def _value_text(v: Any) -> str:

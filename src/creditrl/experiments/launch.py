@@ -18,6 +18,7 @@ import torch
 
 from creditrl.config import load_config
 from creditrl.errors import ConfigError
+from creditrl.experiments.grid import Grid, run_common
 from creditrl.experiments.plan import PLAN_FILE, PlannedRun, finished_history, plan_runs, plan_text, slug, summarise_run
 from creditrl.experiments.report import cpu_kind
 from creditrl.experiments.starts import grid_start
@@ -28,21 +29,16 @@ from creditrl.train.rl import RLTrainer
 
 
 def run_arms(
-    base: Path,
-    arms: dict[str, list[str]],
-    seeds: list[int],
-    budget: int,
+    grid: Grid,
     run_dir: Path,
     init_path: str | None,
-    common: list[str] | None = None,
     log=print,
-    unit: str = "tokens",
     jobs: int = 1,
     summaries: Path | None = None,
-    sft_seeds: dict[int, int] | None = None,
 ) -> dict[str, list[list[dict[str, Any]]]]:
-    """``{arm: [history per seed]}``; each run is ``base`` + ``common`` + the arm's overrides +
-    ``train.seed=s`` + the budget, written to ``run_dir/<arm>/seed<s>``. The budget is
+    """``{arm: [history per seed]}`` of ``grid``; each run is ``base`` + ``common`` + the arm's
+    overrides + ``train.seed=s`` + the budget (:func:`~creditrl.experiments.plan.plan_runs`),
+    written to ``run_dir/<arm>/seed<s>``. The budget is
     ``train.max_tokens=budget`` for ``unit="tokens"``; for ``unit="samples"`` it is
     ``train.iterations`` = :func:`samples_iterations` (and ``train.max_tokens=0``), and a run is
     finished when its last row is that iteration.
@@ -58,11 +54,13 @@ def run_arms(
     ``max(1, torch threads // jobs)`` intra-op threads and no progress bar; a run's numbers then
     equal those of a one-at-a-time run with the same thread count (tested). Every run writes
     ``launch.json`` (threads, jobs), which the reports state, since iteration times depend on it."""
+    base, arms, seeds, budget, unit = grid.base, grid.arms, grid.seeds, grid.budget, grid.unit
+    sft_seeds = grid.sft_seeds
     if unit not in ("tokens", "samples"):
         raise ValueError(f"run_arms: unit must be 'tokens' or 'samples', got {unit!r}")
     if jobs < 1:
         raise ValueError(f"run_arms: jobs must be >= 1, got {jobs}")
-    runs = plan_runs(base, arms, seeds, budget, run_dir, init_path, list(common or []), unit, summaries, sft_seeds)
+    runs = plan_runs(grid, run_dir, init_path, summaries)
     done = {(r.arm, r.seed): finished_history(r, budget, unit) for r in runs}
     # seed by seed (each arm of seed 0, then of seed 1, ...): runs that first build different cached
     # things (a PRM per labeler) build them side by side rather than one waiting on the other's
@@ -77,7 +75,7 @@ def run_arms(
         for k in dict.fromkeys(_sft_seed(r, sft_seeds) for r in pending):
             of_k = [r for r in runs if _sft_seed(r, sft_seeds) == k]
             summarised = [r.summary for r in of_k if r.summary is not None and done[(r.arm, r.seed)]]
-            start = list(common or []) + ([] if k is None else [f"sft.seed={k}"])
+            start = run_common(grid) + ([] if k is None else [f"sft.seed={k}"])
             inits[k] = grid_start(base, start, starts, summarised)
     for r in pending:
         r.identity["init"] = inits[_sft_seed(r, sft_seeds)]

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from creditrl.config import load_config
+from creditrl.experiments.grid import Grid, run_common
 from creditrl.experiments.summaries import history, read_summary, run_summary, summary_matches, write_summary
 from creditrl.inspect.data import load_metrics
 
@@ -54,29 +55,22 @@ def plan_text(run: PlannedRun) -> str:
     return json.dumps(run.identity, sort_keys=True)
 
 
-def plan_runs(
-    base: Path,
-    arms: dict[str, list[str]],
-    seeds: list[int],
-    budget: int,
-    run_dir: Path,
-    init_path: str,
-    common: list[str],
-    unit: str,
-    summaries: Path | None,
-    sft_seeds: dict[int, int] | None = None,
-) -> list[PlannedRun]:
+def plan_runs(grid: Grid, run_dir: Path, init_path: str, summaries: Path | None) -> list[PlannedRun]:
     """Every (arm, seed) run of the grid, with its overrides and the budget's stopping rule; a seed
-    that ``sft_seeds`` names starts from the SFT start of that ``sft.seed`` (its overrides say so)."""
+    that ``sft_seeds`` names starts from the SFT start of that ``sft.seed`` (its overrides say so).
+    Each run's overrides are :func:`~creditrl.experiments.grid.run_common`, the arm's, its start's,
+    its seed and its stopping rule; it is written to ``run_dir/<arm>/seed<s>``."""
+    base, budget, unit, sft_seeds = grid.base, grid.budget, grid.unit, grid.sft_seeds
+    common = run_common(grid)
     runs = []
-    for name, over in arms.items():
+    for name, over in grid.arms.items():
         if unit == "tokens":
             extra = [f"train.max_tokens={budget}"]
         else:
             stop = samples_iterations(load_config(base, common + over), budget)
             extra = [f"train.iterations={stop}", "train.max_tokens=0"]
-        for seed in seeds:
-            start = [f"sft.seed={sft_seeds[seed]}"] if sft_seeds and seed in sft_seeds else []
+        for seed in grid.seeds:
+            start = [f"sft.seed={sft_seeds[seed]}"] if seed in sft_seeds else []
             overrides = common + over + start + [f"train.seed={seed}"] + extra
             identity = {
                 "arm": name,
@@ -146,52 +140,25 @@ def summarise_run(run: PlannedRun, rows: list[dict[str, Any]] | None = None) -> 
     write_summary(run.summary, run_summary(rows, run.identity, launch, cost))
 
 
-def summarised_arms(
-    base: Path,
-    arms: dict[str, list[str]],
-    seeds: list[int],
-    budget: int,
-    common: list[str],
-    unit: str,
-    summaries: Path,
-    sft_seeds: dict[int, int] | None = None,
-) -> dict[str, int]:
+def summarised_arms(grid: Grid, summaries: Path) -> dict[str, int]:
     """Per arm, how many of its seeds' runs have a matching committed summary (nothing runs)."""
-    done = dict.fromkeys(arms, 0)
-    for run, _ in summarised_runs(base, arms, seeds, budget, common, unit, summaries, sft_seeds):
+    done = dict.fromkeys(grid.arms, 0)
+    for run, _ in summarised_runs(grid, summaries):
         done[run.arm] += 1
     return done
 
 
-def summarised_runs(
-    base: Path,
-    arms: dict[str, list[str]],
-    seeds: list[int],
-    budget: int,
-    common: list[str],
-    unit: str,
-    summaries: Path,
-    sft_seeds: dict[int, int] | None = None,
-) -> list[tuple[PlannedRun, dict[str, Any]]]:
+def summarised_runs(grid: Grid, summaries: Path) -> list[tuple[PlannedRun, dict[str, Any]]]:
     """The grid's runs that have a matching committed summary, each with it, in plan order."""
     found = []
-    for r in plan_runs(base, arms, seeds, budget, Path("."), "sft", common, unit, summaries, sft_seeds):
+    for r in plan_runs(grid, Path("."), "sft", summaries):
         summary = read_summary(r.summary)
         if summary_matches(summary, r.identity):
             found.append((r, summary))
     return found
 
 
-def summary_files(
-    base: Path,
-    arms: dict[str, list[str]],
-    seeds: list[int],
-    budget: int,
-    common: list[str],
-    unit: str,
-    summaries: Path,
-    sft_seeds: dict[int, int] | None = None,
-) -> list[Path]:
+def summary_files(grid: Grid, summaries: Path) -> list[Path]:
     """Each run's summary file, in the grid's own folder or in the grid it shares the run with."""
-    runs = plan_runs(base, arms, seeds, budget, Path("."), "sft", common, unit, summaries, sft_seeds)
+    runs = plan_runs(grid, Path("."), "sft", summaries)
     return [r.summary for r in runs]
