@@ -189,7 +189,7 @@ def test_compare_help_lists_every_grid_key(capsys):
     for key in KEY_HELP:
         assert f"\n  {key} " in text, key
     assert "docs/compare.md" in text and set(KEY_HELP) == {
-        "name", "base", "set", "seeds", "budget", "target", "init", "reference", "arms", "grid",
+        "name", "base", "set", "seeds", "budget", "target", "init", "sft_seeds", "reference", "arms", "grid",
     }  # fmt: skip
 
 
