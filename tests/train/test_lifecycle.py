@@ -31,6 +31,17 @@ ROOT = Path(__file__).resolve().parents[2]
 SIX = [*TINY_RUN, "train.iterations=6", "train.checkpoint_every=2"]
 
 
+@pytest.fixture(autouse=True)
+def _sigint_handled_as_python_sets_it():
+    """These tests send SIGINT to this process. A shell that started the suite in the background
+    (``make test &`` in a script) leaves SIGINT ignored, and :class:`Signals` keeps an ignored SIGINT
+    ignored, as it should for a run: give each test Python's own handler, then put the inherited one back."""
+    before = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 def rows(run: Path) -> list[dict]:
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
 
