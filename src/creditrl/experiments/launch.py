@@ -69,24 +69,27 @@ def run_arms(
     for r in runs:
         if done[(r.arm, r.seed)] is not None:
             log(f"arm '{r.arm}' seed {r.seed}: finished earlier, read back")
-    inits = {None: init_path}  # per SFT seed (None: sft.seed's own), the start its runs begin from
-    if pending and init_path == "sft":  # kept next to the summaries (findings/runs/<grid>): findings/starts
-        starts = None if summaries is None else summaries.parent.parent / "starts"
-        for k in dict.fromkeys(_sft_seed(r, sft_seeds) for r in pending):
-            of_k = [r for r in runs if _sft_seed(r, sft_seeds) == k]
-            summarised = [r.summary for r in of_k if r.summary is not None and done[(r.arm, r.seed)]]
-            start = run_common(grid) + ([] if k is None else [f"sft.seed={k}"])
-            inits[k] = grid_start(base, start, starts, summarised)
-    for r in pending:
-        r.identity["init"] = inits[_sft_seed(r, sft_seeds)]
-        plan = r.where / PLAN_FILE
-        same = (r.where / "config.yaml").is_file() and plan.is_file() and plan.read_text() == plan_text(r)
-        r.resume = _checkpointed(r.where) if same else None
-        if r.resume is None:  # another plan's leftovers, or no intact checkpoint: start afresh
-            shutil.rmtree(r.where, ignore_errors=True)
-        r.where.mkdir(parents=True, exist_ok=True)
-        plan.write_text(plan_text(r))
-    _launch(pending, budget, unit, jobs, log, base)
+    starts = None if summaries is None else summaries.parent.parent / "starts"  # kept starts: findings/starts
+    # start by start, in the order of their first pending seed: a second start's SFT (sft_seeds)
+    # is resolved, and trained when missing, only once the first start's runs are done
+    for k in dict.fromkeys(_sft_seed(r, sft_seeds) for r in pending):
+        group = [r for r in pending if _sft_seed(r, sft_seeds) == k]
+        init = init_path
+        if init_path == "sft":
+            summarised = [
+                r.summary for r in runs if _sft_seed(r, sft_seeds) == k and r.summary and done[(r.arm, r.seed)]
+            ]
+            init = grid_start(base, run_common(grid) + ([] if k is None else [f"sft.seed={k}"]), starts, summarised)
+        for r in group:
+            r.identity["init"] = init
+            plan = r.where / PLAN_FILE
+            same = (r.where / "config.yaml").is_file() and plan.is_file() and plan.read_text() == plan_text(r)
+            r.resume = _checkpointed(r.where) if same else None
+            if r.resume is None:  # another plan's leftovers, or no intact checkpoint: start afresh
+                shutil.rmtree(r.where, ignore_errors=True)
+            r.where.mkdir(parents=True, exist_ok=True)
+            plan.write_text(plan_text(r))
+        _launch(group, budget, unit, jobs, log, base)
     if summaries is not None:  # what a rebuild from the summaries alone will read, to the digit
         return {name: [history(read_summary(r.summary)) for r in runs if r.arm == name] for name in arms}
     return {name: [done[(name, s)] or load_metrics(run_dir / slug(name) / f"seed{s}") for s in seeds] for name in arms}
