@@ -45,23 +45,11 @@ def expand(packed: Tensor, order: Tensor, response_mask: Tensor) -> Tensor:
 BLOCK = 64  # columns per block of ``discounted_cumsum``: one (64, 64) matmul per block
 
 
-def _discount_matrix(c: float, n: int, like: Tensor) -> Tensor:
-    """M[s, t] = c^(s - t) for s >= t and 0 for s < t, (n, n) in the dtype and device of
-    ``like``; built in float64 so that every entry is a correctly rounded power of c."""
-    steps = torch.arange(n, device=like.device)
-    gap = steps[:, None] - steps[None, :]  # (n, n): s - t
-    # gap.clamp(min=0) keeps the exponent >= 0 (no c^-k), and torch.pow gives 0^0 = 1, so the
-    # diagonal is 1 even for c = 0 (y = x).
-    powers = torch.pow(torch.tensor(c, dtype=torch.float64, device=like.device), gap.clamp(min=0))
-    return torch.where(gap >= 0, powers, 0).to(like.dtype)
-
-
 def discounted_cumsum(x: Tensor, c: float | Tensor) -> Tensor:
     """y[:, t] = sum_{s >= t} c^(s - t) x[:, s] over plain columns (no mask); x, y (B, T).
 
     ``c`` is one decay for every row (a float) or one per row (a float (B,) tensor: row b decays by
-    ``c[b]``, as a per-response lambda needs, see :func:`creditrl.credit.lambdas.length_adaptive_lam`);
-    the per-row form runs the same blocked scan with one (n, n) matrix per row.
+    ``c[b]``, as a per-response lambda needs, see :func:`creditrl.credit.lambdas.length_adaptive_lam`).
 
     Equivalently ``y_t = x_t + c * y_{t+1}`` with ``y_T = 0``, for any decay c in [0, 1]: the
     discount gamma for a reward-to-go, gamma * lam for GAE. A blocked scan, with no Python loop
@@ -69,58 +57,35 @@ def discounted_cumsum(x: Tensor, c: float | Tensor) -> Tensor:
 
         y_j = x_j @ M + c^(n - i) * y[:, start of block j + 1]     (i = 0..n-1, column in block)
 
-    with M[s, i] = c^(s - i) for s >= i. The block starts themselves obey
+    with M[s, i] = c^(s - i) for s >= i (built in float64, so every entry is a correctly rounded
+    power of c; one M per row for a per-row c). The block starts themselves obey
     ``Y_j = f_j + c^n * Y_{j+1}`` (f_j = first column of x_j @ M), a discounted cumsum with
     decay c^n over T / n columns, computed by the same function. Only non-negative powers of c
     appear, so it is stable for every c in [0, 1] (a closed form through c^-t overflows for long
     T), and it needs O(n^2) memory for M where a (T, T) discount matrix would need O(T^2).
     """
-    if isinstance(c, Tensor):
-        return _row_discounted_cumsum(x, c)
+    per_row = isinstance(c, Tensor)
     rows, length = x.shape
-    if c == 1.0 or length == 0:
+    if length == 0 or (not per_row and c == 1.0):
         return x.flip(1).cumsum(1).flip(1)
-    n = min(length, BLOCK)
-    blocks = -(-length // n)
-    # Zero columns appended at the end add nothing to any earlier y_t.
-    padded = torch.nn.functional.pad(x, (0, blocks * n - length))
-    local = padded.view(rows, blocks, n) @ _discount_matrix(c, n, x)  # (B, blocks, n)
-    if blocks == 1:
-        return local.view(rows, n)[:, :length]
-    starts = discounted_cumsum(local[:, :, 0], c**n)  # (B, blocks): Y_j = y at block j's start
-    carry = torch.nn.functional.pad(starts[:, 1:], (0, 1))  # (B, blocks): Y_{j+1}, 0 after last
-    decay = torch.pow(  # (n,): c^(n - i), how much of Y_{j+1} reaches column i of block j
-        torch.tensor(c, dtype=torch.float64, device=x.device),
-        n - torch.arange(n, device=x.device),
-    ).to(x.dtype)
-    y = local + carry[:, :, None] * decay  # (B, blocks, n)
-    return y.view(rows, blocks * n)[:, :length]
-
-
-def _row_discounted_cumsum(x: Tensor, c: Tensor) -> Tensor:
-    """:func:`discounted_cumsum` with decay ``c[b]`` on row b; x (B, T), c float (B,) in [0, 1].
-
-    The blocked scan of :func:`discounted_cumsum` with a batch of matrices M_b[s, i] = c_b^(s - i)
-    (s >= i), built in float64 like the scalar one; the block starts recurse with decays c_b^n.
-    """
-    rows, length = x.shape
-    if length == 0:
-        return x.clone()
-    c64 = c.to(device=x.device, dtype=torch.float64)  # (B,)
+    c64 = torch.as_tensor(c, dtype=torch.float64, device=x.device)  # () or (B,)
     n = min(length, BLOCK)
     blocks = -(-length // n)
     steps = torch.arange(n, device=x.device)
     gap = steps[:, None] - steps[None, :]  # (n, n): s - i
-    # torch.pow gives 0^0 = 1, so each diagonal is 1 even for c_b = 0 (y = x on that row).
-    matrices = torch.where(gap >= 0, torch.pow(c64[:, None, None], gap.clamp(min=0)), 0).to(x.dtype)  # (B, n, n)
+    # gap.clamp(min=0) keeps the exponent >= 0 (no c^-k), and torch.pow gives 0^0 = 1, so the
+    # diagonal is 1 even for c = 0 (y = x).
+    powers = torch.pow(c64[..., None, None], gap.clamp(min=0))
+    matrix = torch.where(gap >= 0, powers, 0).to(x.dtype)  # (n, n), or (B, n, n) per row
+    # Zero columns appended at the end add nothing to any earlier y_t.
     padded = torch.nn.functional.pad(x, (0, blocks * n - length))
-    local = padded.view(rows, blocks, n) @ matrices  # (B, blocks, n)
+    local = padded.view(rows, blocks, n) @ matrix  # (B, blocks, n)
     if blocks == 1:
         return local.view(rows, n)[:, :length]
-    starts = _row_discounted_cumsum(local[:, :, 0], c64**n)  # (B, blocks)
-    carry = torch.nn.functional.pad(starts[:, 1:], (0, 1))  # (B, blocks): Y_{j+1}, 0 after the last
-    decay = torch.pow(c64[:, None], (n - steps)[None, :]).to(x.dtype)  # (B, n): c_b^(n - i)
-    y = local + carry[:, :, None] * decay[:, None, :]  # (B, blocks, n)
+    starts = discounted_cumsum(local[:, :, 0], c64**n if per_row else c**n)  # (B, blocks): Y_j
+    carry = torch.nn.functional.pad(starts[:, 1:], (0, 1))  # (B, blocks): Y_{j+1}, 0 after last
+    decay = torch.pow(c64[..., None], n - steps).to(x.dtype)  # (n,) or (B, n): c^(n - i)
+    y = local + carry[:, :, None] * decay[..., None, :]  # (B, blocks, n)
     return y.view(rows, blocks * n)[:, :length]
 
 

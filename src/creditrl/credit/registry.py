@@ -98,7 +98,7 @@ def _describe(x: Tensor) -> str:
     return f"dtype {x.dtype}, shape {tuple(x.shape)}"
 
 
-def _require_tensor(name: str, x: object) -> Tensor:
+def require_tensor(name: str, x: object) -> Tensor:
     if not isinstance(x, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor; got {type(x).__name__}")
     return x
@@ -106,7 +106,7 @@ def _require_tensor(name: str, x: object) -> Tensor:
 
 def check_float(name: str, x: object, shape: tuple[int, ...] | None = None) -> None:
     """Check that ``x`` is a floating-point (B, T) tensor, of exactly ``shape`` when given."""
-    x = _require_tensor(name, x)
+    x = require_tensor(name, x)
     expected = "(B, T)" if shape is None else f"(B, T) = {shape}"
     bad_shape = x.dim() != 2 if shape is None else tuple(x.shape) != shape
     if not x.is_floating_point() or bad_shape:
@@ -116,7 +116,7 @@ def check_float(name: str, x: object, shape: tuple[int, ...] | None = None) -> N
 def check_mask(name: str, x: object, shape: tuple[int, ...]) -> None:
     """Check that ``x`` is a bool tensor of exactly ``shape``. 0/1 integer or float masks are
     refused rather than converted, so a float tensor passed by mistake cannot pass as a mask."""
-    x = _require_tensor(name, x)
+    x = require_tensor(name, x)
     if x.dtype != torch.bool or tuple(x.shape) != shape:
         raise ValueError(
             f"{name} must be a bool tensor of shape (B, T) = {shape}; got {_describe(x)} "
@@ -126,7 +126,7 @@ def check_mask(name: str, x: object, shape: tuple[int, ...]) -> None:
 
 def check_group_ids(x: object, batch: int) -> None:
     """Check that ``x`` is a long (torch.int64) tensor of shape (batch,)."""
-    x = _require_tensor("group_ids", x)
+    x = require_tensor("group_ids", x)
     if x.dtype != torch.long or tuple(x.shape) != (batch,):
         raise ValueError(
             f"group_ids must be a long (torch.int64) tensor of shape (B,) = ({batch},); got {_describe(x)}"
@@ -195,25 +195,9 @@ def estimate(
     a missing input the estimator needs, or a tensor of the wrong shape or dtype.
     """
     fn = lookup(ESTIMATORS, "estimator", name)
-    given = {"group_ids": group_ids, "values": values}
+    options = {"group_ids": group_ids, "values": values, "gamma": gamma, "lam": lam}
     for needed in sorted(_NEEDS[name]):
-        if given[needed] is None:
+        if options[needed] is None:
             raise missing_input_error(name, needed)
-    check_inputs(
-        rewards,
-        reward_mask,
-        response_mask,
-        group_ids=group_ids,
-        values=values,
-        gamma=gamma,
-        lam=lam,
-    )
-    return fn(
-        rewards,
-        reward_mask,
-        response_mask,
-        group_ids=group_ids,
-        values=values,
-        gamma=gamma,
-        lam=lam,
-    )
+    check_inputs(rewards, reward_mask, response_mask, **options)
+    return fn(rewards, reward_mask, response_mask, **options)

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from creditrl.config.types import Resolution
 from creditrl.credit.lambdas import length_adaptive_lam
-from creditrl.credit.registry import check_inputs, check_mask, estimate
+from creditrl.credit.registry import check_inputs, check_mask, estimate, require_tensor
 
 RESOLUTIONS = tuple(r for r in typing.get_args(Resolution) if r != "auto")
 
@@ -45,9 +45,7 @@ class StepView:
 
 def step_view(step_ends: Tensor, response_mask: Tensor) -> StepView:
     """Number the steps of each row; step_ends and response_mask bool (B, T) -> ``StepView``."""
-    if not isinstance(response_mask, Tensor):
-        raise TypeError(f"response_mask must be a torch.Tensor; got {type(response_mask).__name__}")
-    if response_mask.dim() != 2:
+    if require_tensor("response_mask", response_mask).dim() != 2:
         raise ValueError(f"response_mask must be a bool tensor of shape (B, T); got shape {tuple(response_mask.shape)}")
     check_mask("response_mask", response_mask, tuple(response_mask.shape))
     check_mask("step_ends", step_ends, tuple(response_mask.shape))

@@ -10,15 +10,12 @@ def linear_schedule(start: float, end: float | None, progress: float) -> float:
     """``start + (end - start) * clamp(progress, 0, 1)``; ``end = None`` keeps ``start``.
 
     ``progress = iteration / total_iterations``. Used for the GAE ``lam`` schedule of
-    docs/design.md ("Value sources", e.g. lam 0.5 -> 0.95 over training): a lower lambda bootstraps
-    more on V (less variance, more of the critic's bias), a higher one leans on sampled rewards.
-    Clamping makes a progress past either end give that end's value rather than an
-    extrapolation (a lambda above 1 would be invalid).
+    docs/design.md ("Value sources", e.g. lam 0.5 -> 0.95 over training). A progress past either
+    end gives that end's value, never an extrapolation (a lambda above 1 would be invalid).
     """
     if end is None:
         return start
-    p = min(1.0, max(0.0, progress))
-    return start + (end - start) * p
+    return start + (end - start) * min(1.0, max(0.0, progress))
 
 
 def lr_at(step: int, total: int, warmup: int, peak: float) -> float:
