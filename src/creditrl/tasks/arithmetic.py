@@ -29,14 +29,13 @@ from creditrl.tasks.base import SPLITS, Drawn, Problem, draw_problems, hash_spli
 __all__ = [
     "SPLITS",
     "Step",
+    "StepTask",
     "ArithmeticConfig",
     "ArithmeticTask",
     "canonical_steps",
     "evaluate_expression",
     "split_completion",
 ]
-
-"""Valid values of the ``split`` argument of :meth:`ArithmeticTask.sample`."""
 
 Step = tuple[int, str, int, int]
 """One reduction ``(a, op, b, c)`` with ``c == a op b``."""
@@ -166,7 +165,7 @@ def split_completion(completion: str) -> list[str]:
     return segments
 
 
-def _normalise(segment: str) -> str:
+def normalise_step(segment: str) -> str:
     """A segment as the step checker reads it: stripped, one trailing ``";"`` removed, stripped."""
     return segment.strip().removesuffix(";").strip()
 
@@ -179,7 +178,7 @@ def labels_in_order(expected: list[str], segments: list[str], answer_ok: Callabl
     labels: list[bool] = []
     done, failed, seen_answer = 0, False, False
     for segment in segments:
-        text = _normalise(segment)
+        text = normalise_step(segment)
         if text.startswith("#"):
             labels.append(not seen_answer and answer_ok(text))
             seen_answer = True
@@ -191,41 +190,88 @@ def labels_in_order(expected: list[str], segments: list[str], answer_ok: Callabl
     return labels
 
 
-@register_task("arithmetic")
-class ArithmeticTask:
-    """Integer arithmetic task (registry name ``"arithmetic"``, step separator ``";"``)."""
+class StepTask:
+    """What the ``";"``-step tasks (arithmetic, chain, paths) share: a frozen config built with
+    keyword overrides, the hash split, problems written ``step;...;step;#answer``, the answer as
+    the text after the first ``"#"``, and :meth:`first_error` over the step labels."""
 
-    name: str = "arithmetic"
+    name: str = ""
     step_separator: str | None = ";"
-    step_pattern = re.compile(r"-?[0-9]+[+\-*][0-9]+=-?[0-9]+")  # a well-formed step, right or wrong
     answer_marker = "#"
+    config_type: Any = None  # the task's frozen config dataclass
+    config: Any
 
-    def __init__(self, config: ArithmeticConfig | None = None, **overrides: Any) -> None:
-        """Build from ``config`` (default :class:`ArithmeticConfig`) with ``overrides`` applied.
-
-        ``overrides`` are ArithmeticConfig fields; the result is validated again.
-        """
-        base = config if config is not None else ArithmeticConfig()
-        self.config: ArithmeticConfig = dataclasses.replace(base, **overrides)
+    def __init__(self, config: Any = None, **overrides: Any) -> None:
+        """Build from ``config`` (default: a default ``config_type``) with ``overrides`` (its fields)
+        applied; the result is validated again."""
+        self.config = dataclasses.replace(config if config is not None else self.config_type(), **overrides)
 
     def split_of(self, prompt: str) -> str:
-        """Return ``"heldout"`` iff ``int(sha256(prompt).hexdigest(), 16) % heldout_mod == 0``.
-
-        Otherwise return ``"train"``; ``prompt`` is UTF-8 encoded and includes the ``"="``.
-        """
+        """``"heldout"`` iff ``int(sha256(prompt), 16) % heldout_mod == 0``, else ``"train"`` (the
+        prompt UTF-8 encoded, its ``"="`` included)."""
         return hash_split(prompt, self.config.heldout_mod)
 
-    def make_problem(self, prompt_or_expr: str) -> Problem:
-        """Build the problem for an expression (with or without the trailing ``"="``).
+    def _problem(self, prompt: str, steps: list[str], answer: str) -> Problem:
+        meta = {"n_ops": len(steps), "split": self.split_of(prompt)}
+        return Problem(prompt=prompt, answer=answer, solution=";".join([*steps, f"#{answer}"]), meta=meta)
 
-        ``meta`` holds ``n_ops`` (number of operators) and ``split``.
-        """
-        operands, ops = _parse(prompt_or_expr)
-        steps, value = _reduce(operands, ops)
+    def _sample(
+        self, n: int, split: str, seed: int, draw: Callable[[random.Random], Drawn | None], **kw: Any
+    ) -> list[Problem]:
+        """:func:`~creditrl.tasks.base.draw_problems` in the task's namespace and split (``kw``:
+        its other arguments; ``max_misses`` defaults to 100,000)."""
+        kw.setdefault("max_misses", _MAX_CONSECUTIVE_MISSES)
+        return draw_problems(n, split=split, seed=seed, namespace=self.name, draw=draw, split_of=self.split_of, **kw)
+
+    def _answer_right(self, problem: Problem, completion: str) -> bool:
+        return self.extract_answer(completion) == problem.answer
+
+    def extract_answer(self, completion: str) -> str | None:
+        """The text after the first ``"#"``, stripped (what the outcome compares), or None."""
+        hash_at = completion.find("#")
+        return completion[hash_at + 1 :].strip() if hash_at >= 0 else None
+
+    def same_answer(self, a: str, b: str) -> bool:
+        """Answers are canonical text: equal as text."""
+        return a == b
+
+    def label_completion(self, problem: Problem, completion: str) -> list[bool]:
+        """``check_steps(problem, split_completion(completion))``."""
+        return self.check_steps(problem, split_completion(completion))
+
+    def first_error(self, problem: Problem, completion: str) -> str:
+        """Where ``completion`` goes wrong, as one of ``error_kinds``: ``correct`` when
+        :meth:`check_outcome` holds, else the kind of the first step segment :meth:`check_steps`
+        labels wrong (``_step_error(problem, i, text)``, ``text`` normalised), else ``wrong_answer``
+        (every step right; the answer wrong, missing or early)."""
+        if self.check_outcome(problem, completion):
+            return "correct"
+        segments = split_completion(completion)
+        for i, (segment, right) in enumerate(zip(segments, self.check_steps(problem, segments))):
+            text = normalise_step(segment)
+            if text.startswith("#"):
+                break
+            if not right:
+                return self._step_error(problem, i, text)
+        return "wrong_answer"
+
+
+@register_task("arithmetic")
+class ArithmeticTask(StepTask):
+    """Integer arithmetic task (registry name ``"arithmetic"``, step separator ``";"``); built from
+    an :class:`ArithmeticConfig` (default) with keyword overrides of its fields."""
+
+    name: str = "arithmetic"
+    step_pattern = re.compile(r"-?[0-9]+[+\-*][0-9]+=-?[0-9]+")  # a well-formed step, right or wrong
+    config_type = ArithmeticConfig
+    config: ArithmeticConfig
+
+    def make_problem(self, prompt_or_expr: str) -> Problem:
+        """The problem of an expression (with or without the trailing ``"="``); ``meta`` holds
+        ``n_ops`` (number of operators) and ``split``."""
+        steps, value = _reduce(*_parse(prompt_or_expr))
         prompt = prompt_or_expr.removesuffix("=") + "="
-        solution = ";".join([_format_step(s) for s in steps] + [f"#{value}"])
-        meta = {"n_ops": len(ops), "split": self.split_of(prompt)}
-        return Problem(prompt=prompt, answer=str(value), solution=solution, meta=meta)
+        return self._problem(prompt, [_format_step(s) for s in steps], str(value))
 
     def _draw_expression(self, rng: random.Random) -> str:
         cfg = self.config
@@ -235,54 +281,28 @@ class ArithmeticTask:
         return "".join(f"{x}{op}" for x, op in zip(operands, ops)) + str(operands[-1])
 
     def sample(self, n: int, *, split: str, seed: int) -> list[Problem]:
-        """Return ``n`` problems of ``split``, deterministic for a given (config, split, seed).
-
-        Expressions are drawn from ``random.Random`` seeded by a SHA-256 of
-        ``(split, seed)`` (so each split has its own stream) and rejected unless
-        :meth:`split_of` their prompt is ``split``. Duplicates may occur.
+        """``n`` problems of ``split``, deterministic for a given (config, split, seed); duplicates
+        may occur. Expressions are drawn from a stream seeded by ``(split, seed)`` and rejected
+        unless :meth:`split_of` their prompt is ``split``.
 
         Raises:
-            ValueError: If ``split`` is not in :data:`SPLITS`, if ``n < 0``, or if
-                100000 consecutive draws miss ``split`` (the config's problem
-                space has (almost) no expressions in it).
+            ValueError: For an unknown ``split``, ``n < 0``, or 100000 consecutive draws that miss
+                ``split`` (the config's problem space has (almost) no expressions in it).
         """
 
         def draw(rng: random.Random) -> Drawn:
             prompt = self._draw_expression(rng) + "="
             return prompt, lambda: self.make_problem(prompt)
 
-        space = f"; the problem space of {self.config} is too small for this split"
-        return draw_problems(
-            n,
-            split=split,
-            seed=seed,
-            namespace="arithmetic",
-            draw=draw,
-            split_of=self.split_of,
-            max_misses=_MAX_CONSECUTIVE_MISSES,
-            space=space,
+        return self._sample(
+            n, split, seed, draw, space=f"; the problem space of {self.config} is too small for this split"
         )
 
     def check_outcome(self, problem: Problem, completion: str) -> bool:
-        """Return whether ``completion`` states the right final answer.
-
-        Rule: take the text after the FIRST ``"#"`` and strip surrounding
-        whitespace (``str.strip``); it must equal ``problem.answer`` exactly,
-        i.e. the canonical integer: ASCII digits, optional leading ``-``, no
-        leading zeros, no ``+``, no ``"-0"``. No ``"#"`` means False, and so does
-        anything after the number (``"#8;3+3=6"``).
-        """
-        hash_at = completion.find("#")
-        return hash_at >= 0 and completion[hash_at + 1 :].strip() == problem.answer
-
-    def extract_answer(self, completion: str) -> str | None:
-        """The text after the first ``"#"``, stripped (what :meth:`check_outcome` compares), or None."""
-        hash_at = completion.find("#")
-        return completion[hash_at + 1 :].strip() if hash_at >= 0 else None
-
-    def same_answer(self, a: str, b: str) -> bool:
-        """Answers are canonical integers: equal as text."""
-        return a == b
+        """Whether the text after the FIRST ``"#"``, stripped, equals ``problem.answer`` exactly:
+        the canonical integer (ASCII digits, optional leading ``-``, no leading zeros, no ``+``, no
+        ``"-0"``). No ``"#"`` is False, and so is anything after the number (``"#8;3+3=6"``)."""
+        return self._answer_right(problem, completion)
 
     def check_steps(self, problem: Problem, segments: list[str]) -> list[bool]:
         """Return one label per segment: whether that step is correct.
@@ -316,37 +336,18 @@ class ArithmeticTask:
         "wrong_answer",
     )
 
-    def first_error(self, problem: Problem, completion: str) -> str:
-        """Classify where ``completion`` goes wrong, as one of :attr:`error_kinds`.
-
-        ``correct``: :meth:`check_outcome` holds (whatever the steps). Otherwise the first
-        arithmetic segment that :meth:`check_steps` labels wrong decides: a well-formed step
-        ``a{op}b=c`` whose ``a{op}b`` is the next canonical reduction but whose ``c`` is wrong is
-        a slip, ``slip_multi_digit`` when ``a`` or ``b`` has two or more digits, else
+    def _step_error(self, problem: Problem, i: int, text: str) -> str:
+        """The kind of a wrong step (:meth:`first_error`): a well-formed step ``a{op}b=c`` whose
+        ``a{op}b`` is the next canonical reduction but whose ``c`` is wrong is a slip,
+        ``slip_multi_digit`` when ``a`` or ``b`` has two or more digits, else
         ``slip_single_digit``; a well-formed step with other operands (a wrong copy, a skipped or
         out-of-order reduction, a step after the expression is reduced) is ``wrong_operands``;
-        any other text is ``malformed``. With no wrong arithmetic segment (every step right,
-        the answer wrong, missing or early) it is ``wrong_answer``.
-        """
-        if self.check_outcome(problem, completion):
-            return "correct"
-        expected = canonical_steps(problem.prompt)
-        segments = split_completion(completion)
-        for i, (segment, right) in enumerate(zip(segments, self.check_steps(problem, segments))):
-            text = _normalise(segment)
-            if text.startswith("#"):
-                break
-            if right:  # before the first error, step i is the i-th canonical reduction
-                continue
-            if not self.step_pattern.fullmatch(text):
-                return "malformed"
-            if i < len(expected):
-                a, op, b, _ = expected[i]
-                if text.split("=", 1)[0] == f"{a}{op}{b}":
-                    return "slip_multi_digit" if max(abs(a), abs(b)) >= 10 else "slip_single_digit"
-            return "wrong_operands"
-        return "wrong_answer"
-
-    def label_completion(self, problem: Problem, completion: str) -> list[bool]:
-        """Return ``check_steps(problem, split_completion(completion))``."""
-        return self.check_steps(problem, split_completion(completion))
+        any other text is ``malformed``."""
+        if not self.step_pattern.fullmatch(text):
+            return "malformed"
+        expected = canonical_steps(problem.prompt)  # before the first error, step i is the i-th reduction
+        if i < len(expected):
+            a, op, b, _ = expected[i]
+            if text.split("=", 1)[0] == f"{a}{op}{b}":
+                return "slip_multi_digit" if max(abs(a), abs(b)) >= 10 else "slip_single_digit"
+        return "wrong_operands"

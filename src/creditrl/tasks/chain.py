@@ -10,45 +10,37 @@ the sequence depends on where the count starts, not only on the two digits. Step
     "31~003="  ->  "003:3+1=4;002:1+4=0;001:4+0=4;#404"
 
 Every step is ten characters with its ``";"``: the response of an ``n``-step problem is
-``10 n + 4`` characters and the eos, so ``n = 6, 25, 51, 99`` give about 64, 256, 512 and 1,000
-generated tokens under the character tokenizer. Each step is local -- it copies the previous
-step's second operand and result, decrements the counter, reads the operator off its last digit
-and looks up one of ``2 m^2`` single-digit facts -- so a small model reaches a high per-step
-accuracy, while a whole solution is right only if all of its ``n`` steps are: solution accuracy
-falls with length at a constant per-step accuracy, the regime in which a sequence-level reward
-says least about which step went wrong. The answer is right by luck with probability about
-``m^-3``.
+``10 n + 4`` characters and the eos (``n = 6, 25, 51, 99``: about 64, 256, 512 and 1,000 tokens
+under the character tokenizer). Each step is local -- copy the previous step's second operand
+and result, decrement the counter, read the operator off its last digit, look up one of ``2 m^2``
+single-digit facts -- so per-step accuracy is high while a whole solution is right only if all
+``n`` steps are: the regime in which a sequence-level reward says least about which step went
+wrong. The answer is right by luck with probability about ``m^-3``.
 
-**The outcome** (``outcome``). ``"answer"`` (the default, the check of every committed finding)
-reads only the last three values after the ``"#"``, so an answer can be "correct" with a wrong
-step before it (a model that writes a wrong value and then falls back onto the sequence it
-memorised). ``"steps"`` is right only when the completion is the canonical solution: its ``n``
-steps, each right, in order, then the right answer and nothing after it -- no wrong step the
-outcome ignores; then an outcome of 1 is exactly "every step label is right".
+**The outcome** (``outcome``). ``"answer"`` (the default) reads only the last three values after
+the ``"#"``, so an answer can be "correct" with a wrong step before it. ``"steps"`` is right only
+for the canonical solution: its ``n`` steps, each right, in order, then the right answer and
+nothing after it; an outcome of 1 is then exactly "every step label is right".
 
 **The held-out split** (``heldout``). ``"prompt"`` (the default) holds out prompts by a hash of
 the prompt, so a held-out ``"31~045="`` is the 45-step suffix of any training chain that passes
-through the pair ``(3, 1)`` at counter 45: every held-out chain of the committed long findings is
-a suffix of a training chain of 1-99 steps. ``"cycle"`` holds out computations instead. A step
-depends only on the state ``(a, b, counter mod 10)`` (its operator is read off the counter's last
-digit), and the map from one state to the next, ``(a, b, k) -> (b, (a op_k b) mod m, k - 1 mod
-10)``, is a bijection of the ``10 m^2`` states (``a`` is recovered from ``b`` and the result), so
-the states fall into disjoint cycles (mod 10: 25 of 10 states and 25 of 30) and a chain walks
-along the cycle of its first state (:func:`state_cycles`). A cycle is held out iff the SHA-256 of
+through the pair ``(3, 1)`` at counter 45. ``"cycle"`` holds out computations instead. A step
+depends only on the state ``(a, b, counter mod 10)``, and the step map ``(a, b, k) -> (b, (a op_k
+b) mod m, k - 1 mod 10)`` is a bijection of the ``10 m^2`` states (``a`` is recovered from ``b``
+and the result), so the states fall into disjoint cycles and a chain walks along the cycle of its
+first state (:func:`state_cycles`). A cycle is held out iff the SHA-256 of
 ``"chain-cycle/{m}/{a}{b}{k}"`` at its least state is divisible by ``heldout_mod``, and a prompt
 is held out iff its first state's cycle is. No state of a held-out chain then occurs in any
-training chain of any length, so no held-out computation is a contiguous run of a training one:
-not with its counters, nor without them once it has 5 or more steps (any 5 operators in a row
-fix the counter's last digit). Every single-digit fact ``a op b`` still occurs
-in training (the config refuses a split that would hold one out), so a held-out chain asks for
-known facts in an order SFT never saw. With mod 10 and ``heldout_mod=5`` 9 of the 50 cycles are
-held out, 210 of the 1,000 states: 21 of the 100 prompts of every length (``heldout_mod`` 2, 3 and
-4 are refused: they hold out the all-zero cycle, the only one with ``0+0`` and ``0-0``).
+training chain, so no held-out computation is a contiguous run of a training one (nor, once it
+has 5 or more steps, without its counters: 5 operators in a row fix the counter's last digit).
+Every single-digit fact ``a op b`` still occurs in training (the config refuses a split that
+would hold one out), so a held-out chain asks for known facts in an order SFT never saw. With mod
+10 and ``heldout_mod=5``, 9 of the 50 cycles are held out, 21 of the 100 prompts of every length
+(``heldout_mod`` 2, 3 and 4 hold out the all-zero cycle, the only one with ``0+0`` and ``0-0``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import random
@@ -56,8 +48,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from creditrl.tasks.arithmetic import labels_in_order, split_completion
-from creditrl.tasks.base import Drawn, Problem, draw_problems, hash_split, register_task
+from creditrl.tasks.arithmetic import StepTask, labels_in_order, split_completion
+from creditrl.tasks.base import Drawn, Problem, hash_split, register_task
 
 __all__ = [
     "ChainConfig",
@@ -218,13 +210,11 @@ def chain_steps(prompt: str, modulus: int = 5) -> tuple[list[str], str]:
 
 
 @register_task("chain")
-class ChainTask:
+class ChainTask(StepTask):
     """Long chains of single-digit modular steps (registry name ``"chain"``, step separator ``";"``)."""
 
     name: str = "chain"
-    step_separator: str | None = ";"
     step_pattern = re.compile(r"[0-9]{3}:[0-9][+\-][0-9]=[0-9]")
-    answer_marker = "#"
     error_kinds: tuple[str, ...] = (
         "correct",
         "wrong_value",
@@ -233,10 +223,8 @@ class ChainTask:
         "malformed",
         "wrong_answer",
     )
-
-    def __init__(self, config: ChainConfig | None = None, **overrides: Any) -> None:
-        base = config if config is not None else ChainConfig()
-        self.config: ChainConfig = dataclasses.replace(base, **overrides)
+    config_type = ChainConfig
+    config: ChainConfig
 
     def split_of(self, prompt: str) -> str:
         """With ``heldout="prompt"``: ``"heldout"`` iff ``int(sha256(prompt), 16) % heldout_mod ==
@@ -253,9 +241,7 @@ class ChainTask:
     def make_problem(self, prompt: str) -> Problem:
         """The problem of a prompt such as ``"31~040="`` (the ``"="`` may be left out)."""
         prompt = prompt.removesuffix("=") + "="
-        steps, answer = chain_steps(prompt, self.config.modulus)
-        meta = {"n_ops": len(steps), "split": self.split_of(prompt)}
-        return Problem(prompt=prompt, answer=answer, solution=";".join([*steps, f"#{answer}"]), meta=meta)
+        return self._problem(prompt, *chain_steps(prompt, self.config.modulus))
 
     def sample(self, n: int, *, split: str, seed: int) -> list[Problem]:
         """``n`` problems of ``split``, deterministic for a given (config, split, seed); duplicates may occur."""
@@ -266,16 +252,9 @@ class ChainTask:
             prompt = f"{digits}~{rng.randint(cfg.min_steps, cfg.max_steps):03d}="
             return prompt, lambda: self.make_problem(prompt)
 
-        return draw_problems(
-            n,
-            split=split,
-            seed=seed,
-            namespace="chain",
-            draw=draw,
-            split_of=self.split_of,
-            max_misses=_MAX_CONSECUTIVE_MISSES,
-            space=f" for {cfg}",
-            distinct=cfg.distinct_heldout and split == "heldout",
+        distinct = cfg.distinct_heldout and split == "heldout"
+        return self._sample(
+            n, split, seed, draw, space=f" for {cfg}", distinct=distinct, max_misses=_MAX_CONSECUTIVE_MISSES
         )
 
     def check_outcome(self, problem: Problem, completion: str) -> bool:
@@ -289,16 +268,6 @@ class ChainTask:
         segments = split_completion(completion)
         return len(segments) == problem.meta["n_ops"] + 1 and all(self.check_steps(problem, segments))
 
-    def _answer_right(self, problem: Problem, completion: str) -> bool:
-        return self.extract_answer(completion) == problem.answer
-
-    def extract_answer(self, completion: str) -> str | None:
-        hash_at = completion.find("#")
-        return completion[hash_at + 1 :].strip() if hash_at >= 0 else None
-
-    def same_answer(self, a: str, b: str) -> bool:
-        return a == b
-
     def check_steps(self, problem: Problem, segments: list[str]) -> list[bool]:
         """One label per segment: a step is right iff it is the next canonical step and every
         earlier one was right (stop at the first error); the answer segment iff it is the first
@@ -306,27 +275,13 @@ class ChainTask:
         expected, _ = chain_steps(problem.prompt, self.config.modulus)
         return labels_in_order(expected, segments, lambda text: self._answer_right(problem, text))
 
-    def label_completion(self, problem: Problem, completion: str) -> list[bool]:
-        return self.check_steps(problem, split_completion(completion))
-
-    def first_error(self, problem: Problem, completion: str) -> str:
-        """Where ``completion`` goes wrong (one of :attr:`error_kinds`): at its first wrong step, a
-        wrong result (``wrong_value``), wrong operands (``wrong_copy``), a wrong counter
-        (``wrong_counter``) or other text (``malformed``); ``wrong_answer`` when no step is wrong."""
-        if self.check_outcome(problem, completion):
-            return "correct"
+    def _step_error(self, problem: Problem, i: int, text: str) -> str:
+        """The kind of a wrong step (:meth:`first_error`): a wrong result (``wrong_value``), wrong
+        operands (``wrong_copy``), a wrong counter (``wrong_counter``) or other text (``malformed``)."""
         expected, _ = chain_steps(problem.prompt, self.config.modulus)
-        segments = split_completion(completion)
-        for i, (segment, right) in enumerate(zip(segments, self.check_steps(problem, segments))):
-            text = segment.strip().removesuffix(";").strip()
-            if text.startswith("#"):
-                break
-            if right:
-                continue
-            if i >= len(expected) or not self.step_pattern.fullmatch(text):
-                return "malformed"
-            want = expected[i]
-            if text[:3] != want[:3]:
-                return "wrong_counter"
-            return "wrong_value" if text[:-1] == want[:-1] else "wrong_copy"
-        return "wrong_answer"
+        if i >= len(expected) or not self.step_pattern.fullmatch(text):
+            return "malformed"
+        want = expected[i]
+        if text[:3] != want[:3]:
+            return "wrong_counter"
+        return "wrong_value" if text[:-1] == want[:-1] else "wrong_copy"

@@ -25,21 +25,18 @@ Held-out problems are those whose prompt hashes to 0 modulo ``heldout_mod``.
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import re
 import string
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
 
-from creditrl.tasks.arithmetic import split_completion
-from creditrl.tasks.base import Drawn, Problem, draw_problems, hash_split, register_task
+from creditrl.tasks.arithmetic import StepTask, normalise_step, split_completion
+from creditrl.tasks.base import Drawn, Problem, register_task
 
 __all__ = ["PathsConfig", "PathsTask", "parse_graph", "distances_to"]
 
 _PROMPT_RE = re.compile(r"((?:[a-z]{2},)*[a-z]{2})\|([a-z])>([a-z])=?")
-_MAX_CONSECUTIVE_MISSES = 100_000
 Graph = dict[str, set[str]]
 
 
@@ -121,21 +118,13 @@ def _random_graph(rng: random.Random, cfg: PathsConfig) -> list[str]:
 
 
 @register_task("paths")
-class PathsTask:
+class PathsTask(StepTask):
     """Shortest paths in small random graphs (registry name ``"paths"``, step separator ``";"``)."""
 
     name: str = "paths"
-    step_separator: str | None = ";"
-    answer_marker = "#"
     error_kinds: tuple[str, ...] = ("correct", "wrong_start", "not_an_edge", "detour", "malformed", "wrong_answer")
-
-    def __init__(self, config: PathsConfig | None = None, **overrides: Any) -> None:
-        base = config if config is not None else PathsConfig()
-        self.config: PathsConfig = dataclasses.replace(base, **overrides)
-
-    def split_of(self, prompt: str) -> str:
-        """``"heldout"`` iff ``int(sha256(prompt), 16) % heldout_mod == 0``, else ``"train"``."""
-        return hash_split(prompt, self.config.heldout_mod)
+    config_type = PathsConfig
+    config: PathsConfig
 
     def make_problem(self, prompt: str) -> Problem:
         """The problem of a prompt such as ``"ab,bc|a>c="`` (the ``"="`` may be left out)."""
@@ -147,10 +136,7 @@ class PathsTask:
         path = [start]
         while path[-1] != goal:
             path.append(min(n for n in graph[path[-1]] if dist.get(n) == dist[path[-1]] - 1))
-        steps = [a + b for a, b in zip(path, path[1:])]
-        answer = "".join(path)
-        meta = {"n_ops": len(steps), "split": self.split_of(prompt)}
-        return Problem(prompt=prompt, answer=answer, solution=";".join([*steps, f"#{answer}"]), meta=meta)
+        return self._problem(prompt, [a + b for a, b in zip(path, path[1:])], "".join(path))
 
     def sample(self, n: int, *, split: str, seed: int) -> list[Problem]:
         """``n`` problems of ``split``, deterministic for a given (config, split, seed); duplicates may occur."""
@@ -163,23 +149,7 @@ class PathsTask:
             far = distances_to(parse_graph(prompt)[0], goal)[start]
             return (prompt, lambda: self.make_problem(prompt)) if cfg.min_dist <= far <= cfg.max_dist else None
 
-        return draw_problems(
-            n,
-            split=split,
-            seed=seed,
-            namespace="paths",
-            draw=draw,
-            split_of=self.split_of,
-            max_misses=_MAX_CONSECUTIVE_MISSES,
-            space=f" for {cfg}",
-        )
-
-    def extract_answer(self, completion: str) -> str | None:
-        hash_at = completion.find("#")
-        return completion[hash_at + 1 :].strip() if hash_at >= 0 else None
-
-    def same_answer(self, a: str, b: str) -> bool:
-        return a == b
+        return self._sample(n, split, seed, draw, space=f" for {cfg}")
 
     def check_outcome(self, problem: Problem, completion: str) -> bool:
         """Whether the path after the first ``"#"`` is a shortest path from the start to the goal."""
@@ -197,7 +167,7 @@ class PathsTask:
         dist = distances_to(graph, goal)
         kinds, here, failed, answered = [], start, False, False
         for segment in segments:
-            text = segment.strip().removesuffix(";").strip()
+            text = normalise_step(segment)
             if text.startswith("#"):
                 kind = "correct" if not answered and self.check_outcome(problem, text) else "wrong_answer"
                 answered = True
@@ -220,9 +190,6 @@ class PathsTask:
         edge and lands one closer to the goal, and every earlier move was right; the answer
         segment iff it is the first answer segment and :meth:`check_outcome` holds."""
         return [kind == "correct" for kind in self._judge(problem, segments)]
-
-    def label_completion(self, problem: Problem, completion: str) -> list[bool]:
-        return self.check_steps(problem, split_completion(completion))
 
     def first_error(self, problem: Problem, completion: str) -> str:
         """Where ``completion`` goes wrong (one of :attr:`error_kinds`): at its first wrong move, a
