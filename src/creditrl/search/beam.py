@@ -29,7 +29,6 @@ tokens as one greedy completion (up to float rounding between prefill and cached
 from __future__ import annotations
 
 from creditrl.search.context import SearchContext
-from creditrl.search.expand import Request
 from creditrl.search.tree import Node
 from creditrl.search.verify import prefix_score
 
@@ -54,7 +53,7 @@ def run_beam(ctx: SearchContext) -> list[tuple[int, ...]]:
         for p in order:
             for _, node in beams[p]:
                 for _ in range(cfg.expansions):
-                    requests.append(Request(p, node.tokens, cfg.max_new_tokens - len(node.tokens)))
+                    requests.append(ctx.request(p, node.tokens))
                     parents.append(node)
         conts = ctx.gen.generate(requests, step=True, reserve=reserve, floor=cfg.min_request_tokens)
         children: dict[int, dict[tuple[int, ...], Node]] = {p: {} for p in order}
@@ -81,20 +80,8 @@ def run_beam(ctx: SearchContext) -> list[tuple[int, ...]]:
             for node in children[p].values():
                 scored = (prefix_score(cfg.aggregation, node.step_scores), node)
                 (finished[p] if node.finished else capped[p] if node.terminal else pool).append(scored)
-            if pool:
-                beams[p] = sorted(pool, key=lambda sn: -sn[0])[: cfg.width]  # stable: ties keep sample order
-            else:
-                beams[p] = []
+            beams[p] = sorted(pool, key=lambda sn: -sn[0])[: cfg.width]  # stable: ties keep sample order
             if len(finished[p]) >= cfg.width or not beams[p]:
                 active.discard(p)
-    answers: list[tuple[int, ...] | None] = [None] * n_problems
-    to_finish = []
-    for p in range(n_problems):
-        if finished[p]:
-            answers[p] = max(finished[p], key=lambda sn: sn[0])[1].tokens
-        else:
-            partial = max(beams[p] + capped[p], key=lambda sn: sn[0])[1]
-            to_finish.append((p, partial.tokens))
-    for (p, _), tokens in zip(to_finish, ctx.complete_greedily(to_finish) if to_finish else []):
-        answers[p] = tokens
-    return answers  # type: ignore[return-value]
+    best = [max(finished[p] or beams[p] + capped[p], key=lambda sn: sn[0])[1] for p in range(n_problems)]
+    return ctx.finish([(node.tokens, node.finished) for node in best])

@@ -4,13 +4,10 @@ Budget rule. Problem p may generate at most ``budget`` tokens in total; every to
 returns for p counts (kept, discarded, rollout or final completion alike). Before each engine
 call, the requests of problem p (each wanting at most ``want_i`` new tokens, the room left under
 the response length cap) share ``available_p = budget - used_p - reserve_p`` by water-filling
-(:func:`water_fill`): each request gets ``cap_i = min(want_i, c)`` with ``c`` the largest level
-such that ``sum_i cap_i <= available_p``, and ``cap_i`` is passed to the engine as the request's
-``budgets=`` entry. The engine never returns more than ``cap_i`` tokens for a request, so the
-worst case fits and ``used_p <= budget`` always holds. A request with cap 0 is not sent (its
-result is None); with a ``floor``, requests that cannot get ``min(want, floor)`` tokens get cap 0
-(the last ones first), so the end of a budget is not spent on fragments of steps. ``reserve_p`` lets a method hold
-tokens back for a final greedy completion.
+(:func:`water_fill`), and each request's ``cap_i`` is passed to the engine as its ``budgets=``
+entry. The engine never returns more than ``cap_i`` tokens for a request, so ``used_p <= budget``
+always holds. A request with cap 0 is not sent (its result is None). ``reserve_p`` lets a method
+hold tokens back for a final greedy completion.
 
 All problems' requests go to the engine in one call (split into chunks of at most ``max_rows``
 requests only to bound the KV cache), as ``n = 1`` requests whose prompts are the problem's prompt

@@ -43,7 +43,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from creditrl.search.context import SearchContext
-from creditrl.search.expand import Request
 from creditrl.search.tree import Node, add_children, backup, best_solution, most_visited_path, select_leaf
 from creditrl.search.verify import prefix_score
 
@@ -77,11 +76,7 @@ def _evaluate(ctx: SearchContext, new: Sequence[tuple[int, Node]], reserve: Sequ
     for i, v in zip(terminal, judge([(new[i][0], new[i][1].text) for i in terminal])):
         values[i] = v
     open_ = [i for i, (_, n) in enumerate(new) if not n.terminal]
-    requests = [
-        Request(new[i][0], new[i][1].tokens, cfg.max_new_tokens - len(new[i][1].tokens))
-        for i in open_
-        for _ in range(cfg.rollouts)
-    ]
+    requests = [ctx.request(new[i][0], new[i][1].tokens) for i in open_ for _ in range(cfg.rollouts)]
     conts = ctx.gen.generate(requests, step=False, reserve=reserve, floor=cfg.min_request_tokens) if requests else []
     done = [
         (i, new[i][1].tokens + c.tokens, c.finished)
@@ -120,11 +115,7 @@ def grow_trees(ctx: SearchContext) -> list[Node]:
                 backup(path, leaf.evaluation)
             else:
                 expanding.append((p, path))
-        requests = [
-            Request(p, path[-1].tokens, cfg.max_new_tokens - len(path[-1].tokens))
-            for p, path in expanding
-            for _ in range(cfg.expansions)
-        ]
+        requests = [ctx.request(p, path[-1].tokens) for p, path in expanding for _ in range(cfg.expansions)]
         conts = ctx.gen.generate(requests, step=True, reserve=reserve, floor=cfg.min_request_tokens) if requests else []
         new: list[tuple[int, Node]] = []
         paths: list[list[Node]] = []
@@ -152,14 +143,5 @@ def grow_trees(ctx: SearchContext) -> list[Node]:
 
 def run_mcts(ctx: SearchContext) -> list[tuple[int, ...]]:
     """MCTS on every problem in lockstep, then the answer rule; returns each problem's response tokens."""
-    answers: list[tuple[int, ...] | None] = [None] * len(ctx.problems)
-    to_finish = []
-    for p, root in enumerate(grow_trees(ctx)):
-        node, solution = answer_of(root)
-        if solution is not None:
-            answers[p] = solution
-        else:
-            to_finish.append((p, node.tokens))
-    for (p, _), tokens in zip(to_finish, ctx.complete_greedily(to_finish) if to_finish else []):
-        answers[p] = tokens
-    return answers  # type: ignore[return-value]
+    found = [answer_of(root) for root in grow_trees(ctx)]
+    return ctx.finish([(node.tokens, False) if solution is None else (solution, True) for node, solution in found])

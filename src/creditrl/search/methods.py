@@ -37,7 +37,7 @@ from creditrl.prm.metrics import AGGREGATIONS, SELECTORS, Candidate, select
 from creditrl.rollout.segment import step_stop_ids
 from creditrl.search.beam import run_beam
 from creditrl.search.context import SearchContext
-from creditrl.search.expand import BudgetedGenerator, Request
+from creditrl.search.expand import BudgetedGenerator
 from creditrl.search.mcts import run_mcts
 from creditrl.search.verify import ScoredModel, Verifier
 from creditrl.tasks.base import Problem, Task, answer_of, majority_note, same_answer
@@ -56,8 +56,7 @@ def sample_candidates(ctx: SearchContext, n: int, *, prm: bool, orm: bool) -> li
     """Per problem, its (up to) ``n`` sampled completions in sampling order, scored by the PRM
     and/or ORM when asked. Samples the budget could not pay for are left out (at least one per
     problem is always paid for, since budget >= 1)."""
-    cfg = ctx.cfg
-    requests = [Request(p, (), cfg.max_new_tokens) for p in range(len(ctx.problems)) for _ in range(n)]
+    requests = [ctx.request(p, ()) for p in range(len(ctx.problems)) for _ in range(n)]
     conts = ctx.gen.generate(requests, step=False)
     kept = [(r.problem, c, ctx.text(c.tokens)) for r, c in zip(requests, conts) if c is not None]
     items = [(p, text) for p, _, text in kept]

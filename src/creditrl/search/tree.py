@@ -160,12 +160,9 @@ def best_solution(node: Node) -> tuple[float, tuple[int, ...]] | None:
     """The best complete solution found at or below ``node`` by value: terminal nodes (their
     ``evaluation``) and completed rollouts (their verifier value); ties: the first found.
     None when there is none."""
-    best: tuple[float, tuple[int, ...]] | None = None
-    for n in subtree(node):
-        found = list(n.solutions)
-        if n.terminal and n.evaluation is not None:
-            found.insert(0, (n.evaluation, n.tokens))
-        for value, tokens in found:
-            if best is None or value > best[0]:
-                best = (value, tokens)
-    return best
+    found = [
+        solution
+        for n in subtree(node)
+        for solution in ([(n.evaluation, n.tokens)] if n.terminal and n.evaluation is not None else []) + n.solutions
+    ]
+    return max(found, key=lambda solution: solution[0], default=None)
