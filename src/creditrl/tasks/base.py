@@ -32,7 +32,6 @@ __all__ = [
     "takes_argument",
     "answer_of",
     "same_answer",
-    "votes_on_answers",
     "majority_note",
 ]
 
@@ -87,9 +86,8 @@ class Task(Protocol):
 
 
 # Optional task hooks (not in the protocol): ``extract_answer(completion) -> str | None`` (the final
-# answer a completion states, None when it states none) and ``same_answer(a, b) -> bool`` (whether
-# two extracted answers are the same answer, e.g. math-verify equivalence). Majority votes and the
-# reports go through :func:`answer_of` and :func:`same_answer`, which fall back as documented.
+# answer a completion states) and ``same_answer(a, b) -> bool`` (e.g. math-verify equivalence).
+# Majority votes and the reports go through :func:`answer_of` and :func:`same_answer`.
 
 
 def answer_of(task: Task, completion: str) -> str | None:
@@ -110,15 +108,10 @@ def same_answer(task: Task, a: str, b: str) -> bool:
     return bool(same(a, b)) if same is not None else a == b
 
 
-def votes_on_answers(task: Task) -> bool:
-    """Whether majority votes on ``task`` compare extracted answers (False: whole completions)."""
-    return getattr(task, "extract_answer", None) is not None
-
-
 def majority_note(task: Task) -> str:
     """The sentence a result or report carries when a majority vote on ``task`` compares whole
     normalised completions (the task has no ``extract_answer``); ``""`` when it compares answers."""
-    if votes_on_answers(task):
+    if getattr(task, "extract_answer", None) is not None:
         return ""
     return (
         f"majority voted on whole normalised completions: task '{task.name}' has no extract_answer, "
@@ -167,10 +160,9 @@ def draw_problems(
 ) -> list[Problem]:
     """``n`` problems of ``split`` from a generator, deterministic in ``(namespace, split, seed)``
     (duplicates may occur unless ``distinct``). ``draw(rng)`` draws one prompt from the stream,
-    with a function that makes its problem (None: a draw the generator rejects); a prompt not of
-    ``split`` is a miss too, and so is a repeat when ``distinct``; only kept prompts are made into
-    problems. The first draws of a ``distinct`` request are those of a plain one up to the first
-    repeat.
+    with a function that makes its problem, or None (a miss); a prompt not of ``split`` is a
+    miss too, and so is a repeat when ``distinct``. Only kept prompts are made into problems. The
+    first draws of a ``distinct`` request are those of a plain one up to the first repeat.
 
     Raises:
         ValueError: For an unknown ``split``, ``n < 0``, or ``max_misses`` consecutive misses (the
@@ -221,8 +213,7 @@ TaskFactory = TypeVar("TaskFactory", bound=Callable[..., Task])
 TASKS: dict[str, Callable[..., Task]] = {}
 """Registered task factories by name. Fill it with :func:`register_task`."""
 
-# Modules whose import registers the built-in tasks. make_task imports them on
-# demand so that building a task by name never depends on import order.
+# Modules whose import registers the built-in tasks, imported on demand: no import order matters.
 _BUILTIN_TASK_MODULES: tuple[str, ...] = (
     "creditrl.tasks.arithmetic",
     "creditrl.tasks.chain",
@@ -254,19 +245,16 @@ class TaskNameError(ValueError):
     module or attribute is missing, or a factory whose result is not a :class:`Task`."""
 
 
-# Every member of the Task protocol, and whether it must be callable.
-_TASK_MEMBERS: tuple[tuple[str, bool], ...] = (
-    ("name", False),
-    ("step_separator", False),
-    ("sample", True),
-    ("check_outcome", True),
-    ("check_steps", True),
-)
+_TASK_MEMBERS = ("name", "step_separator", "sample", "check_outcome", "check_steps")
 
 
 def _missing_members(obj: object) -> list[str]:
-    """The Task members ``obj`` lacks (or has but cannot call), in protocol order."""
-    return [m for m, is_method in _TASK_MEMBERS if not hasattr(obj, m) or (is_method and not callable(getattr(obj, m)))]
+    """The Task members ``obj`` lacks (or has but cannot call, for a method), in protocol order."""
+    return [
+        m
+        for m in _TASK_MEMBERS
+        if not hasattr(obj, m) or (callable(getattr(Task, m, None)) and not callable(getattr(obj, m)))
+    ]
 
 
 def _import_factory(path: str) -> Callable[..., Any]:
@@ -320,22 +308,15 @@ def takes_argument(name: str, argument: str) -> bool:
 def make_task(name: str, **kwargs: Any) -> Task:
     """Build a task from a registry name or an import path, passing ``kwargs`` to its factory.
 
-    ``name`` is resolved by one rule:
-
-    * without ``":"`` it is a registry name (the built-in tasks, or any task whose module has
-      been imported and called :func:`register_task`);
-    * with ``":"`` it is an import path ``"package.module:factory"``: the module is imported
-      and its attribute ``factory`` (dotted for a nested one, e.g. ``"pkg.mod:Tasks.reverse"``)
-      is called with ``kwargs``. The factory is any callable returning a :class:`Task`: a task
-      class, or a function. A task registered with :func:`register_task` in a module that is
-      not imported by default is named by the path of its class, since the decorator returns
-      the class itself. The module must be importable, e.g. ``PYTHONPATH=examples`` for
-      ``"custom_task:CountTask"`` (examples/custom_task.py).
-
-    The result of an import path is checked against the :class:`Task` protocol (``name``,
-    ``step_separator``, ``sample``, ``check_outcome``, ``check_steps``). A ``system_prompt``
-    argument is any task's: its problems get that system turn
-    (:class:`~creditrl.tasks.prompts.SystemPrompted`).
+    Without ``":"``, ``name`` is a registry name (the built-in tasks, or any task whose module has
+    been imported and called :func:`register_task`). With ``":"`` it is an import path
+    ``"package.module:factory"``: the module is imported and its attribute ``factory`` (dotted
+    for a nested one, e.g. ``"pkg.mod:Tasks.reverse"``), any callable returning a :class:`Task`,
+    is called with ``kwargs``; the module must be importable, e.g. ``PYTHONPATH=examples`` for
+    ``"custom_task:CountTask"`` (examples/custom_task.py). A task registered in a module that is
+    not imported by default is named by the path of its class. The result of an import path is
+    checked against the :class:`Task` protocol. A ``system_prompt`` argument is any task's: its
+    problems get that system turn (:class:`~creditrl.tasks.prompts.SystemPrompted`).
 
     Raises:
         TaskNameError: (a ValueError) If an unregistered name is given (the message lists the

@@ -188,7 +188,7 @@ class BoundedCalls:
         out: list[Outcome] = []
         for _ in items:
             if not self._conn.poll(self.timeout_s):
-                self._kill()
+                self.close()
                 return out + [Outcome(error=f"timed out after {self.timeout_s:g} s", timed_out=True)]
             try:
                 ok, value = self._conn.recv()
@@ -197,22 +197,19 @@ class BoundedCalls:
                 if self._worker is not None:  # the pipe closes a moment before the exit code is set
                     self._worker.join(timeout=5)
                     code = self._worker.exitcode
-                self._kill()
+                self.close()
                 return out + [Outcome(error=f"the call ended its worker process (exit code {code})")]
             out.append(Outcome(value=value) if ok else Outcome(error=value))
         return out
 
     def _start(self) -> None:
-        self._kill()
+        self.close()
         ctx = multiprocessing.get_context("fork")
         parent, child = ctx.Pipe()
         self._worker = ctx.Process(target=_serve, args=(child, dict(self._table), parent), daemon=True)
         self._worker.start()
         child.close()
         self._conn, self._forked_with = parent, frozenset(self._table)
-
-    def _kill(self) -> None:
-        BoundedCalls._stop(self.__dict__)
 
     @staticmethod
     def _stop(state: dict[str, Any]) -> None:
@@ -227,7 +224,7 @@ class BoundedCalls:
 
     def close(self) -> None:
         """End the worker process (a later call forks a new one)."""
-        self._kill()
+        BoundedCalls._stop(self.__dict__)
 
 
 def covered(

@@ -140,11 +140,7 @@ class CodeTask:
         self._warned = False
 
     def sample(self, n: int, *, split: str, seed: int) -> list[Problem]:
-        """Return ``n`` problems of ``split`` drawn with replacement, deterministic in ``seed``.
-
-        Raises:
-            ValueError: If ``split`` is unknown, ``n < 0`` or the split has no problems.
-        """
+        """``n`` problems of ``split`` drawn with replacement (:func:`~creditrl.tasks.base.draw_from_pool`)."""
         return draw_from_pool(
             self.pools.get(split, []),
             n,
@@ -209,17 +205,11 @@ class CodeTask:
         return all(self.test_results(problem, completion))
 
     def extract_answer(self, completion: str) -> str | None:
-        """The program's answer: ``def f(): return `` + ``completion`` (the completion where the
-        prompt puts it, after a one-line function header) parsed and written back by Python's
-        ``ast``, so formatting, comments and redundant parentheses do not count: ``"a+b"`` and
-        ``" (a + b)  # sum"`` -> ``"def f():\\n    return a + b"``. The header keeps what follows a
-        newline (module level) apart from what follows a ``;`` (the function body). None when it
-        does not parse (such a program fails every test).
-
-        Completions with the same answer are the same program up to formatting, so
-        :meth:`check_outcome` gives them the same verdict. Programs that are equal only in what
-        they compute (``a + b``, ``b + a``) are different answers: deciding that would mean
-        running them."""
+        """The program's answer: ``def f(): return `` + ``completion`` parsed and written back by
+        Python's ``ast``, so formatting, comments and redundant parentheses do not count: ``"a+b"``
+        and ``" (a + b)  # sum"`` -> ``"def f():\\n    return a + b"``; None when it does not parse
+        (such a program fails every test). Programs equal only in what they compute (``a + b``,
+        ``b + a``) are different answers."""
         try:
             return ast.unparse(ast.parse("def f(): return " + completion))
         # ValueError: a null byte (older Pythons); RecursionError, MemoryError: CPython's parser and

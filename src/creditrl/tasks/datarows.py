@@ -25,7 +25,7 @@ __all__ = [
 
 MAX_ROW_BYTES = 16 * 2**20
 """The longest row a reader takes by default (16 MiB): far above a problem with its tests, far
-below what a tokenizer can hold (a 50 MB question took 24 GB in one)."""
+below what a tokenizer can hold."""
 
 MAX_JSON_DEPTH = 100
 """How deeply a row's arrays and objects may nest."""

@@ -21,18 +21,20 @@ memory; JSON Lines, read line by line, have no such bound."""
 _PIECE = 2**20  # how much of an over-long line is held at once while it is measured
 
 
-def _decode(path: Path, data: bytes) -> str:
-    """``data`` as UTF-8 text (a leading byte-order mark dropped); a bad byte names its line."""
-    start = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
+def _decode(path: Path, data: bytes, line: int = 1, offset: int = 0) -> str:
+    """``data`` (the file, or its line ``line`` from file offset ``offset``) as UTF-8 text, a
+    byte-order mark that starts the file dropped; a bad byte names its line, its byte in the line
+    and its file offset."""
+    bom = len(codecs.BOM_UTF8) if offset == 0 and data.startswith(codecs.BOM_UTF8) else 0
     try:
-        return data[start:].decode("utf-8")
+        return data[bom:].decode("utf-8")
     except UnicodeDecodeError as exc:
-        offset = start + exc.start
-        line = data.count(b"\n", 0, offset) + 1
-        column = offset - (data.rfind(b"\n", 0, offset) + 1) + 1
+        at = bom + exc.start
+        line += data.count(b"\n", 0, at)
+        column = at - (data.rfind(b"\n", 0, at) + 1) + 1
         raise DataFileError(
-            f"{path}, line {line}: invalid UTF-8 (byte 0x{data[offset]:02x} at byte {column} of the line, "
-            f"file offset {offset}); expected UTF-8 text"
+            f"{path}, line {line}: invalid UTF-8 (byte 0x{data[at]:02x} at byte {column} of the line, "
+            f"file offset {offset + at}); expected UTF-8 text"
         ) from None
 
 
@@ -80,21 +82,6 @@ def _line_length(handle: BinaryIO, raw: bytes) -> tuple[int, int]:
     return size - ending, size
 
 
-def _decode_line(rows: DataRows, number: int, raw: bytes, start: int) -> str:
-    """A line's bytes as text (a byte-order mark that starts the file dropped); a bad byte names
-    its line, its byte in the line and its file offset."""
-    bom = len(codecs.BOM_UTF8) if start == 0 and raw.startswith(codecs.BOM_UTF8) else 0
-    try:
-        return raw[bom:].decode("utf-8")
-    except UnicodeDecodeError as exc:
-        at = bom + exc.start
-        raise rows.error(
-            number,
-            f"invalid UTF-8 (byte 0x{raw[at]:02x} at byte {at + 1} of the line, file offset {start + at}); "
-            "expected UTF-8 text",
-        ) from None
-
-
 def _parse_line(rows: DataRows, number: int, content: bytes, text: str) -> dict[str, Any]:
     """One line's JSON object; invalid JSON or nesting deeper than :data:`MAX_JSON_DEPTH` names the line."""
     expected = "one JSON object per line"
@@ -126,7 +113,7 @@ def read_json_lines(path: Path, handle: BinaryIO, reading: RowReading) -> DataRo
             reading.too_long(rows, number, size)
             continue
         offset += len(raw)
-        text = _decode_line(rows, number, content, start)
+        text = _decode(path, content, number, start)
         if text.strip():
             reading.text = True
             rows.rows.append((number, _parse_line(rows, number, content, text)))

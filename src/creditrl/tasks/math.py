@@ -23,11 +23,10 @@ training file. Without a held-out file the rows are split by a hash of the quest
 from __future__ import annotations
 
 import functools
-import hashlib
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from creditrl.tasks.base import SPLITS, Problem, draw_from_pool, register_task
+from creditrl.tasks.base import SPLITS, Problem, draw_from_pool, hash_split, register_task
 from creditrl.tasks.datafile import MAX_ROW_BYTES, DataRows, read_dataset, short_repr
 from creditrl.tasks.math_verify import answers_match, extract_math_answer, gold_problem, gold_text, same_math_answer
 from creditrl.tasks.prompts import Prompt, Turns, read_prompt, read_turns
@@ -179,28 +178,22 @@ def load_math_rows(
     max_row_bytes: int = MAX_ROW_BYTES,
     long_rows: str = "error",
 ) -> list[MathRow]:
-    """Read the :class:`MathRow` rows of a JSONL (``.jsonl``, or ``.json``: JSON Lines or an
-    array of objects) or Parquet file with :func:`~creditrl.tasks.datafile.read_rows`, of a
-    ``save_to_disk`` folder, or of a hub dataset (``local_files_only=False``; ``split`` and
-    ``dataset_config`` pick what ``datasets.load_dataset`` reads).
+    """The :class:`MathRow` rows of a data file, a ``save_to_disk`` folder or a hub dataset
+    (:func:`~creditrl.tasks.datafile.read_dataset`; ``split`` and ``dataset_config`` pick what
+    ``datasets.load_dataset`` reads), cached per source, modification time and size.
 
     A row's prompt is its ``question_key`` cell (text, filled into the task's template), else its
     ``prompt_key`` cell (text, or TRL's conversational list of ``{role, content}`` turns), else
     its ``messages_key`` cell (turns; a final assistant turn is the solution). The reference
     solution is the ``solution_key`` cell when set, else a final assistant turn, else a TRL
     ``completion`` cell (text or assistant turns), else a ``solution`` column's text as it is.
-    Numbers in a text column are written out (``3`` -> ``"3"``); answers are stripped. Results
-    are cached per source, modification time and size. A file's row over ``max_row_bytes`` is
-    refused, or left out under ``long_rows="skip"`` (:func:`~creditrl.tasks.datafile.read_rows`);
-    the row number of each :class:`MathRow` is its line or row in the file.
+    Numbers in a text column are written out (``3`` -> ``"3"``); answers are stripped.
 
     Raises:
-        DataFileError: (a ValueError) One line naming the file, the line (JSONL) or row (a JSON
-            array, Parquet, a dataset), counted from 1, and the field: the file is missing, of an
-            unknown type, not UTF-8, not JSON or not Parquet (or truncated), holds no rows, a
-            field is missing, a cell is null, not text or empty, a conversation is malformed, a
-            row is over ``max_row_bytes`` or nested too deeply, or math-verify cannot parse a gold
-            answer (or takes over ``timeout_s``).
+        DataFileError: (a ValueError) One line naming the source, the line or row and the field:
+            the reader's errors (:func:`~creditrl.tasks.datafile.read_rows`), a missing field, a
+            cell that is null, not text or empty, a malformed conversation, or a gold answer
+            math-verify cannot parse (or takes over ``timeout_s`` to).
     """
     p, stamp, source = Path(path), None, str(path)
     if p.is_file():
@@ -235,19 +228,15 @@ class MathTask:
         prompt_template: Every ``{question}`` in it is replaced by the question (other braces
             are literal, so LaTeX needs no escaping); prompt columns are used as they are.
         heldout_mod: Modulus of the hash split (>= 2), about 1 in ``heldout_mod`` held out.
-        step_separator: None (default): no steps, math has no step-level ground truth. A string
-            (e.g. ``". "``) cuts completions into steps for step-level credit (Monte-Carlo or
-            tree values, a PRM); :meth:`check_steps` then labels every step with the outcome.
+        step_separator: None (default): no steps. A string (e.g. ``". "``) cuts completions into
+            steps for step-level credit; :meth:`check_steps` then labels every step with the outcome.
         timeout_s: Wall-clock limit of one math-verify check (module docstring).
         train_split, heldout_split, dataset_config: The splits and configuration read from a
             dataset folder or hub dataset.
         local_files_only: Whether hub dataset names are refused (the default follows
             ``policy.local_files_only``).
-        max_row_bytes: The longest row of a data file, in bytes (default 16 MiB); a longer one is
-            one error line naming the file, the line and its length, read without holding it
-            (:func:`~creditrl.tasks.datafile.read_rows`).
-        long_rows: ``"error"`` (default) refuses a file with a longer row; ``"skip"`` leaves such
-            rows out, with one warning naming them.
+        max_row_bytes, long_rows: The longest row of a data file (default 16 MiB), and whether a
+            longer one is refused (``"error"``) or left out with a warning (``"skip"``).
 
     A problem's ``meta`` holds its ``file`` and ``row`` (the line of a JSON Lines file, else the
     row), which the prompt-length guard names (``rollout.max_prompt_tokens``).
@@ -309,8 +298,7 @@ class MathTask:
 
     def split_of(self, question: str) -> str:
         """``"heldout"`` iff ``int(sha256(question).hexdigest(), 16) % heldout_mod == 0``."""
-        digest = int(hashlib.sha256(question.encode()).hexdigest(), 16)
-        return "heldout" if digest % self.heldout_mod == 0 else "train"
+        return hash_split(question, self.heldout_mod)
 
     def _problem(self, row: MathRow, file: str, split: str) -> Problem:
         prompt = self.prompt_template.replace("{question}", row.question) if row.templated else row.question
@@ -324,11 +312,7 @@ class MathTask:
         )
 
     def sample(self, n: int, *, split: str, seed: int) -> list[Problem]:
-        """Return ``n`` problems of ``split`` drawn with replacement, deterministic in ``seed``.
-
-        Raises:
-            ValueError: If ``split`` is unknown, ``n < 0`` or the split has no problems.
-        """
+        """``n`` problems of ``split`` drawn with replacement (:func:`~creditrl.tasks.base.draw_from_pool`)."""
         return draw_from_pool(
             self.pools.get(split, []),
             n,
@@ -356,11 +340,9 @@ class MathTask:
         return same_math_answer(a, b, timeout_s=self.timeout_s)
 
     def check_steps(self, problem: Problem, segments: list[str]) -> list[bool]:
-        """Every step labelled with the outcome of the whole completion (no step ground truth).
-
-        The completion is the segments joined as they are when each but the last ends with the
-        separator (the spans of the score stage), else joined with the separator (a
-        ``str.split``). Only meaningful as a weak proxy; see the class docstring.
+        """Every step labelled with the outcome of the whole completion (no step ground truth): the
+        segments joined as they are when each but the last ends with the separator (the score
+        stage's spans), else joined with the separator (a ``str.split``).
 
         Raises:
             ValueError: If the task has no step separator.

@@ -202,17 +202,10 @@ def _serve() -> None:
         print(json.dumps({"result": _with_alarm(timeout_s, _FUNCTIONS[function], *args)}), flush=True)
 
 
-def _guarded(function: str, *args: Any, timeout_s: float) -> Any:
-    """``_FUNCTIONS[function](*args)`` under a ``timeout_s`` limit from any thread (module doc):
-    always in the helper process, which can be killed; an in-process alarm cannot stop sympy
-    inside one long C-level operation (the ``9^{9^{9^9}}`` power)."""
-    return _HELPER.call(function, args, timeout_s)
-
-
 def gold_problem(answer: str, *, timeout_s: float = 5.0) -> str | None:
     """What keeps a gold ``answer`` from parsing to a value (``""`` when it parses), or None when
     parsing took over ``timeout_s``."""
-    return _guarded("gold_problem", answer, timeout_s=timeout_s)
+    return _HELPER.call("gold_problem", (answer,), timeout_s)
 
 
 def answers_match(answer: str, completion: str, *, timeout_s: float = 5.0) -> bool:
@@ -221,7 +214,7 @@ def answers_match(answer: str, completion: str, *, timeout_s: float = 5.0) -> bo
     See the module docstring for the parsing rule and the ``timeout_s`` limit (a timeout is
     False). Safe to call from any thread.
     """
-    return _guarded("match", answer, completion, timeout_s=timeout_s) is True
+    return _HELPER.call("match", (answer, completion), timeout_s) is True
 
 
 def extract_math_answer(completion: str, *, timeout_s: float = 5.0) -> str | None:
@@ -229,7 +222,7 @@ def extract_math_answer(completion: str, *, timeout_s: float = 5.0) -> str | Non
     applies to a completion), written out as LaTeX by sympy so that it parses back to the same
     value: ``" \\boxed{1/2}"`` -> ``"\\frac{1}{2}"``, ``"so 0.5"`` -> ``"0.5"``, ``"50%"`` ->
     ``"50 \\cdot \\frac{1}{100}"``. None when math-verify finds no value (or takes over ``timeout_s``)."""
-    result = _guarded("extract", completion, timeout_s=timeout_s)
+    result = _HELPER.call("extract", (completion,), timeout_s)
     return result if isinstance(result, str) else None
 
 
@@ -239,15 +232,8 @@ def same_math_answer(a: str, b: str, *, timeout_s: float = 5.0) -> bool:
     and ``a`` taken as the gold side: ``"\\frac{1}{2}"`` and ``"0.5"`` agree. Equal strings always
     agree; a check over ``timeout_s`` is False. Cached: a majority vote asks for the same pairs
     at every N."""
-    return a == b or _guarded("same", a, b, timeout_s=timeout_s) is True
+    return a == b or _HELPER.call("same", (a, b), timeout_s) is True
 
 
-class _QuietTimeoutNotice(logging.Filter):
-    """Drop math-verify's "Timeout is disabled" notice: this module provides the timeout."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith("Timeout is disabled")
-
-
-for _name in ("math_verify.parser", "math_verify.grader"):
-    logging.getLogger(_name).addFilter(_QuietTimeoutNotice())
+for _name in ("math_verify.parser", "math_verify.grader"):  # drop the notice: this module provides the timeout
+    logging.getLogger(_name).addFilter(lambda record: not record.getMessage().startswith("Timeout is disabled"))

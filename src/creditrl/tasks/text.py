@@ -37,40 +37,13 @@ __all__ = ["SPLITS", "LEXICON", "ToyTranslateTask", "ToySummariseTask", "split_s
 # A draw that finds no problem of the split in this many tries means the split is empty.
 _MAX_CONSECUTIVE_MISSES = 10_000
 
-LEXICON: dict[str, str] = {
-    # determiners
-    "the": "lo",
-    "a": "un",
-    # adjectives
-    "red": "rubo",
-    "big": "grando",
-    "small": "eta",
-    "tall": "alta",
-    "happy": "gaja",
-    "green": "verda",
-    # nouns
-    "cat": "kato",
-    "dog": "hundo",
-    "bird": "birdo",
-    "fish": "fiso",
-    "man": "viro",
-    "girl": "knabino",
-    "tree": "arbo",
-    "house": "domo",
-    # verbs
-    "sees": "vidas",
-    "likes": "amas",
-    "finds": "trovas",
-    "eats": "mangas",
-    "helps": "helpas",
-    "follows": "sekvas",
-}
-"""English -> made-up word of ``toy_translate``."""
+_DETERMINERS = dict(the="lo", a="un")
+_ADJECTIVES = dict(red="rubo", big="grando", small="eta", tall="alta", happy="gaja", green="verda")
+_NOUNS = dict(cat="kato", dog="hundo", bird="birdo", fish="fiso", man="viro", girl="knabino", tree="arbo", house="domo")
+_VERBS = dict(sees="vidas", likes="amas", finds="trovas", eats="mangas", helps="helpas", follows="sekvas")
 
-_DETERMINERS = ("the", "a")
-_ADJECTIVES = ("red", "big", "small", "tall", "happy", "green")
-_NOUNS = ("cat", "dog", "bird", "fish", "man", "girl", "tree", "house")
-_VERBS = ("sees", "likes", "finds", "eats", "helps", "follows")
+LEXICON: dict[str, str] = {**_DETERMINERS, **_ADJECTIVES, **_NOUNS, **_VERBS}
+"""English -> made-up word of ``toy_translate``."""
 
 _NAMES = ("Mia", "Ben", "Ana", "Tom", "Eva", "Sam", "Leo", "Ivy")
 _CITIES = ("Oslo", "Rome", "Lima", "Kyiv", "Doha", "Bern")
@@ -192,14 +165,14 @@ class ToyTranslateTask(_SentenceTask):
         self.min_sentences, self.max_sentences, self.adjective_prob = min_sentences, max_sentences, adjective_prob
 
     def _phrase(self, rng: random.Random) -> tuple[list[str], list[str]]:
-        det, noun = rng.choice(_DETERMINERS), rng.choice(_NOUNS)
-        adj = [rng.choice(_ADJECTIVES)] if rng.random() < self.adjective_prob else []
+        det, noun = rng.choice(tuple(_DETERMINERS)), rng.choice(tuple(_NOUNS))
+        adj = [rng.choice(tuple(_ADJECTIVES))] if rng.random() < self.adjective_prob else []
         return [det, *adj, noun], [LEXICON[det], LEXICON[noun], *(LEXICON[a] for a in adj)]
 
     def _draw(self, rng: random.Random) -> tuple[str, str, dict[str, Any]]:
         sources, targets = [], []
         for _ in range(rng.randint(self.min_sentences, self.max_sentences)):
-            (subj_en, subj_xx), verb, (obj_en, obj_xx) = self._phrase(rng), rng.choice(_VERBS), self._phrase(rng)
+            (subj_en, subj_xx), verb, (obj_en, obj_xx) = self._phrase(rng), rng.choice(tuple(_VERBS)), self._phrase(rng)
             sources.append(" ".join([*subj_en, verb, *obj_en]) + ".")
             targets.append(" ".join([*subj_xx, LEXICON[verb], *obj_xx]) + ".")
         source = " ".join(sources)
