@@ -8,6 +8,7 @@ response part (see docs/design.md, "The currency").
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -37,29 +38,22 @@ class TrajectoryBatch:
     def size(self) -> int:
         return int(self.response_ids.shape[0])
 
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor], **changes: Any) -> TrajectoryBatch:
+        """The batch with ``fn`` applied to every tensor field, and ``changes``."""
+        return replace(
+            self, **{f.name: fn(getattr(self, f.name)) for f in fields(self) if f.name != "extras"}, **changes
+        )
+
     def to(self, device: torch.device | str) -> TrajectoryBatch:
         """The batch with every tensor on ``device`` (this batch itself when already there);
         ``extras`` are shared, not copied."""
         device = torch.device(device)
-        if self.response_ids.device == device:
-            return self
-        moved = {f.name: getattr(self, f.name).to(device) for f in fields(self) if f.name != "extras"}
-        return replace(self, **moved)
+        return self if self.response_ids.device == device else self._map(lambda x: x.to(device))
 
     def select(self, rows: torch.Tensor) -> TrajectoryBatch:
         """The sub-batch of the given row indices (per-response extras follow the rows)."""
         idx = rows.tolist()
-        return TrajectoryBatch(
-            prompt_ids=self.prompt_ids[rows],
-            prompt_mask=self.prompt_mask[rows],
-            response_ids=self.response_ids[rows],
-            response_lengths=self.response_lengths[rows],
-            response_mask=self.response_mask[rows],
-            old_logprobs=self.old_logprobs[rows],
-            group_ids=self.group_ids[rows],
-            finished=self.finished[rows],
-            extras={k: [v[i] for i in idx] for k, v in self.extras.items()},
-        )
+        return self._map(lambda x: x[rows], extras={k: [v[i] for i in idx] for k, v in self.extras.items()})
 
     def trimmed(self) -> TrajectoryBatch:
         """The same rows without all-padding columns: prompt columns on the left, response
@@ -68,16 +62,13 @@ class TrajectoryBatch:
         real = self.prompt_mask.bool().any(0).nonzero()
         start = int(real.min()) if real.numel() else self.prompt_ids.shape[1] - 1
         width = max(1, int(self.response_lengths.max()))
-        return TrajectoryBatch(
+        return replace(
+            self,
             prompt_ids=self.prompt_ids[:, start:],
             prompt_mask=self.prompt_mask[:, start:],
             response_ids=self.response_ids[:, :width],
-            response_lengths=self.response_lengths,
             response_mask=self.response_mask[:, :width],
             old_logprobs=self.old_logprobs[:, :width],
-            group_ids=self.group_ids,
-            finished=self.finished,
-            extras=self.extras,
         )
 
 
@@ -198,15 +189,12 @@ def response_forward(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logits (B, T, V) predicting each response token and, with ``hidden``, the last hidden
     state (B, T, H) at the same positions: the state *before* each token is emitted, which is
-    what a value head reads (V(s_t) in docs/design.md). Both are on the model's device (the batch is
-    moved there).
+    what a value head reads (V(s_t) in docs/design.md). Both are on the model's device.
 
-    With ``packed`` (``policy.forward=auto``), where
-    :func:`~creditrl.rollout.packed.packed_reason` allows (a plain float32 Llama-family model, no
-    hidden states asked for), the packed pass of :mod:`creditrl.rollout.packed` runs: each distinct
-    prompt once and only the real response tokens. Otherwise rows that share a prompt (a group's
-    samples) share its computation (:func:`_shared_prompt_forward`), or one
-    plain pass runs (:func:`_plain_response_forward`)."""
+    With ``packed`` (``policy.forward=auto``), where :func:`~creditrl.rollout.packed.packed_reason`
+    allows (a plain float32 Llama-family model, no hidden states), the packed pass of
+    :mod:`creditrl.rollout.packed` runs. Otherwise rows that share a prompt share its computation
+    (:func:`_shared_prompt_forward`), or one plain pass runs (:func:`_plain_response_forward`)."""
     batch = batch.to(module_device(model))
     if packed and not hidden and packed_reason(model, batch.prompt_ids.shape[1] + batch.response_ids.shape[1]) is None:
         first, inverse = _distinct_prompts(batch)
@@ -246,8 +234,7 @@ def _plain_response_states(backbone: torch.nn.Module, batch: TrajectoryBatch) ->
 
 
 # Rows per distinct prompt below which the plain pass is used: the shared forward saves
-# (B - u) prompt passes but costs a second model call (on the tiny model, 16 rows of 8
-# prompts ran about as fast, or slower, shared; 128 rows of 16 prompts ran ~1.3x faster).
+# (B - u) prompt passes but costs a second model call.
 _MIN_SHARE = 2.0
 
 

@@ -1,11 +1,10 @@
 """The response forward over packed tokens: the same logits as the HF pass, without the padding.
 
-A batch's responses are right-padded to its longest one, and a group's rows share one prompt.
 The HF pass (:func:`creditrl.rollout.batch._shared_prompt_forward`) computes every padded
-position of every row; on the arithmetic batches about a third of them are padding. This pass
-runs the Llama-family mathematics (RMSNorm, rotary embeddings from the model's own rotary
-module, grouped-query attention, gated MLP; the op order of the HF modules) on the model's own
-parameters, so it is differentiable and serves the update as well as the reference log-probs:
+position of every row. This pass runs the Llama-family mathematics (RMSNorm, rotary embeddings
+from the model's own rotary module, grouped-query attention, gated MLP; the op order of the HF
+modules) on the model's own parameters, so it is differentiable and serves the update as well as
+the reference log-probs:
 
 1. each distinct prompt once, left-padded ``(u, P)``, keeping every layer's keys and values;
 2. the response inputs of every row *packed*: only the ``L_i - 1`` real tokens that emit a
@@ -92,8 +91,8 @@ class _LengthGroup:
     keys from every real query) -- and, for short responses, the mask ``allowed`` (T-1, n + T-1):
     query i sees the n prompt keys and the response keys up to its own. Without it the pass is
     causal over all n + T-1 positions, with zero queries at the prompt's (their outputs dropped):
-    more products, but the causal kernel skips the upper triangle, which the masked one computes
-    -- the cheaper one past :data:`MASKED_UP_TO` response inputs (measured on the CPU kernels)."""
+    more products, but the causal kernel skips the upper triangle, which makes it the cheaper one
+    past :data:`MASKED_UP_TO` response inputs."""
 
     n: int
     idx: torch.Tensor  # (g,) the rows
@@ -168,11 +167,11 @@ def _response_attention(
 
 
 class _Gather(torch.autograd.Function):
-    """``x[index]`` whose gradient is a plain scatter of the ``live`` entries (into ``targets``). The entries past a
-    row's end all point at one input, so autograd's own backward (an accumulating scatter) would add
-    into it from many places at once, which on the CPU runs in parallel in no fixed order; their
-    gradient is zero anyway (those outputs are dropped), and every other input appears exactly once
-    among the live entries, so nothing needs accumulating and the gradient is deterministic."""
+    """``x[index]`` whose gradient is a plain scatter of the ``live`` entries (into ``targets``).
+    Autograd's accumulating scatter would add into the one input that the entries past a row's end
+    all point at, in parallel and in no fixed order; those entries' gradient is zero (their outputs
+    are dropped) and every other input appears once among the live ones, so the plain scatter is
+    exact and deterministic."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, index: torch.Tensor, live: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -208,11 +207,8 @@ class _Attention:
         qkv = F.linear(_rms(x, self.ln), self.w, self.bias)
         # split, not three slices: its gradient is one concatenation, the slices' three zero-filled adds
         q, k, v = qkv.split([self.heads * self.d, self.kv * self.d, self.kv * self.d], -1)
-        q, k, v = (
-            q.unflatten(-1, (self.heads, self.d)),
-            k.unflatten(-1, (self.kv, self.d)),
-            v.unflatten(-1, (self.kv, self.d)),
-        )
+        q = q.unflatten(-1, (self.heads, self.d))
+        k, v = (x.unflatten(-1, (self.kv, self.d)) for x in (k, v))
         if self.q_norm is not None:
             q = _rms(q, self.q_norm)
         if self.k_norm is not None:
