@@ -1,9 +1,6 @@
-"""Loading: defaults <- YAML file <- ``--set key=value`` overrides, validated by the schema.
-
-Every problem pydantic finds becomes one :class:`~creditrl.config.errors.ConfigError` line that
-names the key and what was expected (the first problem; a near-miss key or value gets a
-"did you mean"). Registry names and the combinations that need them are checked when the run
-is built (:mod:`creditrl.train.build`).
+"""Loading: defaults <- YAML file <- ``--set key=value`` overrides, validated by the schema
+(:mod:`.validation`: the first problem as one ConfigError line). Registry names are checked when
+the run is built (:mod:`creditrl.train.build`).
 """
 
 from __future__ import annotations
@@ -26,8 +23,7 @@ MAX_YAML_BYTES = 4 * 2**20
 
 MAX_YAML_VALUES = 100_000
 """The most values (scalars, lists and mappings) a YAML document may hold once its aliases are
-expanded: an anchor reused a few times is fine, while a 450-byte "billion laughs" document of nine
-levels, each alias repeated nine times, would expand to 9**9 values."""
+expanded: an anchor reused a few times is fine, a "billion laughs" document is not."""
 
 MAX_YAML_DEPTH = 100
 """How deeply a YAML document's lists and mappings may nest."""
@@ -69,9 +65,8 @@ _Loader.add_implicit_resolver(
 
 
 def _check_expansion(root: yaml.Node, aliases: list[tuple[str, yaml.Mark]]) -> None:
-    """Raise :class:`_Refused` when the document under ``root`` nests deeper than
-    :data:`MAX_YAML_DEPTH`, or (``aliases``: the aliases met, in order) expands past
-    :data:`MAX_YAML_VALUES` values or into a cycle. Each node is sized once."""
+    """Raise :class:`_Refused` for the limits :class:`_Loader` names (``aliases``: the aliases
+    met, in order). Each node is sized once."""
     sizes: dict[int, int] = {}
     open_nodes: set[int] = set()
     first = f"the first, *{aliases[0][0]}, at line {aliases[0][1].line + 1}" if aliases else ""
@@ -117,9 +112,8 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
 
 def load_yaml(text: str, where: str) -> Any:
     """``text`` parsed as YAML, the one way every YAML a user hands in is read (configs, ``--set``
-    values, grid and finding files). A problem is one :class:`ConfigError` line starting with
-    ``where``: invalid YAML (with its line and column), aliases that expand the document past
-    :data:`MAX_YAML_VALUES` values or into a cycle, nesting deeper than :data:`MAX_YAML_DEPTH`."""
+    values, grid and finding files). A problem (invalid YAML with its line and column, or one that
+    :class:`_Loader` refuses) is one :class:`ConfigError` line starting with ``where``."""
     try:
         return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
@@ -158,8 +152,7 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 
 def merge_layer(data: dict[str, Any], layer: dict[str, Any]) -> dict[str, Any]:
     """:func:`merge` one config layer (a file or the overrides) into ``data``; a layer that
-    switches ``task.name`` first drops the previous task's ``task.args`` and ``sft.task_args``
-    (they are that task's constructor arguments), then its own apply."""
+    switches ``task.name`` first drops the previous task's ``task.args`` and ``sft.task_args``."""
     name = (layer.get("task") or {}).get("name") if isinstance(layer.get("task"), dict) else None
     if name is not None and name != data.get("task", {}).get("name"):
         data = {**data, "task": {**data["task"], "args": {}}, "sft": {**data.get("sft", {}), "task_args": {}}}
@@ -193,9 +186,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | dict[str, Any] | None = None) -> Config:
-    """Defaults <- YAML file <- overrides (mappings merge key by key; a layer naming another task
-    starts that task's arguments afresh), validated by the schema. The result is frozen; registry
-    names are checked, and defaults resolved, when a run is built from it."""
+    """Defaults <- YAML file <- overrides (:func:`merge_layer`), validated by the schema; frozen."""
     data: dict[str, Any] = Config().to_dict()
     if path is not None:
         data = merge_layer(data, read_yaml(path))

@@ -1,17 +1,11 @@
-"""The typed configuration: one pydantic model per section, one described default per field. The
-data-flow sections live in :mod:`.sections`, their building blocks in :mod:`.types`; this module
-holds the run's own sections (train, prm, backend, search) and the whole :class:`Config`.
+"""The typed configuration: the run's own sections (train, prm, backend, search) and the whole
+:class:`Config`; the data-flow sections live in :mod:`.sections`, their building blocks in
+:mod:`.types`. A field's ``description`` is its documentation: docs/config.md is generated from it
+(:mod:`creditrl.config.reference`).
 
-Sections follow the data flow of an RL iteration (docs/design.md): rollout -> reward (+ shaping,
-hybrid) -> value -> credit -> loss -> optim; then the run (train), the PRM life cycle (prm), the
-scale-out backend and test-time search. A field's ``description`` is its documentation: the
-config reference (docs/config.md) is generated from it (:mod:`creditrl.config.reference`).
-
-This module checks types, ranges, closed choice sets (``Literal``) and the combinations that
-need nothing but the config itself. Names that live in registries (estimators, normalisers,
-reward sources, granularities, tasks, value sources, optimizers, labelers, engines, ...) are
-checked against the registries when the run is built (:mod:`creditrl.train.build`), which also
-resolves every ``auto`` / ``""`` / ``None``-means-default value once. Every section is frozen.
+The schema checks types, ranges, closed choice sets (``Literal``) and the combinations that need
+nothing but the config; registry names are checked, and ``auto`` / ``""`` / ``None`` defaults
+resolved, when the run is built (:mod:`creditrl.train.build`). Every section is frozen.
 """
 
 from __future__ import annotations

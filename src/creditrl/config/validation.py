@@ -50,16 +50,12 @@ def _bounds(model: type[BaseModel], name: str) -> str:
 
 
 def _is_float(model: type[BaseModel] | None, name: str | None) -> bool:
-    if model is None:
-        return False
-    hint = model.model_fields[name].annotation
+    hint = model.model_fields[name].annotation if model else None
     return hint is float or float in typing.get_args(hint)
 
 
 def _optional(model: type[BaseModel] | None, name: str | None) -> bool:
-    if model is None:
-        return False
-    hint = model.model_fields[name].annotation
+    hint = model.model_fields[name].annotation if model else None
     return typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint)
 
 
