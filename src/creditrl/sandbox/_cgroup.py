@@ -13,8 +13,7 @@ Either hierarchy, whichever carries the memory controller:
   ``memory.oom_control``;
 * cgroup v2 (``cgroup2``, where ``memory`` can be passed down: below this process's group, or
   beside it; :func:`_candidates`): ``memory.max``, ``memory.swap.max = 0``, ``oom_kill`` of
-  ``memory.events``, and ``cgroup.kill`` at the end. (This project's machines mount v1 memory; the
-  v2 path is not exercised by its tests.)
+  ``memory.events``, and ``cgroup.kill`` at the end.
 
 Creating a group needs write access to the caller's own group (root, or a delegated v2 subtree);
 :func:`create` returns None where there is none, and the run falls back on RLIMIT_AS. Every file the
@@ -145,17 +144,14 @@ class MemoryGroup:
 
 def _limit(version: int, fd: int, limit_bytes: int) -> None:
     if version == 1:
-        _write(fd, "memory.limit_in_bytes", str(limit_bytes))
-        try:  # absent without swap accounting; then there is no swap to escape to
-            _write(fd, "memory.memsw.limit_in_bytes", str(limit_bytes))
-        except OSError:
-            pass
+        memory, swap, swap_value = "memory.limit_in_bytes", "memory.memsw.limit_in_bytes", str(limit_bytes)
     else:
-        _write(fd, "memory.max", str(limit_bytes))
-        try:
-            _write(fd, "memory.swap.max", "0")
-        except OSError:
-            pass
+        memory, swap, swap_value = "memory.max", "memory.swap.max", "0"
+    _write(fd, memory, str(limit_bytes))
+    try:  # absent without swap accounting; then there is no swap to escape to
+        _write(fd, swap, swap_value)
+    except OSError:
+        pass
 
 
 def create(limit_bytes: int) -> MemoryGroup | None:

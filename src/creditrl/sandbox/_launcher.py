@@ -4,26 +4,22 @@ Started by :func:`creditrl.sandbox.process.execute` as ``python -I -S /dev/fd/N`
 passed by descriptor) with one JSON line of configuration and then the program text on stdin, so
 its command line (``/proc/1/cmdline`` of the sandbox's init) holds nothing of the host. It is its
 own single-threaded process, not a ``preexec_fn`` (which can deadlock in a multi-threaded parent
-such as the trainer), and imports only the stdlib and its stdlib-only siblings :mod:`._rootfs` (the
-minimal root), :mod:`._seccomp` (the filter), :mod:`._cgroup` (the memory cgroup) and
-:mod:`._cleanup` (what a run leaves behind).
+such as the trainer), and imports only the stdlib and its stdlib-only siblings :mod:`._rootfs`,
+:mod:`._seccomp`, :mod:`._cgroup` and :mod:`._cleanup`.
 
 Steps, in order (each namespace step is best-effort; what succeeded is reported):
 
 1. read the configuration and the program from stdin, point stdin at ``/dev/null``; die with the
    caller (``PR_SET_PDEATHSIG``: SIGTERM, which ends the run as below) and adopt every orphan of
    the run (``PR_SET_CHILD_SUBREAPER``);
-2. a memory cgroup of ``memory_bytes`` (:mod:`._cgroup`; where one can be made: root, or a
-   delegated v2 subtree), which the program's process joins before its exec, so all the program
-   and its descendants pin is charged to it;
-3. as root: new network (only a down loopback: no connect anywhere), IPC and UTS namespaces; not
-   root: a user namespace (the caller's uid mapped to root) with new network and IPC namespaces,
-   then a nested user namespace in which the program is the caller's uid again (no capability);
-   either way, the new IPC namespace's SysV shared-memory limits are set to 0;
-4. as root: a private mount namespace and in it a minimal root (:func:`._rootfs.build`): a
-   read-only tmpfs holding the interpreter, its stdlib, the shared libraries, a few devices, an empty
-   ``/proc`` and the working directory, a fresh size-capped tmpfs owned by the run's uid (it
-   vanishes with the namespace); the launcher pivots into it, so nothing else of the host exists;
+2. a memory cgroup of ``memory_bytes`` (:mod:`._cgroup`, where one can be made), which the
+   program's process joins before its exec;
+3. as root: new network (only a down loopback), IPC and UTS namespaces; not root: a user
+   namespace (the caller's uid mapped to root) with new network and IPC namespaces, then a nested
+   user namespace in which the program is the caller's uid again (no capability); either way, the
+   new IPC namespace's SysV shared-memory limits are set to 0;
+4. as root: a private mount namespace and in it the minimal root (:func:`._rootfs.build`), into
+   which the launcher pivots, so nothing else of the host exists;
 5. rlimits (CPU, file size, open files, processes, core = 0, and address space where no cgroup
    holds the memory);
 6. as root: a new PID namespace whose init (still root, see :func:`_init`; it dies with the
@@ -31,8 +27,8 @@ Steps, in order (each namespace step is best-effort; what succeeded is reported)
    exits and the kernel kills all that is left;
 7. the program's process drops to ``uid``/``gid`` with no supplementary groups and
    ``no_new_privs`` (so RLIMIT_NPROC applies and it cannot signal its parent or other runs),
-   loads the seccomp filter that the parent compiled (``seccomp`` in the config, hex; with or
-   without root) and execs ``python -I -B main.py`` with a clean environment;
+   loads the seccomp filter that the parent compiled (``seccomp`` in the config, hex) and execs
+   ``python -I -B main.py`` with a clean environment;
 8. at the end (the program exited, the parent asked with SIGTERM, or the caller died): every
    process of the run is killed (the PID namespace, or every descendant), the cgroup's OOM kills
    are reported and the cgroup removed, and the working directory is removed.

@@ -1,18 +1,14 @@
 """The sandbox's system-call filter: compiled with libseccomp in the parent, loaded by the launcher.
 
-Engine: **libseccomp** (the library behind the filters of runc, crun, systemd and QEMU), through
-**pyseccomp**, a small ctypes binding that mirrors libseccomp's own Python API (a dependency in
-``pyproject.toml``; it needs ``libseccomp.so.2`` >= 2.5.0 on the machine). libseccomp knows every
-architecture's syscall numbers, adds the architecture check (a syscall made through another ABI,
-such as a 32-bit ``int 0x80`` or an x32 number, kills the process instead of slipping past the
-rules) and compiles the rules to BPF; hand-written BPF would re-do all of that. bubblewrap and
-nsjail would bring a filter too, but the launcher already builds the namespaces and the root
-itself, so a binding is the smaller change and needs no extra executable.
+Engine: **libseccomp** (behind the filters of runc, crun, systemd and QEMU) through
+**pyseccomp**, a small ctypes binding (it needs ``libseccomp.so.2`` >= 2.5.0 on the machine).
+libseccomp knows every architecture's syscall numbers, adds the architecture check (a syscall made
+through another ABI, such as a 32-bit ``int 0x80`` or an x32 number, kills the process instead of
+slipping past the rules) and compiles the rules to BPF.
 
 The filter is compiled once per parent process (:func:`filter_program`) and exported as a BPF
 program; the launcher loads those bytes with one ``prctl(PR_SET_SECCOMP)`` just before the exec
-(:func:`install`, stdlib only). So a run loads no library and starts no ``ldconfig`` (importing
-pyseccomp does), the launcher still imports only the stdlib, and the filter needs nothing from the
+(:func:`install`, stdlib only), so a run loads no library and the filter needs nothing from the
 minimal root. It needs no privileges, only ``no_new_privs``, which the launcher sets anyway.
 
 Default: allow. Refused with EPERM (so Python raises ``PermissionError``):

@@ -10,14 +10,12 @@ environment; the launcher limits and isolates itself (see its docstring) and exe
   ``output_bytes`` of stdout and of stderr (16 times that of the channel) and killing the
   program once one of them has written 8 times that, so a huge output never grows the
   parent's memory;
-* it removes the working directory afterwards, whatever the program left in it (the launcher
-  does first, also when the caller dies, see below).
+* it removes the working directory afterwards, whatever the program left in it.
 
-No orphans: the launcher dies with its caller's thread (``PR_SET_PDEATHSIG``, SIGTERM), and then
-ends the run as at a timeout: it kills the PID namespace (whose init dies with the launcher) or,
-without one, every descendant (the launcher is a child subreaper, so a ``setsid`` double-forked
-grandchild is still below it), removes the memory cgroup and the working directory, and exits.
-That is also how every run ends, so nothing a program starts outlives it, with or without root.
+No orphans: every run ends in the launcher, which also dies with its caller's thread
+(``PR_SET_PDEATHSIG``): it kills the PID namespace or, without one, every descendant (it is a
+child subreaper, so a ``setsid`` double-forked grandchild is still below it), removes the memory
+cgroup and the working directory, and exits; so nothing a program starts outlives it.
 
 Isolation depends on privileges; :attr:`SandboxResult.isolation` says what held:
 
@@ -56,17 +54,15 @@ seccomp     a syscall filter refuses (EPERM) sockets other than AF_INET/6,      
 ==========  ==================================================================  ==============
 
 Not root (the documented fallback): the program runs as the caller's uid under the same
-rlimits and the same ``seccomp`` filter, in network and IPC namespaces when unprivileged user
-namespaces are enabled (``net`` and ``shm`` absent otherwise; as the caller's uid it could raise
-its IPC namespace's limits again, so there the filter's ``shmget`` refusal is what holds); memory
-is bounded per process by RLIMIT_AS (no ``memcg``: an unprivileged user has no memory cgroup of its
-own unless a v2 subtree is delegated to it); it can read the caller's files, write where the
-caller may (a shared-memory tmpfs such as ``/dev/shm`` included, outside any memory bound), and
-signal the caller. Where the filter cannot be built (pyseccomp or libseccomp
-missing), the first run warns and ``seccomp`` is absent from every run's isolation. The
-environment is always clean (no inherited variables), whatever the privileges, and the program
-runs the base interpreter of a virtual environment (``sys._base_executable``), never the
-environment itself.
+rlimits and ``seccomp`` filter, in network and IPC namespaces where unprivileged user namespaces
+are enabled (``net`` and ``shm`` absent otherwise; as the caller's uid it could raise its IPC
+namespace's limits again, so there the filter's ``shmget`` refusal is what holds); memory is
+bounded per process by RLIMIT_AS (no ``memcg`` unless a v2 cgroup subtree is delegated to the
+user); it can read the caller's files, write where the caller may (``/dev/shm`` included, outside
+any memory bound), and signal the caller. Without pyseccomp or libseccomp the first run warns and
+``seccomp`` is absent from every run's isolation. Whatever the privileges, the environment is
+clean and the program runs the base interpreter of a virtual environment
+(``sys._base_executable``), never the environment itself.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 __all__ = ["Limits", "SandboxResult", "reason_for"]
 
-_CPU_SLACK_S = 0.25  # the CPU time a killed process reports lags the limit check (measured: up to 0.08 s)
+_CPU_SLACK_S = 0.25  # the CPU time a killed process reports lags the limit check
 
 
 @dataclass(frozen=True)
