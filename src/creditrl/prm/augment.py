@@ -108,13 +108,7 @@ def augment_negatives(examples: Sequence[StepwiseExample], *, rate: float, rng: 
     """
     if not 0.0 <= rate <= 1.0:
         raise ValueError(f"rate must be in [0, 1], got {rate}")
-    eligible = []
-    for i, ex in enumerate(examples):
-        if len(ex.labels) != len(ex.completions):
-            raise ValueError(f"example {i} has {len(ex.completions)} steps and {len(ex.labels)} labels")
-        options = _candidates(ex, rng)
-        if options:
-            eligible.append((i, options))
+    eligible = [(i, options) for i, ex in enumerate(examples) if (options := _candidates(ex, rng))]
     chosen = rng.sample(eligible, round(rate * len(eligible)))
     chosen.sort(key=lambda item: item[0])
     negatives = []

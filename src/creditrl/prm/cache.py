@@ -24,7 +24,7 @@ from creditrl.config import Config, config_hash
 from creditrl.policy.engines import SamplingParams
 from creditrl.tasks import make_task
 
-CACHE_VERSION = 2  # 2: prm_info.json records what the PRM cost (prm/label_s, prm/cost_s)
+CACHE_VERSION = 2
 EVAL_PROBLEMS = 128  # held-out problems (x prm.samples solutions) for the cached PRM's AUROC
 
 
@@ -84,7 +84,7 @@ def load_completer(cfg: Config, model, tokenizer):
 
 def prm_key(cfg: Config, init_path: str) -> str:
     prm = cfg.prm.model_dump()
-    if prm["completer"] in ("", str(init_path)):  # the policy being labelled: out of the key, as before the field
+    if prm["completer"] in ("", str(init_path)):  # the policy being labelled: out of the key
         del prm["completer"]
     del prm["mc_rows_per_call"], prm["mc_positions_per_call"]  # memory bounds: the same labels either way
     prm["seed"] = cfg.prm_seed  # `run` at train.seed s is the PRM of prm.seed=s: one entry, shared

@@ -81,9 +81,6 @@ class StepwiseExample:
         )
 
 
-_type_name = type_name
-
-
 def _check_label(value: Any, k: int) -> float | None:
     """One label as float or None; bools and ints 0/1 allowed, anything else outside [0, 1] not."""
     if value is None:
@@ -93,7 +90,7 @@ def _check_label(value: Any, k: int) -> float | None:
     if isinstance(value, (int, float)) and math.isfinite(value) and 0.0 <= value <= 1.0:
         return float(value)
     raise _FieldError(
-        "labels", f"label {k} must be a bool, a number in [0, 1] or null, got {value!r} ({_type_name(value)})"
+        "labels", f"label {k} must be a bool, a number in [0, 1] or null, got {value!r} ({type_name(value)})"
     )
 
 
@@ -102,16 +99,16 @@ def _check_fields(
 ) -> tuple[str, list[str], list[float | None], dict[str, Any]]:
     """Validate the four fields of an example; raise :class:`_FieldError` on the first bad one."""
     if not isinstance(prompt, str):
-        raise _FieldError("prompt", f"expected a string, got {_type_name(prompt)}")
+        raise _FieldError("prompt", f"expected a string, got {type_name(prompt)}")
     if not isinstance(completions, (list, tuple)):
-        raise _FieldError("completions", f"expected a list of step strings, got {_type_name(completions)}")
+        raise _FieldError("completions", f"expected a list of step strings, got {type_name(completions)}")
     if not completions:
         raise _FieldError("completions", "expected at least one step, got an empty list")
     for k, step in enumerate(completions):
         if not isinstance(step, str):
-            raise _FieldError("completions", f"step {k} must be a string, got {_type_name(step)}")
+            raise _FieldError("completions", f"step {k} must be a string, got {type_name(step)}")
     if not isinstance(labels, (list, tuple)):
-        raise _FieldError("labels", f"expected a list of labels, got {_type_name(labels)}")
+        raise _FieldError("labels", f"expected a list of labels, got {type_name(labels)}")
     if len(labels) != len(completions):
         raise _FieldError(
             "labels",
@@ -119,7 +116,7 @@ def _check_fields(
         )
     checked = [_check_label(v, k) for k, v in enumerate(labels)]
     if not isinstance(meta, dict):
-        raise _FieldError("meta", f"expected an object (dict), got {_type_name(meta)}")
+        raise _FieldError("meta", f"expected an object (dict), got {type_name(meta)}")
     return prompt, list(completions), checked, dict(meta)
 
 
@@ -138,8 +135,7 @@ def _example_from_row(row: Any) -> StepwiseExample:
             raise _FieldError("meta", f"expected an object or its JSON text, got invalid JSON ({exc})") from exc
         except RecursionError:  # nested past the interpreter's stack: json's C decoder stops there
             raise _FieldError("meta", "expected an object or its JSON text, got JSON nested too deeply") from None
-    prompt, completions, labels, meta = _check_fields(row["prompt"], row["completions"], row["labels"], meta)
-    return StepwiseExample(prompt, completions, labels, meta)
+    return StepwiseExample(row["prompt"], row["completions"], row["labels"], meta)
 
 
 def _check_extension(path: Path) -> str:
@@ -176,10 +172,8 @@ def _examples(rows: DataRows, build: Callable[[dict[str, Any]], StepwiseExample 
 def load_stepwise(path: str | os.PathLike[str], *, allow_empty: bool = False) -> list[StepwiseExample]:
     """Read stepwise examples from a ``.jsonl`` or ``.parquet`` file (module doc for the format).
 
-    JSONL is read line by line (so errors give exact line numbers; blank lines are skipped);
-    Parquet row by row with ``pyarrow``. Each row needs ``prompt`` (str), ``completions``
-    (non-empty list of str) and ``labels`` (one per step: bool, 0/1, a number in [0, 1] or
-    null); an optional ``meta`` object (or its JSON text) is kept, other keys are ignored.
+    Blank JSONL lines are skipped. An optional ``meta`` object (or its JSON text) is kept; keys
+    other than the four fields are ignored.
 
     Args:
         path: The file.
@@ -193,9 +187,7 @@ def load_stepwise(path: str | os.PathLike[str], *, allow_empty: bool = False) ->
             or what is wrong with the file itself (an unknown extension, no such file, invalid
             UTF-8 or JSON, not Parquet or truncated, no rows): :func:`~creditrl.tasks.datafile.read_rows`.
     """
-    path = Path(path)
-    rows = read_rows(path, suffixes=_EXTENSIONS, allow_empty=allow_empty)
-    return _examples(rows, _example_from_row)
+    return _examples(read_rows(path, suffixes=_EXTENSIONS, allow_empty=allow_empty), _example_from_row)
 
 
 def save_stepwise(examples: Sequence[StepwiseExample], path: str | os.PathLike[str]) -> None:
@@ -243,7 +235,7 @@ _PRM800K_NEUTRAL = (1.0, 0.0, None)
 def _get(obj: Any, key: str, where: str) -> Any:
     """``obj[key]`` where ``obj`` must be a dict; ``where`` is the field path of ``obj``."""
     if not isinstance(obj, dict):
-        raise _FieldError(where, f"expected an object, got {_type_name(obj)}")
+        raise _FieldError(where, f"expected an object, got {type_name(obj)}")
     if key not in obj:
         raise _FieldError(f"{where}.{key}" if where else key, "missing")
     return obj[key]
@@ -254,11 +246,11 @@ def _prm800k_example(row: Any, neutral_as: float | None) -> StepwiseExample | No
     question = _get(row, "question", "")
     problem = _get(question, "problem", "question")
     if not isinstance(problem, str):
-        raise _FieldError("question.problem", f"expected a string, got {_type_name(problem)}")
+        raise _FieldError("question.problem", f"expected a string, got {type_name(problem)}")
     label = _get(row, "label", "")
     steps = _get(label, "steps", "label")
     if not isinstance(steps, list):
-        raise _FieldError("label.steps", f"expected a list of steps, got {_type_name(steps)}")
+        raise _FieldError("label.steps", f"expected a list of steps, got {type_name(steps)}")
     texts: list[str] = []
     labels: list[float | None] = []
     for k, step in enumerate(steps):
@@ -277,7 +269,7 @@ def _prm800k_example(row: Any, neutral_as: float | None) -> StepwiseExample | No
         cwhere = f"{where}.completions[{chosen}]"
         text = _get(completions[chosen], "text", cwhere)
         if not isinstance(text, str):
-            raise _FieldError(f"{cwhere}.text", f"expected a string, got {_type_name(text)}")
+            raise _FieldError(f"{cwhere}.text", f"expected a string, got {type_name(text)}")
         rating = _get(completions[chosen], "rating", cwhere)
         if rating is not None and (isinstance(rating, bool) or rating not in (-1, 0, 1)):
             raise _FieldError(f"{cwhere}.rating", f"expected -1, 0, 1 or null, got {rating!r}")
@@ -328,7 +320,7 @@ def _shepherd_example(row: Any, marker: str, first_step: str) -> StepwiseExample
     labelled = _get(row, "label", "")
     for name, value in (("input", text), ("label", labelled)):
         if not isinstance(value, str):
-            raise _FieldError(name, f"expected a string, got {_type_name(value)}")
+            raise _FieldError(name, f"expected a string, got {type_name(value)}")
     start = text.find(first_step)
     if start < 0:
         raise _FieldError("input", f"expected the steps to begin with {first_step!r}; not found")

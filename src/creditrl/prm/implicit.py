@@ -14,13 +14,11 @@ updated model. At ``token`` granularity each token's reward is its ``r_t``; at `
 ``segment``) the sum of a span's ``r_t``. With ``reward.implicit_center`` (the default) each
 ``r_t`` is first centered by a leave-one-out baseline, the mean token reward of the other
 responses to the same prompt (:func:`loo_token_baseline`), as PRIME's RLOO does with its process
-rewards: uncentered, a reward-to-go over token rewards that are mostly negative (most responses
-wrong) gives every late token a large positive advantage against a sequence-level baseline.
-Both the update and the rewards read the token ids the policy sampled (the Scorer passes them),
-never a re-tokenization of the text, which a BPE tokenizer may cut otherwise; special tokens
-(eos) carry no reward. ``pi_rm``'s weights and optimizer are part of a
-checkpoint (``extra.pt``), so a resumed run continues with the reward model it had. The PRIME
-recipe pairs it with the outcome reward and RLOO: ``reward.source=outcome`` +
+rewards. Both the update and the rewards read the token ids the policy sampled (the Scorer passes
+them), never a re-tokenization of the text, which a BPE tokenizer may cut otherwise; special
+tokens (eos) carry no reward. ``pi_rm``'s weights and optimizer are part of a checkpoint
+(``extra.pt``), so a resumed run continues with the reward model it had. The PRIME recipe pairs
+it with the outcome reward and RLOO: ``reward.source=outcome`` +
 ``hybrid.dense_source=implicit_prm``, ``credit.estimator=rloo``; any estimator takes it.
 """
 
@@ -64,8 +62,7 @@ def id_rows(
 
 def _rows(tokenizer, problems: Sequence[Problem], spans: Sequence[Sequence[str]]) -> list[Row]:
     """:func:`id_rows` of span texts, each span tokenized on its own: the text path, for a caller
-    that has no token ids (a BPE tokenizer may cut a text otherwise than the policy sampled it;
-    the Scorer gives the sampled ids, see :meth:`ImplicitPRM.token_rewards`)."""
+    that has no token ids (:meth:`ImplicitPRM.token_rewards` reads the sampled ones)."""
     pieces = [[tokenizer(t, add_special_tokens=False)["input_ids"] if t else [] for t in row] for row in spans]
     prompts = [encode_problem(tokenizer, problem) for problem in problems]
     return id_rows(prompts, pieces, set(tokenizer.all_special_ids))

@@ -147,11 +147,7 @@ def best_of_n(candidate_scores: Sequence[float]) -> int:
         raise ValueError("best_of_n needs at least one candidate")
     if any(math.isnan(s) for s in candidate_scores):
         raise ValueError("best_of_n: a candidate score is NaN")
-    best = 0
-    for i, score in enumerate(candidate_scores):
-        if score > candidate_scores[best]:
-            best = i
-    return best
+    return max(range(len(candidate_scores)), key=candidate_scores.__getitem__)
 
 
 SameAnswer = Callable[[str, str], bool]
@@ -313,6 +309,13 @@ def best_of_n_accuracy(
 # ----------------------------------------------------------------------------- shortcut probe
 
 
+def fit_predict(x_fit: np.ndarray, y_fit: np.ndarray, x_eval: np.ndarray) -> np.ndarray:
+    """Least-squares linear regression with an intercept, fitted on one set, applied to another."""
+    design = np.column_stack([x_fit, np.ones(len(x_fit))])  # (n, d + 1)
+    coef, *_ = np.linalg.lstsq(design, y_fit, rcond=None)
+    return np.column_stack([x_eval, np.ones(len(x_eval))]) @ coef
+
+
 def linear_r2(
     features: Sequence[float] | Sequence[Sequence[float]] | np.ndarray, target: Sequence[float] | np.ndarray
 ) -> float:
@@ -343,8 +346,6 @@ def linear_r2(
         raise ValueError("features and target must be finite")
     if np.all(y == y[0]):
         return 0.0
-    design = np.concatenate([x, np.ones((x.shape[0], 1))], axis=1)  # (n, d + 1)
-    coef, *_ = np.linalg.lstsq(design, y, rcond=None)
-    residual = y - design @ coef
+    residual = y - fit_predict(x, y, x)
     centred = y - y.mean()
     return float(1.0 - (residual @ residual) / (centred @ centred))

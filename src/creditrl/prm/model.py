@@ -12,15 +12,13 @@ Step by Step", arXiv:2305.20050; Wang et al. 2023, Math-Shepherd, arXiv:2312.089
 Likelihood features (``likelihood=True``): the head also reads two numbers per step, the sum
 and the minimum over the step's tokens of each token's log-probability under a frozen copy of
 the policy the PRM was built from (the reference; not trained, so the signal cannot be
-overfitted away -- a variant that trained the LM head with the backbone did worse than no
-features):
+overfitted away):
 
     p_k = sigmoid(w . h(end_k) + u . [sum_{t in step k} log p(x_t | x_<t), min_{t in step k} log p(x_t | x_<t)] + b)
 
 A policy that writes canonical steps puts low probability on a wrong one, so its likelihood is
-a strong verifier on its own (on the arith config's held-out SFT samples the step's summed log-prob
-under the SFT policy alone has AUROC 0.976 against the true labels); the trained head decides
-how to combine it with the hidden state. ``u`` starts at 0.
+a strong verifier on its own; the trained head decides how to combine it with the hidden state.
+``u`` starts at 0.
 
 Ensembles: ``members = K`` members, combined per step by ``mean`` or ``min`` of the members'
 probabilities (``min`` is the pessimistic reading, as for the dual critic in
@@ -37,6 +35,7 @@ import json
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -52,15 +51,10 @@ LIKELIHOOD_FILE = "likelihood.pt"
 FORMAT_VERSION = 1
 
 
-def _combine_mean(probs: Tensor) -> Tensor:
-    return probs.mean(dim=0)
-
-
-def _combine_min(probs: Tensor) -> Tensor:
-    return probs.min(dim=0).values
-
-
-COMBINES: dict[str, Callable[[Tensor], Tensor]] = {"mean": _combine_mean, "min": _combine_min}
+COMBINES: dict[str, Callable[[Tensor], Tensor]] = {
+    "mean": lambda probs: probs.mean(dim=0),
+    "min": lambda probs: probs.min(dim=0).values,
+}
 """Member combiners: member probabilities (M, ...) -> combined probabilities (...)."""
 
 
@@ -217,31 +211,18 @@ class ProcessRewardModel(nn.Module):
         return cls(backbones, members=members, combine=combine, seed=seed, reference=reference)
 
     @classmethod
-    def from_policy(
-        cls,
-        path_or_tiny: str,
-        *,
-        members: int = 1,
-        combine: str = "mean",
-        seed: int = 0,
-        share_backbone: bool = False,
-        likelihood: bool = False,
-    ) -> ProcessRewardModel:
+    def from_policy(cls, path_or_tiny: str, *, seed: int = 0, **options: Any) -> ProcessRewardModel:
         """A PRM initialised from a policy checkpoint (a local causal-LM folder such as the SFT
-        policy) or ``"tiny"`` (built with init seed ``seed``). Its tokenizer is the policy's
-        (``load_policy(path_or_tiny)[1]``)."""
+        policy) or ``"tiny"`` (built with init seed ``seed``); ``options`` are those of
+        :meth:`from_model`. Its tokenizer is the policy's (``load_policy(path_or_tiny)[1]``)."""
         policy, _ = load_policy(path_or_tiny, seed=seed)
-        return cls.from_model(
-            policy, members=members, combine=combine, seed=seed, share_backbone=share_backbone, likelihood=likelihood
-        )
+        return cls.from_model(policy, seed=seed, **options)
 
     def _head(self, member: int, states: Tensor, token_lp: Tensor | None, step_index: Tensor | None) -> Tensor:
         """Member ``member``'s logit at every position from backbone states (B, L, H) -> (B, L)."""
         logit = self.heads[member](states.float()).squeeze(-1)  # (B, L)
-        if self.reference is None:
+        if token_lp is None:  # no likelihood features
             return logit
-        if step_index is None or token_lp is None:
-            raise ValueError("a PRM with likelihood features needs step_index (B, L): see step_positions")
         valid = step_index >= 0
         slot = torch.where(valid, step_index, 0)  # (B, L)
         k = int(step_index.max()) + 1 if bool(valid.any()) else 1

@@ -33,7 +33,7 @@ from typing import NamedTuple
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from creditrl.prm.metrics import auroc, linear_r2
+from creditrl.prm.metrics import auroc, fit_predict, linear_r2
 
 __all__ = ["SURFACE_CHARS", "StepRecord", "ShortcutReport", "surface_features", "shortcut_probe"]
 
@@ -98,13 +98,6 @@ def _stratified_halves(labels: np.ndarray, seed: int) -> tuple[np.ndarray, np.nd
     return np.array(sorted(first), dtype=np.int64), np.array(sorted(second), dtype=np.int64)
 
 
-def _fit_predict(x_fit: np.ndarray, y_fit: np.ndarray, x_eval: np.ndarray) -> np.ndarray:
-    """Least-squares linear regression with an intercept, fitted on one set, applied to another."""
-    design = np.column_stack([x_fit, np.ones(len(x_fit))])
-    coef, *_ = np.linalg.lstsq(design, y_fit, rcond=None)
-    return np.column_stack([x_eval, np.ones(len(x_eval))]) @ coef
-
-
 def shortcut_probe(
     records: Sequence[StepRecord | tuple[str, float, float]],
     *,
@@ -140,7 +133,7 @@ def shortcut_probe(
 
     auroc_length = float(auroc(lengths.tolist(), labels.tolist()))
     first, second = _stratified_halves(labels, seed)
-    predicted = _fit_predict(surface[first], labels[first], surface[second])
+    predicted = fit_predict(surface[first], labels[first], surface[second])
     return ShortcutReport(
         n=len(records),
         auroc_prm=float(auroc(scores.tolist(), labels.tolist())),

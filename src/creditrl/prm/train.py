@@ -65,12 +65,7 @@ def _prepare(
     """Encode the usable examples; count the dropped ones and the labelled steps cut by ``max_len``."""
     data: list[_Encoded] = []
     counts = {"dropped_long_step": 0, "dropped_unlabelled": 0, "steps_truncated": 0}
-    for i, ex in enumerate(examples):
-        if len(ex.labels) != len(ex.completions):
-            raise ValueError(f"example {i} has {len(ex.completions)} steps and {len(ex.labels)} labels")
-        for label in ex.labels:
-            if label is not None and not 0.0 <= label <= 1.0:
-                raise ValueError(f"example {i}: label {label!r} is outside [0, 1]")
+    for ex in examples:
         if max_step_tokens is not None and any(
             len(tokenizer(s, add_special_tokens=False)["input_ids"]) > max_step_tokens for s in ex.completions
         ):
