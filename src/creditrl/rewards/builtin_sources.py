@@ -5,6 +5,7 @@ with the PRM pipeline (:func:`first_error_labels`, :func:`split_steps`)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from itertools import accumulate
 
 from creditrl.rewards.source_registry import register_source
 from creditrl.tasks.base import Problem, Task
@@ -20,9 +21,9 @@ def outcome_reward(task: Task, problem: Problem, completion: str, spans: Sequenc
 def first_error_labels(labels: Iterable[bool]) -> list[float | None]:
     """1.0 per correct step up to the first wrong one, 0.0 on it, ``None`` (unlabelled) after.
 
-    This is the PRM800K / Math-Shepherd convention: once a solution has gone wrong, later steps
-    are not evidence about the policy's step quality, and labelling the whole cascade wrong
-    would pile negative credit onto the correct steps before the error.
+    The PRM800K / Math-Shepherd convention: steps after an error are no evidence about the
+    policy's step quality, and labelling them all wrong would pile negative credit onto the
+    correct steps before the error.
     """
     out: list[float | None] = []
     failed = False
@@ -52,31 +53,24 @@ def _span_anchor(start: int, span: str) -> int:
 def oracle_step_reward(task: Task, problem: Problem, completion: str, spans: Sequence[str]) -> list[float | None]:
     """The task's step checker, first-error convention, mapped onto any spans.
 
-    The text of the spans (they concatenate to the completion) is cut into steps after each
-    ``task.step_separator``; the step checker labels the steps, 1.0 up to the first wrong step,
-    0.0 on it and ``None`` after (:func:`first_error_labels`). Each span then takes the label of
-    the step holding its last non-whitespace character (an empty span: the step of the
-    character after it; an empty last step "" is only labelled when such a span lies at the
-    very end, e.g. an eos right after a separator, which the arithmetic checker calls wrong).
-    At step granularity the spans ARE the steps, so span k gets step k's label; at token
-    granularity every token gets its step's label; at key_token granularity the key token of a
-    step (the first character of its result) gets that step's label.
+    The spans' text is cut into steps after each ``task.step_separator`` and the steps labelled
+    by :func:`first_error_labels` of the step checker. Each span takes the label of the step
+    holding its last non-whitespace character (an empty span: the step of the character after
+    it, so an empty last step "" is labelled only when such a span lies at the very end, e.g. an
+    eos right after a separator, which the arithmetic checker calls wrong). At step granularity
+    span k gets step k's label.
     """
     sep = task.step_separator
     if not sep:
         raise ValueError(f"task '{task.name}' has no step separator; oracle_steps needs steps")
     text = "".join(spans)
-    starts = [0]
-    for span in spans[:-1]:
-        starts.append(starts[-1] + len(span))
+    starts = [0, *accumulate(len(span) for span in spans[:-1])]
     anchors = [_span_anchor(s, span) for s, span in zip(starts, spans)]
     steps = split_steps(text, sep)
     if steps[-1] == "" and not any(a == len(text) for a in anchors):
         steps.pop()  # a trailing separator with nothing after it: no final step to label
     labels = first_error_labels(task.check_steps(problem, steps))
-    step_ends: list[int] = []  # exclusive end offset of each step
-    for step in steps:
-        step_ends.append((step_ends[-1] if step_ends else 0) + len(step))
+    step_ends = list(accumulate(len(step) for step in steps))  # exclusive end offset of each step
     out: list[float | None] = []
     k = 0
     for a in anchors:  # anchors ascend, so the step index only moves forward

@@ -48,21 +48,16 @@ from creditrl.tasks.base import Problem, Task
 _CALL_ARGUMENTS = frozenset({"prompts", "completions", "completion_ids", "spans"})
 
 
-def conversational(problem: Problem) -> bool:
-    """Whether ``problem`` is shown to the model as a conversation (TRL's conversational format)."""
-    return bool(problem.messages)
-
-
 def trl_prompt(problem: Problem) -> str | list[dict[str, str]]:
     """The prompt as TRL passes it: the conversation's turns as dicts, or the prompt text."""
-    if conversational(problem):
+    if problem.messages:  # TRL's conversational format
         return [{"role": role, "content": content} for role, content in problem.messages]
     return problem.prompt
 
 
 def trl_completion(problem: Problem, completion: str) -> str | list[dict[str, str]]:
     """The completion as TRL passes it: one assistant message for a conversation, else the text."""
-    return [{"role": "assistant", "content": completion}] if conversational(problem) else completion
+    return [{"role": "assistant", "content": completion}] if problem.messages else completion
 
 
 def trl_columns(problems: Sequence[Problem]) -> dict[str, list[Any]]:

@@ -1,15 +1,8 @@
-"""Hybrid reward strategies as separate stages: filters, scheduled reward mixes, calibration.
-
-Each is a pure function (or, for calibration, a small object with a checkpointable state) so a
-hybrid is a composition of stages rather than a special case in the trainer (docs/design.md, "Hybrid
-strategies"):
-
-- *filter then refine*: a filter (``FILTERS``, reached through :func:`apply_filter`) keeps some
-  responses by outcome before dense rewards are applied to the kept ones;
-- *switch / decay schedules*: :func:`mix_weights` gives the weights of ``w_seq * seq + w_dense * dense``
-  at a point of training, :func:`mix_rewards` applies them to (B, T) rewards;
-- *calibration*: :class:`Calibrator` scales a dense source's weight by its running agreement
-  with the outcome checker; :func:`dense_verdict` turns dense rewards into per-response verdicts.
+"""Hybrid reward strategies as separate stages (docs/design.md, "Hybrid strategies"): filters
+(``FILTERS``, :func:`apply_filter`: *filter then refine*), scheduled mixes of a sequence and a
+dense reward (:func:`mix_weights`, :func:`mix_rewards`) and calibration of the dense weight
+(:class:`Calibrator`, :func:`dense_verdict`). Each is a pure function, or for calibration a small
+object with a checkpointable state.
 
 Shapes: B responses, T padded response positions; ``outcome`` float (B,), ``group_ids`` long
 (B,), rewards float (B, T), masks bool (B, T), ``keep`` bool (B,).
@@ -25,15 +18,14 @@ import torch
 from torch import Tensor
 
 from creditrl.credit.estimators import group_mean
-from creditrl.credit.registry import check_float, check_group_ids, check_mask, lookup
+from creditrl.credit.registry import check_float, check_group_ids, check_mask, lookup, require_tensor
 
 # A group mean that equals lo or hi up to rounding counts as inside [lo, hi].
 BOUNDARY_TOL = 1e-9
 
 
 def _check_outcome(outcome: object) -> Tensor:
-    if not isinstance(outcome, Tensor):
-        raise TypeError(f"outcome must be a torch.Tensor; got {type(outcome).__name__}")
+    outcome = require_tensor("outcome", outcome)
     if not outcome.is_floating_point() or outcome.dim() != 1:
         raise ValueError(
             f"outcome must be a floating-point tensor of shape (B,); "
@@ -193,8 +185,7 @@ def mix_weights(schedule: str, progress: float, *, switch_at: float = 0.8, weigh
     ``progress = iteration / total_iterations`` in [0, 1]:
 
     - ``constant``: ``(1, weight)`` throughout;
-    - ``switch``: ``(1, 0)`` while ``progress < switch_at``, then ``(0, weight)`` (sequence-only
-      for the first 80% of training, dense-only for the last 20% with the default);
+    - ``switch``: ``(1, 0)`` while ``progress < switch_at``, then ``(0, weight)``;
     - ``linear``: ``(1 - progress, weight * progress)``, a linear hand-over;
     - ``decay``: ``(1, weight * max(0, 1 - progress / switch_at))``: the dense source shapes the
       start of training and is annealed away by ``switch_at``, so a learned checker cannot be
@@ -268,9 +259,8 @@ class Calibrator:
     valid response leaves A unchanged. ``weight = base * clamp((A - 0.5) / 0.5, 0, 1)``: a
     source that always agrees keeps the base weight, one at chance level (A = 0.5) gets 0.
 
-    A starts at 1.0: the source is trusted until shown otherwise, so a switch or mix schedule
-    takes effect from the first iteration rather than after a warm-up of the EMA (starting at
-    0.5 would silence every source for the first ~1 / (1 - momentum) batches).
+    A starts at 1.0 (trusted until shown otherwise), so a schedule takes effect from the first
+    iteration rather than after ~1 / (1 - momentum) batches of EMA warm-up.
     """
 
     def __init__(self, momentum: float = 0.9, weight: float = 1.0) -> None:
@@ -287,8 +277,7 @@ class Calibrator:
         """Fold one batch into the running agreement and return it. All inputs bool (B,)."""
         shape = tuple(verdicts.shape) if isinstance(verdicts, Tensor) else None
         for label, x in (("verdicts", verdicts), ("outcome", outcome), ("valid", valid)):
-            if not isinstance(x, Tensor):
-                raise TypeError(f"{label} must be a torch.Tensor; got {type(x).__name__}")
+            require_tensor(label, x)
             if x.dtype != torch.bool or x.dim() != 1 or tuple(x.shape) != shape:
                 raise ValueError(
                     f"{label} must be a bool tensor of shape (B,) = {shape}; "

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -85,18 +86,10 @@ def get_granularity(name: str) -> Granularity:
     return GRANULARITIES[name]
 
 
-def make_segmenter(
-    granularity: str,
-    *,
-    step_separator: str | None = None,
-    cut_fn: str | None = None,
-    segment_tokens: int = 8,
-    key_after: str = "=",
-    key_fn: str | None = None,
-) -> SegmentFn:
-    """The segmenter of ``granularity`` built from the options (see :class:`SegmenterOptions`)."""
-    options = SegmenterOptions(step_separator, cut_fn, segment_tokens, key_after, key_fn)
-    return get_granularity(granularity).build(options)
+def make_segmenter(granularity: str, **options: Any) -> SegmentFn:
+    """The segmenter of ``granularity`` built from the keyword ``options``, the fields of
+    :class:`SegmenterOptions` (TypeError for any other)."""
+    return get_granularity(granularity).build(SegmenterOptions(**options))
 
 
 @register_granularity("sequence")

@@ -4,7 +4,8 @@ A score is a real number, a bool or ``None`` (numpy scalars included, :func:`sco
 ``None`` is "no label": nothing is placed on that span. A source that raises, returns NaN/inf,
 a score of another type, the wrong number of scores, or runs over ``reward.timeout_s`` is never
 silently used (``raise`` stops with one line naming it, ``zero`` scores it 0.0, ``skip`` drops
-the response from the loss); see :mod:`creditrl.rewards.sources` for the overview.
+the response from the loss); each such response is counted in ``reward/errors`` and per source
+in ``reward/errors/<source>`` / ``reward/timeouts/<source>``.
 """
 
 from __future__ import annotations

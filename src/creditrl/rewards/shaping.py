@@ -101,11 +101,7 @@ def kl_penalty(
 def add_shaping(
     rewards: torch.Tensor, reward_mask: torch.Tensor, terms: Sequence[ShapingTerm]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``rewards + sum(deltas)`` and ``reward_mask | any(masks)``; new tensors, inputs untouched.
-
-    The terms count as placed rewards (see the module doc: ``grpo_process`` normalises them
-    together with the source's scores).
-    """
+    """``rewards + sum(deltas)`` and ``reward_mask | any(masks)``; new tensors, inputs untouched."""
     rewards, reward_mask = rewards.clone(), reward_mask.clone()
     for i, (delta, mask) in enumerate(terms):
         if delta.shape != rewards.shape or mask.shape != rewards.shape or mask.dtype != torch.bool:

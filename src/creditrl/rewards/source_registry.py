@@ -1,11 +1,9 @@
 """The reward-source registry: what a source is and how a config's name finds it.
 
-A reward source scores the spans of one response (the spans of a granularity's segmenter, see
-:mod:`creditrl.rewards.placement`); the overview of the contract is in
-:mod:`creditrl.rewards.sources`. Static sources are registered with ``register_source``; sources
-that need options (a PRM's path) by a factory: ``register_source_factory`` /
-``make_source(name, options)``; a name with a prefix (``rm:PATH``, ``module:function``) by the
-resolver registered for it (``register_source_prefix``).
+Static sources are registered with ``register_source``, sources that need options (a PRM's path)
+by a factory (``register_source_factory`` / ``make_source(name, options)``), and a name with a
+prefix (``rm:PATH``, ``module:function``) by its prefix's resolver (``register_source_prefix``).
+The contract of a source is in :mod:`creditrl.rewards.sources`.
 """
 
 from __future__ import annotations

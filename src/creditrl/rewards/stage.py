@@ -177,12 +177,9 @@ class Scorer:
 
         def placed(source: str, granularity: str) -> _Placed:
             options = {"prm": rc.prm, "prm_format": cfg.prm.format, "device": cfg.policy.device, "init": cfg.train.init}
-            options.update(
-                implicit_beta=rc.implicit_beta,
-                implicit_lr=rc.implicit_lr,
-                implicit_steps=rc.implicit_steps,
-                implicit_center=rc.implicit_center,
-            )
+            options |= {
+                k: getattr(rc, k) for k in ("implicit_beta", "implicit_lr", "implicit_steps", "implicit_center")
+            }
             made = make_source(source, {**options, "init_seed": cfg.policy.init_seed})
             worker = made.worker_fn()  # None: a model-backed source (batch_fn) runs here (creditrl.tasks.bounded)
             if worker is not None:

@@ -11,21 +11,18 @@ Three reward sources score a response against the problem's references, ``proble
   ``rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)``; with several
   references the best per measure (``score_multi``).
 
-Granularities: ``sequence`` (default: one score, the whole response against the whole
-references, on the last token), and ``step`` / ``segment`` where the spans are sentences (the
-task's step separator, ``"."`` for the toy text tasks, or a ``reward.cut_fn`` that cuts
-sentences; fixed K-token blocks are not sentences and align poorly). Span scores land on each
-span's last token. Alignment rule: the references are cut into sentences after each separator
-(the task's ``step_separator``, ``"."`` when it has none), and the spans with text are numbered
-0, 1, ...; span ``j`` is scored against reference sentence ``j`` of every reference that has
-one, except that the LAST span with text is scored against the rest of each reference
-(sentences ``j, j+1, ...`` joined), so a response that stops early pays on its last sentence.
-A span past every reference's sentences scores 0.0; a whitespace-only span (the end-of-sequence
-token after a final ``"."``) gets no score (``None``); a single span is the whole response
-against the whole references, as at ``sequence``.
+Granularities: ``sequence`` (default: the whole response against the whole references), and
+``step`` / ``segment`` where the spans are sentences (the task's step separator, or a
+``reward.cut_fn`` that cuts sentences; fixed K-token blocks align poorly). Alignment rule: the
+references are cut into sentences after each separator (the task's ``step_separator``, else
+``"."``) and the spans with text numbered 0, 1, ...; span ``j`` is scored against sentence ``j``
+of every reference that has one, and the LAST span with text against the rest of each reference
+(sentences ``j, j+1, ...`` joined), so a response that stops early pays on its last sentence. A
+span past every reference's sentences scores 0.0; a whitespace-only span (the end-of-sequence
+token after a final ``"."``) gets ``None``; a single span is scored as at ``sequence``.
 
-The scorers need no downloads: sacrebleu's 13a tokenizer is built in, rouge-score tokenises
-with a regular expression and stems with NLTK's Porter stemmer, which has no data files.
+No downloads are needed: sacrebleu's 13a tokenizer is built in, and rouge-score tokenises with a
+regular expression and stems with NLTK's Porter stemmer, which has no data files.
 """
 
 from __future__ import annotations
@@ -118,23 +115,14 @@ def aligned_scores(
     return out
 
 
-def _score(metric: Metric, task: Task, problem: Problem, spans: Sequence[str]) -> list[float | None]:
+def _metric_reward(
+    metric: Metric, task: Task, problem: Problem, completion: str, spans: Sequence[str]
+) -> list[float | None]:
+    """``metric`` against the problem's references, one score per span (module docstring)."""
     return aligned_scores(metric, spans, references_of(problem), getattr(task, "step_separator", None) or ".")
 
 
-@register_source("bleu", granularities=_GRANULARITIES, default="sequence")
-def bleu_reward(task: Task, problem: Problem, completion: str, spans: Sequence[str]) -> list[float | None]:
-    """Sentence BLEU / 100 against the references (per sentence span at step/segment)."""
-    return _score(bleu, task, problem, spans)
-
-
-@register_source("chrf", granularities=_GRANULARITIES, default="sequence")
-def chrf_reward(task: Task, problem: Problem, completion: str, spans: Sequence[str]) -> list[float | None]:
-    """chrF / 100 against the references (per sentence span at step/segment)."""
-    return _score(chrf, task, problem, spans)
-
-
-@register_source("rouge", granularities=_GRANULARITIES, default="sequence")
-def rouge_reward(task: Task, problem: Problem, completion: str, spans: Sequence[str]) -> list[float | None]:
-    """Mean ROUGE-1/2/L F-measure against the references (per sentence span at step/segment)."""
-    return _score(rouge, task, problem, spans)
+for _metric in (bleu, chrf, rouge):
+    register_source(_metric.__name__, granularities=_GRANULARITIES, default="sequence")(
+        functools.partial(_metric_reward, _metric)
+    )
