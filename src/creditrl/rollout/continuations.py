@@ -7,10 +7,9 @@ continuations sampled from a policy::
 
     f(s) = (1/n) sum_{j=1..n} judge(owner(s), response(s) + c_j),   c_j ~ engine( . | s)
 
-Identical states are estimated once (:class:`PrefixSet` keys them; a caller chooses the key),
-all of them in one engine call (or in calls of at most ``max_prefixes_per_call`` prefixes, each holding at
-most ``max_rows`` rows and ``max_positions`` padded cache positions at once), and the outcomes are
-returned in sampling order.
+Identical states are estimated once (:class:`PrefixSet` keys them; a caller chooses the key), all
+in one engine call (or in calls of at most ``max_prefixes_per_call`` prefixes, each holding at most
+``max_rows`` rows and ``max_positions`` padded cache positions at once); outcomes keep sampling order.
 """
 
 from __future__ import annotations

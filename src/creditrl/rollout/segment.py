@@ -7,11 +7,9 @@ the last valid token, and returns each span's text, decoded without special toke
 source judges exactly the spans its scores will land on. Span texts concatenate to the
 response's text.
 
-The builders below give every granularity's segmenter (see :mod:`creditrl.rewards.placement`):
-``separator_segmenter`` (steps), ``block_segmenter`` (fixed segments), ``token_segmenter``,
-``last_token_segmenter`` (the whole sequence) and ``key_token_segmenter`` (a predicate).
-They are built with ``functools.partial`` over module-level functions so that they pickle
-(worker processes can receive them).
+The builders below give every granularity's segmenter (see :mod:`creditrl.rewards.placement`);
+they are ``functools.partial`` objects over module-level functions, so that they pickle (worker
+processes can receive them).
 """
 
 from __future__ import annotations
@@ -29,8 +27,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-# A segmenter maps the per-token texts of one response to the indices of span-end tokens.
-SegmentFn = Callable[[Sequence[str]], list[int]]
+SegmentFn = Callable[[Sequence[str]], list[int]]  # per-token texts of a response -> span-end indices
 # A key-token predicate: is token i (of the response's per-token texts) a key token?
 KeyPredicate = Callable[[Sequence[str], int], bool]
 
