@@ -1,16 +1,12 @@
 """What a run leaves behind, removed: its descendants and its working directory (stdlib only).
 
 Used by :mod:`creditrl.sandbox._launcher` at the end of every run (and when its caller dies) and by
-:mod:`creditrl.sandbox.process` as a backstop.
-
-* :func:`reap_descendants`: without a PID namespace, the launcher is a child subreaper
-  (``PR_SET_CHILD_SUBREAPER``), so every orphan of the program, a ``setsid`` double-forked
-  grandchild included, is re-parented to it instead of to the host's init; this kills every
-  process below it and reaps them until it has no child left.
-* :func:`remove_tree`: removes a directory tree that the program may have made hostile: it gives
-  each directory back its owner's permissions (``chmod 0`` subdirectories, a read-only top), never
-  follows a symbolic link, and works through directory descriptors, so it also removes a host
-  directory that is out of the caller's view (the launcher after its pivot).
+:mod:`creditrl.sandbox.process` as a backstop. Without a PID namespace the launcher is a child
+subreaper (``PR_SET_CHILD_SUBREAPER``), so every orphan of the program, a ``setsid`` double-forked
+grandchild included, is re-parented to it and :func:`reap_descendants` reaches it.
+:func:`remove_tree` removes a tree the program may have made hostile (``chmod 0`` subdirectories, a
+read-only top, symbolic links) through directory descriptors, so it also removes a host directory
+out of the caller's view (the launcher after its pivot).
 """
 
 from __future__ import annotations
