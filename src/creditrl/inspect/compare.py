@@ -14,12 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
 from creditrl.credit import ESTIMATORS, estimate_at, normalise, requires
 from creditrl.inspect.data import InspectError
 from creditrl.inspect.precision import NegativeCredit, negative_credit, percent, pooled
+from creditrl.inspect.record import floats
 from creditrl.inspect.spread import credit_notes
 
 TRAINED = "trained"  # the key of the advantages the run itself used
@@ -110,21 +110,17 @@ def recompute(record: dict[str, Any], name: str, x: Tensors | None = None) -> to
     return adv
 
 
-def _rows(adv: torch.Tensor, lengths: list[int]) -> list[list[float]]:
-    arr = adv.to(torch.float32).numpy().astype(np.float32)
-    return [[float(str(v)) for v in arr[i, :n]] for i, n in enumerate(lengths)]
-
-
 def _precision(record: dict[str, Any], adv_rows: list[list[float]]) -> dict[str, Any]:
     """Credit precision per response, per group and over the iteration (numbers and texts);
     a group's also says why it is undefined (:func:`creditrl.inspect.spread.credit_notes`)."""
-    per_group, i = [], 0
-    for g in record["groups"]:
-        parts = []
-        for r in g["responses"]:
-            parts.append(negative_credit(adv_rows[i], r["steps"], r["labels"]) if r["labels"] is not None else None)
-            i += 1
-        per_group.append(parts)
+    by_group = _split(adv_rows, record)
+    per_group = [
+        [
+            negative_credit(a, r["steps"], r["labels"]) if r["labels"] is not None else None
+            for r, a in zip(g["responses"], adv)
+        ]
+        for g, adv in zip(record["groups"], by_group)
+    ]
     groups = [pooled(p for p in parts if p is not None) for parts in per_group]
     total = pooled(groups)
 
@@ -135,8 +131,7 @@ def _precision(record: dict[str, Any], adv_rows: list[list[float]]) -> dict[str,
     return {
         "responses": [[show(p) for p in parts] for parts in per_group],
         "groups": [
-            show(nc) | credit_notes(g, adv, nc.precision)
-            for g, adv, nc in zip(record["groups"], _split(adv_rows, record), groups)
+            show(nc) | credit_notes(g, adv, nc.precision) for g, adv, nc in zip(record["groups"], by_group, groups)
         ],
         "all": show(total),
     }
@@ -156,42 +151,28 @@ def compare_iteration(record: dict[str, Any], estimators: list[str]) -> dict[str
     ``{key: {label, available, reason, note, adv (group, response, token), precision}}``."""
     x = to_tensors(record)
     s = record["settings"]
-    trained = [r["adv"] for g in record["groups"] for r in g["responses"]]
+
+    def entry(label: str, rows: list[list[float]] | None, reason: str = "", note: str = "") -> dict[str, Any]:
+        adv, precision = (None, None) if rows is None else (_split(rows, record), _precision(record, rows))
+        return dict(label=label, available=rows is not None, reason=reason, note=note, adv=adv, precision=precision)
+
     note = ""
     if s["normaliser"] == "batch":
         note = (
             f"batch whitening recomputed over the {len(x.lengths)} saved responses only "
             f"(the run whitened over all {record['batch_size']})"
         )
-    out: dict[str, Any] = {
-        TRAINED: {
-            "label": f"as trained ({s['estimator']})",
-            "available": True,
-            "reason": "",
-            "note": "",
-            "adv": _split(trained, record),
-            "precision": _precision(record, trained),
-        },
-    }
+    trained = [r["adv"] for g in record["groups"] for r in g["responses"]]
+    out = {TRAINED: entry(f"as trained ({s['estimator']})", trained)}
     for name in estimators:
-        entry: dict[str, Any] = {
-            "label": name,
-            "available": False,
-            "reason": "",
-            "note": note,
-            "adv": None,
-            "precision": None,
-        }
         if "values" in requires(name) and x.values is None:
-            entry["reason"] = (
-                f"'{name}' needs values; this run had value.source={s['value_source']}, so none were saved"
-            )
+            why = f"'{name}' needs values; this run had value.source={s['value_source']}, so none were saved"
+            out[name] = entry(name, None, why, note)
+            continue
+        try:
+            adv = recompute(record, name, x)
+        except ValueError as exc:  # an input this estimator cannot take, said by the estimator
+            out[name] = entry(name, None, str(exc), note)
         else:
-            try:
-                rows = _rows(recompute(record, name, x), x.lengths)
-            except ValueError as exc:  # an input this estimator cannot take, said by the estimator
-                entry["reason"] = str(exc)
-            else:
-                entry.update(available=True, adv=_split(rows, record), precision=_precision(record, rows))
-        out[name] = entry
+            out[name] = entry(name, [floats(adv[i, :n]) for i, n in enumerate(x.lengths)], note=note)
     return out

@@ -57,6 +57,11 @@ def _cells(response: dict[str, Any]) -> list[tuple[int, str]]:
     return out
 
 
+def _mark(ok: bool) -> tuple[str, str]:
+    """A right (green tick) or wrong (red cross) mark and its colour."""
+    return ("✓", "#1a7f37") if ok else ("✗", "#b42318")
+
+
 def credit_figure(group: dict[str, Any], adv: list[list[float]], title: str, path: Path, max_abs: float) -> Path:
     """One group's responses with token-coloured advantages ``adv`` (response, token) -> ``path``."""
     fig = draw_credit(group, adv, title, max_abs)
@@ -74,17 +79,8 @@ def draw_credit(group: dict[str, Any], adv: list[list[float]], title: str, max_a
     width = max([10] + widths) + 4
     fig, ax = plt.subplots(figsize=(min(18, 2 + 0.14 * width), 0.9 + 0.34 * len(rows)))
     for y, (r, a) in enumerate(zip(rows, adv)):
-        right = r["outcome"] > 0.5
-        ax.text(
-            -0.5,
-            y + 0.5,
-            "✓" if right else "✗",
-            color="#1a7f37" if right else "#b42318",
-            ha="right",
-            va="center",
-            fontsize=10,
-            fontweight="bold",
-        )
+        mark, colour = _mark(r["outcome"] > 0.5)
+        ax.text(-0.5, y + 0.5, mark, color=colour, ha="right", va="center", fontsize=10, fontweight="bold")
         ends, placed = set(r["step_ends"]), set(r["reward_mask"])
         step_of_end = {e: k for k, (_, e) in enumerate(r["steps"])}
         x = 0.0
@@ -108,8 +104,8 @@ def draw_credit(group: dict[str, Any], adv: list[list[float]], title: str, max_a
             if i in ends:
                 ax.plot([x + 0.15, x + 0.15], [y + 0.05, y + 0.95], color="#333", linewidth=1.2)
             if r["labels"] is not None and i in step_of_end:
-                ok = r["labels"][step_of_end[i]]
-                ax.text(x + 0.35, y + 0.25, "✓" if ok else "✗", fontsize=6, color="#1a7f37" if ok else "#b42318")
+                mark, colour = _mark(r["labels"][step_of_end[i]])
+                ax.text(x + 0.35, y + 0.25, mark, fontsize=6, color=colour)
             if i in ends or (r["labels"] is not None and i in step_of_end):
                 x += 1.0
         if len(r["texts"]) > MAX_CELLS:

@@ -58,10 +58,7 @@ def negative_credit(
 
 def pooled(parts: Iterable[NegativeCredit]) -> NegativeCredit:
     """The sum of several responses' negative credit (the ratio of sums above)."""
-    total = NegativeCredit()
-    for p in parts:
-        total = total + p
-    return total
+    return sum(parts, NegativeCredit())
 
 
 def percent(value: float | None) -> str:

@@ -21,10 +21,8 @@ assignment has something to say), then by group id. Per response (``L`` = its le
   checker that does not return one label per step).
 
 Floats are written as the shortest decimal that reads back as the same float32, so a reload
-gives bit-identical tensors. Size bound: at most ``MAX_TOKENS_PER_FILE`` response tokens per
-file (whole groups past it are left out). A token takes about 45 bytes (65 with values; a
-little more for multi-character tokens), so a file stays under ~6.5 MB; the defaults (2 groups
-of 8 responses of at most 64 tokens) give under ~70 kB.
+gives bit-identical tensors. A file holds at most ``MAX_TOKENS_PER_FILE`` response tokens (whole
+groups past it are left out), a few tens of bytes each.
 """
 
 from __future__ import annotations
@@ -67,7 +65,7 @@ def choose_groups(group_ids: torch.Tensor, outcome: torch.Tensor, k: int) -> lis
     return sorted(ids, key=lambda g: (not mixed(g), g))[:k]
 
 
-def _floats(x: torch.Tensor) -> list[float]:
+def floats(x: torch.Tensor) -> list[float]:
     """float32 values as the shortest decimals that read back as the same float32."""
     return [float(str(v)) for v in x.detach().to(torch.float32).numpy().astype(np.float32)]
 
@@ -115,13 +113,13 @@ def _response(
         "texts": texts,
         "special": {str(p): tokenizer.convert_ids_to_tokens(i) for p, i in enumerate(ids) if i in texts_of.special},
         "masked": _positions(~batch.response_mask[row, :n]),
-        "rewards": _floats(scored.rewards[row, :n]),
+        "rewards": floats(scored.rewards[row, :n]),
         "reward_mask": _positions(scored.reward_mask[row, :n]),
         "step_ends": step_ends,
         "credit_step_ends": None if credit_step_ends is None else _positions(credit_step_ends[row, :n]),
-        "values": None if values is None else _floats(values[row, :n]),
-        "adv": _floats(adv[row, :n]),
-        "ret": _floats(ret[row, :n]),
+        "values": None if values is None else floats(values[row, :n]),
+        "adv": floats(adv[row, :n]),
+        "ret": floats(ret[row, :n]),
         "outcome": float(scored.outcome[row]),
         "kept": bool(scored.keep[row]),
         "finished": bool(batch.finished[row]),
@@ -198,29 +196,15 @@ def record_iteration(
     cfg: Config,
     tokenizer: PreTrainedTokenizerBase,
     task: Task,
-    *,
-    values: torch.Tensor | None = None,
-    credit_step_ends: torch.Tensor | None = None,
-    lam: float | None = None,
+    **optional: Any,
 ) -> Path | None:
     """Write ``run_dir/inspect/iter_NNNNNN.json`` when :func:`should_record` says so; returns
     its path, or None. ``iteration`` is 1-based (the ``metrics.jsonl`` row); the tensors are the
-    credit stage's: adv, ret, values float (B, T), credit_step_ends bool (B, T) or None."""
+    credit stage's: adv, ret, values float (B, T), credit_step_ends bool (B, T) or None
+    (``optional``: ``values``, ``credit_step_ends`` and ``lam`` of :func:`iteration_record`)."""
     if not should_record(iteration, cfg.train.inspect_every, cfg.train.iterations):
         return None
-    record = iteration_record(
-        iteration,
-        batch,
-        scored,
-        adv,
-        ret,
-        cfg,
-        tokenizer,
-        task,
-        values=values,
-        credit_step_ends=credit_step_ends,
-        lam=lam,
-    )
+    record = iteration_record(iteration, batch, scored, adv, ret, cfg, tokenizer, task, **optional)
     out = Path(run_dir) / INSPECT_DIR
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"iter_{iteration:06d}.json"

@@ -1,11 +1,10 @@
 """The credit inspector's report: an HTML file and PNG figures of a run's saved groups.
 
-:func:`build_report` (``creditrl inspect RUN_DIR``) writes into ``--out`` (default ``RUN_DIR/inspect_report``):
-``index.html`` (self-contained:
-open it in any browser, offline), ``metrics.png`` and, for the shown iteration's first saved
-group (with ``only_spread``: its first group with reward spread, when it has one),
-``credit_iter_NNNNNN_<estimator>.png`` per estimator (and ``_trained`` for the run's own
-advantages).
+:func:`build_report` (``creditrl inspect RUN_DIR``) writes into ``--out`` (default
+``RUN_DIR/inspect_report``): ``index.html`` (self-contained: open it in any browser, offline),
+``metrics.png`` and, for the shown iteration's first saved group (with ``only_spread``: its first
+group with reward spread, when it has one), ``credit_iter_NNNNNN_<estimator>.png`` per estimator
+(and ``_trained`` for the run's own advantages).
 """
 
 from __future__ import annotations
@@ -45,9 +44,8 @@ def build_report(
     page opens at (default: the last saved; with ``only_spread`` the first saved one holding a
     group with reward spread), ``estimators`` a comma-separated list (default: every registered
     one); ``only_spread`` opens the page with its "only groups with reward spread" filter on, at
-    that iteration's first group with spread, and draws that group's PNGs. InspectError for a run without
-    inspector data, an unsaved iteration (listing the saved ones) or an unknown estimator
-    (listing the valid ones)."""
+    that iteration's first group with spread, and draws that group's PNGs. InspectError for a run
+    without inspector data, an unsaved iteration or an unknown estimator (listing the valid ones)."""
     run_dir = Path(run_dir)
     saved = saved_iterations(run_dir)
     shown = iteration if iteration is not None else first_with_spread(run_dir, saved) if only_spread else saved[-1]

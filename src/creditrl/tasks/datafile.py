@@ -7,8 +7,6 @@ names the file, the 1-based line (JSON Lines) or row (a JSON array, Parquet) whe
 and what was expected, e.g.::
 
     data/x.jsonl, line 3: invalid JSON: Expecting ',' delimiter at column 17; expected one JSON object per line
-    data/x.jsonl, line 2: invalid UTF-8 (byte 0xff at byte 5 of the line, file offset 87); expected UTF-8 text
-    data/x.parquet: not a Parquet file (it does not start with the Parquet magic bytes 'PAR1'); expected a Parquet file
     data/x.jsonl, line 4, field 'labels': expected a list of labels, got int
 
 Formats, chosen by the file's extension (each caller says which it accepts):
@@ -17,16 +15,13 @@ Formats, chosen by the file's extension (each caller says which it accepts):
 - ``.json``: a JSON array of objects (rows counted from 1), or JSON Lines as in ``.jsonl``;
 - ``.parquet``: one object per row, read with ``pyarrow`` (nothing is cached on disk).
 
-Bounds, so that no file can exhaust memory or the stack::
-
-    data/x.jsonl, line 2: the line is 52428831 bytes, over max_row_bytes=16777216; expected rows of at most ...
-    data/x.jsonl, line 7: invalid JSON: arrays and objects nested more than 100 deep; expected one JSON object per line
+Bounds, so that no file can exhaust memory or the stack:
 
 - a row is at most ``max_row_bytes`` (default :data:`MAX_ROW_BYTES`, 16 MiB): JSON Lines are read
-  with a bounded ``readline``, and a longer line is measured in 1 MiB pieces and never held whole;
-  a JSON array is read whole (a file over 256 MiB is refused: write JSON Lines), then each
-  element's compact JSON text is measured; a Parquet row counts its text and binary cells. A
-  longer row is refused, or, with ``long_rows="skip"``, left out with one warning naming the rows;
+  with a bounded ``readline``, and a longer line is never held whole; a JSON array is read whole
+  (a file over 256 MiB is refused: write JSON Lines), then each element's compact JSON text is
+  measured; a Parquet row counts its text and binary cells. A longer row is refused, or, with
+  ``long_rows="skip"``, left out with one warning naming the rows;
 - arrays and objects nest at most :data:`MAX_JSON_DEPTH` deep (deeper is refused, also where
   Python's JSON decoder would stop with a RecursionError).
 
@@ -220,10 +215,8 @@ def read_rows(
         path: The file; its extension picks the format.
         suffixes: The extensions the caller accepts (a subset of :data:`FORMATS`).
         allow_empty: Whether a file without rows gives no rows (else it is an error).
-        max_row_bytes: The longest row, in bytes (a JSON Lines line without its ending; the compact
-            JSON text of a JSON array's element; a Parquet row's text and binary cells).
-        long_rows: ``"error"``: a longer row is refused; ``"skip"``: it is left out, and one
-            warning names the rows skipped.
+        max_row_bytes: The longest row, in bytes (a JSON Lines line without its ending).
+        long_rows: ``"error"``: a longer row is refused; ``"skip"``: it is left out, with a warning.
 
     Raises:
         DataFileError: One line naming the file, and the line or row where there is one: an
@@ -289,11 +282,10 @@ def read_dataset(
     max_row_bytes: int = MAX_ROW_BYTES,
     long_rows: str = "error",
 ) -> DataRows:
-    """The rows of a data source a user names: a data file (:func:`read_rows`), a folder written by
-    ``datasets``' ``save_to_disk`` (a dataset, or a dataset dict whose ``split`` is read), or, when
-    ``local_files_only`` is false, a hub dataset name read with
-    ``datasets.load_dataset(source, config, split=split)``. ``max_row_bytes`` and ``long_rows``
-    apply to data files (:func:`read_rows`); a dataset's rows are already in memory-mapped Arrow.
+    """The rows of a data source a user names: a data file (:func:`read_rows`, which alone takes
+    ``max_row_bytes`` and ``long_rows``), a folder written by ``datasets``' ``save_to_disk`` (a
+    dataset, or a dataset dict whose ``split`` is read), or, when ``local_files_only`` is false, a
+    hub dataset name read with ``datasets.load_dataset(source, config, split=split)``.
 
     Raises:
         DataFileError: :func:`read_rows`'s errors; a source that is no file or folder (naming
