@@ -252,19 +252,16 @@ def segment(
             f"expected response_ids (B, T) and response_lengths (B,), got "
             f"{tuple(response_ids.shape)} and {tuple(response_lengths.shape)}"
         )
-    b, t = response_ids.shape
-    end_mask = torch.zeros((b, t), dtype=torch.bool)
+    end_mask = torch.zeros(response_ids.shape, dtype=torch.bool)
     all_ends: list[list[int]] = []
     all_texts: list[list[str]] = []
-    for row, length in zip(response_ids.tolist(), response_lengths.tolist()):
+    for k, (row, length) in enumerate(zip(response_ids.tolist(), response_lengths.tolist())):
         tok_texts = [texts_of(i) for i in row[:length]]
         ends = sorted({e for e in segment_fn(tok_texts) if 0 <= e < length})
         if length and (not ends or ends[-1] != length - 1):
             ends.append(length - 1)
         starts = [0] + [e + 1 for e in ends[:-1]]
+        end_mask[k, ends] = True
         all_ends.append(ends)
         all_texts.append(["".join(tok_texts[s : e + 1]) for s, e in zip(starts, ends)])
-    for i, ends in enumerate(all_ends):
-        if ends:
-            end_mask[i, ends] = True
     return Segmentation(end_mask=end_mask, ends=all_ends, texts=all_texts)
