@@ -1,18 +1,16 @@
 """Multi-step integer arithmetic with a checkable canonical solution path.
 
-A problem is an expression such as ``"7+3*2-5="``. Its canonical evaluation
-reduces one operator per step: while operators remain, the leftmost ``*`` if any
-``*`` remains, else the leftmost operator (so ``+``/``-`` go left to right).
-Each reduction is written ``a{op}b={c}``; steps are joined with ``";"`` and the
-completion ends with ``";#"`` and the final value::
+A problem is an expression such as ``"7+3*2-5="``. Its canonical evaluation reduces one
+operator per step: the leftmost ``*`` while any ``*`` remains, else the leftmost operator (so
+``+``/``-`` go left to right). Each reduction is written ``a{op}b={c}``; steps are joined with
+``";"`` and the completion ends with ``";#"`` and the final value::
 
     "7+3*2-5="  ->  "3*2=6;7+6=13;13-5=8;#8"
     "3-7+2="    ->  "3-7=-4;-4+2=-2;#-2"
 
-Integers are always written canonically: ASCII digits, no leading zeros, no
-``+`` sign, a leading ``-`` only for negative values. Operands are
-non-negative, and since every ``*`` is reduced before any ``+``/``-``, only the
-left operand of a ``+``/``-`` step can be negative.
+Integers are always written canonically: ASCII digits, no leading zeros, no ``+`` sign, a leading
+``-`` only for negative values. Operands are non-negative, so only the left operand of a
+``+``/``-`` step can be negative.
 """
 
 from __future__ import annotations
@@ -44,9 +42,8 @@ _ALLOWED_OPERATORS = "+-*"
 # [0-9], not \d: \d also matches non-ASCII digits such as "８", which int() accepts.
 _EXPRESSION_RE = re.compile(r"[0-9]+(?:[+\-*][0-9]+)*")
 _TOKEN_RE = re.compile(r"[0-9]+|[+\-*]")
-# A sampling attempt that finds no problem of the requested split in this many
-# consecutive draws means the split is (practically) empty for the config; a
-# split holding even 1 in 1000 expressions misses this often with p < 1e-40.
+# This many consecutive draws without a problem of the split means the split is (practically)
+# empty: a split holding even 1 in 1000 expressions misses this often with p < 1e-40.
 _MAX_CONSECUTIVE_MISSES = 100_000
 
 
@@ -59,10 +56,9 @@ class ArithmeticConfig:
         max_ops: Most operators in an expression (>= min_ops).
         operand_min: Smallest operand (0 <= operand_min <= operand_max).
         operand_max: Largest operand.
-        operators: Operators to draw from: a non-empty string of distinct
-            characters of ``"+-*"``.
-        heldout_mod: A prompt is held out iff its SHA-256 (as an integer) is
-            divisible by ``heldout_mod`` (>= 2), i.e. about 1 in ``heldout_mod``.
+        operators: Operators to draw from: a non-empty string of distinct characters of ``"+-*"``.
+        heldout_mod: A prompt is held out iff its SHA-256 (as an integer) is divisible by
+            ``heldout_mod`` (>= 2).
     """
 
     min_ops: int = 1
@@ -92,11 +88,8 @@ class ArithmeticConfig:
 
 
 def _parse(prompt_or_expr: str) -> tuple[list[int], list[str]]:
-    """Split ``"7+3*2="`` or ``"7+3*2"`` into operands ``[7, 3, 2]`` and operators ``["+", "*"]``.
-
-    Raises:
-        ValueError: If the text is not non-negative integers joined by ``+-*``.
-    """
+    """Split ``"7+3*2="`` or ``"7+3*2"`` into operands ``[7, 3, 2]`` and operators ``["+", "*"]``;
+    ValueError if the text is not non-negative integers joined by ``+-*``."""
     expr = prompt_or_expr.removesuffix("=")
     if _EXPRESSION_RE.fullmatch(expr) is None:
         raise ValueError(f"not an arithmetic expression: {prompt_or_expr!r}")
@@ -119,23 +112,14 @@ def _reduce(operands: list[int], ops: list[str]) -> tuple[list[Step], int]:
 
 
 def canonical_steps(prompt_or_expr: str) -> list[Step]:
-    """Return the canonical reductions ``(a, op, b, c)`` of an expression, in order.
-
-    The expression may carry a trailing ``"="``. Each step reduces the leftmost
-    ``*`` while any ``*`` remains, otherwise the leftmost operator.
-
-    Raises:
-        ValueError: If the text is not non-negative integers joined by ``+-*``.
-    """
+    """The canonical reductions ``(a, op, b, c)`` of an expression (a trailing ``"="`` allowed), in
+    order (module docstring); ValueError if the text is not non-negative integers joined by ``+-*``."""
     return _reduce(*_parse(prompt_or_expr))[0]
 
 
 def evaluate_expression(prompt_or_expr: str) -> int:
-    """Return the value of an expression (``*`` before ``+``/``-``, left to right).
-
-    Raises:
-        ValueError: If the text is not non-negative integers joined by ``+-*``.
-    """
+    """The value of an expression (``*`` before ``+``/``-``, left to right); ValueError as
+    :func:`canonical_steps`."""
     return _reduce(*_parse(prompt_or_expr))[1]
 
 
@@ -146,14 +130,11 @@ def _format_step(step: Step) -> str:
 
 
 def split_completion(completion: str) -> list[str]:
-    """Split a completion into step segments, keeping the answer tail whole.
-
-    Rule: the text before the first ``"#"`` is split at ``";"``; when that text
-    ends with ``";"`` the empty piece after it is dropped, and when it is empty
-    it yields no segment. The text from the first ``"#"`` to the end is then
-    appended as one final segment. So ``"3*2=6;7+6=13;#13"`` gives
-    ``["3*2=6", "7+6=13", "#13"]``, ``"#8;3+3=6"`` gives ``["#8;3+3=6"]``,
-    ``"3*2=6;"`` gives ``["3*2=6"]`` and ``""`` gives ``[]``.
+    """Split a completion into step segments, keeping the answer tail whole: the text before the
+    first ``"#"`` is split at ``";"`` (an empty piece after a final ``";"`` dropped, an empty text
+    giving no segment), then the text from the first ``"#"`` on is one final segment.
+    ``"3*2=6;7+6=13;#13"`` gives ``["3*2=6", "7+6=13", "#13"]``, ``"#8;3+3=6"`` gives
+    ``["#8;3+3=6"]``, ``"3*2=6;"`` gives ``["3*2=6"]`` and ``""`` gives ``[]``.
     """
     hash_at = completion.find("#")
     head, tail = (completion, "") if hash_at < 0 else (completion[:hash_at], completion[hash_at:])
@@ -305,24 +286,17 @@ class ArithmeticTask(StepTask):
         return self._answer_right(problem, completion)
 
     def check_steps(self, problem: Problem, segments: list[str]) -> list[bool]:
-        """Return one label per segment: whether that step is correct.
+        """One label per segment: whether that step is correct. Each segment is normalised by
+        stripping surrounding whitespace, then ONE trailing ``";"``, then whitespace again.
 
-        Each segment is normalised by stripping surrounding whitespace, then ONE
-        trailing ``";"``, then surrounding whitespace again.
-
-        * An answer segment (normalised text starts with ``"#"``) is correct iff
-          it is the first answer segment and ``check_outcome(problem, segment)``
-          holds, regardless of the steps before it.
-        * Any other segment is an arithmetic segment (empty text included). It is
-          correct iff (1) every earlier arithmetic segment was correct, (2) no
-          answer segment came earlier, and (3) its text equals exactly
-          ``f"{a}{op}{b}={c}"`` for the next canonical reduction ``(a, op, b, c)``
-          of the current expression state, with canonical integers (so it
-          matches ``(-?[0-9]+)([+\\-*])([0-9]+)=(-?[0-9]+)``, ``(a, op, b)`` is the
-          next reduction and ``c == a op b``). A correct step advances the state;
-          once the expression is fully reduced every further step is incorrect.
-          After the first incorrect arithmetic segment all later ones are
-          incorrect ("stop at the first error", as in PRM800K).
+        * An answer segment (normalised text starts with ``"#"``) is correct iff it is the first
+          answer segment and ``check_outcome(problem, segment)`` holds, whatever the steps before.
+        * Any other segment (empty text included) is correct iff (1) every earlier one was
+          correct, (2) no answer segment came earlier, and (3) its text equals exactly
+          ``f"{a}{op}{b}={c}"`` for the next canonical reduction ``(a, op, b, c)``, with canonical
+          integers. A correct step advances the state; once the expression is fully reduced every
+          further step is incorrect. After the first incorrect step all later ones are incorrect
+          ("stop at the first error", as in PRM800K).
         """
         expected = [_format_step(s) for s in canonical_steps(problem.prompt)]
         return labels_in_order(expected, segments, lambda text: self.check_outcome(problem, text))

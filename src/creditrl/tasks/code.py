@@ -14,9 +14,7 @@ A completion's tests run in one sandboxed process (:func:`creditrl.sandbox.run_t
 verdicts are cached per (problem, completion), so the outcome check and the ``unit_tests``
 reward of the same sample run it once. The expected outputs never enter the sandbox, and the
 problem file's directory is hidden from it. Without root the sandbox falls back to weaker
-isolation (:mod:`creditrl.sandbox.process`); the task then warns once. A completion's answer
-(majority votes) is the program it completes, normalised by Python's ``ast``
-(:meth:`CodeTask.extract_answer`).
+isolation (:mod:`creditrl.sandbox.process`); the task then warns once.
 """
 
 from __future__ import annotations
@@ -75,15 +73,13 @@ def _problem(rows: DataRows, number: int, row: dict[str, Any]) -> Problem:
 def load_problems(path: str | Path, *, max_row_bytes: int = MAX_ROW_BYTES, long_rows: str = "error") -> list[Problem]:
     """Read a problem file (module docstring; ``.jsonl``, or ``.json``: JSON Lines or an array of
     objects) into :class:`Problem` objects, with :func:`~creditrl.tasks.datafile.read_rows`.
-
     ``answer`` and ``solution`` are the reference completion; ``meta`` holds ``name``,
-    ``split``, ``entry``, ``inputs`` (the test arguments) and ``expected`` (their results). A row
-    over ``max_row_bytes`` is refused, or left out under ``long_rows="skip"`` (:func:`read_rows`).
+    ``split``, ``entry``, ``inputs`` (the test arguments) and ``expected`` (their results).
 
     Raises:
-        DataFileError: (a ValueError) One line naming the file and the line: a bad file (no
-            such file, invalid UTF-8 or JSON, no rows ...), a missing field, one of the wrong
-            type, a split not in ``SPLITS``, no tests, or a duplicate name.
+        DataFileError: (a ValueError) One line naming the file and the line: the reader's errors,
+            a missing field, one of the wrong type, a split not in ``SPLITS``, no tests, or a
+            duplicate name.
     """
     rows = read_rows(path, suffixes=(".jsonl", ".json"), max_row_bytes=max_row_bytes, long_rows=long_rows)
     problems: list[Problem] = []

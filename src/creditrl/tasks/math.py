@@ -13,11 +13,9 @@ its final answer equal to the gold one::
     prompt:   "Q: What is 1/2 + 1/4? A: "
     correct:  " \\boxed{\\frac{3}{4}}", " 3/4", " 0.75", "so it is $\\frac{6}{8}$"
 
-Answer checking and answer extraction run math-verify in a helper process under a time limit
-(:mod:`creditrl.tasks.math_verify`).
-
-The built-in sample (``data/math_sample.jsonl``, 22 self-written problems) is the default
-training file. Without a held-out file the rows are split by a hash of the question.
+math-verify runs in a helper process under a time limit (:mod:`creditrl.tasks.math_verify`).
+The built-in sample (``data/math_sample.jsonl``, self-written problems) is the default training
+file; without a held-out file the rows are split by a hash of the question.
 """
 
 from __future__ import annotations
@@ -219,20 +217,17 @@ class MathTask:
         heldout_file: Source of held-out problems (the same kinds); None splits ``train_file``
             instead: a row is held out iff ``int(sha256(question).hexdigest(), 16) % heldout_mod == 0``.
         question_key, answer_key: Column names of the question and the gold answer.
-        solution_key: Column of reference completions for supervised warm starts; None uses a
-            conversation's final assistant turn, a ``completion`` column or a ``solution``
-            column (text, as it is), else ``" " + gold_text(answer)`` (e.g. ``" \\boxed{7}"``).
+        solution_key: Column of reference completions for supervised warm starts; None falls back
+            as :func:`load_math_rows` says, else to ``" " + gold_text(answer)`` (``" \\boxed{7}"``).
         prompt_key, messages_key: Columns read when a row has no question column: TRL's
-            ``prompt`` (text as it is, or ``{role, content}`` turns rendered with the chat
-            template) and ``messages`` (turns; :func:`load_math_rows`).
+            ``prompt`` (text, or turns rendered with the chat template) and ``messages``.
         prompt_template: Every ``{question}`` in it is replaced by the question (other braces
             are literal, so LaTeX needs no escaping); prompt columns are used as they are.
-        heldout_mod: Modulus of the hash split (>= 2), about 1 in ``heldout_mod`` held out.
+        heldout_mod: Modulus of the hash split (>= 2).
         step_separator: None (default): no steps. A string (e.g. ``". "``) cuts completions into
             steps for step-level credit; :meth:`check_steps` then labels every step with the outcome.
         timeout_s: Wall-clock limit of one math-verify check (module docstring).
-        train_split, heldout_split, dataset_config: The splits and configuration read from a
-            dataset folder or hub dataset.
+        train_split, heldout_split, dataset_config: The splits and configuration of a dataset source.
         local_files_only: Whether hub dataset names are refused (the default follows
             ``policy.local_files_only``).
         max_row_bytes, long_rows: The longest row of a data file (default 16 MiB), and whether a

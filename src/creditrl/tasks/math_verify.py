@@ -13,13 +13,12 @@ answers are the same when math-verify verifies one against the other, so ``\\box
 ``1/2`` and ``0.5`` vote together.
 
 Timeouts: sympy can hang on a hostile completion (``\\boxed{9^{9^{9^{9}}}}``), and math-verify's
-own timeouts use ``signal.alarm``, which works only in a process's main thread (elsewhere
-``parse`` raises ValueError) and only between Python operations: one long C-level power
-ignores it. So every check, from any thread, is sent to a helper process (started on first
-use, shared, one check at a time) that runs it in its main thread under a SIGALRM timer of
-``timeout_s`` (math-verify's own timers are turned off, they would cancel it), and is killed
-and restarted if it does not answer within ``timeout_s`` plus a grace period. A check that
-times out is False (and logged). POSIX only (SIGALRM).
+own ``signal.alarm`` timeouts work only in a process's main thread and only between Python
+operations (one long C-level power ignores them). So every check, from any thread, is sent to a
+helper process (started on first use, shared, one check at a time) that runs it in its main
+thread under a SIGALRM timer of ``timeout_s`` (math-verify's own timers off), and is killed and
+restarted if it does not answer within ``timeout_s`` plus a grace period. A check that times out
+is False (and logged). POSIX only (SIGALRM).
 """
 
 from __future__ import annotations
@@ -120,10 +119,7 @@ def _raise_timeout(signum: int, frame: Any) -> None:
 
 def _with_alarm(seconds: float, fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)`` under a SIGALRM timer of ``seconds``; None when it fires. Main thread only.
-
-    Like math-verify's own timer, it takes SIGALRM (handler and ``ITIMER_REAL``) for the call and
-    then restores the previous handler; a timer someone else had set is cancelled.
-    """
+    The previous SIGALRM handler is restored after; a timer someone else had set is cancelled."""
     previous = signal.signal(signal.SIGALRM, _raise_timeout)
     try:
         try:

@@ -12,15 +12,11 @@ short as the breadth-first distance. A step is right when it leaves the node the
 reached, follows an edge, lands one closer to the goal (so it lies on *some* shortest path), and
 every earlier step was right (stop at the first error).
 
-Why it is a fair second case beside arithmetic and chains: the step truth is known exactly (a
-breadth-first search), but a right step needs the whole graph rather than the previous line --
-a planning decision, not a local computation -- and a step is often one of several right ones
-(wherever two shortest paths part), so there is no single canonical solution for dense credit
-to copy. The reference solution for SFT takes the alphabetically first right move at each node;
-any other shortest path is as right. A random draw of edges is not a shortest path by luck once
-the graph has a few branches.
-
-Held-out problems are those whose prompt hashes to 0 modulo ``heldout_mod``.
+The step truth is known exactly, but a right step needs the whole graph rather than the previous
+line (a planning decision, not a local computation), and is often one of several right ones, so
+there is no single canonical solution for dense credit to copy. The reference solution for SFT
+takes the alphabetically first right move at each node. Held-out problems are those whose prompt
+hashes to 0 modulo ``heldout_mod``.
 """
 
 from __future__ import annotations

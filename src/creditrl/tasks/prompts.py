@@ -2,11 +2,9 @@
 
 A :class:`~creditrl.tasks.base.Problem` keeps its ``prompt`` as the task's own text (the question
 the checkers read) and, in ``messages``, the conversation the model is shown before its
-completion: ``(role, content)`` turns, roles ``system``, ``user`` and ``assistant``, ending in a
-user turn. No messages means one user turn holding the prompt. A tokenizer with a chat template
+completion (no messages: one user turn holding the prompt). A tokenizer with a chat template
 renders the conversation with it; one without gets the turns' contents joined by a blank line
-(a space for a tokenizer without a newline; :func:`creditrl.policy.tokenizer.encode_prompt`), so
-a single user turn is the prompt itself.
+(:func:`creditrl.policy.tokenizer.encode_prompt`).
 
 Data files hold a prompt in TRL's formats (:func:`read_prompt`):
 

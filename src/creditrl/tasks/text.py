@@ -17,11 +17,9 @@ rewards of :mod:`creditrl.rewards.text_metrics` (``bleu``, ``chrf``, ``rouge``):
         "Mia likes tea. It is cold in Oslo. Mia works as a baker. Mia lives in Oslo. Summary: "
         ->  "Mia is a baker in Oslo. Mia likes tea."
 
-Every answer is a sequence of sentences ending in ``"."``, which is the step separator: step
-``k`` of a completion is its ``k``-th sentence. The outcome is an exact match of the answer up
-to whitespace (so is a completion's answer, for majority votes: the whole completion, whitespace
-normalised); a step is correct when its words equal those of the aligned answer sentence.
-Held-out problems are those whose prompt hashes to 0 modulo ``heldout_mod``.
+Every answer is a sequence of sentences ending in ``"."``, the step separator. The outcome is an
+exact match of the answer up to whitespace; a step is correct when its words equal those of the
+aligned answer sentence. Held-out problems are those whose prompt hashes to 0 modulo ``heldout_mod``.
 """
 
 from __future__ import annotations
@@ -86,11 +84,8 @@ class _SentenceTask(ABC):
         return hash_split(prompt, self.heldout_mod)
 
     def sample(self, n: int, *, split: str, seed: int) -> list[Problem]:
-        """Return ``n`` problems of ``split``, deterministic in ``(split, seed)`` (duplicates may occur).
-
-        Raises:
-            ValueError: If ``split`` is unknown or ``n < 0``.
-        """
+        """``n`` problems of ``split``, deterministic in ``(split, seed)`` (duplicates may occur);
+        ValueError for an unknown ``split`` or ``n < 0``."""
 
         def draw(rng: random.Random) -> Drawn:
             prompt, answer, meta = self._draw(rng)
@@ -116,9 +111,8 @@ class _SentenceTask(ABC):
         return " ".join(completion.split()) or None
 
     def same_answer(self, a: str, b: str) -> bool:
-        """Answers are whitespace-normalised texts, the same answer when equal (as the exact-match
-        outcome reads them): ``check_outcome(p, c)`` is ``same_answer(extract_answer(p.answer),
-        extract_answer(c))``."""
+        """Answers are whitespace-normalised texts, the same when equal: ``check_outcome(p, c)`` is
+        ``same_answer(extract_answer(p.answer), extract_answer(c))``."""
         return a == b
 
     def check_steps(self, problem: Problem, segments: list[str]) -> list[bool]:
