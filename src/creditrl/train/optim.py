@@ -1,4 +1,5 @@
-"""The policy optimizers a config can name (``optim.name``), registered by name."""
+"""The policy optimizers a config can name (``optim.name``), registered by name, and the step
+that backpropagates, clips and steps under optional fp16 loss scaling."""
 
 from __future__ import annotations
 
@@ -34,3 +35,22 @@ def make_optimizer(params: Iterable[torch.nn.Parameter], optim: OptimConfig) -> 
     if optim.name not in OPTIMIZERS:
         raise ValueError(f"optim.name: unknown value '{optim.name}'; valid: {', '.join(sorted(OPTIMIZERS))}")
     return OPTIMIZERS[optim.name](params, optim)
+
+
+def backward(loss: torch.Tensor, scaler: torch.amp.GradScaler | None) -> None:
+    (loss if scaler is None else scaler.scale(loss)).backward()
+
+
+def clip_and_step(
+    module: torch.nn.Module, optimizer: torch.optim.Optimizer, max_norm: float, scaler: torch.amp.GradScaler | None
+) -> float:
+    """Clip the (unscaled) gradient norm and step; returns the norm before clipping. With fp16
+    loss scaling a step whose gradients overflowed is skipped (and the scale lowered)."""
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    norm = float(torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm))
+    if scaler is None:
+        optimizer.step()
+    else:
+        scaler.step(optimizer)
+    return norm

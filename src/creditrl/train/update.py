@@ -10,16 +10,12 @@ the critic warm-up (``train_policy=False``) only the critic learns, and a shared
 read detached policy states so that the policy does not move.
 
 Data-parallel (:mod:`creditrl.distributed.ddp`): ``model`` and ``critic.critic`` may be DDP
-wrappers. Every rank holds its own rows; each minibatch's aggregation denominator (valid tokens,
-responses with a valid token, or responses) is summed over the ranks, the padded length of
-``seq-mean-token-sum-norm`` is the largest over the ranks, and each rank's loss is scaled by the
-world size W, so DDP's *average* of the ranks' gradients is exactly the gradient of the
-single-process loss over the union of the ranks' rows (micro-batches accumulate under
-``no_sync`` and only the last one all-reduces; clipping then sees the same gradient on every
-rank). With ``minibatches = k`` each rank splits its own rows into k parts (its own random
-order) and the i-th optimizer step uses the union of the ranks' i-th parts: a global minibatch
-of 1/k of the global batch, as in one process with a different row order. FSDP2 learners
-(``ddp.wrap(..., strategy="fsdp")``) work the same way; their ranks also run equal numbers of
+wrappers, each rank holding its own rows. Each minibatch's aggregation denominator is summed over
+the ranks, the padded length of ``seq-mean-token-sum-norm`` is the largest over the ranks, and each
+rank's loss is scaled by the world size W, so DDP's *average* of the ranks' gradients is exactly
+the single-process gradient over the union of their rows (only the last micro-batch all-reduces).
+With ``minibatches = k`` the i-th optimizer step uses the union of the ranks' i-th parts of their
+own rows. FSDP2 learners (``ddp.wrap(..., strategy="fsdp")``) also run equal numbers of
 micro-batch passes (zero-weight padding passes), since FSDP all-gathers in every forward.
 """
 
@@ -43,6 +39,7 @@ from creditrl.rollout.batch import (
     token_entropy,
     token_logprobs,
 )
+from creditrl.train.optim import backward, clip_and_step
 from creditrl.train.plan import UpdateSettings
 from creditrl.values.critic import Critic
 
@@ -76,22 +73,17 @@ def update(
     train_policy: bool = True,
     scaler: torch.amp.GradScaler | None = None,
 ) -> dict[str, float]:
-    """Run the update; returns the metrics averaged over minibatches.
+    """Run the update; returns the metrics averaged over minibatches (under a data-parallel launch,
+    those of the union of the ranks' rows, the same on every rank).
 
-    ``settings``: the update's part of the run's plan (:class:`~creditrl.train.plan.UpdateSettings`:
-    the ``loss`` and ``optim`` sections, precision, forward, the value loss's clip and weight), or a
-    resolved config to take them from.
-    advantages, mask, ref_logprobs: (B, T); ``ref_logprobs`` enables the KL loss term when
-    ``loss.kl_coef > 0``. Each minibatch's gradient is accumulated over micro-batches of whole
-    prompt groups (``optim.micro_batch_positions``), each weighted by its share of the
-    aggregation's denominator, so the step equals the one over the whole minibatch. Under a
-    data-parallel launch the denominators are global (see the module docstring) and the
-    returned metrics are those of the union of the ranks' rows (the same on every rank).
-
-    The inputs may live on the CPU: everything moves to the policy's device (``policy.device``)
-    first. Forward passes run under ``policy.precision`` autocast; ``scaler`` (fp16) scales the
-    losses and steps the optimizers. With ``loss.recompute_logprobs`` (``auto``: when precision
-    is not fp32) the old log-probs come from this model's own forward, not from the sampler.
+    ``settings``: :class:`~creditrl.train.plan.UpdateSettings`, or a resolved config to take them
+    from. advantages, mask, ref_logprobs: (B, T), on any device (they move to the policy's);
+    ``ref_logprobs`` enables the KL loss term when ``loss.kl_coef > 0``. Each minibatch's gradient
+    is accumulated over micro-batches of whole prompt groups (``optim.micro_batch_positions``), each
+    weighted by its share of the aggregation's denominator, so the step equals the one over the
+    whole minibatch. Forward passes run under ``policy.precision`` autocast; ``scaler`` (fp16)
+    scales the losses and steps the optimizers. With ``loss.recompute_logprobs`` the old log-probs
+    come from this model's own forward, not from the sampler.
     """
     if isinstance(settings, Config):
         settings = UpdateSettings.of(settings)
@@ -109,18 +101,7 @@ def update(
             "the same number (whole prompt groups of equal size)"
         )
     step = _Update(
-        model,
-        optimizer,
-        batch,
-        advantages,
-        mask,
-        settings,
-        ref_logprobs,
-        critic,
-        train_policy,
-        scaler,
-        width,
-        skippable=_zero_advantage_rows(advantages, mask, settings, ref_logprobs, critic, train_policy),
+        model, optimizer, batch, advantages, mask, settings, ref_logprobs, critic, train_policy, scaler, width
     )
     sums: dict[str, float] = {}
     steps = 0
@@ -159,7 +140,10 @@ class _Update:
     train_policy: bool
     scaler: torch.amp.GradScaler | None
     width: float  # the largest padded length over the ranks (seq-mean-token-sum-norm)
-    skippable: torch.Tensor | None  # bool (B,): rows left out exactly (see _zero_advantage_rows)
+
+    def __post_init__(self) -> None:
+        self.skippable = self._zero_advantage_rows()  # bool (B,) or None
+        self.shared = self.critic is not None and self.critic.critic.shared
 
     @property
     def learners(self) -> list[torch.nn.Module]:
@@ -185,9 +169,9 @@ class _Update:
             for k in ("policy/entropy", "policy/clipfrac", "policy/approx_kl", "kl/ref"):
                 logs[k] = logs[k] * total / share if share > 0 else 0.0
         if self.train_policy:
-            logs["grad/norm"] = _clip_and_step(self.model, self.optimizer, oc.grad_clip, scaler)
+            logs["grad/norm"] = clip_and_step(self.model, self.optimizer, oc.grad_clip, scaler)
         if critic is not None:
-            logs["grad/value_norm"] = _clip_and_step(critic.critic, critic.optimizer, oc.grad_clip, scaler)
+            logs["grad/value_norm"] = clip_and_step(critic.critic, critic.optimizer, oc.grad_clip, scaler)
         if scaler is not None:
             logs["optim/loss_scale"] = float(scaler.get_scale())
             scaler.update()
@@ -200,122 +184,83 @@ class _Update:
         n = len(micros)
         if any(ddp.is_fsdp(m) for m in learners):  # FSDP all-gathers in every forward: equal pass counts
             n = int(ddp.all_reduce_max(float(n)))
-        shared = self.critic is not None and self.critic.critic.shared
         for i in range(n):
             micro = micros[min(i, len(micros) - 1)]  # past its own micro-batches: a zero-weight pass
             count = aggregation_count(agg, self.mask[micro]) if i < len(micros) and not empty else 0.0
             weight = ddp.world_size() * count / max(1.0, total)
             with ddp.no_sync(learners, enabled=i < n - 1):  # only the last one all-reduces
-                part = _micro_step(
-                    self.model,
-                    self.batch,
-                    micro,
-                    self.advantages,
-                    self.mask,
-                    self.settings,
-                    self.ref_logprobs,
-                    self.critic,
-                    self.train_policy,
-                    shared,
-                    norm=self.width,
-                    weight=weight,
-                    scaler=self.scaler,
-                )
+                part = self._micro_step(micro, weight)
             for k, v in part.items():
                 logs[k] = logs.get(k, 0.0) + weight * v
             # what the pass forwarded and backpropagated: each row's real prompt and generated tokens
             positions = self.batch.prompt_mask[micro].sum() + self.batch.response_lengths[micro].sum()
             logs[POSITIONS] = logs.get(POSITIONS, 0.0) + float(positions)
 
+    def _zero_advantage_rows(self) -> torch.Tensor | None:
+        """Rows (B,) whose every response token has advantage 0, when leaving them out of the update
+        is exact (``optim.skip_zero_advantage``); else None.
 
-def _zero_advantage_rows(
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    settings: UpdateSettings,
-    ref_logprobs: torch.Tensor | None,
-    critic: CriticTarget | None,
-    train_policy: bool,
-) -> torch.Tensor | None:
-    """Rows (B,) whose every response token has advantage 0, when leaving them out of the update
-    is exact (``optim.skip_zero_advantage``); else None.
+        The clipped policy loss of a token with A = 0 is 0 for every ratio, so with no KL term, no
+        entropy bonus and no critic loss such a row adds nothing to the gradient; it still counts in
+        the aggregation's denominator (computed over all rows), so the step is unchanged. In GRPO
+        with 0/1 rewards every group whose samples all failed (or all succeeded) is such a row set.
+        With a KL term skipping is no longer exact; ``optim.skip_zero_advantage_kl`` skips anyway,
+        as a stated approximation.
+        """
+        lc, oc = self.settings.loss, self.settings.optim
+        kl_on = self.ref_logprobs is not None and lc.kl_coef > 0
+        allowed = (
+            oc.skip_zero_advantage
+            and self.train_policy
+            and self.critic is None
+            and lc.entropy_coef == 0
+            and (not kl_on or oc.skip_zero_advantage_kl)
+        )
+        if not allowed:
+            return None
+        return (((self.advantages != 0) & self.mask).sum(-1) == 0).cpu()
 
-    The clipped policy loss of a token with A = 0 is 0 for every ratio, so with no KL term, no
-    entropy bonus and no critic loss such a row adds nothing to the gradient; it still counts in
-    the aggregation's denominator (computed over all rows), so the step is unchanged. In GRPO
-    with 0/1 rewards every group whose samples all failed (or all succeeded) is such a row set.
+    def _micro_step(self, rows: torch.Tensor, weight: float) -> dict[str, float]:
+        """Forward (under ``policy.precision`` autocast) and backward of ``weight *`` the losses of
+        ``rows`` (gradients accumulate); returns the micro-batch's unweighted metrics."""
+        settings, critic, shared, train_policy = self.settings, self.critic, self.shared, self.train_policy
+        mb = self.batch.select(rows).trimmed()
+        with autocast(mb.response_ids.device, settings.precision):  # the backward runs outside it
+            lc = settings.loss
+            width = mb.response_ids.shape[1]
+            m = self.mask[rows][:, :width]
 
-    With a KL term such a row still has the KL's gradient, which only a backward through the
-    model gives, so skipping it is exact no more; ``optim.skip_zero_advantage_kl`` skips it
-    anyway, as a stated approximation (off by default).
-    """
-    lc, oc = settings.loss, settings.optim
-    kl_on = ref_logprobs is not None and lc.kl_coef > 0
-    allowed = (
-        oc.skip_zero_advantage
-        and train_policy
-        and critic is None
-        and lc.entropy_coef == 0
-        and (not kl_on or oc.skip_zero_advantage_kl)
-    )
-    if not allowed:
-        return None
-    return (((advantages != 0) & mask).sum(-1) == 0).cpu()
+            def agg(x: torch.Tensor) -> torch.Tensor:
+                return aggregate(lc.aggregation, x, m, norm=self.width)
 
-
-def _micro_step(
-    model: PreTrainedModel,
-    batch: TrajectoryBatch,
-    rows: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    settings: UpdateSettings,
-    ref_logprobs: torch.Tensor | None,
-    critic: CriticTarget | None,
-    train_policy: bool,
-    shared: bool,
-    *,
-    norm: float,
-    weight: float,
-    scaler: torch.amp.GradScaler | None = None,
-) -> dict[str, float]:
-    """Forward (under ``policy.precision`` autocast) and backward of ``weight *`` the losses of
-    ``rows`` (gradients accumulate); returns the micro-batch's unweighted metrics."""
-    mb = batch.select(rows).trimmed()
-    packed = settings.packed
-    with autocast(mb.response_ids.device, settings.precision):  # the backward runs outside it
-        lc = settings.loss
-        width = mb.response_ids.shape[1]
-        m = mask[rows][:, :width]
-
-        def agg(x: torch.Tensor) -> torch.Tensor:
-            return aggregate(lc.aggregation, x, m, norm=norm)
-
-        logs: dict[str, float] = {}
-        loss = torch.zeros((), device=m.device)
-        states = None
-        if train_policy:
-            logits, states = response_forward(model, mb, hidden=shared, packed=packed)  # (b, T, V), (b, T, H)
-        elif shared:  # critic warm-up: the heads read the policy's states, the policy is not trained
-            with torch.no_grad():
-                logits, states = response_forward(ddp.unwrap(model), mb, hidden=True)
-        if train_policy:
-            ref = None if ref_logprobs is None else ref_logprobs[rows][:, :width]
-            loss, policy_logs = _policy_loss(logits, mb, advantages[rows][:, :width], ref, m, lc, agg)
-            logs.update(policy_logs)
-        value_loss = None
-        if critic is not None:
-            if states is not None and not train_policy:
-                states = states.detach()
-            value_loss = _value_loss(critic, mb, states, rows, m, agg, settings.value_clip_eps)
-            logs["loss/value"] = float(value_loss.detach())
-        if shared and value_loss is not None:
-            loss = loss + settings.value_coef * value_loss
-    if not shared and value_loss is not None:
-        _backward(weight * value_loss, scaler)
-    if loss.requires_grad:
-        _backward(weight * loss, scaler)
-    logs["loss/total"] = float(loss.detach()) + (0.0 if shared or value_loss is None else float(value_loss.detach()))
-    return logs
+            logs: dict[str, float] = {}
+            loss = torch.zeros((), device=m.device)
+            states = None
+            if train_policy:  # (b, T, V), (b, T, H)
+                logits, states = response_forward(self.model, mb, hidden=shared, packed=settings.packed)
+            elif shared:  # critic warm-up: the heads read the policy's states, the policy is not trained
+                with torch.no_grad():
+                    logits, states = response_forward(ddp.unwrap(self.model), mb, hidden=True)
+            if train_policy:
+                ref = None if self.ref_logprobs is None else self.ref_logprobs[rows][:, :width]
+                loss, policy_logs = _policy_loss(logits, mb, self.advantages[rows][:, :width], ref, m, lc, agg)
+                logs.update(policy_logs)
+            value_loss = None
+            if critic is not None:
+                if states is not None and not train_policy:
+                    states = states.detach()
+                value_loss = _value_loss(critic, mb, states, rows, m, agg, settings.value_clip_eps)
+                logs["loss/value"] = float(value_loss.detach())
+            if shared and value_loss is not None:
+                loss = loss + settings.value_coef * value_loss
+        if not shared and value_loss is not None:
+            backward(weight * value_loss, self.scaler)
+        if loss.requires_grad:
+            backward(weight * loss, self.scaler)
+        logs["loss/total"] = float(loss.detach()) + (
+            0.0 if shared or value_loss is None else float(value_loss.detach())
+        )
+        return logs
 
 
 def _policy_loss(
@@ -374,25 +319,6 @@ def _value_loss(
         for i in range(member.shape[0])
     ]
     return torch.stack(per_head).mean()
-
-
-def _backward(loss: torch.Tensor, scaler: torch.amp.GradScaler | None) -> None:
-    (loss if scaler is None else scaler.scale(loss)).backward()
-
-
-def _clip_and_step(
-    module: torch.nn.Module, optimizer: torch.optim.Optimizer, max_norm: float, scaler: torch.amp.GradScaler | None
-) -> float:
-    """Clip the (unscaled) gradient norm and step; returns the norm before clipping. With fp16
-    loss scaling a step whose gradients overflowed is skipped (and the scale lowered)."""
-    if scaler is not None:
-        scaler.unscale_(optimizer)
-    norm = float(torch.nn.utils.clip_grad_norm_(module.parameters(), max_norm))
-    if scaler is None:
-        optimizer.step()
-    else:
-        scaler.step(optimizer)
-    return norm
 
 
 def _old_logprobs(
