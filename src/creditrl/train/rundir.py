@@ -1,20 +1,11 @@
 """A run directory belongs to one run.
 
-* :func:`hold` takes an exclusive lock (``fcntl.flock`` on ``RUN_DIR/.lock``, which then holds
-  the holder's PID) for as long as a run lives; a second run on the same directory fails at once
-  with a one-line error naming that PID. The kernel drops the lock when its process dies, so a
-  killed run never leaves a stale lock. The lock is re-entrant within a process (the command
-  line takes it before the run is built, the trainer again while it runs). A directory it
-  created is removed again when the run leaves nothing but the lock (a config error, say); one
-  it cannot write is a one-line error.
-* :func:`check_fresh` refuses to start a new run in a directory that already holds one (metrics
-  or checkpoints) unless asked to overwrite it; :func:`clear_run` removes a run's files.
-* :func:`remove_partial_checkpoints` deletes ``*.tmp`` folders a killed checkpoint write left.
-* :func:`read_metrics` (:func:`creditrl.inspect.data.read_metrics`) reads ``metrics.jsonl``, dropping
-  (with a warning) a partial last line that a kill left; :func:`write_metrics` rewrites it
-  atomically (a temporary file, then ``os.replace``).
-
-Not for a shared file system whose locks are advisory across machines (NFS without lockd).
+:func:`hold` takes an exclusive lock (``fcntl.flock`` on ``RUN_DIR/.lock``, which then holds the
+holder's PID) for as long as a run lives; a second run on the same directory fails at once with a
+one-line error naming that PID. The kernel drops the lock when its process dies, so a killed run
+never leaves a stale lock. The lock is re-entrant within a process (the command line takes it
+before the run is built, the trainer again while it runs). Not for a shared file system whose locks
+are advisory across machines (NFS without lockd).
 """
 
 from __future__ import annotations
@@ -30,16 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from creditrl.errors import ConfigError
-
-__all__ = [
-    "RunDirBusy",
-    "hold",
-    "check_fresh",
-    "clear_run",
-    "remove_partial_checkpoints",
-    "read_metrics",
-    "write_metrics",
-]
 
 LOCK = ".lock"
 RUN_STATE = "run.json"  # what a run started from (its init path), for a resume before any checkpoint
@@ -75,18 +56,33 @@ class RunDirBusy(ConfigError):
 
 @contextmanager
 def hold(run_dir: Path) -> Iterator[None]:
-    """Hold ``run_dir``'s lock for the block (created with the directory if missing)."""
+    """Hold ``run_dir``'s lock for the block (created with the directory if missing). A directory
+    it created is removed again when the run leaves nothing but the lock (a config error, say); one
+    it cannot write is a one-line error."""
     key = Path(run_dir).resolve()
-    if key in _held:
+    created = False
+    if key not in _held:
+        created = not key.exists()
+        _held[key] = (_lock(run_dir, key), 0)
+    fd, depth = _held[key]
+    _held[key] = (fd, depth + 1)
+    try:
+        yield
+    finally:
         fd, depth = _held[key]
-        _held[key] = (fd, depth + 1)
-        try:
-            yield
-        finally:
-            fd, depth = _held[key]
+        if depth > 1:
             _held[key] = (fd, depth - 1)
-        return
-    created = not key.exists()
+        else:
+            del _held[key]
+            os.ftruncate(fd, 0)
+            if created and [p.name for p in key.iterdir()] == [LOCK]:  # nothing of a run: leave no trace
+                (key / LOCK).unlink()
+                key.rmdir()
+            os.close(fd)  # closing the last descriptor releases the flock
+
+
+def _lock(run_dir: Path, key: Path) -> int:
+    """The descriptor of ``key``'s lock file, locked, holding this process's PID."""
     try:
         key.mkdir(parents=True, exist_ok=True)
         fd = os.open(key / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
@@ -103,19 +99,7 @@ def hold(run_dir: Path) -> Iterator[None]:
         ) from None
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    _held[key] = (fd, 1)
-    try:
-        yield
-    finally:
-        if _held[key][1] == 1:
-            del _held[key]
-            os.ftruncate(fd, 0)
-            if created and [p.name for p in key.iterdir()] == [LOCK]:  # nothing of a run: leave no trace
-                (key / LOCK).unlink()
-                key.rmdir()
-            os.close(fd)  # closing the last descriptor releases the flock
-        else:
-            _held[key] = (fd, _held[key][1] - 1)
+    return fd
 
 
 def holds_run(run_dir: Path) -> bool:
@@ -162,8 +146,9 @@ def remove_partial_checkpoints(run_dir: Path) -> list[Path]:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """:func:`creditrl.inspect.data.read_metrics` (imported when called: this module stays light,
-    so the command line takes the lock before it imports torch)."""
+    """``metrics.jsonl``'s rows, a partial last line that a kill left dropped with a warning
+    (:func:`creditrl.inspect.data.read_metrics`, imported when called: this module stays light, so
+    the command line takes the lock before it imports torch)."""
     from creditrl.inspect.data import read_metrics as read
 
     return read(path)
