@@ -4,11 +4,7 @@ A checkpoint directory holds the HF model and tokenizer (``save_pretrained``), t
 state, the RNG states, ``trainer_state.json`` and, written last, ``manifest.json``: the size and
 SHA-256 of every other file. It is written in a temporary directory first, then renamed, so a
 crash while writing leaves at most a ``*.tmp`` directory behind, never a half-written checkpoint
-under the final name. :func:`verify_checkpoint` checks a checkpoint against its manifest and
-:func:`resume_checkpoint` picks the newest intact one (flipped bytes, truncation or a missing
-file in a newer one: a one-line warning naming the damaged file, then the next older one). A write
-that fails (a full disk, a read-only directory) removes its temporary directory and raises
-:class:`CheckpointWriteError`, one line naming the checkpoint and the last intact one.
+under the final name.
 """
 
 from __future__ import annotations
@@ -26,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from creditrl.errors import ConfigError
@@ -33,6 +30,7 @@ from creditrl.errors import ConfigError
 LATEST = "latest"
 MANIFEST = "manifest.json"
 LOW_SPACE = 1 << 20  # bytes: less free space than this after a failed write reads as a full disk
+WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)  # a failed write (RuntimeError: torch's zip writer)
 log = logging.getLogger("creditrl")
 
 
@@ -60,13 +58,6 @@ def write_failure(exc: BaseException, path: Path) -> CheckpointWriteError:
     intact = latest_name(path.parent) if path.parent.is_dir() else None
     last = f"the last intact checkpoint is {intact}" if intact else "no checkpoint was written before it"
     return CheckpointWriteError(f"cannot write checkpoint {path}: {_why_unwritten(exc, path.parent)}; {last}")
-
-
-def _write_errors() -> tuple[type[BaseException], ...]:
-    """What a failed write raises: OSError; RuntimeError from torch's zip writer; safetensors' own."""
-    from safetensors import SafetensorError
-
-    return (OSError, RuntimeError, SafetensorError)
 
 
 def rng_state() -> dict[str, Any]:
@@ -99,7 +90,7 @@ def save_checkpoint(
         CheckpointWriteError: The write failed (a full disk, an unwritable directory); its
             temporary directory is gone and an older checkpoint of the same name stays.
     """
-    path, errors, tmp = Path(path), _write_errors(), None
+    path, tmp = Path(path), None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent))
@@ -114,7 +105,7 @@ def save_checkpoint(
         for name, text in (files or {}).items():
             (tmp / name).write_text(text)
         write_manifest(tmp)
-    except errors as exc:
+    except WRITE_ERRORS as exc:
         failure = write_failure(exc, path)  # before the partial files go: the free space they took tells
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

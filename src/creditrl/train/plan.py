@@ -1,14 +1,13 @@
 """A run's plan: every setting the RL loop reads, resolved once by :func:`creditrl.train.build.build_run`.
 
-The loop (:mod:`creditrl.train.rl` and its mixins) and the stages it calls read the plan and the
-parts, never the config: :func:`plan_of` is the one place that turns the resolved config into the
-numbers, flags and schedules of a run. The config itself is kept, as plain data, only to be
-written to the run directory's ``config.yaml`` and handed to the trackers.
+The loop (:mod:`creditrl.train.rl` and its mixins) and its stages read the plan and the parts, never
+the config: :func:`plan_of` is the one place that turns the resolved config into a run's numbers,
+flags and schedules. The config is kept as plain data only for ``config.yaml`` and the trackers.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from creditrl.config import Config, LossConfig, OptimConfig
@@ -32,18 +31,7 @@ class CreditSettings:
 
     @classmethod
     def of(cls, cfg: Config) -> CreditSettings:
-        c = cfg.credit
-        return cls(
-            c.resolution,
-            c.estimator,
-            c.normaliser,
-            c.gamma,
-            c.lam,
-            c.lam_end,
-            c.lam_critic,
-            c.lam_alpha,
-            c.outcome_coef,
-        )
+        return cls(**{f.name: getattr(cfg.credit, f.name) for f in fields(cls)})
 
     def lam_at(self, progress: float) -> float:
         """The advantages' lambda at ``progress`` (iteration / iterations) of training (``credit.lam_end``)."""
