@@ -124,9 +124,7 @@ def _prm_info(cfg: Config) -> dict[str, Any]:
 
 def prm_cost_s(cfg: Config) -> float:
     """The seconds the PRM of ``cfg`` took to label its training samples and train (the
-    held-out AUROC check excluded): 0 when no reward source reads a PRM or its directory has
-    no record of the cost (a PRM trained by ``creditrl prm train``, whose labels came from a
-    separate ``creditrl prm label``)."""
+    held-out AUROC check excluded); 0 without a record (:func:`_prm_info`)."""
     return float(_prm_info(cfg).get("prm/cost_s", 0.0))
 
 

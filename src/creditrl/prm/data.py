@@ -97,7 +97,7 @@ def _check_label(value: Any, k: int) -> float | None:
 def _check_fields(
     prompt: Any, completions: Any, labels: Any, meta: Any
 ) -> tuple[str, list[str], list[float | None], dict[str, Any]]:
-    """Validate the four fields of an example; raise :class:`_FieldError` on the first bad one."""
+    """Validate the four fields of an example; :class:`_FieldError` names the first bad one."""
     if not isinstance(prompt, str):
         raise _FieldError("prompt", f"expected a string, got {type_name(prompt)}")
     if not isinstance(completions, (list, tuple)):
@@ -181,11 +181,8 @@ def load_stepwise(path: str | os.PathLike[str], *, allow_empty: bool = False) ->
             rows) gives an empty list; by default it is an error.
 
     Raises:
-        DataFileError: (a ValueError) One line naming the file, the line/row (1-based), the
-            field and what was expected, e.g.
-            ``data/x.jsonl, line 3, field 'labels': expected a list of 4 labels (one per step), got 3``;
-            or what is wrong with the file itself (an unknown extension, no such file, invalid
-            UTF-8 or JSON, not Parquet or truncated, no rows): :func:`~creditrl.tasks.datafile.read_rows`.
+        DataFileError: (a ValueError) On a bad file or row (module docstring), e.g.
+            ``data/x.jsonl, line 3, field 'labels': expected a list of 4 labels (one per step), got 3``.
     """
     return _examples(read_rows(path, suffixes=_EXTENSIONS, allow_empty=allow_empty), _example_from_row)
 
@@ -193,10 +190,9 @@ def load_stepwise(path: str | os.PathLike[str], *, allow_empty: bool = False) ->
 def save_stepwise(examples: Sequence[StepwiseExample], path: str | os.PathLike[str]) -> None:
     """Write examples to ``path``: JSONL or Parquet chosen by the extension.
 
-    JSONL writes one object per line with keys ``prompt``, ``completions``, ``labels``, ``meta``.
     Parquet stores ``labels`` as float64 with nulls and ``meta`` as JSON text (Arrow needs one
     schema for every row, which free-form dicts do not have); :func:`load_stepwise` reads both
-    back to equal examples.
+    formats back to equal examples.
 
     Raises:
         DataFileError: (a ValueError) On an unknown extension.
@@ -302,8 +298,7 @@ def import_prm800k(path: str | os.PathLike[str], *, neutral_as: float | None = 1
 
     Raises:
         ValueError: On a bad ``neutral_as``.
-        DataFileError: (a ValueError) On a bad file (:func:`~creditrl.tasks.datafile.read_rows`:
-            no such file, invalid UTF-8 or JSON, no rows ...) or a malformed row (file, line, field).
+        DataFileError: (a ValueError) On a bad file or a malformed row (module docstring).
     """
     if neutral_as not in _PRM800K_NEUTRAL:
         raise ValueError(f"neutral_as must be 1.0, 0.0 or None, got {neutral_as!r}")
@@ -381,11 +376,9 @@ def import_math_shepherd(
 
     Raises:
         ValueError: On an empty ``marker``.
-        DataFileError: (a ValueError) On a bad file (:func:`~creditrl.tasks.datafile.read_rows`:
-            no such file, invalid UTF-8 or JSON, no rows ...) or a malformed row, naming file, line
-            and field: ``input`` without ``first_step`` or markers, a ``label`` whose length or
-            text does not match ``input`` with each marker replaced by one character (so the
-            marker counts differ), or a label character other than ``+``/``-``.
+        DataFileError: (a ValueError) On a bad file or a malformed row (module docstring):
+            ``input`` without ``first_step`` or markers, a ``label`` that is not ``input`` with
+            each marker replaced by one character, or a label character other than ``+``/``-``.
     """
     if not marker:
         raise ValueError("marker must be a non-empty string")

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from creditrl.credit.registry import lookup
 from creditrl.policy.engines import GenerationEngine, SamplingParams
 from creditrl.policy.tokenizer import decode_response, encode_problem
 from creditrl.rewards.sources import first_error_labels
@@ -70,19 +71,14 @@ def register_labeler(name: str, doc: str) -> Callable[[Callable[..., Any]], Call
 
 def get_labeler(name: str) -> Labeler:
     """The labeler registered as ``name``; ValueError lists the valid names otherwise."""
-    if name not in LABELERS:
-        raise ValueError(f"unknown labeler '{name}'; valid: {', '.join(sorted(LABELERS))}")
-    return LABELERS[name]
+    return lookup(LABELERS, "labeler", name)
 
 
 @register_labeler("oracle", "the task's step checker: 1.0 up to the first wrong step, 0.0 on it, None after")
 def oracle_labels(task: Task, problem: Problem, steps: Sequence[str]) -> list[float | None]:
-    """Label ``steps`` with the task's step checker under the first-error convention.
-
-    ``task.check_steps`` judges each step; the labels are 1.0 up to the first wrong step, 0.0
-    on it and ``None`` after (:func:`creditrl.rewards.sources.first_error_labels`): steps after
-    an error continue a wrong solution and are no evidence about step quality (PRM800K).
-    """
+    """Label ``steps`` with ``task.check_steps``: 1.0 up to the first wrong step, 0.0 on it and
+    ``None`` after (:func:`creditrl.rewards.sources.first_error_labels`): steps after an error
+    continue a wrong solution and are no evidence about step quality (PRM800K)."""
     return first_error_labels(task.check_steps(problem, list(steps)))
 
 
@@ -92,13 +88,9 @@ def oracle_labels(task: Task, problem: Problem, steps: Sequence[str]) -> list[fl
 def outcome_heuristic_labels(
     task: Task, problem: Problem, steps: Sequence[str], completion: str, rng: random.Random
 ) -> list[float | None]:
-    """Label steps from the outcome alone.
-
-    A correct solution (``task.check_outcome(problem, completion)``) labels every step 1.0 (a
-    right answer suggests, but does not prove, that every step was right). A wrong one has at
-    least one wrong step, but which is unknown: one step, drawn uniformly with ``rng``, is
-    labelled 0.0 and the others ``None``. No steps give no labels.
-    """
+    """Label steps from the outcome alone: a correct solution (``task.check_outcome(problem,
+    completion)``) labels every step 1.0; a wrong one has at least one wrong step, but which is
+    unknown, so one step drawn uniformly with ``rng`` is labelled 0.0 and the others ``None``."""
     if not steps:
         return []
     if task.check_outcome(problem, completion):
@@ -156,23 +148,19 @@ def mc_labels(
         f_k   = (1/N) sum_{j=1..N} check_outcome(problem, decode(step tokens + c_j)),
         c_j ~ engine( . | ids_k),  N = n
 
-    (the step text is tokenised without special tokens; each continuation is decoded with the
-    step tokens before it, as a rollout's response would be). The label is ``1.0 if f_k > 0
-    else 0.0`` for ``mode="hard"`` (the step can still reach the answer) and ``f_k`` for
-    ``"soft"``. Continuations get up to ``params.max_new_tokens`` new tokens each.
+    (each continuation is decoded with the step tokens before it, as a rollout's response would
+    be). The label is ``MC_MODES[mode](f_k)``. Continuations get up to ``params.max_new_tokens``
+    new tokens each.
 
-    The last step (K-1) is not sampled: its prefix is the whole solution, which holds the final
-    answer (e.g. ``"#8"``), so its label is simply the solution's own outcome
-    ``check_outcome(problem, "".join(steps))`` (1.0/0.0 in both modes). A solution that ends
-    without an answer (cut at the length limit) therefore gets 0.0 on its last step.
+    The last step (K-1) is not sampled: its prefix is the whole solution, so its label is the
+    solution's own outcome ``check_outcome(problem, "".join(steps))`` (1.0/0.0 in both modes; 0.0
+    for a solution cut at the length limit before its answer).
 
-    Deduplication: prefixes are keyed by (problem, prefix text); identical prefixes -- the
-    first steps shared by several samples of one problem -- are sampled once and share their
-    labels. All distinct prefixes go to ``engine.generate`` in one call (or in calls of at most
+    Identical prefixes, keyed by (problem, prefix text), are sampled once and share their labels.
+    All distinct prefixes go to ``engine.generate`` in one call (or in calls of at most
     ``max_prefixes_per_call`` prefixes); ``max_rows`` bounds the continuations an engine holds at
     once, and ``max_positions`` their padded cache positions (rows x (prefix + new tokens)), without
     changing what is sampled (:func:`creditrl.policy.engines.base.generate_chunked`).
-    ``n_continuations`` and ``n_tokens`` report what was spent.
 
     Raises:
         ValueError: On an unknown ``mode``, ``n < 1``, ``max_prefixes_per_call < 1`` or ``max_rows < 1``.
@@ -221,15 +209,13 @@ def vote_labels(label_lists: Sequence[Sequence[float | None]], *, threshold: flo
 
     Each labeler's label of step k is made hard (``1.0`` if >= 0.5, else ``0.0``; ``None``
     stays out of the vote). Among the labelers that labelled step k, the majority value is
-    kept when its share is >= ``threshold``; otherwise -- a tie, too little agreement -- and
-    when no labeler labelled the step, the result is ``None``. ``dropped`` counts the steps
-    that had at least one label but got ``None``.
-
-    Example: labels ``[1.0, 0.0, 1.0]`` from three labelers at threshold 0.6 give 1.0 (2/3
-    agree); ``[1.0, 0.0, None]`` give ``None`` (a tie) and count as dropped.
+    kept when its share is >= ``threshold``; otherwise (a tie, too little agreement, no label)
+    the result is ``None``. E.g. ``[1.0, 0.0, 1.0]`` at threshold 0.6 give 1.0 (2/3 agree);
+    ``[1.0, 0.0, None]`` give ``None`` (a tie).
 
     Returns:
-        ``(labels, dropped)``: one label per step, and the number of dropped labels.
+        ``(labels, dropped)``: one label per step, and the number of steps that had at least
+        one label but got ``None``.
 
     Raises:
         ValueError: With no labelers, label lists of different lengths, or a threshold outside

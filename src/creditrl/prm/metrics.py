@@ -1,14 +1,6 @@
-"""PRM metrics: step-level discrimination, solution scores, best-of-N selection, shortcut probe.
-
-* :func:`auroc` and :func:`false_positive_rate` judge step scores / labels against true labels.
-* :func:`aggregate_steps` turns a solution's step scores into one solution score
-  (``min``, ``product``, ``last``, ``mean``; Lightman et al., 2023 use ``product``; Wang et
-  al., 2024 use ``min``).
-* :func:`best_of_n`, :func:`majority_vote` and :func:`best_of_n_accuracy` measure a verifier
-  by the accuracy of the candidate it picks among the first N samples of each problem.
-* :func:`linear_r2` is the shortcut probe: how much of a PRM's score a linear fit on surface
-  features (step length, keyword counts) explains.
-"""
+"""PRM metrics: step-level discrimination (:func:`auroc`, :func:`false_positive_rate`), solution
+scores (:func:`aggregate_steps`), best-of-N selection (:func:`select`, :func:`best_of_n_accuracy`)
+and the shortcut probe's fit (:func:`linear_r2`)."""
 
 from __future__ import annotations
 
@@ -17,6 +9,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from creditrl.credit.registry import lookup
 
 __all__ = [
     "AGGREGATIONS",
@@ -54,9 +48,9 @@ def auroc(scores: Sequence[float], labels: Sequence[float | bool | None]) -> flo
 
         AUROC = (1 / (P N)) sum_{i: y_i=1} sum_{j: y_j=0} ([s_i > s_j] + 1/2 [s_i = s_j])
 
-    computed in O(n log n) from mid-ranks: ``(R_pos - P (P + 1) / 2) / (P N)`` where ``R_pos``
-    is the sum of the (tie-averaged, 1-based) ranks of the positives. 1.0: every right step
-    scores above every wrong one; 0.5: chance.
+    computed from mid-ranks: ``(R_pos - P (P + 1) / 2) / (P N)`` with ``R_pos`` the sum of the
+    (tie-averaged, 1-based) ranks of the positives. 1.0: every right step scores above every
+    wrong one; 0.5: chance.
 
     Raises:
         ValueError: On different lengths, a non-finite score, a label other than 0/1/None, or
@@ -87,9 +81,7 @@ def false_positive_rate(pred_labels: Sequence[float | None], true_labels: Sequen
 
     ``FPR = #{k : true_k = 0 and pred_k >= 0.5} / #{k : true_k = 0}``, over steps where both
     labels are given (a ``None`` on either side is no claim and is skipped). Predicted labels
-    may be soft (thresholded at 0.5); true labels must be hard 0/1. This is the number the
-    MC-label comparison reports (hard vs soft against the oracle): a hard MC label calls a step
-    right when ANY continuation recovers, so it passes more wrong steps than a soft one.
+    may be soft (thresholded at 0.5); true labels must be hard 0/1.
 
     Raises:
         ValueError: On different lengths, a true label other than 0/1/None, or when no truly
@@ -115,23 +107,21 @@ AGGREGATIONS: dict[str, Callable[[Sequence[float]], float]] = {
     "last": lambda s: float(s[-1]),  # the score after the final step, a value of the whole prefix
     "mean": lambda s: float(sum(s) / len(s)),
 }
-"""Step-score aggregations by name: ``f(step_scores) -> solution score``. ``product`` expects
-probabilities in [0, 1]; the others work on any scale."""
+"""Step-score aggregations by name: ``f(step_scores) -> solution score`` (Lightman et al., 2023 use
+``product``, Wang et al., 2024 ``min``). ``product`` expects probabilities in [0, 1]."""
 
 
 def aggregate_steps(name: str, step_scores: Sequence[float]) -> float:
     """Aggregate a solution's step scores into one score with ``AGGREGATIONS[name]``.
 
     Raises:
-        ValueError: On an unknown name (listing the valid ones) or an empty ``step_scores``:
-            a solution without steps has no PRM score, and any number chosen for it (0? 1?)
-            would silently rank it; the caller must decide.
+        ValueError: On an unknown name (listing the valid ones) or an empty ``step_scores`` (a
+            solution without steps has no PRM score; the caller decides what it gets).
     """
-    if name not in AGGREGATIONS:
-        raise ValueError(f"unknown aggregation '{name}'; valid: {', '.join(sorted(AGGREGATIONS))}")
+    fn = lookup(AGGREGATIONS, "aggregation", name)
     if len(step_scores) == 0:
         raise ValueError(f"cannot aggregate ({name}) an empty list of step scores: the solution has no steps")
-    return AGGREGATIONS[name](step_scores)
+    return fn(step_scores)
 
 
 # ----------------------------------------------------------------------------- best-of-N
@@ -259,11 +249,10 @@ def select(method: str, candidates: Sequence[Candidate], *, same: SameAnswer | N
         ValueError: On an unknown method, no candidates, or a candidate missing what the
             method needs (``orm_score``, ``step_scores``).
     """
-    if method not in SELECTORS:
-        raise ValueError(f"unknown best-of-N method '{method}'; valid: {', '.join(sorted(SELECTORS))}")
+    fn = lookup(SELECTORS, "best-of-N method", method)
     if not candidates:
         raise ValueError("select needs at least one candidate")
-    return SELECTORS[method](candidates, same)
+    return fn(candidates, same)
 
 
 def best_of_n_accuracy(
@@ -291,8 +280,7 @@ def best_of_n_accuracy(
     """
     if not groups:
         raise ValueError("best_of_n_accuracy needs at least one group")
-    if method not in SELECTORS:
-        raise ValueError(f"unknown best-of-N method '{method}'; valid: {', '.join(sorted(SELECTORS))}")
+    lookup(SELECTORS, "best-of-N method", method)
     result: dict[int, float] = {}
     for n in ns:
         if n < 1:
@@ -324,9 +312,7 @@ def linear_r2(
     ``features`` is (n,) for one feature or (n, d); ``target`` is (n,).
     ``R^2 = 1 - sum (y - y_hat)^2 / sum (y - mean y)^2``: the share of the target's variance
     a linear function of the features explains (1.0: all of it; 0.0: no more than a constant).
-    In-sample, so it only grows with d; keep d small against n.
-
-    A constant target has no variance to explain and gives 0.0 (no evidence of a shortcut).
+    In-sample, so it only grows with d; keep d small against n. A constant target gives 0.0.
 
     Raises:
         ValueError: On features that are not 1-D or 2-D, a row count different from the

@@ -21,12 +21,8 @@ tokenizer and input layout, and gives one probability per step, read at the PRM'
   renders each prefix as a prefix of the whole (checked per example; otherwise each prefix
   conversation is its own row, as the card scores it).
 
-The '+' / '-' ids are the last id of each encoded alone (the cards' ``encode('+')[-1]``). A step's
-text is stripped of surrounding whitespace and of the tag (a tag inside a step would be read as a
-step end). Rows are sorted by length, right-padded and scored ``batch_size`` at a time (at most
-:data:`TOKENS_PER_CALL` padded tokens a pass; a causal LM computes its vocabulary logits only at
-the read positions); a step whose tag lies past the model's
-``max_position_embeddings`` scores NaN, as in :meth:`ProcessRewardModel.score`.
+A step's text is stripped of surrounding whitespace and of the tag (a tag inside a step would be
+read as a step end).
 
 A model whose ``config.json`` names its own code (``auto_map``, as Qwen2.5-Math-PRM does) is
 loaded with ``trust_remote_code=True``: the code is the files in that directory, read locally.

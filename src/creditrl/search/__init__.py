@@ -4,7 +4,7 @@ all under one per-problem budget of generated tokens (``creditrl search``)."""
 import typing
 
 from creditrl.config import SearchConfig
-from creditrl.config.types import LeafValue, SearchMethod
+from creditrl.config.types import SearchMethod
 from creditrl.search.expand import BudgetedGenerator, Continuation, Request, water_fill
 from creditrl.search.methods import (
     METHODS,
@@ -28,10 +28,8 @@ from creditrl.search.tree import (
 from creditrl.search.verify import Verifier, prefix_score
 
 METHOD_NAMES = typing.get_args(SearchMethod)  # the keys of METHODS
-LEAF_VALUES = typing.get_args(LeafValue)
 
 __all__ = [
-    "LEAF_VALUES",
     "METHOD_NAMES",
     "METHODS",
     "BudgetedGenerator",
