@@ -1,10 +1,9 @@
 """The credit inspector: where the credit lands, token by token, as a web page and figures.
 
-Training saves a few whole groups every ``train.inspect_every`` iterations
-(:func:`record_iteration`); ``creditrl inspect RUN_DIR`` (:func:`build_report`) recomputes
-their credit under other estimators (:func:`compare_iteration`), scores it against the task's
-oracle step labels (:mod:`creditrl.inspect.precision`) and writes a self-contained HTML page and
-PNG figures.
+Training saves a few whole groups every ``train.inspect_every`` iterations (:func:`record_iteration`);
+``creditrl inspect RUN_DIR`` (:func:`build_report`) recomputes their credit under other estimators
+(:func:`compare_iteration`), scores it against the task's oracle step labels
+(:mod:`creditrl.inspect.precision`) and writes a self-contained HTML page and PNG figures.
 """
 
 from creditrl.inspect.compare import compare_iteration, parse_estimators, recompute

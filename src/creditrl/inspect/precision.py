@@ -1,18 +1,17 @@
 """Credit precision: how much of the negative credit lands on steps that are truly wrong.
 
 For one response with oracle step labels (the task's step checker, one label per step) and
-advantages ``A_t`` over its tokens, write ``n_t = max(0, -A_t)`` for the negative credit on
-token t, ``W`` for the tokens of the steps labelled wrong and ``S`` for the tokens of all
-labelled steps (every step, when the checker labels them all). Then
+advantages ``A_t`` over its tokens, write ``n_t = max(0, -A_t)`` for the negative credit on token
+t, ``W`` for the tokens of the steps labelled wrong and ``S`` for the tokens of all labelled steps.
+Then
 
     credit_precision = sum_{t in W} n_t / sum_{t in S} n_t
 
-in [0, 1]: 1 when every push-down hits a wrong step, 0 when it hits only correct ones. It is
-undefined (None) when the response has no negative credit on a labelled token. For a group,
-an estimator or an iteration the numerator and denominator are summed over the responses
-first (a ratio of sums, so a response weighs by the negative credit it carries), and the same
-rule gives None for a zero denominator. Tokens outside ``response_mask`` carry ``A_t = 0`` and
-so never count; responses without labels (a task without a step checker) are skipped.
+in [0, 1]: 1 when every push-down hits a wrong step, 0 when it hits only correct ones; undefined
+(None) when no negative credit falls on a labelled token. For a group, an estimator or an
+iteration the numerator and denominator are summed over the responses first (a ratio of sums, so
+a response weighs by the negative credit it carries). Tokens outside ``response_mask`` carry
+``A_t = 0``; responses without labels (a task without a step checker) are skipped.
 """
 
 from __future__ import annotations

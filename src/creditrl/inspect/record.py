@@ -3,11 +3,9 @@
 Every ``train.inspect_every`` iterations (and at the first and the last one) the trainer calls
 :func:`record_iteration`, which writes ``RUN_DIR/inspect/iter_NNNNNN.json`` (NNNNNN = the
 iteration as numbered in ``metrics.jsonl``, 1-based) holding ``train.inspect_groups`` whole
-groups: every response of a prompt, with everything the credit stage saw, so any estimator can
-be re-run on them offline (:mod:`creditrl.inspect.compare`).
-
-Groups are chosen deterministically: groups with mixed outcomes first (where credit
-assignment has something to say), then by group id. Per response (``L`` = its length):
+groups, with everything the credit stage saw, so any estimator can be re-run on them offline
+(:mod:`creditrl.inspect.compare`). Groups with mixed outcomes come first, then by group id. Per
+response (``L`` = its length):
 
 - ``tokens`` (L ids), ``texts`` (L strings, "" for special tokens), ``special`` ({pos: name});
 - ``masked``: positions in ``[0, L)`` where ``response_mask`` is 0 (usually empty);

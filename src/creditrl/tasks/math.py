@@ -147,17 +147,10 @@ def _row(rows: DataRows, number: int, row: dict[str, Any], keys: _Keys, timeout_
 
 
 @functools.lru_cache(maxsize=16)
-def _load_cached(source: str, stamp: tuple[int, int] | None, keys: _Keys, options: tuple) -> tuple[MathRow, ...]:
-    timeout_s, split, config, local_files_only, max_row_bytes, long_rows = options
-    data = read_dataset(
-        source,
-        suffixes=_FORMATS,
-        split=split,
-        config=config,
-        local_files_only=local_files_only,
-        max_row_bytes=max_row_bytes,
-        long_rows=long_rows,
-    )
+def _load_cached(
+    source: str, stamp: tuple[int, int] | None, keys: _Keys, timeout_s: float, **read: Any
+) -> tuple[MathRow, ...]:
+    data = read_dataset(source, suffixes=_FORMATS, **read)
     return tuple(_row(data, number, row, keys, timeout_s) for number, row in data.rows)
 
 
@@ -200,8 +193,8 @@ def load_math_rows(
     elif p.is_dir():  # a save_to_disk folder: re-saving it rewrites its files
         stamp, source = (max((f.stat().st_mtime_ns for f in p.rglob("*")), default=0), 0), str(p.resolve())
     keys = _Keys(question_key, answer_key, solution_key, prompt_key, messages_key)
-    options = (timeout_s, split, dataset_config, local_files_only, max_row_bytes, long_rows)
-    return list(_load_cached(source, stamp, keys, options))
+    read = {"split": split, "config": dataset_config, "local_files_only": local_files_only, "long_rows": long_rows}
+    return list(_load_cached(source, stamp, keys, timeout_s, max_row_bytes=max_row_bytes, **read))
 
 
 # ----------------------------------------------------------------------------- task
