@@ -52,17 +52,17 @@ class Tensors:
 
 
 def to_tensors(record: dict[str, Any]) -> Tensors:
+    """``record``'s saved responses as :class:`Tensors`."""
     responses = [(g["group_id"], r) for g in record["groups"] for r in g["responses"]]
-    b = len(responses)
-    t = max([1] + [len(r["tokens"]) for _, r in responses])
+    lengths = [len(r["tokens"]) for _, r in responses]
+    b, t = len(responses), max([1, *lengths])
     rewards = torch.zeros(b, t)
     reward_mask = torch.zeros(b, t, dtype=torch.bool)
     mask = torch.zeros(b, t, dtype=torch.bool)
     step_ends = torch.zeros(b, t, dtype=torch.bool)
     has_values = b > 0 and all(r["values"] is not None for _, r in responses)
     values = torch.zeros(b, t) if has_values else None
-    for i, (_, r) in enumerate(responses):
-        n = len(r["tokens"])
+    for i, (n, (_, r)) in enumerate(zip(lengths, responses)):
         rewards[i, :n] = torch.tensor(r["rewards"], dtype=torch.float32)
         reward_mask[i, r["reward_mask"]] = True
         mask[i, :n] = True
@@ -71,16 +71,9 @@ def to_tensors(record: dict[str, Any]) -> Tensors:
         step_ends[i, ends] = True
         if values is not None:
             values[i, :n] = torch.tensor(r["values"], dtype=torch.float32)
-    return Tensors(
-        rewards,
-        reward_mask,
-        mask,
-        step_ends,
-        values,
-        torch.tensor([g for g, _ in responses], dtype=torch.long),
-        torch.tensor([r["kept"] for _, r in responses], dtype=torch.bool),
-        [len(r["tokens"]) for _, r in responses],
-    )
+    group_ids = torch.tensor([g for g, _ in responses], dtype=torch.long)
+    keep = torch.tensor([r["kept"] for _, r in responses], dtype=torch.bool)
+    return Tensors(rewards, reward_mask, mask, step_ends, values, group_ids, keep, lengths)
 
 
 def recompute(record: dict[str, Any], name: str, x: Tensors | None = None) -> torch.Tensor:

@@ -1,9 +1,9 @@
 """The task interface: problems, outcome and step checkers, and a name registry.
 
-A task generates :class:`Problem` instances and judges model completions at two
-granularities: the whole completion (:meth:`Task.check_outcome`) and each step
-segment (:meth:`Task.check_steps`). Tasks register a factory under a unique name
-with :func:`register_task` and are built by name with :func:`make_task`.
+A task generates :class:`Problem` instances and judges model completions at two granularities: the
+whole completion (:meth:`Task.check_outcome`) and each step segment (:meth:`Task.check_steps`).
+Tasks register a factory under a unique name with :func:`register_task` and are built by name
+with :func:`make_task`.
 """
 
 from __future__ import annotations
@@ -43,13 +43,12 @@ class Problem:
     Attributes:
         prompt: Text given to the model, e.g. ``"7+3*2-5="``.
         answer: Canonical final answer, e.g. ``"8"``.
-        solution: Reference completion for supervised fine-tuning,
-            e.g. ``"3*2=6;7+6=13;13-5=8;#8"``.
-        meta: Free-form task-specific data, e.g. ``{"n_ops": 3}``. It takes part
-            in equality but not in hashing, so problems can live in sets.
-        messages: The conversation shown to the model before its completion, as
-            ``(role, content)`` turns ending in a user turn; empty means one user turn
-            holding ``prompt`` (:mod:`creditrl.tasks.prompts`).
+        solution: Reference completion for supervised fine-tuning, e.g. ``"3*2=6;7+6=13;13-5=8;#8"``.
+        meta: Free-form task-specific data, e.g. ``{"n_ops": 3}``. It takes part in equality but
+            not in hashing, so problems can live in sets.
+        messages: The conversation shown to the model before its completion, as ``(role,
+            content)`` turns ending in a user turn; empty means one user turn holding ``prompt``
+            (:mod:`creditrl.tasks.prompts`).
     """
 
     prompt: str
@@ -65,8 +64,8 @@ class Task(Protocol):
 
     Attributes:
         name: Registry name of the task.
-        step_separator: String that ends each reasoning step in a completion
-            (``";"`` for arithmetic), or ``None`` when the task has no steps.
+        step_separator: String that ends each reasoning step in a completion (``";"`` for
+            arithmetic), or ``None`` when the task has no steps.
     """
 
     name: str
@@ -95,10 +94,7 @@ def answer_of(task: Task, completion: str) -> str | None:
     hook, else the whole completion with its whitespace normalised (None when empty), so a task
     without the hook is voted on whole completions."""
     extract = getattr(task, "extract_answer", None)
-    if extract is not None:
-        return extract(completion)
-    text = " ".join(completion.split())
-    return text or None
+    return extract(completion) if extract is not None else " ".join(completion.split()) or None
 
 
 def same_answer(task: Task, a: str, b: str) -> bool:
@@ -214,22 +210,12 @@ TASKS: dict[str, Callable[..., Task]] = {}
 """Registered task factories by name. Fill it with :func:`register_task`."""
 
 # Modules whose import registers the built-in tasks, imported on demand: no import order matters.
-_BUILTIN_TASK_MODULES: tuple[str, ...] = (
-    "creditrl.tasks.arithmetic",
-    "creditrl.tasks.chain",
-    "creditrl.tasks.code",
-    "creditrl.tasks.math",
-    "creditrl.tasks.paths",
-    "creditrl.tasks.text",
-)
+_BUILTIN_TASK_MODULES = ("arithmetic", "chain", "code", "math", "paths", "text")
 
 
 def register_task(name: str) -> Callable[[TaskFactory], TaskFactory]:
-    """Return a decorator that registers a task factory (usually a class) under ``name``.
-
-    Raises:
-        ValueError: At decoration time, if ``name`` is already registered.
-    """
+    """A decorator that registers a task factory (usually a class) under ``name``; ValueError at
+    decoration time if ``name`` is already registered."""
 
     def decorator(factory: TaskFactory) -> TaskFactory:
         if name in TASKS:
@@ -288,7 +274,7 @@ def task_factory(name: str) -> Callable[..., Any]:
     """The factory :func:`make_task` calls for ``name`` (a registered class, or an import path's
     callable); TaskNameError as there."""
     for module in _BUILTIN_TASK_MODULES:
-        importlib.import_module(module)
+        importlib.import_module(f"creditrl.tasks.{module}")
     if ":" in name:
         return _import_factory(name)
     if name not in TASKS:
@@ -328,11 +314,9 @@ def make_task(name: str, **kwargs: Any) -> Task:
     own = "system_prompt" not in kwargs or takes_argument(name, "system_prompt")  # a task may render it itself
     system_prompt = None if own else kwargs.pop("system_prompt")
     task = task_factory(name)(**kwargs)
-    if ":" in name:
-        missing = _missing_members(task)
-        if missing:
-            raise TaskNameError(
-                f"task {name!r}: the factory returned a {type(task).__name__} that does not implement the "
-                f"Task protocol: missing {', '.join(missing)} (see creditrl.tasks.base.Task)"
-            )
+    if ":" in name and (missing := _missing_members(task)):
+        raise TaskNameError(
+            f"task {name!r}: the factory returned a {type(task).__name__} that does not implement the "
+            f"Task protocol: missing {', '.join(missing)} (see creditrl.tasks.base.Task)"
+        )
     return task if system_prompt is None else SystemPrompted(task, system_prompt)
