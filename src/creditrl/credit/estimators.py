@@ -163,6 +163,13 @@ def group_std(x: Tensor, group_ids: Tensor, mask: Tensor | None = None) -> Tenso
     return (group_sum(deviation * deviation, group_ids, mask) / (n - 1).clamp(min=1)).sqrt()
 
 
+def leave_one_out_mean(x: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor]:
+    """(mean of x over the *other* responses of each response's group, whether it has any);
+    x float (B,), group_ids long (B,) -> (float (B,), bool (B,)); the mean is 0 for a lone response."""
+    n = group_count(group_ids)
+    return (group_sum(x, group_ids) - x) / (n - 1).clamp(min=1), n > 1
+
+
 def require_groups(group_ids: Tensor | None, estimator: str) -> Tensor:
     if group_ids is None:
         raise missing_input_error(estimator, "group_ids")
@@ -234,11 +241,9 @@ def rloo(
     """
     groups = require_groups(group_ids, "rloo")
     g = reward_to_go(rewards, response_mask, gamma)
-    r = sequence_return(rewards, response_mask)  # (B,)
-    n = group_count(groups)  # (B,)
-    baseline = (group_sum(r, groups) - r) / (n - 1).clamp(min=1)
+    baseline, shared = leave_one_out_mean(sequence_return(rewards, response_mask), groups)  # (B,)
     # A lone response has no other response to compare with.
-    return torch.where(response_mask & (n > 1)[:, None], g - baseline[:, None], 0), g
+    return torch.where(response_mask & shared[:, None], g - baseline[:, None], 0), g
 
 
 @register_estimator("grpo", needs={"group_ids"})

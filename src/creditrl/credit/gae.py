@@ -37,10 +37,9 @@ def gae(
 
     rewards float (B, T), reward_mask and response_mask bool (B, T), values float (B, T) V(s_t),
     the value of the state before token t, lam a float or float (B,) (row b's lambda) ->
-    (advantages, returns) float (B, T), both exactly 0
-    where ``response_mask`` is 0; ``returns = A + V`` on valid tokens. Every reward on a valid
-    token counts (``reward_mask`` is unused, so shaping terms on unplaced tokens count too);
-    ``group_ids`` is unused.
+    (advantages, returns) float (B, T), both exactly 0 where ``response_mask`` is 0; ``returns =
+    A + V`` on valid tokens. Every reward on a valid token counts (``reward_mask`` is unused, so
+    shaping terms on unplaced tokens count too); ``group_ids`` is unused.
     """
     if values is None:
         raise missing_input_error("gae", "values")

@@ -19,7 +19,7 @@ exactly one placed reward per response (outcome supervision) ``M = G`` and this 
 import torch
 from torch import Tensor
 
-from creditrl.credit.estimators import group_count, group_sum, require_groups
+from creditrl.credit.estimators import leave_one_out_mean, require_groups
 from creditrl.credit.registry import register_estimator
 
 
@@ -61,6 +61,5 @@ def min_form(
     """
     groups = require_groups(group_ids, "min_form")
     m, m_seq = min_to_go(rewards, reward_mask, response_mask)
-    n = group_count(groups)  # (B,)
-    baseline = (group_sum(m_seq, groups) - m_seq) / (n - 1).clamp(min=1)
-    return torch.where(response_mask & (n > 1)[:, None], m - baseline[:, None], 0), m
+    baseline, shared = leave_one_out_mean(m_seq, groups)  # (B,)
+    return torch.where(response_mask & shared[:, None], m - baseline[:, None], 0), m

@@ -19,7 +19,7 @@ sum is PURE's RLOO on ``M[b, t] + w o_b``: the baseline of a sum is the sum of t
 import torch
 from torch import Tensor
 
-from creditrl.credit.estimators import group_count, group_sum
+from creditrl.credit.estimators import leave_one_out_mean
 from creditrl.credit.registry import check_group_ids, check_mask
 
 
@@ -35,6 +35,5 @@ def outcome_advantage(outcome: Tensor, response_mask: Tensor, group_ids: Tensor)
         raise ValueError(f"outcome must be a floating-point tensor of shape (B,); got {shape}")
     check_mask("response_mask", response_mask, (outcome.shape[0], response_mask.shape[-1]))
     check_group_ids(group_ids, outcome.shape[0])
-    n = group_count(group_ids)  # (B,)
-    baseline = (group_sum(outcome, group_ids) - outcome) / (n - 1).clamp(min=1)  # (B,)
-    return torch.where(response_mask & (n > 1)[:, None], (outcome - baseline)[:, None], 0)
+    baseline, shared = leave_one_out_mean(outcome, group_ids)  # (B,)
+    return torch.where(response_mask & shared[:, None], (outcome - baseline)[:, None], 0)
