@@ -75,9 +75,7 @@ def aggregation_count(name: str, mask: torch.Tensor) -> float:
 
 def chunk_weight(name: str, chunk_mask: torch.Tensor, full_mask: torch.Tensor) -> float:
     """The weight that makes ``sum_chunks weight * aggregate(name, loss[chunk], mask[chunk])``
-    equal ``aggregate(name, loss, mask)`` over rows split into chunks (gradient accumulation):
-    the chunk's share of the valid tokens (``token-mean``), of the responses with a valid token
-    (``seq-mean-token-mean``) or of the responses (``seq-mean-token-sum-norm``, whose ``norm``
-    must then be the full batch's padded length, passed explicitly); see
-    :func:`aggregation_count`."""
+    equal ``aggregate(name, loss, mask)`` over rows split into chunks: the chunk's share of
+    :func:`aggregation_count` (``seq-mean-token-sum-norm`` then needs the full batch's padded
+    length as its ``norm``, passed explicitly)."""
     return aggregation_count(name, chunk_mask) / max(1.0, aggregation_count(name, full_mask))

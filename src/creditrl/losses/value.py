@@ -56,10 +56,8 @@ def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
     predicts the mean return, negative for one worse than that.
 
     Defined as 0.0 (never NaN) when the returns do not vary: fewer than two valid tokens, or a
-    spread of the returns no larger than float32 rounding of the returns and values (relative
-    1e-6 of the largest of them). No critic can explain variance that is not there, and a ratio
-    over rounding noise (``R = A + V`` at lambda 1 with no reward) is any number, 1e13 or more,
-    that differs between CPU kinds.
+    spread of the returns no larger than float32 rounding (relative 1e-6 of the largest return
+    or value), where the ratio would be rounding noise.
     """
     with torch.no_grad():
         r = returns[mask].double()
