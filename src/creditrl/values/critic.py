@@ -21,24 +21,20 @@ from __future__ import annotations
 
 import copy
 import math
-import typing
 
 import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
-from creditrl.config.types import CriticModel
 from creditrl.rollout.batch import TrajectoryBatch, response_states
-
-CRITIC_MODELS = typing.get_args(CriticModel)
 
 
 class Critic(nn.Module):
     """``members`` scalar value heads, on a backbone of their own or on the policy's states.
 
-    ``member_values(batch, policy_states)`` returns (M, B, T); ``values`` combines members with
-    a per-token minimum. For ``shared`` critics the caller passes the policy's last hidden
-    states (B, T, H) (see :func:`creditrl.rollout.batch.response_forward`).
+    ``member_values(batch, policy_states)`` returns (M, B, T) and :meth:`combine` takes their
+    per-token minimum. A ``shared`` critic reads the policy's last hidden states (B, T, H)
+    (:func:`creditrl.rollout.batch.response_forward`).
     """
 
     def __init__(
@@ -96,12 +92,10 @@ class Critic(nn.Module):
 def build_critic(
     policy: PreTrainedModel, *, members: int, placement: str, seed: int = 0, backbone: str = "policy"
 ) -> Critic:
-    """A critic for ``policy``: ``shared`` puts the heads on the policy itself; ``separate``
-    gives every member its own backbone: a copy of the policy's (``backbone="policy"``, the critic
-    starts from the policy's weights) or the base model of ``backbone`` (``"tiny"`` or a local
-    causal-LM path), which must read the policy's token ids (same vocabulary size)."""
-    if placement not in CRITIC_MODELS:
-        raise ValueError(f"unknown critic placement {placement!r}; valid: {', '.join(CRITIC_MODELS)}")
+    """A critic for ``policy``: ``placement="shared"`` (``value.model``) puts the heads on the
+    policy itself; ``separate`` gives every member its own backbone: a copy of the policy's
+    (``backbone="policy"``) or the base model of ``backbone`` (``"tiny"`` or a local causal-LM
+    path), which must read the policy's token ids (same vocabulary size)."""
     if placement == "shared":
         return Critic(int(policy.config.hidden_size), members=members, seed=seed)
     source = policy

@@ -44,19 +44,6 @@ def step_spans(step_ends: list[bool], length: int) -> list[tuple[int, int]]:
     return [(s, e + 1) for s, e in zip(starts, ends)]
 
 
-def _check_inputs(step_ends: Tensor, shape: tuple[int, ...], samples: int) -> None:
-    """TypeError / ValueError unless ``step_ends`` is a bool (B, T) tensor of ``shape`` and ``samples >= 1``."""
-    if not isinstance(step_ends, Tensor):
-        raise TypeError(f"step_ends must be a torch.Tensor; got {type(step_ends).__name__}")
-    if step_ends.dtype != torch.bool or tuple(step_ends.shape) != shape:
-        raise ValueError(
-            f"step_ends must be a bool tensor of shape (B, T) = {shape}; "
-            f"got dtype {step_ends.dtype}, shape {tuple(step_ends.shape)}"
-        )
-    if samples < 1:
-        raise ValueError(f"samples must be >= 1, got {samples}")
-
-
 def mc_values(
     engine: GenerationEngine,
     batch: TrajectoryBatch,
@@ -72,38 +59,36 @@ def mc_values(
 ) -> MCValues:
     """Monte-Carlo values V(s_k) of the state before each step of each response (VinePPO).
 
-    For row b with response y (``response_lengths[b]`` tokens) cut into steps k = 0..n_b-1 by
-    ``step_ends`` (bool (B, T), True on the last token of a step; the last valid token always
-    ends the final step), the state before step k is ``s_k = (x, y_{<start_k})``: the prompt x
-    plus the response tokens of steps 0..k-1 (``s_0`` = the prompt alone). Its value is::
+    For row b with response y cut into steps k = 0..n_b-1 by ``step_ends`` (bool (B, T), True on
+    the last token of a step; the last valid token always ends the final step), the state before
+    step k is ``s_k = (x, y_{<start_k})``, the prompt x plus the tokens of steps 0..k-1, and::
 
         V(s_k) = (1/K) sum_{j=1..K} outcome_fn(b, decode(y_{<start_k} + c_j)),
         c_j ~ pi( . | s_k),  K = samples
 
     with the continuations c_j sampled by ``engine`` under ``params``. ``values[b, t] = V(s_k)``
-    on every token t of step k where ``response_mask`` is 1, and 0 elsewhere: the value of the
-    state before a token is the value at the boundary that opened its step. The state after the
-    final step is terminal and is not estimated (the estimator takes V = 0 there; VinePPO's
-    advantage of step k is ``A_k = r_k + V(s_{k+1}) - V(s_k)``, shared by the step's tokens).
+    on every valid token t of step k, 0 elsewhere. The state after the final step is terminal and
+    not estimated (V = 0 there; VinePPO's step advantage is ``A_k = r_k + V(s_{k+1}) - V(s_k)``).
 
-    Sampling is :func:`creditrl.rollout.continuations.continue_prefixes` (shared with the
-    Monte-Carlo PRM labels). States are keyed by (prompt ids without padding, response prefix):
-    s_0 of the G responses of one prompt, or two responses that agree on their first steps, are
-    estimated once, judged by ``outcome_fn`` of the first row that reached them (rows with the
-    same prompt ids are assumed to pose the same problem). A continuation of a prefix of p tokens
-    may add at most ``params.max_new_tokens - p`` (the original response's room); a prefix with no
-    room left is not sampled and its value is ``outcome_fn`` of the prefix itself.
-
-    Memory: ``max_rows`` and ``max_positions`` bound the rows and padded cache positions of one
-    engine call, without changing the samples (``generate_chunked``; in-process engines only).
-    Cost: ``samples`` continuations per distinct state with a budget left, at most ``samples *
-    sum_b n_b`` sequences against the rollout's ``B`` (``n_continuations``, ``n_tokens``).
-
-    Shapes: ``batch.response_ids`` long (B, T), ``step_ends`` bool (B, T) -> ``MCValues`` with
-    ``values`` float32 (B, T) on the device of ``batch.response_ids``.
+    States are keyed by (prompt ids without padding, response prefix): a state several rows reach
+    (s_0 of one prompt's G responses) is estimated once, judged by ``outcome_fn`` of the first row
+    that reached it. A continuation of a prefix of p tokens may add at most
+    ``params.max_new_tokens - p`` tokens; a prefix with no room left is not sampled, and its value
+    is ``outcome_fn`` of the prefix itself. Sampling is
+    :func:`creditrl.rollout.continuations.continue_prefixes`; ``max_rows`` and ``max_positions``
+    bound one engine call without changing the samples (``generate_chunked``; in-process engines
+    only). ``values`` is float32 (B, T) on the device of ``batch.response_ids``.
     """
     shape = tuple(batch.response_ids.shape)
-    _check_inputs(step_ends, shape, samples)
+    if not isinstance(step_ends, Tensor):
+        raise TypeError(f"step_ends must be a torch.Tensor; got {type(step_ends).__name__}")
+    if step_ends.dtype != torch.bool or tuple(step_ends.shape) != shape:
+        raise ValueError(
+            f"step_ends must be a bool tensor of shape (B, T) = {shape}; "
+            f"got dtype {step_ends.dtype}, shape {tuple(step_ends.shape)}"
+        )
+    if samples < 1:
+        raise ValueError(f"samples must be >= 1, got {samples}")
     prompt_ids, prompt_mask = batch.prompt_ids.tolist(), batch.prompt_mask.bool().tolist()
     response_ids, lengths, ends = batch.response_ids.tolist(), batch.response_lengths.tolist(), step_ends.tolist()
     states = PrefixSet()

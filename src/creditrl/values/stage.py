@@ -61,14 +61,8 @@ class ValueStage:
     ) -> None:
         """``calls``: where the task's outcome checker runs for Monte-Carlo and tree values (the
         score stage's bounded calls, :mod:`creditrl.tasks.bounded`); default in process."""
-        self.cfg, self.policy, self.engine, self.tokenizer, self.task, self.params = (
-            cfg,
-            policy,
-            engine,
-            tokenizer,
-            task,
-            params,
-        )
+        self.cfg, self.policy, self.engine = cfg, policy, engine
+        self.tokenizer, self.task, self.params = tokenizer, task, params
         if calls is None:
             calls = BoundedCalls(0)
             calls.register("check_outcome", task.check_outcome)

@@ -1,27 +1,24 @@
 """Tree rollouts and tree values (``value.source=tree``): step-level credit from outcomes only.
 
 TreeRL (Hou et al., 2025, arXiv:2506.11902) and SPO-tree (Guo et al., 2025, arXiv:2505.23564)
-sample one prompt's responses as a tree that branches at step boundaries, so that responses
-share prefixes, and use the tree itself as the value estimate: the value of a node is the mean
-outcome of the leaves below it, and a segment (tree edge) gets the advantage
-``V(child) - V(parent)`` on all its tokens.
+sample one prompt's responses as a tree that branches at step boundaries and use the tree itself
+as the value estimate: a node's value is the mean outcome of the leaves below it, and a segment
+(tree edge) gets the advantage ``V(child) - V(parent)`` on all its tokens.
 
-Shape (``value.tree_branching`` = b, ``value.tree_depth`` = D). Level 0 is the prompt. At each of
-the levels 1 .. D-1 every live node is continued by b samples of ONE step (generation stops after
-the step separator, ``SamplingParams.stop_ids``); at level D every live node is continued by b
-samples to the end of the response. A node is a leaf when its segment ended with eos, used up the
-response budget (``rollout.max_new_tokens`` counted from the start of the response), or is at
-level D. Without early leaves a prompt has b^D responses whose first D-1 steps are shared in a
-binary (b = 2) tree; each response consists of D segments, the last holding the rest of the
-solution. A tree generates each shared segment once: ``generated_tokens`` counts them once.
+Shape (``value.tree_branching`` = b, ``value.tree_depth`` = D). Level 0 is the prompt. At levels
+1 .. D-1 every live node is continued by b samples of ONE step (generation stops after the step
+separator, ``SamplingParams.stop_ids``); at level D by b samples to the end of the response. A
+node is a leaf when its segment ended with eos, used up the response budget
+(``rollout.max_new_tokens`` from the start of the response), or is at level D. Without early
+leaves a prompt has b^D responses of D segments each. A shared segment is generated once
+(``generated_tokens`` counts it once).
 
 Values. With the outcome o(l) in {0, 1} of each leaf l (the task's outcome checker),
-``V(n) = mean of o(l) over the leaves l below n`` (a leaf's value is its own outcome). Every token
-of a segment gets the value of the node the segment starts from (its parent), and the segments
-are the time steps of credit (:attr:`TreeValues.segment_ends` replaces the task's step ends), so
-``gae`` with gamma = 1, lam = 0 at step resolution gives each segment
-``r_k + V(child) - V(parent)``: ``V(child) - V(parent)`` on inner segments and ``o(l) - V(parent)``
-on the final one (the outcome reward lands on its last token).
+``V(n) = mean of o(l) over the leaves l below n``. Every token of a segment gets the value of its
+parent node, and the segments are the time steps of credit (:attr:`TreeValues.segment_ends`
+replaces the task's step ends), so ``gae`` with gamma = 1, lam = 0 at step resolution gives each
+segment ``r_k + V(child) - V(parent)``: ``V(child) - V(parent)`` on inner segments and
+``o(l) - V(parent)`` on the final one (the outcome reward lands on its last token).
 """
 
 from __future__ import annotations
