@@ -102,8 +102,8 @@ def init_from_env(*, timeout_s: float = 1800.0) -> bool:
 def shutdown() -> None:
     """Leave the process group (if this process joined one), all ranks together. DDP wrappers
     must be gone first (:meth:`creditrl.train.rl.RLTrainer.close` drops them): a DDP reducer that
-    outlives the group destroys it when collected, and gloo's destructor then waits for peers that
-    have already exited (a hang at process exit seen under torchrun)."""
+    outlives the group destroys it when collected, and gloo's destructor then waits for peers
+    that have already exited."""
     if dist.is_available() and dist.is_initialized():
         gc.collect()
         dist.barrier()
@@ -160,15 +160,13 @@ def share(items: Sequence[Any]) -> list[Any]:
 
 
 def _reduce(values: float | Sequence[float] | torch.Tensor, op: dist.ReduceOp) -> Any:
+    if not is_distributed():
+        return values
     if isinstance(values, torch.Tensor):
-        if not is_distributed():
-            return values
         out = values.detach().clone()
         dist.all_reduce(out, op=op)
         return out
     scalar = not isinstance(values, Sequence)
-    if not is_distributed():
-        return values
     t = torch.tensor([values] if scalar else list(values), dtype=torch.float64)
     dist.all_reduce(t, op=op)
     out = t.tolist()
@@ -185,19 +183,10 @@ def all_reduce_max(values: Any) -> Any:
     return _reduce(values, dist.ReduceOp.MAX)
 
 
-def all_reduce_min(values: Any) -> Any:
-    return _reduce(values, dist.ReduceOp.MIN)
-
-
 def all_reduce_mean(values: Any) -> Any:
     """Unweighted mean over ranks (use sums of ``weight * x`` and of weights for a weighted one)."""
-    total = all_reduce_sum(values)
-    w = world_size()
-    if isinstance(total, torch.Tensor):
-        return total / w
-    if isinstance(total, list):
-        return [x / w for x in total]
-    return total / w
+    total, w = all_reduce_sum(values), world_size()
+    return [x / w for x in total] if isinstance(total, list) else total / w
 
 
 def all_gather_objects(obj: Any) -> list[Any]:
@@ -232,19 +221,16 @@ def wrap(module: nn.Module, *, strategy: str = "ddp") -> nn.Module:
 
     ``ddp``: :class:`DataParallel` (DDP) over the module's trainable parameters, broadcasting
     rank 0's weights once at construction; buffers are not re-broadcast at each forward (they are
-    not learned, and ranks run different numbers of forwards per step -- micro-batches and the
-    shared-prompt pass depend on the local rows). Inputs are not moved: the module and its
-    inputs already live on this rank's device (CPU, or ``cuda:LOCAL_RANK``).
+    not learned, and ranks run different numbers of forwards per step). The module and its inputs
+    already live on this rank's device (CPU, or ``cuda:LOCAL_RANK``).
 
-    ``fsdp``: FSDP2 :func:`torch.distributed.fsdp.fully_shard` on every transformer block (the
-    classes Hugging Face lists in ``_no_split_modules``, e.g. ``LlamaDecoderLayer``) and the
-    root: parameters sharded over the ranks, gradients reduce-scattered and averaged. FSDP
-    all-gathers parameters in every forward, so every rank must run the same sequence of
-    forward passes: :func:`creditrl.train.update.update` pads the ranks' micro-batch counts to
-    the largest with zero-weight passes, and the shared-prompt / plain forward choice of
+    ``fsdp`` (``backend.learner=fsdp``): FSDP2 :func:`torch.distributed.fsdp.fully_shard` on every
+    transformer block (the classes Hugging Face lists in ``_no_split_modules``) and the root. FSDP
+    all-gathers parameters in every forward, so every rank must run the same sequence of forward
+    passes: :func:`creditrl.train.update.update` pads the ranks' micro-batch counts to the largest
+    with zero-weight passes, and the shared-prompt / plain forward choice of
     :func:`creditrl.rollout.batch.response_forward` agrees across ranks when micro-batches hold
-    whole groups of one size. Tested for gradient equality on CPU gloo. The trainer uses it with
-    ``backend.learner=fsdp``: the update trains the sharded copy, and every rank gathers it
+    whole groups of one size. The update trains the sharded copy, and every rank gathers it
     (:func:`full_state_dict`) into the plain model that generates, evaluates and is saved.
     """
     if strategy not in STRATEGIES:

@@ -3,21 +3,19 @@ learner on the driver.
 
 * :class:`RayEngine` implements :class:`~creditrl.policy.engines.base.GenerationEngine`, so rollouts,
   MC value continuations and tree rollouts all run on the workers. The ``N = len(prompts) * n``
-  request rows are split into contiguous chunks, one per rollout worker; each worker holds its
-  own copy of the policy and runs the in-process engine (``policy.engine``) on its chunk with
-  ``draw_rows=(offset, N)``: it starts from the driver generator's state and draws the whole
-  batch's uniforms each step, using its slice. Afterwards the driver advances its own
-  generator by the draws the in-process engine would have made (one ``(N, 1)`` draw per decode
-  step, max-over-rows steps), so a run samples the same tokens and leaves the generator in the
-  same state as a one-process run. Log-probs agree up to float rounding: the forward pass of a
-  chunk is a smaller matrix product than that of the whole batch (see ``tests/distributed``).
+  request rows are split into contiguous chunks, one per rollout worker; each worker runs the
+  in-process engine (``policy.engine``) on its own policy copy with ``draw_rows=(offset, N)``
+  from the driver generator's state, and the driver then advances its generator as the
+  in-process engine would have (:func:`~creditrl.policy.engines.base.advance_generator`). A run
+  thus samples the same tokens as a one-process run, with log-probs equal up to float rounding
+  (a chunk's forward is a smaller matrix product).
 * :meth:`RayEngine.sync` broadcasts the driver's weights after each update: one ``ray.put``
   (a LoRA policy is merged into plain weights first), loaded by every worker with a version
   number that each generate call checks.
 * A worker that dies (:class:`ray.exceptions.RayActorError`) is replaced by a fresh actor that
   loads the current weights, and its chunk is re-issued with the same generator state and draw
-  rows, so the samples are identical and none is lost or duplicated; after
-  ``backend.max_restarts`` replacements of one worker the run fails naming it.
+  rows, so no sample changes, is lost or is duplicated; after ``backend.max_restarts``
+  replacements of one worker the run fails naming it.
 * Scoring workers (``backend.score_workers > 0``, :mod:`creditrl.distributed.ray_score`) run
   the reward source over chunks of the batch under the same error policy.
 
@@ -37,7 +35,7 @@ from transformers import PreTrainedModel
 from creditrl.config import Config
 from creditrl.distributed.workers import WorkerPool, ensure_ray, split_rows
 from creditrl.policy.engines import Generation, SamplingParams, advance_generator, choose_engine, expand_requests
-from creditrl.policy.model import is_lora
+from creditrl.policy.model import is_lora, load_policy, policy_options
 
 
 def policy_weights(model: PreTrainedModel) -> dict[str, torch.Tensor]:
@@ -69,7 +67,6 @@ class RolloutWorker:
         kernels: str = "auto",
     ) -> None:
         from creditrl.policy.engines import make_engine
-        from creditrl.policy.model import load_policy
 
         torch.set_num_threads(threads)
         model, _ = load_policy(init_path, seed=seed, **options)
@@ -100,8 +97,7 @@ class RolloutWorker:
             os._exit(1)  # the fault-injection hook of the tests: die like a lost node
         if version != self.version:
             raise RuntimeError(f"rollout worker holds weights version {self.version}, the driver expects {version}")
-        gen = torch.Generator()
-        gen.set_state(generator_state)
+        gen = torch.Generator().set_state(generator_state)
         out = self.engine.generate(requests, 1, params, generator=gen, budgets=limits, draw_rows=draw_rows)
         return out.tokens, out.logprobs, out.finished
 
@@ -120,24 +116,14 @@ class RayEngine:
     the next generate."""
 
     def __init__(self, cfg: Config, init_path: str, model: PreTrainedModel, *, eos_id: int, pad_id: int) -> None:
-        from creditrl.policy.model import policy_options
-
         b = cfg.backend
         self.ray, self.started_ray = ensure_ray(b)
         ray = self.ray
         self.kind = engine_kind(model, cfg.policy.engine)
         self.eos_id, self.pad_id, self.threads = eos_id, pad_id, b.worker_threads
         worker = ray.remote(num_cpus=b.worker_threads, max_restarts=0)(RolloutWorker)
-        args = (
-            init_path,
-            cfg.policy.init_seed,
-            policy_options(cfg),
-            self.kind,
-            b.worker_threads,
-            eos_id,
-            pad_id,
-            cfg.policy.kernels,
-        )
+        p = cfg.policy
+        args = (init_path, p.init_seed, policy_options(cfg), self.kind, b.worker_threads, eos_id, pad_id, p.kernels)
         self.pool = WorkerPool(
             ray, "rollout", lambda slot: worker.remote(*args), b.rollout_workers, b.max_restarts, prepare=self._prepare
         )

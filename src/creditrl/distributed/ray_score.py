@@ -1,16 +1,13 @@
 """Scoring workers of the Ray backend (``backend.score_workers > 0``).
 
-Each worker is a Ray actor that builds the run's task (``make_task(task.name, **task.args)``)
-and its reward sources by name (``reward.source`` and ``hybrid.dense_source`` at start, any other
-registered source on first use; the PRM source loads its model from ``reward.prm``), and runs
-:func:`creditrl.rewards.sources.score_batch` on
-a contiguous chunk of the responses, under the run's ``reward.on_error`` policy. The driver
-joins the chunks: scores and keep flags in order, errors added up, the first error message of
-the earliest chunk; a source that raises under ``on_error=raise`` raises the same error (with
-the response's index in the whole batch) on the driver. A source scores each response on its
-own, so this equals driver-side scoring; a ``batch_fn`` (one PRM forward pass) runs per chunk,
-which changes only the padding of that forward pass. Sandboxed unit tests run inside the actor.
-The task's outcome check (``train/accuracy``, the hybrid filter) stays on the driver.
+Each worker is a Ray actor that builds the run's task and its reward sources by name
+(``reward.source`` and ``hybrid.dense_source`` at start, any other registered source on first use)
+and runs :func:`creditrl.rewards.sources.score_batch` on a contiguous chunk of the responses under
+the run's ``reward.on_error`` policy. The driver joins the chunks: scores and keep flags in order,
+errors added up, the first error message of the earliest chunk; under ``on_error=raise`` a source's
+error is raised on the driver with the response's index in the whole batch. A source scores each
+response on its own, so this equals driver-side scoring (a ``batch_fn`` runs per chunk, which
+changes only the padding of its forward pass). The task's outcome check stays on the driver.
 
 A worker that dies is replaced and its chunk re-scored (:class:`~creditrl.distributed.workers.WorkerPool`).
 Scoring workers reserve no Ray CPUs: they mostly wait on the sandbox or run short forward passes,
@@ -28,7 +25,7 @@ import torch
 
 from creditrl.config import Config
 from creditrl.distributed.workers import WorkerPool, split_rows
-from creditrl.rewards.sources import RewardSource, ScoreResult, score_batch
+from creditrl.rewards.sources import RewardSource, ScoreResult, make_source, score_batch
 from creditrl.tasks.base import Problem, Task
 from creditrl.tasks.bounded import BoundedCalls
 
@@ -42,16 +39,15 @@ class ScoreWorker:
     """A Ray actor (wrapped by :class:`ScorePool`): the task and the run's reward sources."""
 
     def __init__(self, cfg: Config, threads: int) -> None:
-        from creditrl.rewards.sources import make_source
         from creditrl.tasks import make_task
 
         torch.set_num_threads(threads)
         self.task = make_task(cfg.task.name, **cfg.task.args)
         self.options = {"prm": cfg.reward.prm}
-        self.sources = {name: make_source(name, self.options) for name in source_names(cfg)}
+        self.sources: dict[str, RewardSource] = {}
         self.bounded = BoundedCalls(cfg.reward.timeout_s)  # each call of a source's fn, as in one process
-        for name, source in self.sources.items():
-            self._bound(name, source)
+        for name in source_names(cfg):
+            self._add(name)
         self.calls = 0
         self.crash_at: int | None = None
 
@@ -69,10 +65,7 @@ class ScoreWorker:
         if self.crash_at is not None and self.calls >= self.crash_at:
             os._exit(1)  # test hook
         if name not in self.sources:  # another registered source (the run's own are built at start)
-            from creditrl.rewards.sources import make_source
-
-            self.sources[name] = make_source(name, self.options)
-            self._bound(name, self.sources[name])
+            self._add(name)
         bounded = {"run": functools.partial(self.bounded.map, name)} if name in self.bounded.names else {}
         return score_batch(
             self.sources[name],
@@ -86,7 +79,8 @@ class ScoreWorker:
             **bounded,
         )
 
-    def _bound(self, name: str, source: RewardSource) -> None:
+    def _add(self, name: str) -> None:
+        source = self.sources[name] = make_source(name, self.options)
         worker = source.worker_fn()  # None: a model-backed source runs here (creditrl.tasks.bounded)
         if worker is not None:
             self.bounded.register(name, functools.partial(worker, self.task))

@@ -3,6 +3,7 @@ members are replaced and their calls re-issued (used by the rollout and the scor
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -109,10 +110,8 @@ class WorkerPool:
                 f"{self.name} worker {slot} died and backend.max_restarts={self.max_restarts} replacements "
                 f"are used up: {exc}"
             ) from exc
-        try:
+        with contextlib.suppress(Exception):  # already gone
             self.ray.kill(self.actors[slot], no_restart=True)
-        except Exception:  # noqa: BLE001 - already gone
-            pass
         actor = self.make(slot)
         if self.prepare is not None:
             self.prepare(actor)
@@ -126,8 +125,6 @@ class WorkerPool:
 
     def shutdown(self) -> None:
         for actor in self.actors:
-            try:
+            with contextlib.suppress(Exception):
                 self.ray.kill(actor, no_restart=True)
-            except Exception:  # noqa: BLE001
-                pass
         self.actors = []
