@@ -3,10 +3,9 @@
 passes (:func:`set_prompt_limit`: a prompt over ``rollout.max_prompt_tokens`` is one error line
 naming its row, before any engine sees it), and the embedded character-level tokenizer.
 
-The character tokenizer is a real Hugging Face ``PreTrainedTokenizerFast``. Every printable ASCII character is one
-token, so token ``i`` of a response is character ``i``:
-credit that lands on a token lands on a visible character. It saves and loads with
-``save_pretrained`` / ``AutoTokenizer.from_pretrained`` like any hub tokenizer.
+The character tokenizer is a real Hugging Face ``PreTrainedTokenizerFast`` (it saves and loads like
+any hub tokenizer). Every printable ASCII character is one token, so token ``i`` of a response is
+character ``i``: credit that lands on a token lands on a visible character.
 """
 
 from __future__ import annotations
@@ -88,7 +87,7 @@ def _pieces(text: str) -> list[str]:
 def _over_limit(tokenizer: PreTrainedTokenizerBase, text: str, limit: int) -> int | None:
     """The token count of ``text`` counted piece by piece (:func:`_pieces`), stopped as soon as it
     passes ``limit``: the count so far when it does, else None. Memory stays that of one piece,
-    whatever the length of ``text`` (a 50 MB question took 24 GB in one tokenizer call)."""
+    whatever the length of ``text``."""
     if len(text) <= _PIECE:
         return None
     count = 0

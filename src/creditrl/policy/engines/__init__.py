@@ -14,7 +14,6 @@ from creditrl.policy.engines.base import (
     expand_requests,
     generate_chunked,
     left_pad,
-    pack_generation,
     positions_from_mask,
     sample_step,
 )
@@ -40,7 +39,6 @@ __all__ = [
     "generate_chunked",
     "left_pad",
     "make_engine",
-    "pack_generation",
     "positions_from_mask",
     "sample_step",
 ]

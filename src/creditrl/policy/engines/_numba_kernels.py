@@ -1,5 +1,5 @@
-"""The numba-compiled loops behind :mod:`creditrl.policy.engines.kernels` (imported on first use:
-importing numba costs about 0.35 s). See that module for what each computes."""
+"""The numba-compiled loops behind :mod:`creditrl.policy.engines.kernels` (imported on first use,
+as importing numba is slow). See that module for what each computes."""
 
 import math
 
@@ -183,10 +183,8 @@ def _rope_cache_attend(qkv, cos_t, sin_t, pos, h, k, v, first, t, scale, src, ds
             _head(qt, k, v, g, first, j0, t, s, m, total, acc, out, head, src, dst, head == g * group)
 
 
-# The shared-prompt layout (the first version of the attention kernels): per (row, head), the
-# prompt keys kept once per distinct prompt, (u, kv, P, d), and the response keys per row,
-# (b, kv, T, d). The engine takes it when copying each prompt into every row would read
-# (and hold) far more than sharing it: long prefixes continued many times (MC labels and values).
+# The shared-prompt layout: per (row, head), the prompt keys kept once per distinct prompt,
+# (u, kv, P, d), and the response keys per row, (b, kv, T, d).
 
 
 @numba.njit(fastmath={"reassoc", "contract"}, cache=True, inline="always")

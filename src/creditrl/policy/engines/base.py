@@ -114,10 +114,10 @@ def sample_next(
 ) -> torch.Tensor:
     """Pick one token per row from ``logits`` (N, V) with temperature and nucleus (top-p).
 
-    Sampling is by inverse CDF: one uniform draw per row, located in the row's cumulative
-    distribution (accumulated in float64, so a token of probability p > 0 keeps an interval of
-    width ~p). A token of probability 0 is never returned. This costs one random number per row,
-    where ``torch.multinomial`` draws one exponential per vocabulary entry (~30x slower here).
+    Sampling is by inverse CDF: one uniform draw per row (``torch.multinomial`` would draw one
+    per vocabulary entry), located in the row's cumulative distribution (accumulated in float64,
+    so a token of probability p > 0 keeps an interval of width ~p). A token of probability 0 is
+    never returned.
 
     ``draw_rows = (offset, total)``: these N rows are rows ``offset .. offset+N-1`` of a batch of
     ``total``; the full ``(total, 1)`` uniform vector is drawn and this slice used, so a worker
@@ -168,11 +168,10 @@ def sample_step(
     generator identically: one draw per request per step, also for requests already done (their
     stale logits are sampled and the token replaced by pad), so the random stream does not depend
     on when rows leave the batch. ``state`` is ``(finished, done)``: ended with eos, and ended (eos
-    or a ``params.stop_ids`` token) or out of budget. Returns the tokens, their log-probs under the raw policy and
-    the new state.
-    ``draw_rows``: see :func:`sample_next`. ``compiled``: draw and log-prob in one compiled pass
-    (:func:`creditrl.policy.engines.kernels.sample_tokens`, float32 CPU logits, temperature > 0, no top-p;
-    the same arithmetic to float rounding), else tensor ops."""
+    or a ``params.stop_ids`` token) or out of budget. Returns the tokens, their log-probs under the
+    raw policy and the new state. ``draw_rows``: see :func:`sample_next`. ``compiled``: draw and
+    log-prob in one compiled pass (:func:`creditrl.policy.engines.kernels.sample_tokens`; float32
+    CPU logits, temperature > 0, no top-p), else tensor ops."""
     finished, done = state
     if compiled and params.temperature > 0 and params.top_p >= 1.0:
         u = uniforms(logits.shape[0], generator, draw_rows)
@@ -218,16 +217,13 @@ def generate_chunked(
     max_positions: int | None = None,
 ) -> Generation:
     """``engine.generate(prompts, n, params, ...)`` in calls of at most ``max_rows`` request rows
-    (memory: an engine holds a KV cache per row), sampling what the single call samples.
+    (an engine holds a KV cache per row), sampling what the single call samples. ``max_positions``
+    also bounds each call's padded cache, ``rows x (longest request + largest new-token limit)``
+    (a call holds one row at least, whatever its length).
 
-    ``max_positions`` also bounds each call's padded cache, ``rows x (longest request + largest
-    new-token limit)``, so that long outputs get fewer rows per call (a call holds one row at
-    least, whatever its length).
-
-    Every chunk starts from the generator's state and draws the whole batch's uniforms each
-    step, using its own rows' (``draw_rows``, as the Ray backend's workers do); afterwards the
-    generator is advanced by the single call's draws (one ``(N, 1)`` draw per decode step, as
-    many steps as the longest row). Tokens are those of the single call, unless a smaller
+    Every chunk starts from the generator's state and draws the whole batch's uniforms each step,
+    using its own rows' (``draw_rows``); afterwards the generator is advanced by the single call's
+    draws (:func:`advance_generator`). Tokens are those of the single call, unless a smaller
     batch's matrix products round a log-prob across a sampling boundary (float rounding only).
     """
     if max_rows < 1:
@@ -307,14 +303,19 @@ def pack_generation(
 
 
 class InProcessEngine(ABC):
-    """What the in-process engines share: ``generate`` runs their ``_generate`` in
-    ``grad_mode`` (no gradients), under ``policy.precision`` autocast on the model's device."""
+    """What the in-process engines share: ``generate`` validates the call, runs the engine's
+    decode loop in ``grad_mode`` (no gradients) under ``policy.precision`` autocast on the
+    model's device, and cuts the sampled rows into a :class:`Generation`."""
 
-    model: PreTrainedModel
-    precision: str = "fp32"
     # no_grad, not inference_mode, for HF models: a buffer a model creates lazily during generation
     # (e.g. a rotary cache) would otherwise become an inference tensor the next backward rejects
     grad_mode: type = torch.no_grad
+
+    def __init__(self, model: PreTrainedModel, *, eos_id: int, pad_id: int, precision: str = "fp32") -> None:
+        self.model = model
+        self.eos_id = eos_id
+        self.pad_id = pad_id
+        self.precision = precision  # policy.precision: the forward passes run under autocast
 
     def generate(
         self,
@@ -330,17 +331,19 @@ class InProcessEngine(ABC):
         batch of ``total`` requests, and each step draws that batch's random numbers (a
         distributed worker's share of a batch, see :func:`sample_next`). The returned
         generation is plain Python data, whatever the model's device."""
+        requests, limit = expand_requests(prompts, n, params, budgets)
         with self.grad_mode(), inference(module_device(self.model), self.precision):
-            return self._generate(prompts, n, params, generator, budgets, draw_rows)
+            tokens, logps = self._decode(requests, limit, params, generator, draw_rows)
+        return pack_generation(len(prompts), n, requests, tokens, logps, limit, self.eos_id, params.stop_ids)
 
     @abstractmethod
-    def _generate(
+    def _decode(
         self,
-        prompts: Sequence[Sequence[int]],
-        n: int,
+        requests: list[list[int]],
+        limit: torch.Tensor,
         params: SamplingParams,
         generator: torch.Generator | None,
-        budgets: Sequence[int] | None,
         draw_rows: tuple[int, int] | None,
-    ) -> Generation:
-        """The engine's sampling loop (the arguments of :meth:`generate`), called in its context."""
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The engine's sampling loop over the request rows of :func:`expand_requests` and their
+        new-token ``limit`` (N,): the sampled tokens and their log-probs, (N, steps) on the CPU."""

@@ -2,8 +2,7 @@
 CUDA graph instead of launching every layer's kernels from Python (gpt-fast's recipe: a static KV
 cache and ``torch.compile(mode="reduce-overhead")``).
 
-Hugging Face's decode at a 24-layer, 358M-parameter Qwen2 body costs about 22 ms a step on an H200
-at 16 or 32 rows alike (docs/results/gpu.md): launch-bound. :class:`CompiledEngine` keeps the
+Hugging Face's decode on a GPU is launch-bound (docs/results/gpu.md). :class:`CompiledEngine` keeps the
 static engine's mathematics (:class:`~creditrl.policy.engines.decoder.Decoder`: fused ``q|k|v`` and
 ``gate|up``, RMSNorm, rotary embeddings from the model's own rotary module, grouped-query attention)
 and its prompt prefill (:func:`~creditrl.policy.engines.static.prefill`, eager, one forward per
@@ -27,20 +26,19 @@ distinct prompt), and decodes into one KV cache per bucket:
 
 On CUDA the step compiles with inductor in ``reduce-overhead`` mode (CUDA graphs); on the CPU with
 inductor (no graphs), or, should inductor fail (no C++ compiler), runs eagerly; the log line of each
-bucket's compilation says which (:attr:`CompiledEngine.backend`). The CPU's engine stays
-:class:`~creditrl.policy.engines.static.StaticEngine` (``auto``): on the tiny preset, 16 rows x 48
-tokens on 2 shared cores, the compiled step ran 5.3 ms a step against the HF engine's 2.4 and the
-static engine's 0.9 (inductor's CPU kernels; its compilation took 20-110 s). :meth:`CompiledEngine.shared`
-gives the one engine of a model per process (rollouts and evaluations share the caches and steps).
+bucket's compilation says which (:attr:`CompiledEngine.backend`). On the CPU ``auto`` keeps
+:class:`~creditrl.policy.engines.static.StaticEngine`, which decodes faster than inductor's CPU
+kernels. :meth:`CompiledEngine.shared` gives the one engine of a model per process (rollouts and
+evaluations share the caches and steps).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 import weakref
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -48,14 +46,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedModel
 
 from creditrl.policy.device import PRECISIONS, module_device
-from creditrl.policy.engines.base import (
-    Generation,
-    InProcessEngine,
-    SamplingParams,
-    expand_requests,
-    pack_generation,
-    sample_step,
-)
+from creditrl.policy.engines.base import InProcessEngine, SamplingParams, sample_step
 from creditrl.policy.engines.decoder import Decoder, unsupported_reason
 from creditrl.policy.engines.static import prefill
 
@@ -127,10 +118,7 @@ class CompiledEngine(InProcessEngine):
             raise ValueError(f"CompiledEngine cannot run this model: {reason}")
         if backend not in BACKENDS:
             raise ValueError(f"backend: expected one of {BACKENDS}, got '{backend}'")
-        self.model = model
-        self.eos_id = eos_id
-        self.pad_id = pad_id
-        self.precision = precision
+        super().__init__(model, eos_id=eos_id, pad_id=pad_id, precision=precision)
         self.backend = backend  # becomes "eager (inductor failed: ...)" when inductor cannot compile
         self.dec: Decoder | None = None
         self.buckets: dict[tuple[int, int], _Bucket] = {}
@@ -209,16 +197,14 @@ class CompiledEngine(InProcessEngine):
                  time.perf_counter() - start, how)  # fmt: skip
         return out
 
-    def _generate(
+    def _decode(
         self,
-        prompts: Sequence[Sequence[int]],
-        n: int,
+        requests: list[list[int]],
+        limit: torch.Tensor,
         params: SamplingParams,
         generator: torch.Generator | None,
-        budgets: Sequence[int] | None,
         draw_rows: tuple[int, int] | None,
-    ) -> Generation:
-        requests, limit = expand_requests(prompts, n, params, budgets)
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         self.sync()
         dec = self.dec
         device = module_device(self.model)
@@ -243,12 +229,10 @@ class CompiledEngine(InProcessEngine):
         state = (torch.zeros(n_req, dtype=torch.bool, device=device),) * 2  # (finished, done)
         on_device = limit.to(device)
         columns = torch.arange(width, width + steps, device=device)  # step j's token goes to column width + j
+        sample = functools.partial(sample_step, pad_id=self.pad_id, eos_id=self.eos_id, draw_rows=draw_rows)
         tokens, logps = [], []
         for step in range(steps):
-            tok, logp, state = sample_step(
-                logits, params, generator, state, on_device, step, pad_id=self.pad_id, eos_id=self.eos_id,
-                draw_rows=draw_rows,
-            )  # fmt: skip
+            tok, logp, state = sample(logits, params, generator, state, on_device, step)
             tokens.append(tok)
             logps.append(logp)
             if bool(state[1].all()):
@@ -257,10 +241,7 @@ class CompiledEngine(InProcessEngine):
             out = self._run(b, fed, next_pos, columns[step], first)
             logits = out[:n_req].clone()  # a CUDA graph's output is overwritten by its next replay
             next_pos += 1
-        return pack_generation(
-            len(prompts), n, requests, torch.stack(tokens, 1).cpu(), torch.stack(logps, 1).cpu(), limit, self.eos_id,
-            params.stop_ids,
-        )  # fmt: skip
+        return torch.stack(tokens, 1).cpu(), torch.stack(logps, 1).cpu()
 
 
 def _tensors(dec: Decoder) -> list[torch.Tensor]:

@@ -25,11 +25,7 @@ from creditrl.policy.engines import kernels as compiled
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 # from this hidden size the compiled decode step runs its products through oneDNN on weights reordered
-# once per call (Decoder.prepack): measured on the bench's 16 rows (2 threads), one step's products
-# alone run 2.0-2.9x (hidden 384) and 2.2-2.6x (640) the rate of torch's F.linear (a micro-benchmark,
-# and the bench's products-alone column); at hidden 128 the tiny
-# preset's whole decode ran 0.8-1.0x with them (interleaved), its products too small for the
-# primitive's fixed cost per call
+# once per call (Decoder.prepack); below it the products are too small for the primitive's fixed cost
 ONEDNN_FROM_HIDDEN = 256
 
 
@@ -107,8 +103,7 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def signed_sin(sin: torch.Tensor) -> torch.Tensor:
     """``sin`` with its first half negated, once per pass: HF's ``rotate_half(x) * sin``, i.e.
     ``cat(-x2, x1) * sin``, is then ``x.roll(half) * signed``, the same bits (a product's sign is its
-    operands'). The roll's gradient is one op; the two slices of ``rotate_half`` each gave a
-    zero-filled full-size gradient to add up."""
+    operands'), and the roll's gradient is one op."""
     half = sin.shape[-1] // 2
     return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 

@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
 
 import torch
-from transformers import PreTrainedModel
 
 from creditrl.policy.device import module_device
-from creditrl.policy.engines.base import (
-    Generation,
-    InProcessEngine,
-    SamplingParams,
-    expand_requests,
-    left_pad,
-    pack_generation,
-    positions_from_mask,
-    sample_step,
-)
+from creditrl.policy.engines.base import InProcessEngine, SamplingParams, left_pad, positions_from_mask, sample_step
 
 
 class HFEngine(InProcessEngine):
@@ -25,22 +15,14 @@ class HFEngine(InProcessEngine):
     cache rows are dropped), and decoding stops when every row has. The model may sit on any
     device."""
 
-    def __init__(self, model: PreTrainedModel, *, eos_id: int, pad_id: int, precision: str = "fp32") -> None:
-        self.model = model
-        self.eos_id = eos_id
-        self.pad_id = pad_id
-        self.precision = precision  # policy.precision: the forward passes run under autocast
-
-    def _generate(
+    def _decode(
         self,
-        prompts: Sequence[Sequence[int]],
-        n: int,
+        requests: list[list[int]],
+        limit: torch.Tensor,
         params: SamplingParams,
         generator: torch.Generator | None,
-        budgets: Sequence[int] | None,
         draw_rows: tuple[int, int] | None,
-    ) -> Generation:
-        requests, limit = expand_requests(prompts, n, params, budgets)
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         device = module_device(self.model)
         was_training = self.model.training
         self.model.eval()
@@ -52,19 +34,10 @@ class HFEngine(InProcessEngine):
         state = (torch.zeros(n_req, dtype=torch.bool, device=device),) * 2  # (finished, done)
         active = torch.arange(n_req, device=device)  # rows still decoding; the cache holds only these
         on_device = limit.to(device)
+        sample = functools.partial(sample_step, pad_id=self.pad_id, eos_id=self.eos_id, draw_rows=draw_rows)
         tokens, logps = [], []
         for step in range(int(limit.max())):
-            tok, logp, state = sample_step(
-                logits,
-                params,
-                generator,
-                state,
-                on_device,
-                step,
-                pad_id=self.pad_id,
-                eos_id=self.eos_id,
-                draw_rows=draw_rows,
-            )
+            tok, logp, state = sample(logits, params, generator, state, on_device, step)
             tokens.append(tok)
             logps.append(logp)
             done = state[1]
@@ -89,13 +62,4 @@ class HFEngine(InProcessEngine):
             logits[active] = out.logits[:, -1].float()
             next_pos = next_pos + 1
         self.model.train(was_training)
-        return pack_generation(
-            len(prompts),
-            n,
-            requests,
-            torch.stack(tokens, dim=1).cpu(),
-            torch.stack(logps, dim=1).cpu(),
-            limit,
-            self.eos_id,
-            params.stop_ids,
-        )
+        return torch.stack(tokens, dim=1).cpu(), torch.stack(logps, dim=1).cpu()

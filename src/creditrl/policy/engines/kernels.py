@@ -1,23 +1,21 @@
 """Compiled CPU kernels for the decode step of :class:`~creditrl.policy.engines.static.StaticEngine`.
 
-Decoding a ~1M-parameter model at 128 rows, the matrix products are about half of a step; the
-rest was many small tensor ops, each paying a fixed cost larger than its arithmetic. Decode
-attention was the worst: per layer 512 products of one query (32 values) with a few dozen
-keys, at about 0.3 us of ``bmm`` overhead each. These kernels do that work in compiled loops
-(numba, float32, on as many threads as torch's intra-op pool):
+Decoding a small model, much of a step is small tensor ops whose fixed cost exceeds their
+arithmetic, decode attention above all (per layer, one tiny product per row and head). These
+kernels do that work in compiled loops (numba, float32, on as many threads as torch's intra-op
+pool):
 
 * :func:`rope_cache_attend`: a layer's attention block from its fused ``q|k|v`` projection:
   rotary embedding of q and k, k and v written into the cache, then the scores over the row's
   prompt and response columns, softmax (its exponential in arithmetic, so it vectorises) and
   the weighted sum of values. The cache is laid out ``(kv, columns, d, rows)``, rows innermost:
   every loop runs over contiguous rows and the cache is read front to back in one stream per
-  head (decode attention is limited by reading the cache; the earlier per-(row, head) layout,
-  with prompt keys shared per distinct prompt, read it in short strided pieces and took
-  1.4-1.8x as long inside the decode loop, ``benchmarks/attention_in_loop.py``). Each row holds its
-  own copy of its prompt's keys, as the tensor-op path does.
-* :func:`rope_cache_attend_shared`, :func:`decode_attention_shared`: that earlier layout, kept for
-  calls where copying prompts would read far more than sharing them (long prefixes continued many
-  times); :meth:`StaticEngine.rows_layout <creditrl.policy.engines.static.StaticEngine.rows_layout>`
+  head (decode attention is limited by reading the cache; ``benchmarks/attention_in_loop.py``).
+  Each row holds its own copy of its prompt's keys, as the tensor-op path does.
+* :func:`rope_cache_attend_shared`, :func:`decode_attention_shared`: the per-(row, head) layout
+  with prompt keys shared per distinct prompt, for calls where copying prompts would read far
+  more than sharing them (long prefixes continued many times);
+  :meth:`StaticEngine.rows_layout <creditrl.policy.engines.static.StaticEngine.rows_layout>`
   picks per call.
 * :func:`decode_attention`: the attention alone (models with per-head q/k norms, Qwen3).
 * :func:`rms_norm`: RMSNorm in one pass instead of five ops; :func:`silu_mul`: the gated SiLU in
@@ -89,19 +87,10 @@ def decode_attention(
     """Softmax attention of one query token per row over its columns [first[i], t) of a
     rows-innermost cache (see :func:`rope_cache_attend`, also for ``src``/``dst``); float32;
     returns (b, heads * d)."""
-    lib = _need()
     b, h, _, d = q.shape
     out = np.empty((b, h * d), dtype=np.float32)
-    lib._attend(
-        q.reshape(b, h * d).contiguous().numpy(),
-        k.numpy(),
-        v.numpy(),
-        first.numpy(),
-        t,
-        np.float32(scale),
-        *_forks(src, dst),
-        out,
-    )
+    queries = q.reshape(b, h * d).contiguous()
+    _need()._attend(*_np(queries, k, v, first), t, np.float32(scale), *_forks(src, dst), out)
     return torch.from_numpy(out)
 
 
@@ -110,6 +99,11 @@ _NO_ROWS = np.empty(0, dtype=np.int64)
 
 def _forks(src: torch.Tensor | None, dst: torch.Tensor | None) -> tuple[np.ndarray, np.ndarray]:
     return (_NO_ROWS, _NO_ROWS) if src is None else (src.numpy(), dst.numpy())
+
+
+def _np(*tensors: torch.Tensor) -> list[np.ndarray]:
+    """The tensors' numpy views (CPU, no copy) for the kernels."""
+    return [t.numpy() for t in tensors]
 
 
 def rope_cache_attend(
@@ -140,23 +134,10 @@ def rope_cache_attend(
     rows; ``first`` needs that many entries): run over that many rows, whole vectors, as a
     partial vector of rows runs scalar; rows b.. get zero queries and keys in column ``t - 1``
     and their outputs are dropped. Returns (b, heads * d)."""
-    lib = _need()
     b = qkv.shape[0]
     out = np.empty((lanes or b, heads * k.shape[2]), dtype=np.float32)
-    lib._rope_cache_attend(
-        qkv.numpy(),
-        cos_t.numpy(),
-        sin_t.numpy(),
-        pos.numpy(),
-        heads,
-        k.numpy(),
-        v.numpy(),
-        first.numpy(),
-        t,
-        np.float32(scale),
-        *_forks(src, dst),
-        out,
-    )
+    tables, cache = _np(qkv, cos_t, sin_t, pos), _np(k, v, first)
+    _need()._rope_cache_attend(*tables, heads, *cache, t, np.float32(scale), *_forks(src, dst), out)
     return torch.from_numpy(out)[:b]
 
 
@@ -173,21 +154,10 @@ def decode_attention_shared(
 ) -> torch.Tensor:
     """Softmax attention of one query token per row over its prompt's real columns and its
     first ``t`` response columns; float32 tensors; returns (b, heads * d)."""
-    lib = _need()
     b, h, _, d = q.shape
     out = np.empty((b, h * d), dtype=np.float32)
-    lib._attend_shared(
-        q.reshape(b, h * d).contiguous().numpy(),
-        kp.numpy(),
-        vp.numpy(),
-        prompt_of.numpy(),
-        pstart.numpy(),
-        kr.numpy(),
-        vr.numpy(),
-        t,
-        np.float32(scale),
-        out,
-    )
+    queries = q.reshape(b, h * d).contiguous()
+    _need()._attend_shared(*_np(queries, kp, vp, prompt_of, pstart, kr, vr), t, np.float32(scale), out)
     return torch.from_numpy(out)
 
 
@@ -208,26 +178,9 @@ def rope_cache_attend_shared(
 ) -> torch.Tensor:
     """A decode step's attention block in one pass: rotary embedding of q and k at ``pos``,
     k and v stored in response column ``t - 1``, then :func:`decode_attention_shared`. Returns (b, heads * d)."""
-    lib = _need()
-    b = qkv.shape[0]
-    out = np.empty((b, heads * kr.shape[3]), dtype=np.float32)
-    lib._rope_cache_attend_shared(
-        qkv.numpy(),
-        cos_t.numpy(),
-        sin_t.numpy(),
-        pos.numpy(),
-        heads,
-        kr.shape[1],
-        kp.numpy(),
-        vp.numpy(),
-        prompt_of.numpy(),
-        pstart.numpy(),
-        kr.numpy(),
-        vr.numpy(),
-        t,
-        np.float32(scale),
-        out,
-    )
+    out = np.empty((qkv.shape[0], heads * kr.shape[3]), dtype=np.float32)
+    tables, cache = _np(qkv, cos_t, sin_t, pos), _np(kp, vp, prompt_of, pstart, kr, vr)
+    _need()._rope_cache_attend_shared(*tables, heads, kr.shape[1], *cache, t, np.float32(scale), out)
     return torch.from_numpy(out)
 
 

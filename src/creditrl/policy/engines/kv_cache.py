@@ -134,38 +134,20 @@ class SharedCache:
         self.resp[:, :, :, :, :step].index_copy_(2, dst, self.resp[:, :, :, :, :step].index_select(2, src))
         self.slot_prompt[dst] = self.slot_prompt[src]
 
+    def _layer(self, i: int) -> tuple[torch.Tensor, ...]:
+        """Layer i's prompt keys/values, slot prompts, prompt starts and response keys/values."""
+        return self.prefix[i, 0], self.prefix[i, 1], self.slot_prompt, self.pstart, self.resp[i, 0], self.resp[i, 1]
+
     def attend(self, i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: int) -> torch.Tensor:
         n, resp, dec = q.shape[0], self.resp, self.dec
         resp[i, 0, :n, :, step : step + 1], resp[i, 1, :n, :, step : step + 1] = k, v
-        out = compiled.decode_attention_shared(  # the kernels run over the first q.shape[0] slots
-            q,
-            self.prefix[i, 0],
-            self.prefix[i, 1],
-            self.slot_prompt,
-            self.pstart,
-            resp[i, 0],
-            resp[i, 1],
-            step + 1,
-            dec.scale,
-        )
+        # the kernels run over the first q.shape[0] slots
+        out = compiled.decode_attention_shared(q, *self._layer(i), step + 1, dec.scale)
         return out.view(n, dec.n_heads, 1, dec.head_dim)
 
     def fused(self, i, qkv, cos_t, sin_t, pos, step: int) -> torch.Tensor:
-        return compiled.rope_cache_attend_shared(
-            qkv,
-            cos_t,
-            sin_t,
-            pos,
-            self.dec.n_heads,
-            self.prefix[i, 0],
-            self.prefix[i, 1],
-            self.slot_prompt,
-            self.pstart,
-            self.resp[i, 0],
-            self.resp[i, 1],
-            step + 1,
-            self.dec.scale,
-        )
+        heads, scale = self.dec.n_heads, self.dec.scale
+        return compiled.rope_cache_attend_shared(qkv, cos_t, sin_t, pos, heads, *self._layer(i), step + 1, scale)
 
 
 class RowsCache:
@@ -203,7 +185,7 @@ class RowsCache:
         if need > cap:
             self._resize(torch.arange(int(dst[0])), step, min(self.limit, _lanes(max(need, 2 * cap))))
         # the keys are copied inside each layer's attention kernel at this step, as it streams
-        # the cache (a separate strided pass took about 0.5 ms a step on the bench batch)
+        # the cache (cheaper than a separate strided pass)
         self.first[dst] = self.first[src]
         self.forks = (step, src, dst)
 
@@ -220,23 +202,13 @@ class RowsCache:
         return out.view(n, dec.n_heads, 1, dec.head_dim)
 
     def fused(self, i, qkv, cos_t, sin_t, pos, step: int) -> torch.Tensor:
-        # the kernel runs over whole vectors of slots: a partial one would run scalar (a 77-slot
-        # call took 0.85x the time of a 128-slot one); the extra slots are unused ones, with
-        # zero queries and keys, and first column 0
+        # the kernel runs over whole vectors of slots (a partial one would run scalar); the extra
+        # slots are unused ones, with zero queries and keys, and first column 0
         lanes = min(_lanes(qkv.shape[0]), self.cache.shape[-1])
+        k, v, first, dec = self.cache[i, 0], self.cache[i, 1], self.first[:lanes], self.dec
+        t = self.width + step + 1
         return compiled.rope_cache_attend(
-            qkv,
-            cos_t,
-            sin_t,
-            pos,
-            self.dec.n_heads,
-            self.cache[i, 0],
-            self.cache[i, 1],
-            self.first[:lanes],
-            self.width + step + 1,
-            self.dec.scale,
-            *self._forks(step),
-            lanes=lanes,
+            qkv, cos_t, sin_t, pos, dec.n_heads, k, v, first, t, dec.scale, *self._forks(step), lanes=lanes
         )
 
     def _forks(self, step: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:

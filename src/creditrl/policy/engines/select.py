@@ -27,10 +27,10 @@ ENGINES: dict[str, str] = {
 def choose_engine(model: PreTrainedModel, kind: str) -> tuple[str, str]:
     """The engine ``kind`` means for ``model`` and why: ``auto`` is ``compiled`` on CUDA and ``static`` on
     the CPU when that engine can run the model, else ``hf``."""
-    if kind != "auto" and kind not in ENGINES:
-        raise ValueError(f"policy.engine: expected auto or one of {', '.join(ENGINES)}, got '{kind}'")
-    if kind != "auto":
+    if kind in ENGINES:
         return kind, "as configured"
+    if kind != "auto":
+        raise ValueError(f"policy.engine: expected auto or one of {', '.join(ENGINES)}, got '{kind}'")
     if module_device(model).type == "cuda":
         reason = unsupported_reason(model, cpu_only=False)
         if reason is None:
@@ -53,16 +53,13 @@ def make_engine(
     precision: str = "fp32",
     kernels: str = "auto",
 ):
-    """The engine ``kind`` (resolved by :func:`choose_engine`): a
-    :class:`~creditrl.policy.engines.static.StaticEngine` or a
-    :class:`~creditrl.policy.engines.compiled.CompiledEngine` (error if unsupported; one per model and
-    settings, :meth:`~creditrl.policy.engines.compiled.CompiledEngine.shared`), an
-    :class:`~creditrl.policy.engines.hf.HFEngine`, or a :class:`~creditrl.policy.engines.vllm.VLLMEngine`
-    (one vLLM instance per process and architecture, shared by every call; it follows ``model``'s
-    weights). ``model_path`` (a directory vLLM may load instead of a temporary save of ``model``)
-    and ``vllm_options`` (``VLLMEngine`` keyword arguments) apply to ``vllm`` only; ``precision``
-    (``policy.precision``) to the others (vLLM runs in its own dtype); ``kernels``
-    (``policy.kernels``) to the static engine."""
+    """The engine ``kind`` (resolved by :func:`choose_engine`; error if it cannot run ``model``).
+    The compiled engine is one per model and settings
+    (:meth:`~creditrl.policy.engines.compiled.CompiledEngine.shared`), vLLM one instance per process
+    and architecture, following ``model``'s weights. ``model_path`` (a directory vLLM may load
+    instead of a temporary save of ``model``) and ``vllm_options`` (``VLLMEngine`` keyword
+    arguments) apply to ``vllm`` only; ``precision`` (``policy.precision``) to the others;
+    ``kernels`` (``policy.kernels``) to the static engine."""
     kind, _ = choose_engine(model, kind)
     if kind == "vllm":
         from creditrl.policy.engines.vllm import VLLMEngine

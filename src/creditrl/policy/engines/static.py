@@ -1,46 +1,39 @@
 """A generation engine without per-step framework overhead: a pre-allocated KV cache and a
 functional decoder forward over the HF model's own weights.
 
-Decoding the ~1M-parameter tiny model through ``model(...)`` at batch 128 costs about 10 ms per
-step on a 2-core CPU, of which the matrix products are about 1.3 ms; the rest is framework
-overhead (mask building, growing cache objects, module calls) and attention reading a cache
-that is copied as it grows. :class:`StaticEngine` runs the same mathematics as the HF modules -- RMSNorm,
-rotary embeddings from the model's own rotary module, grouped-query attention, gated MLP --
-as a short sequence of tensor ops over fused weights (``q|k|v`` and ``gate|up`` concatenated;
-:class:`~creditrl.policy.engines.decoder.Decoder`) and keeps keys and values in tensors allocated once
-per call (:mod:`creditrl.policy.engines.kv_cache`). This module is the sampling loop around them:
+Decoding a small model through ``model(...)`` on the CPU spends most of each step on framework
+overhead (mask building, growing cache objects, module calls) rather than on the matrix products.
+:class:`StaticEngine` runs the same mathematics as the HF modules -- RMSNorm, rotary embeddings
+from the model's own rotary module, grouped-query attention, gated MLP -- as a short sequence of
+tensor ops over fused weights (``q|k|v`` and ``gate|up``;
+:class:`~creditrl.policy.engines.decoder.Decoder`), with keys and values in tensors allocated
+once per call (:mod:`creditrl.policy.engines.kv_cache`). This module is the sampling loop:
 
-* **pre-allocated KV cache**: the prompt keys/values ``(layers, 2, prompts, kv_heads, P,
-  head_dim)`` and the response keys/values ``(layers, 2, slots, kv_heads, max_new_tokens,
-  head_dim)`` are allocated once per call, a slot per distinct sequence (below); decode step j
-  writes column j of the response part (with the compiled kernels, unless the prompts are long
-  and shared by many rows or the last call's samples stayed mostly identical: one ``(layers, 2,
-  kv_heads, P + max_new_tokens, head_dim, slots)`` cache, slots innermost, each slot's prompt
-  columns copied in after the prefill; see :meth:`StaticEngine.rows_layout` and
-  :mod:`creditrl.policy.engines.kv_cache`);
+* **pre-allocated KV cache**: prompt keys/values ``(layers, 2, prompts, kv_heads, P, head_dim)``
+  and response keys/values ``(layers, 2, slots, kv_heads, max_new_tokens, head_dim)``, a slot per
+  distinct sequence (below); decode step j writes response column j. With the compiled kernels
+  the cache may instead be one ``(layers, 2, kv_heads, P + max_new_tokens, head_dim, slots)``
+  tensor, slots innermost (:meth:`StaticEngine.rows_layout`);
 * **shared-prefix prefill**: identical prompts (the ``n`` samples of a prompt, MC continuations
-  of one prefix) are run through the prompt forward once and their keys/values copied;
-* **early exit**: finished rows are compacted out of the cache once they are a quarter of it,
-  so late steps run on the rows still decoding;
+  of one prefix) run through the prompt forward once and their keys/values are copied;
+* **early exit**: finished rows are compacted out of the cache once they are a quarter of it;
 * **identical rows decoded once** (``share_rows``): the samples of a prompt are one sequence
   until they draw different tokens, and a confident policy keeps many of them identical for
-  long stretches (the bench's SFT policy: 16-19 distinct sequences among 128 rows over the first
-  13 steps). The cache holds one slot per distinct sequence and the whole decode step --
-  products, attention, norms, MLP -- runs once per slot; each row draws its own token from its
-  slot's logits. A sequence that parts from its twins takes a new slot with a copy of their
-  keys (in the rows layout the attention kernel makes the copy as it streams the cache). Tokens
-  and log-probs are those of decoding every row (tested; bitwise equal on the bench batch,
-  ``benchmarks/logprob_agreement.py``); ``share_rows=False`` decodes every row;
+  long stretches. The cache holds one slot per distinct sequence and the decode step runs once
+  per slot; each row draws its own token from its slot's logits, and a sequence that parts from
+  its twins takes a new slot with a copy of their keys. Tokens and log-probs are those of
+  decoding every row (tested, ``benchmarks/logprob_agreement.py``); ``share_rows=False``
+  decodes every row;
 * the **log-probs** returned are those of the raw policy distribution (temperature 1, no top-p),
-  taken from the same logits that were sampled from, so no second forward pass is needed;
+  taken from the logits that were sampled from, so no second forward pass is needed;
 * **compiled decode step** (``kernels``, ``policy.kernels``; float32): each layer's rotary
   embedding, cache write and attention in one numba pass, RMSNorm in one pass, residual adds
   folded into ``addmm``, and the sampling draw with its log-prob in one pass
   (:mod:`creditrl.policy.engines.kernels`); ``kernels="torch"`` keeps every step in tensor ops;
-* **oneDNN products** (``products``): from a hidden size of 256 the compiled step's products run
+* **oneDNN products** (``products``): from a hidden size of
+  :data:`~creditrl.policy.engines.decoder.ONEDNN_FROM_HIDDEN` the compiled step's products run
   through oneDNN's linear on weights reordered once per call, with the residual add as its
-  post-op. At the bench's 16 rows a step's products alone run 2.0-2.9x torch's ``F.linear`` (MKL)
-  at hidden 384-640; at the tiny preset's 128 the primitive's fixed cost per call makes them no faster.
+  post-op.
 
 Sampling consumes the generator exactly like :class:`~creditrl.policy.engines.hf.HFEngine` (one
 draw per request per step), so both engines give the same tokens for the same seed up to float
@@ -51,24 +44,15 @@ rounding. Supported architectures: Llama, Mistral (within its sliding window), Q
 
 from __future__ import annotations
 
+import functools
 import typing
-from collections.abc import Sequence
 
 import torch
 from transformers import PreTrainedModel
 
 from creditrl.config.types import Kernels
 from creditrl.policy.engines import kernels as compiled
-from creditrl.policy.engines.base import (
-    Generation,
-    InProcessEngine,
-    SamplingParams,
-    expand_requests,
-    left_pad,
-    pack_generation,
-    positions_from_mask,
-    sample_step,
-)
+from creditrl.policy.engines.base import InProcessEngine, SamplingParams, left_pad, positions_from_mask, sample_step
 from creditrl.policy.engines.decoder import ONEDNN_FROM_HIDDEN, Decoder, onednn_available, unsupported_reason
 from creditrl.policy.engines.kv_cache import RowsCache, SharedCache, Slots, TensorCache, take
 
@@ -112,11 +96,8 @@ class StaticEngine(InProcessEngine):
             raise ValueError("products='onednn' needs a torch built with oneDNN (torch.backends.mkldnn)")
         if kernels == "numba" and not compiled.available():
             raise ValueError("kernels='numba' needs numba, which cannot be imported here (pip install numba)")
-        self.model = model
-        self.eos_id = eos_id
-        self.pad_id = pad_id
+        super().__init__(model, eos_id=eos_id, pad_id=pad_id, precision=precision)
         self.compact_at = compact_at
-        self.precision = precision  # policy.precision: the tensor ops run under CPU autocast
         self.kernels = kernels
         self.cache_layout = cache_layout
         self.share_rows = share_rows  # one cache slot and one decode per distinct sequence (kv_cache.Slots)
@@ -130,9 +111,7 @@ class StaticEngine(InProcessEngine):
         attended per (row, head). The rows layout reads its cache in one vectorised stream per
         head and is the faster per key read, but it reads (and holds) every prompt once per row;
         ``auto`` takes it while that is at most ``ROWS_LAYOUT_MAX_READ`` times the keys sharing
-        reads over a call. Measured: 16 prompts x 8 samples of 15-token prompts, 48 tokens (a
-        ratio of 1.5) decode faster rows innermost; 1,024 80-token prefixes x 8, 64 tokens (2.7:
-        MC continuations) decode 1.3x slower and hold twice the memory.
+        reads over a call (long prefixes continued many times, as MC continuations are, exceed it).
 
         With ``share_rows``, ``auto`` also takes ``shared`` when the engine's last call computed
         at most ``SHARED_LAYOUT_BELOW`` of its row-steps (:attr:`last_rows`; a policy that keeps
@@ -165,16 +144,14 @@ class StaticEngine(InProcessEngine):
             raise ValueError(f"kernels='numba' runs float32 only (weights {dtype}, policy.precision {self.precision})")
         return fp32 and compiled.available()
 
-    def _generate(
+    def _decode(
         self,
-        prompts: Sequence[Sequence[int]],
-        n: int,
+        requests: list[list[int]],
+        limit: torch.Tensor,
         params: SamplingParams,
         generator: torch.Generator | None,
-        budgets: Sequence[int] | None,
         draw_rows: tuple[int, int] | None,
-    ) -> Generation:
-        requests, limit = expand_requests(prompts, n, params, budgets)
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         dec = Decoder(self.model)  # weights are read afresh: the policy changes between calls
         n_req = len(requests)
         steps = int(limit.max())
@@ -208,19 +185,11 @@ class StaticEngine(InProcessEngine):
         active = torch.arange(n_req)  # requests whose rows are in the cache, in cache order
         tokens = torch.full((n_req, steps), self.pad_id, dtype=torch.long)
         logps = torch.zeros(n_req, steps)
+        sample = functools.partial(
+            sample_step, pad_id=self.pad_id, eos_id=self.eos_id, draw_rows=draw_rows, compiled=fused
+        )
         for step in range(steps):
-            tok, logps[:, step], state = sample_step(
-                logits,
-                params,
-                generator,
-                state,
-                limit,
-                step,
-                pad_id=self.pad_id,
-                eos_id=self.eos_id,
-                draw_rows=draw_rows,
-                compiled=fused,
-            )
+            tok, logps[:, step], state = sample(logits, params, generator, state, limit, step)
             tokens[:, step] = tok
             done = state[1]
             if bool(done.all()):
@@ -247,7 +216,7 @@ class StaticEngine(InProcessEngine):
             logits.index_copy_(0, active, out.float().index_select(0, slots.row))
             slot_pos[: slots.n] += 1
         self.last_rows = (slots.computed, slots.rows)
-        return pack_generation(len(prompts), n, requests, tokens, logps, limit, self.eos_id, params.stop_ids)
+        return tokens, logps
 
 
 def prefill(

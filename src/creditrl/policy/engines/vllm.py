@@ -7,59 +7,44 @@ called automatically when the HF parameters changed in place, e.g. by ``optimize
 vLLM is imported only inside this module's functions: without vLLM or without CUDA,
 building the engine raises :class:`VLLMUnavailableError` with an install hint.
 
-The contract is the one of :class:`~creditrl.policy.engines.base.HFEngine`: prompt-major samples,
-tokens ending with eos when ``finished``, a ``params.stop_ids`` token kept as the last token
-with ``finished`` False, ``budgets[i]`` capping prompt i's new tokens, greedy decoding at
-``temperature == 0``, and ``logprobs`` = log pi(token) under the *raw* policy distribution
-(temperature 1, no top-p), the distribution the PPO loss differentiates. How each is obtained:
+The contract is the in-process engines': prompt-major samples, tokens ending with eos when
+``finished``, a ``params.stop_ids`` token kept as the last token with ``finished`` False,
+``budgets[i]`` capping prompt i's new tokens, greedy decoding at ``temperature == 0``, and
+``logprobs`` = log pi(token) under the *raw* policy distribution (temperature 1, no top-p). How:
 
 * **one vLLM request per sample** (each prompt repeated ``n`` times, ``SamplingParams(n=1)``):
-  vLLM refuses ``n > 1`` with greedy sampling, and per-request parameters carry the budgets;
-  vLLM itself fans ``n`` out into ``n`` single requests (``vllm/v1/engine/parallel_sampling.py``),
-  so nothing is lost; prefix caching shares the prompt's KV blocks between them;
-* **stopping**: ``ignore_eos=True`` and ``stop_token_ids=[eos_id, *stop_ids]``: vLLM then stops
-  on exactly these ids (not on other ids its tokenizer or ``generation_config.json`` calls eos)
-  and keeps the stop token in ``token_ids`` (``SamplingParams.stop_token_ids`` doc: "The
-  returned output will contain the stop tokens"); ``finished`` = the last token is ``eos_id``;
-* **budgets**: ``max_tokens = min(params.max_new_tokens, budgets[i])`` per request;
+  vLLM refuses ``n > 1`` with greedy sampling, per-request parameters carry the budgets, and
+  prefix caching shares the prompt's KV blocks between the requests;
+* **stopping**: ``ignore_eos=True`` and ``stop_token_ids=[eos_id, *stop_ids]``: vLLM stops on
+  exactly these ids and keeps the stop token in ``token_ids``; ``finished`` = the last token is
+  ``eos_id``;
 * **log-probs**: ``SamplingParams(logprobs=0)`` returns the sampled token's log-prob at every
   position, and the engine is built with ``logprobs_mode="raw_logprobs"`` (log-softmax of the
-  model's logits *before* temperature, penalties and top-k/top-p; ``vllm/v1/sample/sampler.py``);
-* **seeds**: vLLM draws with per-request seeded generators on the GPU. A sampling call draws one
-  base seed from the torch ``generator`` (the global torch RNG when None) and gives request i
-  ``seed = base + i``, so a run is reproducible from its seed (up to the floating-point effects
-  of batch composition in vLLM's kernels). vLLM's random stream is *not* the in-process
-  engines': the same torch seed gives other samples than :class:`HFEngine` /
-  :class:`~creditrl.policy.engines.static.StaticEngine` (greedy decoding agrees up to float ties).
-  A greedy call draws nothing from the generator, like the in-process engines.
+  logits before temperature and top-p);
+* **seeds**: a sampling call draws one base seed from the torch ``generator`` (the global torch
+  RNG when None) and gives request i ``seed = base + i``, so a run is reproducible from its seed
+  (up to the floating-point effects of batch composition in vLLM's kernels). vLLM's random stream
+  is not the in-process engines': the same seed gives other samples than
+  :class:`~creditrl.policy.engines.hf.HFEngine` (greedy decoding agrees up to float ties). A
+  greedy call draws nothing from the generator.
 
 Weight sync (:meth:`VLLMEngine.sync`): the HF state dict (tied tensors once) is written to a
 safetensors file in the engine's temporary directory and every vLLM worker loads it through the
-worker extension :class:`WeightSyncExtension` (``worker_extension_cls``), which calls the
-model's own ``load_weights`` -- the path TRL's ``vllm_serve.py`` and OpenRLHF's vLLM workers use
-(``self.model_runner.model.load_weights(weights=[(name, tensor)])``) -- then the prefix cache is
-reset (its KV blocks were computed with the old weights). Passing a file path keeps the RPC
-message small and independent of how vLLM serialises tensors. A single-GPU design: for a trainer
-on other GPUs, vLLM's weight-transfer API (NCCL/IPC backends) is the faster path.
+worker extension :class:`WeightSyncExtension` (``worker_extension_cls``), which calls the model's
+own ``load_weights`` (as TRL's ``vllm_serve.py`` and OpenRLHF's vLLM workers do); then the prefix
+cache is reset. A file path keeps the RPC message small and independent of how vLLM serialises
+tensors. A single-GPU design: for a trainer on other GPUs, vLLM's weight-transfer API (NCCL/IPC
+backends) is the faster path.
 
-Documented vLLM APIs relied on (vllm==0.33.0; checked against the vLLM repository's source and
-docs.vllm.ai, see the helper report):
-
-* ``vllm.LLM(model, dtype, gpu_memory_utilization, seed, enforce_eager, skip_tokenizer_init,
-  **engine_args)`` with the engine args ``enable_prefix_caching``, ``logprobs_mode``,
-  ``max_model_len`` and ``worker_extension_cls`` (``vllm/entrypoints/llm.py``,
-  ``vllm/engine/arg_utils.py``, ``vllm/config/parallel.py``: "The worker extension class is
-  dynamically inherited by the worker class ... for use in collective_rpc calls");
-* ``LLM.generate(prompts, sampling_params=[...], use_tqdm=False)``: one ``SamplingParams`` per
-  prompt, outputs "in the same order as the input prompts"; prompts as ``TokensPrompt`` dicts
-  ``{"prompt_token_ids": [...]}`` (``vllm/inputs``);
-* ``vllm.SamplingParams(n, temperature, top_p, max_tokens, logprobs, stop_token_ids,
-  ignore_eos, seed, detokenize)`` (``vllm/sampling_params.py``);
-* ``RequestOutput.prompt_token_ids`` and ``.outputs[0].token_ids / .logprobs / .finish_reason``,
-  ``logprobs`` a list of ``{token_id: Logprob(logprob, rank, decoded_token)}`` per position
-  (``vllm/outputs.py``, ``vllm/logprobs.py``);
-* ``LLM.collective_rpc(method, args=...)``, ``LLM.reset_prefix_cache()``, and in the worker
-  ``self.model_runner.model.load_weights(weights)`` (returns the loaded parameter names).
+vLLM APIs relied on (vllm==0.33.0): ``vllm.LLM(model, dtype, gpu_memory_utilization, seed,
+enforce_eager, skip_tokenizer_init, **engine_args)`` with ``enable_prefix_caching``,
+``logprobs_mode``, ``max_model_len`` and ``worker_extension_cls``; ``LLM.generate(prompts,
+sampling_params=[...], use_tqdm=False)`` with ``{"prompt_token_ids": [...]}`` prompts, outputs in
+input order; ``vllm.SamplingParams(n, temperature, top_p, max_tokens, logprobs, stop_token_ids,
+ignore_eos, seed, detokenize)``; ``RequestOutput.prompt_token_ids`` and ``.outputs[0].token_ids /
+.logprobs / .finish_reason`` (``logprobs``: a ``{token_id: Logprob}`` dict per position);
+``LLM.collective_rpc(method, args=...)``, ``LLM.reset_prefix_cache()``, and in the worker
+``self.model_runner.model.load_weights(weights)``.
 """
 
 from __future__ import annotations
@@ -244,7 +229,7 @@ class VLLMEngine:
         self.pad_id = pad_id
         self.auto_sync = auto_sync
         self.seeded = seeded
-        self._model = model
+        self.model = model  # whose weights sync sends; a new object (a resumed run) is synced before generating
         self.sync_s = 0.0
         options = dict(
             dtype=dtype,
@@ -282,35 +267,26 @@ class VLLMEngine:
         return self.backend.llm
 
     @property
-    def model(self) -> PreTrainedModel | None:
-        return self._model
-
-    @model.setter
-    def model(self, model: PreTrainedModel) -> None:
-        """A new policy object (a resumed run): its weights are sent before the next generate."""
-        self._model = model
-
-    @property
     def stale(self) -> bool:
         """Whether vLLM holds other weights than ``model`` has now."""
-        if self._model is None:
+        if self.model is None:
             return False
         loaded = self.backend.loaded
-        return loaded is None or loaded[0]() is not self._model or loaded[1] != weights_key(self._model)
+        return loaded is None or loaded[0]() is not self.model or loaded[1] != weights_key(self.model)
 
     def sync(self, model: PreTrainedModel | None = None) -> int:
         """Push ``model``'s (default: ``self.model``'s) current weights into the running vLLM
         engine and reset its prefix cache; returns the number of syncs so far."""
         start = time.perf_counter()
         if model is not None:
-            self._model = model
-        if self._model is None:
+            self.model = model
+        if self.model is None:
             raise ValueError("VLLMEngine.sync: no model to take the weights from")
         from safetensors.torch import save_file
 
         b = self.backend
         path = Path(b.workdir.name) / f"sync_{b.syncs:06d}.safetensors"
-        save_file(export_weights(self._model), str(path))
+        save_file(export_weights(self.model), str(path))
         try:
             results = b.llm.collective_rpc(RPC_METHOD, args=(str(path),))
         finally:
@@ -318,7 +294,7 @@ class VLLMEngine:
         if not results or any(not r for r in results):
             raise RuntimeError(f"vLLM workers loaded no weights from {path.name}: {results!r}")
         b.llm.reset_prefix_cache()
-        b.loaded = (weakref.ref(self._model), weights_key(self._model))
+        b.loaded = (weakref.ref(self.model), weights_key(self.model))
         b.syncs += 1
         self.sync_s += time.perf_counter() - start
         return b.syncs
