@@ -228,25 +228,25 @@ def save_stepwise(examples: Sequence[StepwiseExample], path: str | os.PathLike[s
 _PRM800K_NEUTRAL = (1.0, 0.0, None)
 
 
-def _get(obj: Any, key: str, where: str) -> Any:
-    """``obj[key]`` where ``obj`` must be a dict; ``where`` is the field path of ``obj``."""
+def _get(obj: Any, key: str, where: str, kind: type | None = None, what: str = "a string") -> Any:
+    """``obj[key]`` where ``obj`` must be a dict (``where`` is its field path), and the value an
+    instance of ``kind`` when given (``what`` names it in the error)."""
+    field = f"{where}.{key}" if where else key
     if not isinstance(obj, dict):
         raise _FieldError(where, f"expected an object, got {type_name(obj)}")
     if key not in obj:
-        raise _FieldError(f"{where}.{key}" if where else key, "missing")
+        raise _FieldError(field, "missing")
+    if kind is not None and not isinstance(obj[key], kind):
+        raise _FieldError(field, f"expected {what}, got {type_name(obj[key])}")
     return obj[key]
 
 
 def _prm800k_example(row: Any, neutral_as: float | None) -> StepwiseExample | None:
     """One PRM800K row as an example (``None`` when it has no steps)."""
     question = _get(row, "question", "")
-    problem = _get(question, "problem", "question")
-    if not isinstance(problem, str):
-        raise _FieldError("question.problem", f"expected a string, got {type_name(problem)}")
+    problem = _get(question, "problem", "question", str)
     label = _get(row, "label", "")
-    steps = _get(label, "steps", "label")
-    if not isinstance(steps, list):
-        raise _FieldError("label.steps", f"expected a list of steps, got {type_name(steps)}")
+    steps = _get(label, "steps", "label", list, "a list of steps")
     texts: list[str] = []
     labels: list[float | None] = []
     for k, step in enumerate(steps):
@@ -263,9 +263,7 @@ def _prm800k_example(row: Any, neutral_as: float | None) -> StepwiseExample | No
                 f"expected null or an index in [0, {len(completions) - 1}], got {chosen!r}",
             )
         cwhere = f"{where}.completions[{chosen}]"
-        text = _get(completions[chosen], "text", cwhere)
-        if not isinstance(text, str):
-            raise _FieldError(f"{cwhere}.text", f"expected a string, got {type_name(text)}")
+        text = _get(completions[chosen], "text", cwhere, str)
         rating = _get(completions[chosen], "rating", cwhere)
         if rating is not None and (isinstance(rating, bool) or rating not in (-1, 0, 1)):
             raise _FieldError(f"{cwhere}.rating", f"expected -1, 0, 1 or null, got {rating!r}")
@@ -311,11 +309,8 @@ _SHEPHERD_LABELS = {"+": 1.0, "-": 0.0}
 
 
 def _shepherd_example(row: Any, marker: str, first_step: str) -> StepwiseExample:
-    text = _get(row, "input", "")
-    labelled = _get(row, "label", "")
-    for name, value in (("input", text), ("label", labelled)):
-        if not isinstance(value, str):
-            raise _FieldError(name, f"expected a string, got {type_name(value)}")
+    text = _get(row, "input", "", str)
+    labelled = _get(row, "label", "", str)
     start = text.find(first_step)
     if start < 0:
         raise _FieldError("input", f"expected the steps to begin with {first_step!r}; not found")

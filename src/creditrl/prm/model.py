@@ -151,10 +151,8 @@ class ProcessRewardModel(nn.Module):
         # likelihood features: a frozen reference LM and a (2 -> 1) weight per member, from 0
         self.reference = reference.eval().requires_grad_(False) if reference is not None else None
         self.feature_heads = nn.ModuleList(nn.Linear(2, 1, bias=False) for _ in range(members)) if reference else None
-        if self.feature_heads is not None:
-            with torch.no_grad():
-                for f in self.feature_heads:
-                    f.weight.zero_()
+        for f in self.feature_heads or ():
+            nn.init.zeros_(f.weight)
 
     @property
     def likelihood(self) -> bool:

@@ -144,12 +144,9 @@ def label_samples(
 
     if labeler == "vote":
         per = [one(name) for name in vote_labelers]
-        labels, dropped = [], 0
-        for row in zip(*per):
-            lab, d = vote_labels(list(row), threshold=vote_threshold)
-            labels.append(lab)
-            dropped += d
-        info["vote/dropped"] = dropped
+        votes = [vote_labels(list(row), threshold=vote_threshold) for row in zip(*per)]
+        labels = [lab for lab, _ in votes]
+        info["vote/dropped"] = sum(d for _, d in votes)
     else:
         labels = one(labeler)
     examples = [

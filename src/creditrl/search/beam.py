@@ -18,9 +18,8 @@ children) by score, continued greedily to eos with what is left of the budget.
 
 Budget (:mod:`.expand`): while no candidate has finished, each round holds back
 ``max_new_tokens - len(best live beam)`` tokens (the worst case of that final greedy completion)
-from the expansions; once one has finished nothing is held back. An expansion is only sent if it
-can get ``min(min_request_tokens, room left)`` tokens (the last ones are dropped first), so the
-end of a budget is not spent on fragments of steps.
+from the expansions. An expansion is only sent if it can get ``min(min_request_tokens, room
+left)`` tokens (the last ones are dropped first).
 
 With W = E = 1 at temperature 0 this is greedy decoding, one step per engine call: the same
 tokens as one greedy completion (up to float rounding between prefill and cached decoding).

@@ -192,13 +192,8 @@ def make_context(
     prm: ScoredModel | None = None,
     orm: ScoredModel | None = None,
 ) -> SearchContext:
-    """Validate ``config`` against what was given and build the shared search state.
-
-    Raises:
-        ConfigError (a ValueError): On a bad config field, a method that needs a PRM / ORM that
-            was not given (the message names the method and the missing model), or steps the
-            task does not have (:func:`require_steps`).
-    """
+    """Validate ``config`` against what was given (:func:`require_models`, :func:`require_steps`)
+    and build the shared search state; ValueError without problems."""
     require_models(config, has_prm=prm is not None, has_orm=orm is not None)
     require_steps(config, task)
     if not problems:

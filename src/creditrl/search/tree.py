@@ -110,13 +110,9 @@ def add_children(node: Node, steps: Sequence[tuple[Sequence[int], float, bool]],
     ``exp(log-prob)`` over those samples; priors are then normalised over the new siblings.
     A child is terminal when finished (eos) or when its response reached ``max_len`` tokens.
     """
-    merged: dict[tuple[int, ...], list] = {}
+    merged: dict[tuple[int, ...], list] = {}  # step tokens -> [raw prior, finished]
     for tokens, logprob, finished in steps:
-        key = tuple(tokens)
-        if key in merged:
-            merged[key][0] += math.exp(logprob)
-        else:
-            merged[key] = [math.exp(logprob), finished]
+        merged.setdefault(tuple(tokens), [0.0, finished])[0] += math.exp(logprob)
     total = sum(p for p, _ in merged.values())
     children = []
     for key, (raw, finished) in merged.items():
