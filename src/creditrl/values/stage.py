@@ -82,10 +82,6 @@ class ValueStage:
             self.critic.to(module_device(policy))  # policy.device; new heads are built on the CPU
             self.optimizer = torch.optim.AdamW(self.critic.parameters(), lr=cfg.value.lr, betas=(0.9, 0.99))
 
-    def set_policy(self, policy: PreTrainedModel) -> None:
-        """Point a shared critic (and the MC engine's model) at a reloaded policy."""
-        self.policy = policy
-
     @torch.no_grad()
     def __call__(self, batch: TrajectoryBatch, step_ends: torch.Tensor, generator: torch.Generator) -> ValueOut:
         if self.info.kind == "none":
@@ -141,7 +137,6 @@ class ValueStage:
         )
         return [0.0 if v is None else v for v in values]
 
-    # -- checkpointing -----------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         if self.critic is None:
             return {}

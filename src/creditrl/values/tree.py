@@ -65,7 +65,6 @@ class TreeRollout:
     generation: Generation
     paths: list[list[int]]  # per leaf: node ids from its root to itself (segments = len - 1)
     segment_ends: list[list[int]]  # per leaf: last token index of each segment, ascending
-    n_nodes: int
     generated_tokens: int  # every sampled token once (shared segments are not repeated)
 
 
@@ -130,7 +129,7 @@ def tree_rollout(
         logprobs=[nodes[i].logprobs for i in leaves],
         finished=[nodes[i].finished for i in leaves],
     )
-    return TreeRollout(generation, paths, ends, len(nodes), generated)
+    return TreeRollout(generation, paths, ends, generated)
 
 
 @dataclass
