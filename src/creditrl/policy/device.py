@@ -1,20 +1,15 @@
 """Where the models run and in which arithmetic: ``policy.device`` and ``policy.precision``.
 
-- ``policy.device``: ``cpu`` (the default), ``cuda``, ``cuda:N`` or ``auto`` (CUDA when torch
-  sees a GPU, else the CPU). The policy, the reference policy and the critic live there; every
-  model-side function (generation, forward passes, the update) moves a batch to its module's
-  device on entry and hands CPU tensors back, so rewards, credit and metrics stay on the CPU.
-  Under ``torchrun`` a ``cuda`` device means ``cuda:LOCAL_RANK``.
-- ``policy.precision``: ``fp32`` (the default), ``bf16`` or ``fp16`` mixed precision. The weights
-  and the optimizer state stay in ``policy.dtype`` (float32 by default, the master copy); the
-  forward passes of generation, evaluation, the reference policy, the critic, the update and SFT
-  run under ``torch.autocast`` in the chosen dtype, and log-softmax runs in float32. ``fp16``
-  adds dynamic loss scaling (``torch.amp.GradScaler``), whose state is checkpointed.
+The policy, the reference policy and the critic live on ``policy.device`` (under ``torchrun``,
+``cuda`` means ``cuda:LOCAL_RANK``); every model-side function moves a batch to its module's
+device on entry and hands CPU tensors back, so rewards, credit and metrics stay on the CPU.
+Under ``policy.precision`` ``bf16`` or ``fp16`` the weights and the optimizer state stay in
+``policy.dtype`` (the master copy) and every forward pass runs under ``torch.autocast``, with
+log-softmax in float32; ``fp16`` adds dynamic loss scaling (``torch.amp.GradScaler``, checkpointed).
 
-Sampling and training forwards differ in rounding under mixed precision (a bf16 mantissa has 8
-bits), so by default (``loss.recompute_logprobs=auto``) the update recomputes the old policy's
-log-probs with its own forward instead of trusting the sampler's; the gap is logged as
-``policy/sampler_logprob_gap``.
+Sampling and training forwards differ in rounding under mixed precision, so by default
+(``loss.recompute_logprobs=auto``) the update recomputes the old policy's log-probs with its own
+forward instead of trusting the sampler's; the gap is logged as ``policy/sampler_logprob_gap``.
 """
 
 from __future__ import annotations

@@ -6,9 +6,6 @@ samples of each come out with their token ids and the log-probability of every s
 under the *policy* distribution (raw logits, temperature 1, no truncation) -- the distribution
 the PPO loss differentiates, so the old-policy log-probs need no second forward pass.
 Temperature and top-p shape only what is sampled.
-
-The reference engine for any HF causal LM is :class:`~creditrl.policy.engines.hf.HFEngine`;
-faster engines (static KV cache, vLLM) implement the same :class:`GenerationEngine` protocol.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """A decode engine whose step is compiled once per shape bucket: on CUDA each step replays one
-CUDA graph instead of launching every layer's kernels from Python (gpt-fast's recipe: a static KV
-cache and ``torch.compile(mode="reduce-overhead")``).
+CUDA graph instead of launching every layer's kernels from Python, which is what bounds Hugging
+Face's decode on a GPU (gpt-fast's recipe: a static KV cache and
+``torch.compile(mode="reduce-overhead")``).
 
-Hugging Face's decode on a GPU is launch-bound (docs/results/gpu.md). :class:`CompiledEngine` keeps the
-static engine's mathematics (:class:`~creditrl.policy.engines.decoder.Decoder`: fused ``q|k|v`` and
-``gate|up``, RMSNorm, rotary embeddings from the model's own rotary module, grouped-query attention)
-and its prompt prefill (:func:`~creditrl.policy.engines.static.prefill`, eager, one forward per
-distinct prompt), and decodes into one KV cache per bucket:
+:class:`CompiledEngine` keeps the static engine's mathematics
+(:class:`~creditrl.policy.engines.decoder.Decoder`) and its prompt prefill
+(:func:`~creditrl.policy.engines.static.prefill`, eager, one forward per distinct prompt), and
+decodes into one KV cache per bucket:
 
 * **buckets**: rows rounded up to a power of two, cache columns (longest prompt + new tokens) to a
   power of two from ``MIN_COLUMNS``; each bucket owns a zeroed cache ``(layers, 2, rows, kv_heads,
@@ -20,16 +20,14 @@ distinct prompt), and decodes into one KV cache per bucket:
 * **weights**: the engine owns the decoder's tensors (matrices in the autocast dtype of
   ``policy.precision``, the rest in the weights' dtype) at fixed addresses; every call first copies
   the live parameters into them in place, so an update is seen without recompiling.
-* **sampling**: :func:`~creditrl.policy.engines.base.sample_step`, the draw, log-probs and stop
-  handling every engine shares (one draw per request per step): the same tokens as the HF engine
-  for a seed, to float rounding.
+* **sampling**: :func:`~creditrl.policy.engines.base.sample_step`, shared by every in-process
+  engine: the same tokens as the HF engine for a seed, to float rounding.
 
 On CUDA the step compiles with inductor in ``reduce-overhead`` mode (CUDA graphs); on the CPU with
 inductor (no graphs), or, should inductor fail (no C++ compiler), runs eagerly; the log line of each
-bucket's compilation says which (:attr:`CompiledEngine.backend`). On the CPU ``auto`` keeps
-:class:`~creditrl.policy.engines.static.StaticEngine`, which decodes faster than inductor's CPU
-kernels. :meth:`CompiledEngine.shared` gives the one engine of a model per process (rollouts and
-evaluations share the caches and steps).
+bucket's compilation says which (:attr:`CompiledEngine.backend`). On the CPU ``auto`` keeps the
+faster :class:`~creditrl.policy.engines.static.StaticEngine`. :meth:`CompiledEngine.shared` gives
+the one engine of a model per process (rollouts and evaluations share the caches and steps).
 """
 
 from __future__ import annotations

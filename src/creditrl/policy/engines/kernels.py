@@ -3,27 +3,19 @@
 Decoding a small model, much of a step is small tensor ops whose fixed cost exceeds their
 arithmetic, decode attention above all (per layer, one tiny product per row and head). These
 kernels do that work in compiled loops (numba, float32, on as many threads as torch's intra-op
-pool):
+pool), one pass each: a layer's attention block from its fused ``q|k|v`` projection
+(:func:`rope_cache_attend`; the attention alone, :func:`decode_attention`, for models with
+per-head q/k norms), RMSNorm and the gated SiLU (on one thread: a step's rows are less work than
+starting a parallel region), the sampling draw with its log-prob, and the cache's bookkeeping.
 
-* :func:`rope_cache_attend`: a layer's attention block from its fused ``q|k|v`` projection:
-  rotary embedding of q and k, k and v written into the cache, then the scores over the row's
-  prompt and response columns, softmax (its exponential in arithmetic, so it vectorises) and
-  the weighted sum of values. The cache is laid out ``(kv, columns, d, rows)``, rows innermost:
-  every loop runs over contiguous rows and the cache is read front to back in one stream per
-  head (decode attention is limited by reading the cache; ``benchmarks/attention_in_loop.py``).
-  Each row holds its own copy of its prompt's keys, as the tensor-op path does.
-* :func:`rope_cache_attend_shared`, :func:`decode_attention_shared`: the per-(row, head) layout
-  with prompt keys shared per distinct prompt, for calls where copying prompts would read far
-  more than sharing them (long prefixes continued many times);
-  :meth:`StaticEngine.rows_layout <creditrl.policy.engines.static.StaticEngine.rows_layout>`
-  picks per call.
-* :func:`decode_attention`: the attention alone (models with per-head q/k norms, Qwen3).
-* :func:`rms_norm`: RMSNorm in one pass instead of five ops; :func:`silu_mul`: the gated SiLU in
-  one pass (both on one thread: a step's rows are less work than starting a parallel region).
-* :func:`keep_rows`: the rows-innermost cache without its finished rows, written columns only.
-* :func:`part_slots`: a decode step's regrouping of rows into slots (one per distinct sequence).
-* :func:`sample_tokens`: a decode step's inverse-CDF draw at a temperature (no top-p) and the
-  drawn token's raw log-prob in one pass, from uniforms the caller drew from its generator.
+Two cache layouts: rows innermost, ``(kv, columns, d, rows)`` with each row's own copy of its
+prompt's keys, so that every loop runs over contiguous rows and the cache is read front to back
+in one stream per head (decode attention is limited by reading the cache;
+``benchmarks/attention_in_loop.py``); and per (row, head) with the prompt keys shared per
+distinct prompt (``*_shared``), for calls where copying prompts would read far more than sharing
+them (long prefixes continued many times).
+:meth:`StaticEngine.rows_layout <creditrl.policy.engines.static.StaticEngine.rows_layout>` picks
+per call.
 
 Results equal the tensor-op path to float rounding (the sums run in another order); tests in
 ``tests/policy/test_kernels.py`` check them against slow reference loops, and the engine's

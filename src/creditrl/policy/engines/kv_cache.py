@@ -55,8 +55,8 @@ class Slots:
         if not self.share:
             self.computed += self.n
             return tok, None, None
-        if self.compiled_step:  # the same regrouping in one compiled pass (about 10 vs 100 us);
-            # bookkeeping only, so it serves the tensor-op decode too (the fallback: no numba)
+        if self.compiled_step:  # the same regrouping in one compiled pass; bookkeeping only, so it
+            # serves the tensor-op decode too (the fallback: no numba)
             self.row, fed, src, dst, self.n = compiled.part_slots(self.row, tok, live, self.n, base, pad)
             self.computed += self.n
             return fed, src, dst

@@ -9,26 +9,20 @@ tensor ops over fused weights (``q|k|v`` and ``gate|up``;
 :class:`~creditrl.policy.engines.decoder.Decoder`), with keys and values in tensors allocated
 once per call (:mod:`creditrl.policy.engines.kv_cache`). This module is the sampling loop:
 
-* **pre-allocated KV cache**: prompt keys/values ``(layers, 2, prompts, kv_heads, P, head_dim)``
-  and response keys/values ``(layers, 2, slots, kv_heads, max_new_tokens, head_dim)``, a slot per
-  distinct sequence (below); decode step j writes response column j. With the compiled kernels
-  the cache may instead be one ``(layers, 2, kv_heads, P + max_new_tokens, head_dim, slots)``
-  tensor, slots innermost (:meth:`StaticEngine.rows_layout`);
+* **pre-allocated KV cache**: keys and values in tensors allocated once per call, a slot per
+  distinct sequence; decode step j writes response column j (layouts:
+  :mod:`creditrl.policy.engines.kv_cache`, chosen by :meth:`StaticEngine.rows_layout`);
 * **shared-prefix prefill**: identical prompts (the ``n`` samples of a prompt, MC continuations
   of one prefix) run through the prompt forward once and their keys/values are copied;
 * **early exit**: finished rows are compacted out of the cache once they are a quarter of it;
-* **identical rows decoded once** (``share_rows``): the samples of a prompt are one sequence
-  until they draw different tokens, and a confident policy keeps many of them identical for
-  long stretches. The cache holds one slot per distinct sequence and the decode step runs once
-  per slot; each row draws its own token from its slot's logits, and a sequence that parts from
-  its twins takes a new slot with a copy of their keys. Tokens and log-probs are those of
-  decoding every row (tested, ``benchmarks/logprob_agreement.py``); ``share_rows=False``
-  decodes every row;
-* the **log-probs** returned are those of the raw policy distribution (temperature 1, no top-p),
-  taken from the logits that were sampled from, so no second forward pass is needed;
-* **compiled decode step** (``kernels``, ``policy.kernels``; float32): each layer's rotary
-  embedding, cache write and attention in one numba pass, RMSNorm in one pass, residual adds
-  folded into ``addmm``, and the sampling draw with its log-prob in one pass
+* **identical rows decoded once** (``share_rows``, :class:`~creditrl.policy.engines.kv_cache.Slots`):
+  the samples of a prompt are one sequence until they draw different tokens, and a confident
+  policy keeps many of them identical for long stretches; the decode step runs once per distinct
+  sequence. Tokens and log-probs are those of decoding every row (tested,
+  ``benchmarks/logprob_agreement.py``); ``share_rows=False`` decodes every row;
+* **compiled decode step** (``kernels``, ``policy.kernels``; float32): rotary embedding, cache
+  write and attention of a layer in one numba pass, RMSNorm in one pass, residual adds folded
+  into ``addmm``, the sampling draw with its log-prob in one pass
   (:mod:`creditrl.policy.engines.kernels`); ``kernels="torch"`` keeps every step in tensor ops;
 * **oneDNN products** (``products``): from a hidden size of
   :data:`~creditrl.policy.engines.decoder.ONEDNN_FROM_HIDDEN` the compiled step's products run
@@ -114,10 +108,9 @@ class StaticEngine(InProcessEngine):
         reads over a call (long prefixes continued many times, as MC continuations are, exceed it).
 
         With ``share_rows``, ``auto`` also takes ``shared`` when the engine's last call computed
-        at most ``SHARED_LAYOUT_BELOW`` of its row-steps (:attr:`last_rows`; a policy that keeps
-        its samples identical keeps doing so from one call to the next): few slots attended per
-        (slot, head), and a parting sequence's keys copied as one contiguous block, then beat
-        the rows layout's vectors over a partly filled row axis."""
+        at most ``SHARED_LAYOUT_BELOW`` of its row-steps (:attr:`last_rows`): a policy that keeps
+        its samples identical keeps doing so from one call to the next, and few slots attended per
+        (slot, head) then beat the rows layout's vectors over a partly filled row axis."""
         if self.cache_layout != "auto":
             return self.cache_layout == "rows"
         computed, decoded = self.last_rows

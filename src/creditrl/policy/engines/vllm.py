@@ -50,12 +50,13 @@ ignore_eos, seed, detokenize)``; ``RequestOutput.prompt_token_ids`` and ``.outpu
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 import tempfile
 import time
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -151,9 +152,7 @@ class _Backend:
 
     llm: Any
     workdir: tempfile.TemporaryDirectory
-    model_path: str
     loaded: tuple | None  # (weakref, weights_key) of the HF model whose weights the LLM holds
-    llm_kwargs: dict[str, Any] = field(default_factory=dict)
     syncs: int = 0
 
 
@@ -167,8 +166,6 @@ def reset_shared() -> None:
 
 def _architecture(model: PreTrainedModel) -> str:
     """The model's config as JSON, without the fields ``save_pretrained`` fills in."""
-    import json
-
     config = {
         k: v
         for k, v in model.config.to_dict().items()
@@ -256,12 +253,11 @@ class VLLMEngine:
             else:
                 path, loaded = str(model_path), None
             llm = vllm.LLM(model=path, **options)
-            backend = _Backend(llm=llm, workdir=workdir, model_path=path, loaded=loaded, llm_kwargs=options)
+            backend = _Backend(llm=llm, workdir=workdir, loaded=loaded)
             if share:
                 _SHARED[key] = backend
         self.backend = backend
 
-    # -- weights ---------------------------------------------------------------------------
     @property
     def llm(self) -> Any:
         return self.backend.llm
@@ -305,7 +301,6 @@ class VLLMEngine:
         self.sync_s = 0.0
         return out
 
-    # -- generation ------------------------------------------------------------------------
     def sampling_params(
         self, params: SamplingParams, limits: Sequence[int], generator: torch.Generator | None
     ) -> list[Any]:
