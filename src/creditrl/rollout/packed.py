@@ -39,10 +39,8 @@ def _rms(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
 
 
 def packed_reason(model: torch.nn.Module, width: int) -> str | None:
-    """Why the packed pass cannot stand in for the HF pass on ``model`` (None when it can):
-    outside the static engine's architectures (or carrying LoRA adapters), wrapped (DDP, FSDP),
-    not float32, with attention dropout while training, with gradient checkpointing, or a
-    sliding window shorter than the ``width`` (prompt + response) of the call."""
+    """Why the packed pass cannot stand in for the HF pass on ``model`` for a call of ``width``
+    (prompt + response) positions, in one line; None when it can."""
     if not isinstance(model, PreTrainedModel):
         return f"the module is a {type(model).__name__}, not a plain Hugging Face model"
     if is_fsdp(model):
@@ -72,10 +70,8 @@ def _expand_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
 
 @dataclass
 class _Layout:
-    """Where the packed response inputs sit: row ``rows[n]``, column ``cols[n]`` of the (B, T-1)
-    inputs (token j emits token j + 1); the prompts' attention mask; the rows by prompt length,
-    each with where its (rows, T-1) inputs sit in the packed ones; where each packed input's
-    attention output sits in the groups' outputs, concatenated and flattened."""
+    """Where the packed response inputs sit: packed input n is row ``rows[n]``, column ``cols[n]``
+    of the (B, T-1) inputs (token j emits token j + 1)."""
 
     rows: torch.Tensor  # (N,)
     cols: torch.Tensor  # (N,)
