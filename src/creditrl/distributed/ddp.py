@@ -1,22 +1,16 @@
 """The data-parallel learner on torch.distributed: process-group set-up from a ``torchrun`` /
-``accelerate launch`` environment, DDP wrapping, and the few collectives the trainer needs.
+``accelerate launch`` environment (both set ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``MASTER_ADDR``, ``MASTER_PORT``), DDP / FSDP2 wrapping, and the few collectives the trainer needs.
 
-Nothing here is home-made distribution: gradients are averaged by
-:class:`torch.nn.parallel.DistributedDataParallel`, every other exchange is one
-``torch.distributed`` collective. Without a launch (``WORLD_SIZE`` unset or 1) every helper is
-the identity of the single-process code path: ``world_size() == 1``, ``rank() == 0``, sums of
-one rank are the local value, ``wrap`` returns the module itself.
+Gradients are averaged by DDP (or FSDP2); every other exchange is one ``torch.distributed``
+collective. Without a launch (``WORLD_SIZE`` unset or 1) every helper is the identity of the
+single-process code path: ``world_size() == 1``, ``rank() == 0``, sums of one rank are the local
+value, ``wrap`` returns the module itself.
 
-Launch: ``torchrun --nproc_per_node N -m creditrl.cli train ...`` (or ``accelerate launch``,
-which sets the same ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` / ``MASTER_ADDR`` / ``MASTER_PORT``
-variables). The backend is gloo for CPU tensors and NCCL for CUDA tensors
-(``"cpu:gloo,cuda:nccl"`` when CUDA is available, so CPU-side collectives keep working).
-
-Gradient averaging and global loss denominators: DDP *averages* gradients over the W ranks.
-A loss aggregated with a global denominator D (all-reduced, see
-:func:`creditrl.train.update.update`) and scaled by W on every rank therefore gives, after the
-average, exactly the gradient of the single-process loss over the union of the ranks' rows:
-``(1/W) sum_r W * sum_{rows of r} l / D = sum_{all rows} l / D``.
+Global loss denominators: DDP *averages* gradients over the W ranks, so a loss aggregated with a
+global denominator D (all-reduced, see :func:`creditrl.train.update.update`) and scaled by W on
+every rank gives exactly the gradient of the single-process loss over the union of the ranks'
+rows: ``(1/W) sum_r W * sum_{rows of r} l / D = sum_{all rows} l / D``.
 """
 
 from __future__ import annotations
@@ -37,11 +31,7 @@ from torch.nn.parallel import DistributedDataParallel
 from creditrl.config import ConfigError
 from creditrl.policy.device import is_fsdp
 
-ENV_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK")
 STRATEGIES = ("ddp", "fsdp")
-
-
-# ----------------------------------------------------------------------------- environment
 
 
 def launched() -> bool:
@@ -55,11 +45,9 @@ def backend() -> str:
 
 
 def join_learner_group(cfg: Any) -> int:
-    """Under ``torchrun`` / ``accelerate launch`` (``WORLD_SIZE`` > 1) join the data-parallel
-    process group (this module); returns the number of ranks (1 otherwise).
-
-    Every rank draws the same ``rollout.prompts_per_iter`` problems and trains on its own
-    ``prompts_per_iter / W`` whole prompt groups, so the count must divide."""
+    """Under a multi-process launch join the data-parallel process group; returns the number of
+    ranks (1 otherwise). Every rank draws the same ``rollout.prompts_per_iter`` problems and
+    trains on its own ``prompts_per_iter / W`` whole prompt groups, so the count must divide."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return 1
@@ -78,16 +66,15 @@ def join_learner_group(cfg: Any) -> int:
 
 
 def init_from_env(*, timeout_s: float = 1800.0) -> bool:
-    """Join the process group of a ``torchrun`` / ``accelerate launch`` launch; returns whether
-    this process is one of several ranks. A no-op (False) without a launch, and when the group
-    already exists (True if it has more than one rank)."""
+    """Join the process group of a launch; returns whether this process is one of several ranks.
+    A no-op without a launch (False) and when the group already exists."""
     if not dist.is_available():
         return False
     if dist.is_initialized():
         return dist.get_world_size() > 1
     if not launched():
         return False
-    missing = [v for v in (*ENV_VARS, "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
+    missing = [v for v in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
     if missing:
         raise RuntimeError(
             f"WORLD_SIZE={os.environ['WORLD_SIZE']} but {', '.join(missing)} not set: launch with "
@@ -156,9 +143,6 @@ def share(items: Sequence[Any]) -> list[Any]:
     return list(items[r * k : (r + 1) * k])
 
 
-# ----------------------------------------------------------------------------- collectives
-
-
 def _reduce(values: float | Sequence[float] | torch.Tensor, op: dist.ReduceOp) -> Any:
     if not is_distributed():
         return values
@@ -196,9 +180,6 @@ def all_gather_objects(obj: Any) -> list[Any]:
     out: list[Any] = [None] * world_size()
     dist.all_gather_object(out, obj)
     return out
-
-
-# ----------------------------------------------------------------------------- model wrapping
 
 
 class DataParallel(DistributedDataParallel):
@@ -285,9 +266,6 @@ def no_sync(modules: Iterable[nn.Module], enabled: bool = True) -> Iterator[None
                     m.set_requires_gradient_sync(False)
                     stack.callback(m.set_requires_gradient_sync, True)
         yield
-
-
-# ----------------------------------------------------------------------------- global statistics
 
 
 def batch_whitening(advantages: torch.Tensor, mask: torch.Tensor, eps: float) -> torch.Tensor:
