@@ -80,8 +80,7 @@ def corrupt_step(step: str, rng: random.Random) -> str | None:
 
 
 def _candidates(example: StepwiseExample, rng: random.Random) -> list[tuple[int, str]]:
-    """(index, corrupted text) of every step k labelled positive (>= 0.5) with no negative
-    label before it and a text :func:`corrupt_step` can corrupt."""
+    """(index, corrupted text) of every step that makes ``example`` eligible (:func:`augment_negatives`)."""
     out = []
     for k, (step, label) in enumerate(zip(example.completions, example.labels)):
         if label is not None and label < 0.5:

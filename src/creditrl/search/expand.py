@@ -117,10 +117,6 @@ class BudgetedGenerator:
         self.used = [0] * len(self.prompts)
         self.calls = 0
 
-    def left(self, problem: int) -> int:
-        """Tokens problem ``problem`` may still generate."""
-        return self.budget - self.used[problem]
-
     def generate(
         self,
         requests: Sequence[Request],
@@ -141,8 +137,8 @@ class BudgetedGenerator:
         for i, r in enumerate(requests):
             by_problem.setdefault(r.problem, []).append(i)
         for p, idx in by_problem.items():
-            held = reserve[p] if reserve is not None else 0
-            for i, cap in zip(idx, water_fill([max(0, requests[i].want) for i in idx], self.left(p) - held, floor)):
+            available = self.budget - self.used[p] - (reserve[p] if reserve is not None else 0)
+            for i, cap in zip(idx, water_fill([max(0, requests[i].want) for i in idx], available, floor)):
                 caps[i] = cap
         served = [i for i, cap in enumerate(caps) if cap > 0]
         out: list[Continuation | None] = [None] * len(requests)
