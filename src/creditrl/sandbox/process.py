@@ -28,12 +28,10 @@ net         own network namespace with only a down loopback: no connect at all  
                                                                                 user namespaces
 pid         own PID namespace; everything in it dies with the program           root
 proc        a /proc that shows only the sandbox's processes                     root
-minroot     its root is a fresh tmpfs holding only the interpreter and its      root
-            stdlib (site-packages empty), the shared libraries (/lib, /lib64,
-            /usr/lib, /usr/lib64, /etc/ld.so.cache), /usr/share/zoneinfo,
-            /dev/null, zero, random, urandom, its /proc and the working
-            directory, all read-only but that: no other host file exists for
-            it, the project and its virtual environment included (:mod:`._rootfs`)
+minroot     its root is a fresh tmpfs holding only the interpreter, its stdlib  root
+            (site-packages empty), the shared libraries, a few devices, its
+            /proc and the working directory, all read-only but that: no other
+            host file exists for it, the project included (:mod:`._rootfs`)
 readonly    all it sees is read-only except the working directory               root
 tmpfs       the working directory is a size-capped tmpfs (``disk_mb``)          root
 hidden      the creditrl package (its bundled tests) and ``hidden_paths`` are   root
@@ -42,15 +40,12 @@ hidden      the creditrl package (its bundled tests) and ``hidden_paths`` are   
 ipc         own IPC / UTS namespaces                                            root
 shm         own IPC namespace whose SysV shared-memory limits (kernel.shmmax,   root, or
             shmall, shmmni) are 0: no segment can be made                       user namespaces
-memcg       a memory cgroup per run (v1 ``memory.limit_in_bytes`` or v2         root, or a
-            ``memory.max``, no swap) bounds the whole run at ``memory_mb``:     delegated
-            anonymous memory, shared memory (charged to the group that touches  cgroup v2
-            it), memfd and working-directory files, kernel memory; past it the
-            kernel kills (``memory limit``); RLIMIT_AS is the bound without it
+memcg       a memory cgroup per run bounds the whole run at ``memory_mb``,      root, or a
+            shared memory and files included; past it the kernel kills          delegated
+            (``memory limit``); RLIMIT_AS without one (:mod:`._cgroup`)         cgroup v2
 seccomp     a syscall filter refuses (EPERM) sockets other than AF_INET/6,      pyseccomp and
-            socketpairs other than AF_UNIX stream, memfd_create, shmget,        libseccomp
-            namespaces, mounts, pivot_root/chroot, ptrace, keyrings, bpf,       >= 2.5.0, any
-            io_uring, module loading and more (:mod:`._seccomp`)                user
+            socketpairs other than AF_UNIX stream, memfd, shmget, namespaces,   libseccomp
+            mounts, ptrace, bpf, io_uring and more (:mod:`._seccomp`)           >= 2.5.0, any user
 ==========  ==================================================================  ==============
 
 Not root (the documented fallback): the program runs as the caller's uid under the same
