@@ -205,7 +205,8 @@ class StepTask:
         return draw_problems(n, split=split, seed=seed, namespace=self.name, draw=draw, split_of=self.split_of, **kw)
 
     def _answer_right(self, problem: Problem, completion: str) -> bool:
-        return self.extract_answer(completion) == problem.answer
+        answer = self.extract_answer(completion)  # no "#": False, without reading the problem
+        return answer is not None and answer == problem.answer
 
     def extract_answer(self, completion: str) -> str | None:
         """The text after the first ``"#"``, stripped (what the outcome compares), or None."""

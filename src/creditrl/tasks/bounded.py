@@ -3,13 +3,13 @@
 Every function of the user's that the loop calls -- a task's ``check_outcome`` / ``check_steps``,
 a reward source's ``fn``, a ``cut_fn`` or ``key_fn`` -- is called through :class:`BoundedCalls`:
 
-* ``timeout_s > 0`` (``reward.timeout_s``): the calls run in a worker process, forked from this
-  one on first use (so it holds the task and every registered function as they are then) and
-  fed a batch of argument tuples at a time; each call has ``timeout_s`` from the previous
-  answer. A call over it, or one that kills the worker, is an error of that call; the worker is
-  killed and a fresh one forked for the rest of the batch. Functions must therefore not rely on
-  changing this process's state, and one that runs torch ops may hang in a forked child (the
-  timeout then bounds it): ``timeout_s = 0`` runs every call here, unbounded.
+* ``timeout_s > 0`` (``reward.timeout_s``): the calls run in a worker process forked from this
+  one on first use (holding the task and every registered function as they are then), a batch
+  of argument tuples at a time; each call has ``timeout_s`` from the previous answer. A call over
+  it, or one that kills the worker, is an error of that call, and a fresh worker is forked for
+  the rest of the batch. Functions must therefore not rely on changing this process's state, and
+  one that runs torch ops may hang in a forked child: ``timeout_s = 0`` runs every call here,
+  unbounded.
 * :func:`covered` applies ``reward.on_error`` to the outcomes: ``raise`` stops with one line
   naming the function, the response and what went wrong (:class:`UserFunctionError`, which the
   command line prints without a traceback); ``zero`` and ``skip`` replace the value (the caller

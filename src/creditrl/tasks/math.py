@@ -70,20 +70,14 @@ class _Keys(NamedTuple):
     messages: str
 
 
-def _text(value: Any) -> str | None:
-    """A cell as text: strings as they are, numbers (not bools) written out, else None."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return str(value)
-    return None
-
-
 def _cell(rows: DataRows, number: int, row: dict[str, Any], key: str) -> str:
-    """The text of ``row[key]``, which must be present, text or a number, and not blank."""
+    """The text of ``row[key]``, which must be present, text or a number (not a bool; written out),
+    and not blank."""
     if key not in row:
         raise rows.error(number, f"field {key!r} is missing (fields: {', '.join(map(str, row)) or 'none'})")
-    text = _text(row[key])
+    text = row[key] if isinstance(row[key], str) else None
+    if isinstance(row[key], (int, float)) and not isinstance(row[key], bool):
+        text = str(row[key])
     if text is None:
         raise rows.error(
             number, f"field {key!r} is missing or not text (got {short_repr(row[key])}); expected a string or a number"
