@@ -34,9 +34,6 @@ def _check_outcome(outcome: object) -> Tensor:
     return outcome
 
 
-# ----------------------------------------------------------------------------- filters
-
-
 def filter_top_q(outcome: Tensor, q: float, generator: torch.Generator | None) -> Tensor:
     """Keep the ``k = ceil(q * B)`` responses with the highest outcome (filter then refine).
 
@@ -150,9 +147,6 @@ def apply_filter(
     return fn(outcome, group_ids, q=q, lo=lo, hi=hi, generator=generator)
 
 
-# ----------------------------------------------------------------------------- scheduled mix
-
-
 def _constant(progress: float, switch_at: float, weight: float) -> tuple[float, float]:
     return 1.0, weight
 
@@ -224,9 +218,6 @@ def mix_rewards(
     if w_dense != 0:
         reward_mask = reward_mask | dense_mask
     return rewards, reward_mask
-
-
-# ----------------------------------------------------------------------------- calibration
 
 
 def dense_verdict(

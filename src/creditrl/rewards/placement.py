@@ -133,9 +133,6 @@ def _key_token(opts: SegmenterOptions) -> SegmentFn:
     return key_token_segmenter(load_callable(opts.key_fn) if opts.key_fn else after_text(opts.key_after))
 
 
-# ----------------------------------------------------------------------------- placement
-
-
 def _check_bool_2d(name: str, mask: torch.Tensor, shape: torch.Size | None = None) -> None:
     if mask.dtype != torch.bool or mask.dim() != 2 or (shape is not None and mask.shape != shape):
         want = "(B, T)" if shape is None else str(tuple(shape))

@@ -247,9 +247,7 @@ class Scorer:
                 w_dense *= self.calibrator.weight
             rewards, reward_mask = mix_rewards(rewards, reward_mask, d_rewards, d_mask, w_seq, w_dense)
             stats.update({"hybrid/w_seq": w_seq, "hybrid/w_dense": w_dense})
-        terms = self._shaping(batch, ref_logprobs)
-        if terms:
-            rewards, reward_mask = add_shaping(rewards, reward_mask, terms)
+        rewards, reward_mask = add_shaping(rewards, reward_mask, self._shaping(batch, ref_logprobs))
         step_ends, step_correct, steps_ok = self._steps(batch, primary_seg, outcome, counts)
         if on_error == "skip":
             keep = [k and s for k, s in zip(keep, steps_ok)]

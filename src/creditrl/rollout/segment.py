@@ -28,8 +28,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 SegmentFn = Callable[[Sequence[str]], list[int]]  # per-token texts of a response -> span-end indices
-# A key-token predicate: is token i (of the response's per-token texts) a key token?
-KeyPredicate = Callable[[Sequence[str], int], bool]
+KeyPredicate = Callable[[Sequence[str], int], bool]  # (per-token texts, i) -> is token i a key token?
 
 
 @dataclass
@@ -66,9 +65,6 @@ def step_stop_ids(tokenizer: PreTrainedTokenizerBase, separator: str) -> tuple[i
     if not ids:
         raise ValueError(f"no token of the tokenizer contains the step separator {separator!r}")
     return ids
-
-
-# ----------------------------------------------------------------------------- builders
 
 
 def _ends_on_separator(separator: str, texts: Sequence[str]) -> list[int]:
@@ -229,9 +225,6 @@ def load_callable(spec: str) -> Callable[..., Any]:
     if not callable(obj):
         raise ValueError(f"'{spec}' is not callable (it is a {type(obj).__name__})")
     return obj
-
-
-# ----------------------------------------------------------------------------- segment
 
 
 def segment(
