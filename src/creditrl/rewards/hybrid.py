@@ -147,29 +147,12 @@ def apply_filter(
     return fn(outcome, group_ids, q=q, lo=lo, hi=hi, generator=generator)
 
 
-def _constant(progress: float, switch_at: float, weight: float) -> tuple[float, float]:
-    return 1.0, weight
-
-
-def _switch(progress: float, switch_at: float, weight: float) -> tuple[float, float]:
-    return (1.0, 0.0) if progress < switch_at else (0.0, weight)
-
-
-def _linear(progress: float, switch_at: float, weight: float) -> tuple[float, float]:
-    return 1.0 - progress, weight * progress
-
-
-def _decay(progress: float, switch_at: float, weight: float) -> tuple[float, float]:
-    if switch_at == 0.0:
-        return 1.0, 0.0
-    return 1.0, weight * max(0.0, 1.0 - progress / switch_at)
-
-
+# (progress, switch_at, weight) -> (w_seq, w_dense), as mix_weights documents them
 _SCHEDULES: dict[str, Callable[[float, float, float], tuple[float, float]]] = {
-    "constant": _constant,
-    "switch": _switch,
-    "linear": _linear,
-    "decay": _decay,
+    "constant": lambda p, s, w: (1.0, w),
+    "switch": lambda p, s, w: (1.0, 0.0) if p < s else (0.0, w),
+    "linear": lambda p, s, w: (1.0 - p, w * p),
+    "decay": lambda p, s, w: (1.0, 0.0) if s == 0.0 else (1.0, w * max(0.0, 1.0 - p / s)),
 }
 SCHEDULES: tuple[str, ...] = tuple(_SCHEDULES)
 
