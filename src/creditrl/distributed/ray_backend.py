@@ -53,27 +53,18 @@ def engine_kind(model: PreTrainedModel, kind: str) -> str:
 
 
 class RolloutWorker:
-    """A Ray actor (wrapped by :class:`RayEngine`): a policy copy and its in-process engine."""
+    """A Ray actor (wrapped by :class:`RayEngine`): a policy copy and its in-process engine
+    (``kind``: the driver's resolved ``policy.engine``)."""
 
-    def __init__(
-        self,
-        init_path: str,
-        seed: int,
-        options: dict,
-        kind: str,
-        threads: int,
-        eos_id: int,
-        pad_id: int,
-        kernels: str = "auto",
-    ) -> None:
+    def __init__(self, cfg: Config, init_path: str, kind: str, eos_id: int, pad_id: int) -> None:
         from creditrl.policy.engines import make_engine
 
-        torch.set_num_threads(threads)
-        model, _ = load_policy(init_path, seed=seed, **options)
+        torch.set_num_threads(cfg.backend.worker_threads)
+        model, _ = load_policy(init_path, seed=cfg.policy.init_seed, **policy_options(cfg))
         if is_lora(model):  # the driver sends merged weights
             model = model.merge_and_unload()
         self.model = model.eval().requires_grad_(False)
-        self.engine = make_engine(self.model, eos_id=eos_id, pad_id=pad_id, kind=kind, kernels=kernels)
+        self.engine = make_engine(self.model, eos_id=eos_id, pad_id=pad_id, kind=kind, kernels=cfg.policy.kernels)
         self.version = 0
         self.calls = 0
         self.crash_at: int | None = None
@@ -122,8 +113,7 @@ class RayEngine:
         self.kind = engine_kind(model, cfg.policy.engine)
         self.eos_id, self.pad_id, self.threads = eos_id, pad_id, b.worker_threads
         worker = ray.remote(num_cpus=b.worker_threads, max_restarts=0)(RolloutWorker)
-        p = cfg.policy
-        args = (init_path, p.init_seed, policy_options(cfg), self.kind, b.worker_threads, eos_id, pad_id, p.kernels)
+        args = (cfg, init_path, self.kind, eos_id, pad_id)
         self.pool = WorkerPool(
             ray, "rollout", lambda slot: worker.remote(*args), b.rollout_workers, b.max_restarts, prepare=self._prepare
         )
