@@ -1,9 +1,8 @@
-"""Monte-Carlo state values at step boundaries (VinePPO).
+"""Monte-Carlo state values at step boundaries (VinePPO: Kazemnejad et al., 2024, arXiv:2410.01679).
 
-VinePPO (Kazemnejad et al., 2024, arXiv:2410.01679) replaces the learned critic by unbiased
-Monte-Carlo estimates: a language model can be rolled out again from any prefix of its own
-response, so the value of the state reached after some steps is the average outcome of K fresh
-continuations of that prefix, sampled from the current policy.
+VinePPO replaces the learned critic by unbiased Monte-Carlo estimates: a language model can be
+rolled out again from any prefix of its own response, so the value of the state reached after
+some steps is the average outcome of K fresh continuations of that prefix under the current policy.
 """
 
 from __future__ import annotations

@@ -115,10 +115,9 @@ def rope_cache_attend(
 ) -> torch.Tensor:
     """A decode step's attention block in one pass: rotary embedding of q and k at ``pos``,
     k and v stored in column ``t - 1``, then :func:`decode_attention` over columns
-    ``[first[i], t)``. The cache holds each row's prompt columns then its response columns, with
-    rows as the innermost axis: every loop of the kernel runs over contiguous rows (it
-    vectorises) and reads the cache front to back. Columns before ``first[i]`` (left padding) get
-    weight exactly 0 and must hold finite numbers. ``src``/``dst`` (int64, no row in both): rows
+    ``[first[i], t)``. The cache holds each row's prompt columns then its response columns, rows
+    innermost. Columns before ``first[i]`` (left padding) get weight exactly 0 and must hold finite
+    numbers. ``src``/``dst`` (int64, no row in both): rows
     ``dst`` first take rows ``src``'s keys and values of the columns before ``t - 1`` that any
     row reads (from ``first.min()``), copied as the kernel streams the cache, so a fork costs
     almost no extra reading (``dst`` rows need ``first[dst] = first[src]``). The cache may hold

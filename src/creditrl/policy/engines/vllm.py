@@ -36,15 +36,9 @@ cache is reset. A file path keeps the RPC message small and independent of how v
 tensors. A single-GPU design: for a trainer on other GPUs, vLLM's weight-transfer API (NCCL/IPC
 backends) is the faster path.
 
-vLLM APIs relied on (vllm==0.33.0): ``vllm.LLM(model, dtype, gpu_memory_utilization, seed,
-enforce_eager, skip_tokenizer_init, **engine_args)`` with ``enable_prefix_caching``,
-``logprobs_mode``, ``max_model_len`` and ``worker_extension_cls``; ``LLM.generate(prompts,
-sampling_params=[...], use_tqdm=False)`` with ``{"prompt_token_ids": [...]}`` prompts, outputs in
-input order; ``vllm.SamplingParams(n, temperature, top_p, max_tokens, logprobs, stop_token_ids,
-ignore_eos, seed, detokenize)``; ``RequestOutput.prompt_token_ids`` and ``.outputs[0].token_ids /
-.logprobs / .finish_reason`` (``logprobs``: a ``{token_id: Logprob}`` dict per position);
-``LLM.collective_rpc(method, args=...)``, ``LLM.reset_prefix_cache()``, and in the worker
-``self.model_runner.model.load_weights(weights)``.
+Only documented vLLM APIs are used (checked against vllm==0.33.0): ``LLM``, its ``generate``
+(outputs in input order), ``collective_rpc`` and ``reset_prefix_cache``, ``SamplingParams``, and
+``RequestOutput``.
 """
 
 from __future__ import annotations
