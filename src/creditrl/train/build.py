@@ -1,14 +1,8 @@
-"""The build layer: a config in, the parts of an RL run out.
+"""The build layer: a config in, the parts of an RL run out (docs/design.md, "From a config to a run").
 
-:func:`build_run` builds the task once, checks and resolves the config
-(:mod:`creditrl.train.resolve`), finds the start policy (the cached SFT warm start for
-``train.init=sft``), trains or finds the PRM for ``reward.prm=auto``, loads the policy and
-reference, picks the engine (and logs which one and why), and builds the reward, value and
-update parts. The resolved config is frozen; it is exactly what the run directory's
-``config.yaml`` holds. Every setting is resolved here, once: the run's
-:class:`~creditrl.train.plan.RunPlan` is made last, and :class:`~creditrl.train.rl.RLTrainer` reads
-the plan and wires the parts, never the config.
-``RLTrainer.resume`` goes through the same function, with the checkpoint's weights.
+:func:`build_run` resolves every setting once, in one pass, and makes the run's
+:class:`~creditrl.train.plan.RunPlan` last; :class:`~creditrl.train.rl.RLTrainer` reads the plan and
+wires the parts, never the config. ``RLTrainer.resume`` builds through the same function.
 """
 
 from __future__ import annotations
@@ -34,6 +28,7 @@ from creditrl.prm.cache import cached_prm, prm_cost_s, prm_record
 from creditrl.rewards.stage import Scorer
 from creditrl.rollout.segment import step_stop_ids
 from creditrl.tasks import Problem, Task
+from creditrl.train.evaluate import EVAL_SEED
 from creditrl.train.optim import make_optimizer
 from creditrl.train.plan import RunPlan, plan_of
 from creditrl.train.resolve import resolve_run, run_task, start_kind
@@ -42,7 +37,6 @@ from creditrl.values.registry import VALUE_SOURCES
 from creditrl.values.stage import ValueStage
 
 log = logging.getLogger("creditrl")
-EVAL_SEED = 12345  # the held-out problems are the same for every run of a config
 
 
 @dataclass
@@ -91,7 +85,6 @@ class RunParts:
     stop_ids: tuple[int, ...]  # tree rollouts stop a segment at these tokens
     heldout: list[Problem]
     inspector: Callable[..., Path | None]  # record_iteration bound to the config, tokenizer and task
-    choices: dict[str, str] = field(default_factory=dict)  # what was resolved, and why
     prm_s: float = 0.0  # what the PRM a reward reads cost to label for and train (prm_cost_s)
     prm: dict[str, float] = field(default_factory=dict)  # its labels' and its own quality (prm_record)
 
@@ -112,9 +105,9 @@ def start_policy(cfg: Config, task: Task | None = None, *, progress: bool, sft_t
 
 def resolve_policy_choices(
     cfg: Config, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
-) -> tuple[Config, dict[str, str]]:
+) -> tuple[Config, str]:
     """Resolve ``policy.chat_template`` and ``policy.engine`` against the loaded policy; returns the
-    new config and a line per choice saying why."""
+    new config and the engine chosen, with why."""
     engine, why = choose_engine(model, cfg.policy.engine)
     if cfg.backend.name == "ray":
         why += f"; on {cfg.backend.rollout_workers} Ray rollout workers"
@@ -122,7 +115,7 @@ def resolve_policy_choices(
     if template == "auto":
         template = "template" if getattr(tokenizer, "chat_template", None) else "none"
     cfg = cfg.updated({"policy": {"engine": engine, "chat_template": template}})
-    return cfg, {"engine": f"{engine} ({why})", "kernels": cfg.policy.kernels}
+    return cfg, f"{engine} ({why})"
 
 
 def _prm(cfg: Config, init_path: str, progress: bool) -> Config:
@@ -197,9 +190,9 @@ def build_run(
     if device.type == "cuda":  # NCCL (data-parallel ranks) uses the current device
         torch.cuda.set_device(device)
     model, tokenizer, reference, critic_source = _policy(cfg, init_path, checkpoint, device)
-    cfg, choices = resolve_policy_choices(cfg, model, tokenizer)
+    cfg, engine_choice = resolve_policy_choices(cfg, model, tokenizer)
     log.info("creditrl: start policy %s on %s", init_path, device)
-    log.info("creditrl: engine %s", choices["engine"])
+    log.info("creditrl: engine %s", engine_choice)
     _warn_small_heldout(cfg, task)
     sharded = cfg.backend.learner == "fsdp" and ddp.is_distributed()
     learners = Learners(sharded)
@@ -235,7 +228,6 @@ def build_run(
         stop_ids=stop_ids,
         heldout=task.sample(cfg.train.eval_size, split="heldout", seed=EVAL_SEED),
         inspector=partial(record_iteration, cfg=cfg, tokenizer=tokenizer, task=task),
-        choices=choices,
         prm_s=prm_cost_s(cfg),
         prm=prm_record(cfg),
     )

@@ -17,6 +17,8 @@ from creditrl.policy.tokenizer import decode_response, encode_problem
 from creditrl.tasks.base import Problem, Task
 from creditrl.tasks.bounded import BoundedCalls, CallCounts, covered, finite_number, shorten, step_labels
 
+EVAL_SEED = 12345  # the held-out problems are the same for every run of a config
+
 
 @dataclass
 class EvalResult:
@@ -27,13 +29,6 @@ class EvalResult:
     correct: list[bool]  # per problem: the final answer is right
     errors: int = 0  # checker calls that failed (timeouts included), under reward.on_error
     timeouts: int = 0
-
-
-def completion_step_labels(task: Task, problem: Problem, completion: str) -> list[bool]:
-    """Step checker labels of a completion split at the task's separator."""
-    if task.step_separator is None:
-        return []
-    return task.check_steps(problem, completion.split(task.step_separator))
 
 
 @torch.no_grad()

@@ -28,7 +28,8 @@ from creditrl.policy.model import load_policy, policy_options
 from creditrl.policy.tokenizer import encode_problem
 from creditrl.tasks.base import Problem, Task
 from creditrl.train.checkpoint import MANIFEST, save_checkpoint, verify_checkpoint, write_manifest
-from creditrl.train.evaluate import evaluate
+from creditrl.train.evaluate import EVAL_SEED, evaluate
+from creditrl.train.optim import backward, clip_and_step
 from creditrl.train.outcomes import pack_outcomes
 from creditrl.train.resolve import run_task, task_args
 from creditrl.train.scheduled_sampling import mix_inputs, sampling_probability
@@ -38,8 +39,8 @@ ESTIMATE_AFTER = 10  # SFT steps timed before the log estimates the whole warm s
 PLAIN_LINES = 20  # progress lines of a warm start off a terminal (in place of the bar)
 
 
-# Fields the SFT checkpoint does not depend on (generation engine, RL-only switches), and fields
-# added later that enter the key only when set (so existing caches keep their keys).
+# Fields the SFT checkpoint does not depend on, and fields added later that enter the key only
+# when set (so existing caches keep their keys).
 _NOT_IN_SFT_KEY = (
     "engine",
     "kernels",
@@ -114,14 +115,14 @@ def heldout_report(
     cfg: Config, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, task: Task
 ) -> dict[str, float]:
     """Greedy accuracy and step accuracy of ``model`` on ``train.eval_size`` held-out problems of
-    ``task``, and each problem's outcome (``eval/correct``, packed as a run's evaluations pack it:
-    a start's fingerprint, kept in its state as ``heldout_correct``, not among its metrics)."""
+    ``task``, and each problem's packed outcome (``eval/correct``: a start's fingerprint, kept in
+    its state as ``heldout_correct``, not among its metrics)."""
 
     res = evaluate(
         model,
         tokenizer,
         task,
-        task.sample(cfg.train.eval_size, split="heldout", seed=12345),
+        task.sample(cfg.train.eval_size, split="heldout", seed=EVAL_SEED),
         max_new_tokens=cfg.rollout.max_new_tokens,
         engine=cfg.policy.engine,
         precision=cfg.policy.precision,
@@ -140,9 +141,8 @@ def _metrics_of(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def start_outcomes(cfg: Config, path: Path) -> str:
-    """The packed held-out outcomes of the SFT checkpoint at ``path`` on ``cfg``'s RL task (what a
-    run's iteration-0 evaluation records): read from its state, or evaluated now and stored there
-    when the entry predates them."""
+    """The packed held-out outcomes of the SFT checkpoint at ``path`` on ``cfg``'s RL task: read
+    from its state, or evaluated now and stored there when the entry predates them."""
     state = json.loads((path / "trainer_state.json").read_text())
     if "heldout_correct" not in state:
         _report_on(cfg, path, None)
@@ -184,15 +184,9 @@ def train_sft(
         with autocast(device, precision):
             loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         opt.zero_grad(set_to_none=True)
-        if scaler is None:
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-        else:  # fp16: scaled loss, unscaled gradients for the clip, overflowing steps skipped
-            scaler.scale(loss).backward()
-            scaler.unscale_(opt)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            scaler.step(opt)
+        backward(loss, scaler)
+        clip_and_step(model, opt, 1.0, scaler)
+        if scaler is not None:
             scaler.update()
         loss_value = float(loss.detach())
         loss_ema = loss_value if loss_ema is None else 0.95 * loss_ema + 0.05 * loss_value
@@ -220,8 +214,7 @@ def train_sft(
 
 def recipe_key(cfg: Config) -> str:
     """What the SFT weights depend on: the policy, the SFT settings and the SFT problems' task. Configs
-    that differ only in their RL task (e.g. one long-output setting at several chain lengths) share
-    the weights; each still gets its own held-out report (see :func:`cached_sft`)."""
+    that differ only in their RL task share the weights (see :func:`cached_sft`)."""
     return config_hash(
         {
             "v": CACHE_VERSION,
@@ -234,8 +227,7 @@ def recipe_key(cfg: Config) -> str:
 
 def _link_entry(source: Path, path: Path, *, link: bool = True, drop: tuple[str, ...] = ()) -> None:
     """A new checkpoint at ``path`` holding ``source``'s files but ``drop`` (hard links where asked
-    and the file system allows, copies otherwise), its state file and manifest written anew (a cache
-    entry's report is then computed into that state)."""
+    and the file system allows, copies otherwise), its state file and manifest written anew."""
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -270,8 +262,7 @@ def _weights_sha(path: Path) -> str | None:
 
 def keep_start(path: Path, dest: Path) -> None:
     """Copy SFT checkpoint ``path`` (all but its RNG state) to ``dest`` with a manifest of its own: a
-    start a repository keeps, so that another machine starts from these weights instead of training
-    others (``cached_sft(weights=dest)``)."""
+    start a repository keeps, for ``cached_sft(weights=dest)`` on another machine."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     _link_entry(path, dest, link=False, drop=("rng.pt",))
 
@@ -301,10 +292,9 @@ def cached_sft(
     and ``sft_task`` as in :func:`train_sft` (built there only when SFT runs).
 
     An entry is keyed by :func:`sft_key` (weights and the held-out report on the RL task). When it
-    is missing but an entry with the same :func:`recipe_key` exists (the same weights, another RL
-    task), the new entry links that one's weights and only the report is computed. ``weights``: a
-    start of this recipe kept elsewhere (:func:`keep_start`): the entry holds its files, whatever was
-    cached or could be trained here (the same recipe trains other weights on another CPU kind)."""
+    is missing but an entry with the same :func:`recipe_key` exists, the new entry links that one's
+    weights and only the report is computed. ``weights``: a start of this recipe kept elsewhere
+    (:func:`keep_start`): the entry holds its files, whatever was cached or could be trained here."""
     root = cache_root() / "sft"
     path = root / sft_key(cfg)
     state_file = path / "trainer_state.json"
