@@ -68,11 +68,6 @@ class IterationRecord:
     stats: dict[str, float] = field(default_factory=dict)  # backend statistics (Ray restarts, sync time)
 
     @property
-    def generated_tokens(self) -> int:
-        """This rank's sampled tokens (a tree's shared segments counted once)."""
-        return generated_tokens(self.batch)
-
-    @property
     def mask(self) -> torch.Tensor:
         """bool (B, T): the tokens trained on (responses the error policy or the filter dropped are out)."""
         return self.batch.response_mask & self.scored.keep[:, None]
@@ -123,7 +118,7 @@ def _batch_metrics(rec: IterationRecord) -> dict[str, Any]:
         "train/step_accuracy": float(scored.step_correct.mean()),
         "response/length": float(batch.response_lengths.float().mean()),
         "response/truncated": float((~batch.finished).float().mean()),
-        "tokens/generated": rec.generated_tokens,
+        "tokens/generated": generated_tokens(batch),  # a tree's shared segments counted once
         "tokens/padded": batch.size * (batch.prompt_ids.shape[1] + batch.response_ids.shape[1]),
         "tokens/prompt": int(batch.prompt_mask.sum()),  # every row's real prompt tokens (no padding)
     }

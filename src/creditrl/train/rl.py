@@ -2,22 +2,18 @@
 each iteration runs the stages of :mod:`creditrl.train.stages` in order, each timed.
 
 A run directory holds ``config.yaml`` (the resolved config), ``metrics.jsonl`` (one JSON object
-per iteration), ``completions.jsonl`` (``train.log_completions`` sample completions per
-iteration, one JSON object each) and ``checkpoints/iter_NNNNNN`` (atomic). Every iteration
-draws its prompts and its sampling generator from ``(train.seed, iteration)`` alone, so a
-resumed run replays exactly the iterations an uninterrupted run would have.
+per iteration), ``completions.jsonl`` (``train.log_completions``) and ``checkpoints/iter_NNNNNN``.
+Every iteration draws its prompts and its sampling generator from ``(train.seed, iteration)``
+alone, so a resumed run replays exactly the iterations an uninterrupted run would have.
 
-Data-parallel learner (``torchrun --nproc_per_node N -m creditrl.cli train ...`` or
-``accelerate launch``, see :mod:`creditrl.distributed.ddp`): every rank draws the same problems,
-keeps its ``prompts_per_iter / N`` whole prompt groups and samples them with its own generator
-(``iteration_seed + rank * RANK_SEED_STRIDE``); the update trains DDP wrappers of the policy and
-critic with global loss denominators; metrics are reduced over the ranks; rank 0 alone
-evaluates and writes ``metrics.jsonl``, the inspector's records and the checkpoints.
+Data-parallel learner (``torchrun`` or ``accelerate launch``, see :mod:`creditrl.distributed.ddp`):
+every rank draws the same problems, keeps its ``prompts_per_iter / N`` whole prompt groups and
+samples them with its own generator (``iteration_seed + rank * RANK_SEED_STRIDE``); metrics are
+reduced over the ranks; rank 0 alone evaluates and writes the run directory.
 
-Ctrl-C and SIGTERM stop a run at its last finished iteration, checkpoint it when it has no
-checkpoint yet, and raise :class:`~creditrl.train.lifecycle.Interrupted` naming the resume command
-(:mod:`creditrl.train.lifecycle`). A new run that fails before its first checkpoint leaves no run
-files behind, so the same command can simply run again.
+Ctrl-C and SIGTERM stop a run at its last finished iteration (:mod:`creditrl.train.lifecycle`). A
+new run that fails before its first checkpoint leaves no run files behind, so the same command can
+simply run again.
 """
 
 from __future__ import annotations
@@ -53,18 +49,9 @@ from creditrl.train.checkpoint import (
 )
 from creditrl.train.lifecycle import Interrupted, Signals, checked_resume_config, resume_command
 from creditrl.train.metrics import IterationRecord, StageTimer, iteration_row, sample_completions
-from creditrl.train.rl_output import FINAL, RunOutput
-from creditrl.train.rl_start import PRETRAIN_SEED_OFFSET, RANK_SEED_STRIDE, RunStart, iteration_seed
+from creditrl.train.rl_output import RunOutput
+from creditrl.train.rl_start import RANK_SEED_STRIDE, RunStart, iteration_seed
 from creditrl.train.trackers import Tracker, make_trackers
-
-__all__ = [
-    "FINAL",
-    "PRETRAIN_SEED_OFFSET",
-    "RANK_SEED_STRIDE",
-    "RLResult",
-    "RLTrainer",
-    "iteration_seed",
-]
 
 log = logging.getLogger("creditrl")
 
@@ -193,18 +180,12 @@ class RLTrainer(RunStart, RunOutput):
                 rundir.write_metrics(path, [r for r in rows if r["iteration"] <= self.start_iteration])
 
     # -- the loop ------------------------------------------------------------------------------
-    def _schedules(self, it: int) -> tuple[float, float, float]:
-        """This iteration's learning rate (set on the optimizer), lambda and training progress."""
-        plan = self.plan
-        lr = plan.lr_at(it)
-        for group in self.parts.optimizer.param_groups:
-            group["lr"] = lr
-        return lr, plan.lam_at(it), plan.progress_at(it)
-
     def iteration(self, it: int) -> dict[str, Any]:
         p, plan = self.parts, self.plan
         gen = torch.Generator().manual_seed(iteration_seed(plan.seed, it) + RANK_SEED_STRIDE * ddp.rank())
-        lr, lam, progress = self._schedules(it)
+        lr, lam, progress = plan.lr_at(it), plan.lam_at(it), plan.progress_at(it)
+        for group in p.optimizer.param_groups:
+            group["lr"] = lr
         train_policy = it >= plan.critic_only_iterations  # false during the critic warm-up
         timer = StageTimer()
         with timer("rollout"):
@@ -234,7 +215,7 @@ class RLTrainer(RunStart, RunOutput):
         record = IterationRecord(it + 1, batch, scored, values, adv, ret, upd, lr, lam, train_policy, stats)
         self._inspect(record)  # outside the stage timers
         self.completions = sample_completions(record, self.completions_per_iter)
-        self._count(batch.size, record.generated_tokens, timer.total)
+        self._count(batch.size, stages.generated_tokens(batch), timer.total)
         return iteration_row(record, timer.times, self.totals)
 
     def run(self) -> RLResult:

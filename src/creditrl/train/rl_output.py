@@ -1,6 +1,6 @@
 """The output of an RL run (:mod:`creditrl.train.rl`): held-out evaluation, the metrics and
-completions rows (run directory and trackers), the credit inspector's records, the line a stopped
-run ends with and the final policy folder."""
+completions rows, the credit inspector's records, the line a stopped run ends with and the final
+policy folder."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ class RunOutput:
     # -- evaluation ----------------------------------------------------------------------------
     def _evaluate_on_main(self) -> dict[str, float]:
         """Held-out evaluation on rank 0 only ({} on the other ranks, which wait for it), with its
-        wall time as ``time/eval_s`` (not part of ``time/total_s``, the iterations' time)."""
+        wall time as ``time/eval_s`` (not part of ``time/total_s``)."""
         start = time.perf_counter()
         out = {**self.evaluate(), "time/eval_s": 0.0} if ddp.is_main() else {}
         if out:

@@ -33,12 +33,11 @@ class RunStart:
 
     def _pretrain_critic(self) -> dict[str, float]:
         """Value pretraining (VC-PPO, Yuan et al., 2025, arXiv:2503.01491): ``value.pretrain_iterations``
-        rounds of rollout -> score -> value -> Monte-Carlo returns (lambda 1, whatever ``credit.lam``,
-        ``lam_critic`` or ``lam_alpha`` say) -> a critic-only update, all from the start policy, before
-        RL's first iteration. Their problems and samples come from ``iteration_seed(train.seed, k) +
-        PRETRAIN_SEED_OFFSET``, apart from RL's. Returns iteration 0's ``pretrain/*`` metrics: each
-        batch's explained variance is measured before the critic trains on it (a fresh sample), the
-        first (the untrained critic) and the last; the last update's value loss; ``time/pretrain_s``."""
+        rounds of rollout -> score -> value -> Monte-Carlo returns (lambda 1) -> a critic-only update,
+        all from the start policy, before RL's first iteration, on samples apart from RL's
+        (``PRETRAIN_SEED_OFFSET``). Returns iteration 0's ``pretrain/*`` metrics: the explained
+        variance of the first and the last batch, each measured before the critic trains on it; the
+        last update's value loss; ``time/pretrain_s``."""
         p, plan = self.parts, self.plan
         start, evs, update = time.perf_counter(), [], {}
         for k in range(plan.pretrain_iterations):

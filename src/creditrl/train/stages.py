@@ -82,7 +82,7 @@ def reference_logprobs(
     """The frozen reference policy's log-probs of the response tokens, float (B, T) on the CPU like
     the batch, 0 at padding (None without a reference: no KL term); ``packed``:
     ``policy.forward=auto``; computed in chunks of at most ``max_positions`` padded positions
-    (``optim.inference_positions``; 0 = one pass), so the pass holds one chunk's activations."""
+    (``optim.inference_positions``; 0 = one pass)."""
     if reference is None:
         return None
     with inference(module_device(reference), precision):
@@ -107,23 +107,17 @@ def credit(
     lam_critic: float | None = None,
     lam_alpha: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Advantages and returns (B, T) through the estimator registry, then the normaliser.
+    """Advantages and returns (B, T) through the estimator registry
+    (:func:`creditrl.credit.estimate_at`), then the normaliser.
 
-    Only the kept responses enter (``scored.keep``): a response dropped by the reward error
-    policy or the hybrid filter neither receives credit nor counts in its group's statistics.
-    ``settings`` are the run's ``credit.*`` (:class:`~creditrl.train.plan.CreditSettings`).
-    ``lam`` overrides ``credit.lam`` (the lambda schedule), ``lam_critic`` and ``lam_alpha`` the
-    returns' lambda ``credit.lam_critic`` (None: the config's) and ``credit.lam_alpha`` (value
-    pretraining asks for Monte-Carlo returns: ``lam = lam_critic = 1``, ``lam_alpha = 0``, see
-    :func:`creditrl.credit.estimate_at` and :mod:`creditrl.credit.lambdas`); ``credit.outcome_coef``
-    adds the outcome's own leave-one-out advantage before the normaliser (:mod:`creditrl.credit.outcome`,
-    PURE's PRM+VR); the resolution is ``token`` or
-    ``step`` (one time step per reasoning step, see :func:`creditrl.credit.estimate_at`);
-    ``step_ends`` (B, T) overrides the scored step ends as the time steps (a tree's segments).
-
-    Under a data-parallel launch the estimators stay local (a rank holds whole prompt groups)
-    but the ``batch`` normaliser whitens over the valid tokens of every rank's kept rows
-    (:func:`creditrl.distributed.ddp.batch_whitening`), as one process over the whole batch would.
+    Only the kept responses enter (``scored.keep``): a dropped response neither receives credit nor
+    counts in its group's statistics. ``settings``: the run's ``credit.*``. ``lam``, ``lam_critic``
+    and ``lam_alpha`` (None: the settings') override ``credit.lam`` (the lambda schedule),
+    ``credit.lam_critic`` and ``credit.lam_alpha`` (value pretraining asks for Monte-Carlo returns);
+    ``credit.outcome_coef`` adds the outcome's own leave-one-out advantage before the normaliser
+    (:mod:`creditrl.credit.outcome`); ``step_ends`` (B, T) overrides the scored step ends as the
+    time steps (a tree's segments). Under a data-parallel launch the ``batch`` normaliser whitens
+    over every rank's kept rows (:func:`creditrl.distributed.ddp.batch_whitening`).
     """
     rows = scored.keep.nonzero().squeeze(-1)
     adv = torch.zeros(batch.response_mask.shape)
@@ -186,9 +180,9 @@ def learn(
     *,
     train_policy: bool,
 ) -> dict[str, float]:
-    """The update stage: the policy (and a learned critic, toward ``returns``) take their steps on
-    the kept responses; then the copies that generate follow (an FSDP learner's gathered weights,
-    the Ray workers' broadcast). Returns the update's metrics."""
+    """The update stage: the policy (and a learned critic, toward ``returns``) step on the kept
+    responses; then the copies that generate follow (FSDP's gathered weights, the Ray workers).
+    Returns the update's metrics."""
     mask = batch.response_mask & scored.keep[:, None]
     policy, critic_module = parts.learners.get(parts.model, parts.value_stage.critic)
     critic = None
