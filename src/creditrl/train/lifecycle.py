@@ -1,13 +1,12 @@
 """How a training run stops: Ctrl-C (SIGINT) and SIGTERM alike, and the command that resumes it.
 
 While :class:`Signals` is active, either signal raises :class:`Interrupted` in the main thread.
-An iteration changes the run's state (weights, optimizer, critic) only from its score stage on,
-so the RL loop :meth:`Signals.hold` s a signal from there until the iteration is logged and
-checkpointed, and :meth:`Signals.release` raises it then: the trainer stops at a finished
-iteration, whose checkpoint it can write. A second signal while one is held stops at once (the
-iteration is abandoned and nothing of it is saved). Not installed in a data-parallel launch
-(``torchrun`` forwards the signal to every rank, which would have to agree on where to stop) nor
-off the main thread (Python delivers signals there only).
+An iteration changes the run's state only from its score stage on, so the RL loop
+:meth:`Signals.hold` s a signal from there until the iteration is logged and checkpointed, and
+:meth:`Signals.release` raises it then: the trainer stops at a finished iteration. A second signal
+while one is held stops at once (the iteration is abandoned and nothing of it is saved). Not
+installed in a data-parallel launch (``torchrun`` forwards the signal to every rank, which would
+have to agree on where to stop) nor off the main thread (Python delivers signals there only).
 """
 
 from __future__ import annotations
@@ -20,16 +19,6 @@ import threading
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
-
-__all__ = [
-    "Interrupted",
-    "Signals",
-    "RESUMABLE",
-    "checked_resume_config",
-    "resume_command",
-    "os_error_line",
-    "WRITE_ERRNOS",
-]
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # what a full disk, a quota or a read-only / unwritable directory raises

@@ -1,16 +1,10 @@
 """Checking a config against the registries, and resolving its defaults, once per run.
 
-The schema (:mod:`creditrl.config.schema`) knows types, ranges and closed choice sets. What
-only the lower layers know is checked here, against the registries themselves: estimator,
-normaliser, aggregation, optimizer, reward sources and granularities, hybrid filter and
-schedule, value source, engine, task, PRM labelers, search selector. Every name gets the same
-one-line message (``key: unknown value 'x'; valid: ...; did you mean 'y'?``), every combination
-that makes no sense says why, before anything is sampled.
-
-:func:`check` returns the config with the defaults that need nothing heavy resolved
-(granularities, step separator, credit resolution, old-log-prob recomputation, upper clip,
-device, kernels, critic backbone, threads); :mod:`creditrl.train.build` resolves the rest (the
-start policy, the chat template, the engine, ``reward.prm=auto``) and freezes the result.
+What only the lower layers know is checked here, against the registries themselves: every name
+gets the same one-line message (``key: unknown value 'x'; valid: ...; did you mean 'y'?``), every
+combination that makes no sense says why, before anything is sampled. :func:`check` resolves the
+defaults that need nothing heavy; :mod:`creditrl.train.build` resolves the rest (the start policy,
+the chat template, the engine, ``reward.prm=auto``).
 """
 
 from __future__ import annotations

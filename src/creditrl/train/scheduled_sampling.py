@@ -5,10 +5,9 @@ own; the gap is exposure bias. Scheduled sampling feeds, with a probability ``p`
 training, the model's own token in place of the reference token at each response position.
 
 The mixing is the parallel form (Duckworth et al. 2019's one-pass approximation): one extra
-forward pass without gradients on the teacher-forced batch gives, at every position ``t - 1``,
-the model's next token (its argmax, or a sample); each response input token ``t`` is replaced
-by it with probability ``p``; the training forward then reads the mixed inputs while the labels
-stay the reference. A step costs one forward more than plain SFT, never a token-by-token loop.
+forward pass without gradients on the teacher-forced batch gives the model's own tokens
+(:func:`mix_inputs`); the training forward reads the mixed inputs while the labels stay the
+reference.
 
 Schedules of ``p`` over ``steps`` SFT steps (``p_max`` the largest probability):
 

@@ -3,17 +3,13 @@
 
 Every tracker gets each ``metrics.jsonl`` row under the same ``/``-grouped names, at the row's
 ``iteration`` as its step, and the run's resolved config as hyperparameters. ``wandb`` follows
-``WANDB_MODE`` (``offline`` writes its run directory under ``RUN_DIR/wandb`` without a network);
-``tensorboard`` writes event files to ``RUN_DIR/tensorboard``; ``mlflow`` logs to
-``MLFLOW_TRACKING_URI`` (default ``RUN_DIR/mlruns``); ``trackio`` to its local store.
-
-A resumed run replays the iterations after its checkpoint. TensorBoard, which keeps appending to
-the same directory, is told to drop what it holds from the first replayed iteration on (its
-``purge_step``), so that no iteration appears twice; the others start a new run of their own.
+``WANDB_MODE`` (``offline`` writes under ``RUN_DIR/wandb``); ``tensorboard`` writes to
+``RUN_DIR/tensorboard``; ``mlflow`` logs to ``MLFLOW_TRACKING_URI`` (default ``RUN_DIR/mlruns``);
+``trackio`` to its local store. On a resume, TensorBoard drops what it holds from the first replayed
+iteration on (its ``purge_step``); the others start a new run of their own.
 
 ``train.log_completions``: each iteration's sample completions (:data:`COMPLETION_COLUMNS`) go to
-TensorBoard as a markdown table (a text summary, ``completions``) and to wandb as a
-``wandb.Table``; mlflow and trackio skip them.
+TensorBoard as a markdown table and to wandb as a ``wandb.Table``; mlflow and trackio skip them.
 """
 
 from __future__ import annotations
@@ -71,10 +67,9 @@ def markdown_table(completions: list[dict[str, Any]]) -> str:
 
 
 class Tracker(Protocol):
-    """One tracker of a run: ``log(row)`` per metrics row, ``log_completions(iteration,
-    completions)`` per iteration with sample completions (a no-op for a tracker without tables),
-    ``close()`` at the end. Made with ``(run_dir, config, first)``: ``first`` is the first iteration
-    this process logs (after a resume, what the tracker holds from there on is superseded)."""
+    """One tracker of a run (``log_completions`` is a no-op for one without tables), made with
+    ``(run_dir, config, first)``: ``first`` is the first iteration this process logs (after a
+    resume, what the tracker holds from there on is superseded)."""
 
     def log(self, row: dict[str, Any]) -> None: ...
 
