@@ -1,11 +1,11 @@
-"""The seeds harness: Student-t intervals over seeds, per-seed summaries and their table."""
+"""The seeds harness: Student-t intervals over seeds, over a value and over a curve's columns."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from creditrl.experiments.seeds import ci95_half, mean_ci95, seeds_table, summarise_seeds
+from creditrl.experiments.seeds import ci95_half, mean_ci95
 
 
 def test_mean_ci95_uses_student_t():
@@ -25,30 +25,3 @@ def test_ci95_half_of_a_matrix_is_each_columns_interval():
     assert half.shape == (50,)
     assert half.tolist() == [mean_ci95(list(col))[1] for col in ys.T]  # the same floats, column by column
     assert ci95_half(ys[:1]).tolist() == [0.0] * 50
-
-
-def test_summarise_seeds_and_table():
-    def hist(final: float, tokens: int) -> list[dict]:
-        return [
-            {
-                "iteration": 0,
-                "samples/total": 0,
-                "tokens/total": 0,
-                "time/total_s": 0.0,
-                "eval/accuracy": 0.1,
-                "eval/step_accuracy": 0.4,
-            },
-            {
-                "iteration": 5,
-                "samples/total": 80,
-                "tokens/total": tokens,
-                "time/total_s": 2.0,
-                "eval/accuracy": final,
-                "eval/step_accuracy": 0.5,
-            },
-        ]
-
-    s = summarise_seeds("tree", [hist(0.2, 1000), hist(0.4, 1100)])
-    assert s.start == 0.1 and s.final[0] == pytest.approx(0.3) and s.tokens == 1050 and s.iterations == 5
-    assert s.final[1] == pytest.approx(12.70620 * (0.2**2 / 2) ** 0.5 / 2**0.5)
-    assert "| tree | 2 | 10.0% | 30.0 ± " in seeds_table([s])
