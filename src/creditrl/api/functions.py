@@ -1,12 +1,11 @@
 """Reward functions held in this process, named ``python:NAME`` in a config.
 
 :class:`creditrl.Trainer` takes reward functions as Python objects (TRL's ``reward_funcs``). A
-function an import path finds again (defined at the top of an importable module) is named by that
-path, ``module:function``, so its run also resumes from the command line. Any other (defined in a
-script's ``__main__``, in a function, a lambda, a ``functools.partial``) is registered here under
-``python:NAME`` and resolved by the ``python`` prefix of :func:`creditrl.rewards.register_source_prefix`,
-with TRL's contract (:func:`creditrl.rewards.functions.call_reward_function`); such a run resumes
-from Python, through a trainer given the same functions.
+function an import path finds again is named by that path, ``module:function``, so its run also
+resumes from the command line. Any other (defined in ``__main__`` or a function, a lambda, a
+``functools.partial``) is registered here under ``python:NAME``, resolved by the ``python`` source
+prefix with TRL's contract (:func:`creditrl.rewards.functions.call_reward_function`); such a run
+resumes from Python, through a trainer given the same functions.
 """
 
 from __future__ import annotations

@@ -6,11 +6,10 @@
                                config={"rollout.group_size": 8, "loss.kl_coef": 0.04})
     run_dir = trainer.train()
 
-It turns the objects into a config and the files a run reads, then runs the same build and loop
-as ``creditrl train`` (:meth:`creditrl.train.rl.RLTrainer.from_config`): a model object is saved
-to ``RUN_DIR/start_policy`` (with its ``processing_class``), datasets to ``RUN_DIR/data``
-(:mod:`creditrl.api.data`), reward functions become reward-source names
-(:mod:`creditrl.api.functions`). The resolved config is the run directory's ``config.yaml``.
+It turns the objects into a config and the files a run reads (a model object saved to
+``RUN_DIR/start_policy``, datasets to ``RUN_DIR/data``, reward functions named as reward sources),
+then runs the same build and loop as ``creditrl train``; the resolved config is the run
+directory's ``config.yaml``.
 """
 
 from __future__ import annotations

@@ -24,9 +24,6 @@ class _Stderr(logging.StreamHandler):
     """Writes to whatever ``sys.stderr`` is when a record is emitted (not the stream of the first
     call: a caller may swap sys.stderr, as pytest's capture does)."""
 
-    def __init__(self) -> None:
-        super().__init__()
-
     @property
     def stream(self):  # noqa: D102
         return sys.stderr

@@ -8,10 +8,9 @@ from pathlib import Path
 
 
 def quiet_libraries() -> None:
-    """transformers at error verbosity and without progress bars. Before transformers is imported
-    this only sets its environment variables (``TRANSFORMERS_VERBOSITY``,
-    ``HF_HUB_DISABLE_PROGRESS_BARS``, read at its import), so a command that fails early (a run
-    directory in use) does not pay for importing torch."""
+    """transformers at error verbosity and without progress bars; before transformers is imported,
+    through the environment variables it reads at import, so that a command failing early does not
+    pay for importing torch."""
     import os
     import sys
     import warnings
@@ -61,8 +60,7 @@ def add_report_args(
     results: str | None = None,
 ) -> None:
     """``--quick``, and for each help given ``--out``, ``--seeds N`` and ``--results PAGE``: the
-    arguments every measuring command shares (``compare``, ``findings`` and the studies in the
-    repository's ``studies/``)."""
+    arguments every measuring command shares (``compare``, ``findings``, ``studies/``)."""
     p.add_argument("--quick", action="store_true", help=quick)
     if out is not None:
         p.add_argument("--out", help=out)
