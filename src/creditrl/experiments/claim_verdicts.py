@@ -2,26 +2,21 @@
 judged as one family, their robustness, and the tables that show them.
 
 A finding that tests a claim compares each arm its ``expect`` names with the grid's reference
-(the claim's stated baseline) and, where the finding names its ``sequence_level`` arm (the
-setting's best sequence-level arm: outcome GRPO where it ran) and that arm is not the
-reference, with that arm too: under the same prediction, or under the finding's
-``sequence_expect`` (``any``: the claim predicts nothing there). Where the reference is that arm,
-its rows are marked as the comparison with the best sequence-level arm. The statistics are those of
+(the claim's stated baseline) and, where its ``sequence_level`` arm (the setting's best
+sequence-level arm: outcome GRPO where it ran) is another arm, with that arm too, under the same
+prediction or under ``sequence_expect``. The statistics are those of
 :mod:`creditrl.experiments.verdicts`: per-seed paired differences, the seed-level t, Holm's
 step-down over the claim's rows.
 
-**Fragile.** A verdict is fragile when it changes with any one seed left out (the row's interval
-recomputed at its own level from the other seeds, in both arms) or with a tie margin of ±1 or ±3
-points instead of ±2. Each claim's sensitivity table shows those verdicts beside the verdict of
-the unadjusted 95% seed-level t and the previous protocol's (the two-level bootstrap, the earlier
-tie rule); the list of changed verdicts says, step by step, what changed each one.
+**Fragile.** A verdict is fragile when it changes with any one seed left out (the interval
+recomputed at the row's level from the other seeds) or with a tie margin of ±1 or ±3 points
+instead of ±2. The sensitivity table shows those verdicts beside those of the unadjusted 95%
+seed-level t and of the previous protocol (the two-level bootstrap, the earlier tie rule).
 
-**Costs.** Each row's cost is the arm's against the reference's, in units no machine's speed or
-load changes (:func:`cost_ratios`): the ratio of their mean generated tokens, of the token
-positions their updates forwarded and backpropagated and of their runs' process-tree CPU seconds
-(the last two where every run of both arms recorded them: summaries written before the cost record
-hold tokens only), and the wall seconds the PRM each one's reward reads took to label for and
-train. Wall times of grid runs (loaded, shared machines) decide nothing here.
+**Costs** (:func:`cost_ratios`) are the arm's against the reference's in units no machine's speed
+or load changes: generated tokens, trained token positions and process-tree CPU seconds (the last
+two only where every run of both arms recorded them), and the PRM's labelling and training in
+wall seconds.
 """
 
 from __future__ import annotations
@@ -69,8 +64,7 @@ BASELINE, SEQUENCE, NAMED = "stated baseline", "best sequence-level", "named pai
 
 @dataclass
 class Comparison:
-    """One verdict row before it is judged: ``arm`` against ``reference`` in one claim setting,
-    as per-seed paired differences (the seed ids in ``seeds``)."""
+    """One verdict row before it is judged: ``arm`` against ``reference`` in one claim setting."""
 
     claim: str
     finding: str
@@ -97,8 +91,8 @@ def _gain(histories: list[list[dict[str, Any]]]) -> float:
 
 
 def _prm_s(histories: list[list[dict[str, Any]]]) -> float | None:
-    """The mean over an arm's runs of what the PRM its reward reads cost to label for and train
-    (``time/prm_s`` of a run's start row, wall seconds); None where no run records one."""
+    """The mean over an arm's runs of their PRM's labelling and training (``time/prm_s`` of the start
+    row, wall seconds); None where no run records one."""
     spent = [h[0]["time/prm_s"] for h in histories if h and h[0].get("time/prm_s") is not None]
     return float(np.mean(spent)) if spent else None
 
@@ -111,10 +105,9 @@ def _tokens(histories: list[list[dict[str, Any]]]) -> tuple[float] | None:
 def cost_ratios(
     costs: list[dict[str, Any]], results: dict[str, list[list[dict[str, Any]]]], arm: str, reference: str
 ) -> dict[str, Any]:
-    """Arm ``arm``'s cost against ``reference``'s: for each of :data:`COSTS`, the ratio of the two
-    arms' means (``costs``: :func:`creditrl.experiments.compare_report.cost_rows`, a mean first
-    in each cell; None where either arm did not record it or the reference's is 0), and ``prm_s``:
-    the two arms' PRM labelling and training in wall seconds (:func:`_prm_s`, arm then reference)."""
+    """For each of :data:`COSTS`, the ratio of ``arm``'s mean to ``reference``'s (``costs``:
+    :func:`creditrl.experiments.compare_report.cost_rows`; None where either arm did not record it
+    or the reference's is 0), and ``prm_s``: [arm's, reference's] :func:`_prm_s`."""
     by_arm = {c["arm"]: c for c in costs}
     out: dict[str, Any] = {}
     for key, _ in COSTS:
@@ -131,10 +124,9 @@ def comparisons(
     seeds: list[int],
     costs: list[dict[str, Any]] | None = None,
 ) -> list[Comparison]:
-    """The finding's verdict rows (module docstring): each arm of ``expect`` against
-    ``reference``, then against the finding's ``sequence_level`` arm where that is another arm,
-    then the pairs its ``also`` names (each ``arm`` against ``against``, with its own expectation);
-    ``costs`` as in :func:`cost_ratios` (None: generated tokens only, from ``results``)."""
+    """The finding's verdict rows: each arm of ``expect`` against ``reference``, then against its
+    ``sequence_level`` arm where that is another arm, then the pairs its ``also`` names, each with
+    its own expectation; ``costs`` as in :func:`cost_ratios` (None: generated tokens only)."""
     if costs is None:
         costs = [{"arm": a, "generated_tokens": _tokens(hs)} for a, hs in results.items()]
     named = finding.get("sequence_level")
@@ -181,12 +173,10 @@ def comparisons(
 def _judge_one(c: Comparison, level: float, p_adjusted: float) -> dict[str, Any]:
     diff = t_difference(c.per_seed, level=level, problems=c.problems)
     chosen = verdict(diff, c.expect, size=c.size)
-    keep = np.ones(len(c.per_seed), dtype=bool)
-    loso = {}  # with two seeds, one left out leaves no spread: no leave-one-out verdicts
-    for i, s in enumerate(c.seeds if len(c.seeds) > 2 else []):
-        keep[:] = True
-        keep[i] = False
-        loso[s] = verdict(t_difference(c.per_seed[keep], level=level), c.expect, size=c.size)
+    loso = {  # with two seeds, one left out leaves no spread: no leave-one-out verdicts
+        s: verdict(t_difference(np.delete(c.per_seed, i), level=level), c.expect, size=c.size)
+        for i, s in enumerate(c.seeds if len(c.seeds) > 2 else [])
+    }
     margins = {m: verdict(diff, c.expect, size=c.size, margin=m) for m in MARGINS}
     fragile = [f"seed {s} left out" for s, v in loso.items() if v != chosen]
     fragile += [f"margin ±{100 * m:g}" for m, v in margins.items() if v != chosen]
@@ -224,8 +214,7 @@ def _judge_one(c: Comparison, level: float, p_adjusted: float) -> dict[str, Any]
 
 
 def judge(rows: list[Comparison]) -> list[dict[str, Any]]:
-    """Every row's verdict, its claim's rows being one family under Holm (module docstring), in
-    the order given."""
+    """Every row's verdict, in the order given, each claim's rows one family under Holm."""
     out: list[dict[str, Any] | None] = [None] * len(rows)
     for claim in dict.fromkeys(c.claim for c in rows):
         family = [i for i, c in enumerate(rows) if c.claim == claim]
@@ -250,9 +239,8 @@ def _vs(r: dict[str, Any]) -> str:
 
 
 def cost_cells(cost: dict[str, Any]) -> list[str]:
-    """A row's cost cells (:func:`cost_ratios`): each of :data:`COSTS` as a ratio ("1.23x", or
-    "not recorded"), then the PRM's labelling and training, arm / reference ("178 s / –", or
-    "not recorded" where neither arm's runs record one)."""
+    """A row's cost cells: each of :data:`COSTS` as a ratio ("1.23x"), then the PRM's labelling and
+    training, arm / reference ("178 s / –"); "not recorded" where there is nothing to show."""
     cells = [NOT_RECORDED if cost.get(k) is None else f"{cost[k]:.2f}x" for k, _ in COSTS]
     prm = cost.get("prm_s") or [None, None]
     s = lambda x: "–" if x is None else f"{x:,.0f} s"  # noqa: E731
@@ -260,9 +248,7 @@ def cost_cells(cost: dict[str, Any]) -> list[str]:
 
 
 def verdicts_markdown(rows: list[dict[str, Any]], waiting: list[str]) -> str:
-    """FINDINGS.md's opening table: every verdict row (its method, its Holm-adjusted interval and
-    p-value, the detectable effect at that level, the gains over the start, a fragile mark and its
-    costs against the reference, :func:`cost_cells`), then the claims not measured yet (``waiting``)."""
+    """FINDINGS.md's opening table of every verdict row, then the claims not measured yet (``waiting``)."""
     costs = " | ".join(f"{title}, arm / reference" for _, title in COSTS)
     lines = [
         "| claim | arm vs reference | predicted | verdict | difference, Holm-adjusted interval | method | "
@@ -302,8 +288,7 @@ def _same(v: str, chosen: str) -> str:
 
 
 def sensitivity_markdown(rows: list[dict[str, Any]]) -> str:
-    """One short table per claim: each row's verdict with one seed left out, with the other tie
-    margins, by the unadjusted 95% seed-level t, and by the previous protocol."""
+    """One table per claim: each row's verdict under the module docstring's variations."""
     out = []
     for claim in dict.fromkeys(r["claim"] for r in rows):
         family = [r for r in rows if r["claim"] == claim]
@@ -325,8 +310,8 @@ def sensitivity_markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def changes_markdown(rows: list[dict[str, Any]]) -> str:
-    """Which verdicts differ from the previous protocol's, and the steps that changed each (the
-    protocol's changes applied one at a time: the interval, the tie rule, Holm), computed."""
+    """Which verdicts differ from the previous protocol's, and which of its changes (the interval,
+    the tie rule, Holm), applied one at a time, changed each."""
     old = [r for r in rows if r["steps"] is not None]
     changed = [r for r in old if r["steps"][0][1] != r["verdict"]]
     against_best = sum(r["role"] == SEQUENCE for r in rows)

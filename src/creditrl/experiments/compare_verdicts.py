@@ -27,13 +27,9 @@ def moved(histories: list[list[dict[str, Any]]]) -> bool:
 
 def verdict_rows(results: dict[str, list[list[dict[str, Any]]]], reference: str) -> list[dict[str, Any]]:
     """One row per arm against ``reference`` at the last evaluation: ``verdict`` is ``better``,
-    ``worse`` or ``no difference detectable`` by the seed-level paired t
-    (:mod:`creditrl.experiments.verdicts`), Holm-adjusted over the arms judged (one family), or
-    None with ``why`` where an arm gets none: it is the reference, its runs or the reference's hold
-    no per-problem outcomes, it had no learning signal (zero reward spread in at least
-    :data:`NO_SIGNAL` of its groups), no arm moved from the start, or it ran one seed.
-    ``zero_spread``: the share of its groups with zero reward spread (None: not logged); ``moved``:
-    whether its held-out outcomes changed from the start (:func:`moved`)."""
+    ``worse`` or ``no difference detectable`` by the seed-level paired t, Holm-adjusted over the
+    arms judged, or None with ``why`` it gets none (module docstring). ``zero_spread``: the share
+    of its groups with zero reward spread (None: not logged); ``moved``: :func:`moved`."""
     from creditrl.experiments.summaries import run_mean
     from creditrl.experiments.verdicts import holm, outcome_matrix, paired_difference
 
@@ -75,8 +71,7 @@ def verdict_rows(results: dict[str, list[list[dict[str, Any]]]], reference: str)
 
 
 def verdict_lines(rows: list[dict[str, Any]], reference: str) -> list[str]:
-    """The lines that end ``creditrl compare``'s output: one per arm (:func:`verdict_rows`), and one
-    when no arm moved from the start."""
+    """One line per arm (:func:`verdict_rows`), and one when no arm moved from the start."""
     out = []
     for r in rows:
         share = r["zero_spread"]

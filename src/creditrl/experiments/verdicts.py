@@ -1,50 +1,45 @@
 """Verdicts on the claims: paired differences to a reference arm, their intervals, and the rule.
 
-The primary metric is held-out greedy exact match on one fixed set of problems (the same for
-every arm and seed: ``train.eval_size`` problems drawn with the evaluation seed). Every run
-records each problem's outcome at every evaluation (``eval/correct``), so an arm and the
-reference are compared problem by problem, seed by seed (seed ``s`` of both arms starts from
-the same policy and draws the same prompts).
+The primary metric is held-out greedy exact match on one fixed set of problems (``train.eval_size``
+problems drawn with the evaluation seed), recorded per problem at every evaluation
+(``eval/correct``), so an arm and the reference are compared problem by problem, seed by seed
+(seed ``s`` of both arms starts from the same policy and draws the same prompts).
 
 **The interval.** The seed is the unit of replication (Henderson et al. 2018; Colas et al.
-2018). Each seed ``s`` gives one paired difference ``d_s`` = the arm's accuracy minus the
-reference's over the same problems; the estimate is ``mean(d)`` and its interval the
-seed-level paired Student-t interval, ``mean(d) ± t_{n-1, 1-a/2} sd(d) / sqrt(n)`` over the
-``n`` seeds (``scipy.stats.t``), with the two-sided p-value of ``mean(d) = 0`` from the same
-t. A problem's outcome noise is inside each ``d_s``, so the interval carries both the training
-and the evaluation noise, and its coverage holds at 3 and 5 seeds
+2018). Each seed gives one paired difference ``d_s`` (the arm's accuracy minus the reference's
+over the same problems); the estimate is ``mean(d)`` with the seed-level paired Student-t
+interval ``mean(d) ± t_{n-1, 1-a/2} sd(d) / sqrt(n)`` over ``n`` seeds and the two-sided p-value
+of ``mean(d) = 0`` from the same t. Each ``d_s`` holds the problems' outcome noise, so the
+interval carries training and evaluation noise, and its coverage holds at 3 and 5 seeds
 (``tests/experiments/test_verdicts.py`` simulates it). The previous protocol's two-level
-bootstrap (:func:`bootstrap_difference`, seeds and problems resampled) had 10 distinct seed
-draws at 3 seeds and was too narrow; it is kept only to list the verdicts that changed.
+bootstrap (:func:`bootstrap_difference`) was too narrow at 3 seeds; it is kept only to list the
+verdicts that changed.
 
-**The minimum detectable effect** the run could have seen: the difference the same two-sided
-t-test (at the interval's level, ``n - 1`` degrees of freedom, the observed seed-level SD)
-detects with 80% power, from the noncentral t (``scipy.stats.nct``).
+**The minimum detectable effect**: the difference the same two-sided t-test (at the interval's
+level, ``n - 1`` degrees of freedom, the observed seed-level SD) detects with 80% power, from the
+noncentral t.
 
-**Multiplicity** (:func:`holm`): the rows of one claim are one family. Holm's step-down
-adjusts their p-values; the row of rank ``i`` (by p-value, of ``m``) has its interval at level
-``1 - a / (m - i + 1)``, and every row from the first one Holm does not reject on takes that
-row's level, so an adjusted interval excludes 0 exactly when Holm rejects.
+**Multiplicity** (:func:`holm`): a claim's rows are one family under Holm's step-down; the row of
+rank ``i`` (by p-value, of ``m``) has its interval at level ``1 - a / (m - i + 1)``, and every
+row from the first one Holm does not reject takes that row's level, so an adjusted interval
+excludes 0 exactly when Holm rejects.
 
-**The verdict** of an arm against the claim's prediction for it (``better``, ``worse`` or
-``same`` as the reference; optionally by a claimed size in points), with a tie margin
-(``±margin`` points, 2 by default):
+**The verdict** of an arm against the claim's prediction (``size``: a claimed size in points;
+``margin``: the tie margin, ±2 points by default):
 
-- ``better``: **supported** when the interval lies above 0 (and, with a claimed size, reaches it);
-  **contradicted** when it lies below 0, or lies wholly below a claimed size; else
-  **inconclusive**;
-- ``worse``: the mirror image;
-- ``same`` (equivalence): **supported** when the interval lies within ``±margin``;
-  **contradicted** when it lies wholly outside that band (above ``+margin`` or below
-  ``-margin``); else inconclusive;
-- ``no better`` (the claim says the arm does not beat the reference): **supported** when the
-  interval's upper end is at most ``margin``; **contradicted** when it lies wholly above
-  ``margin``; else inconclusive. ``no worse`` is the mirror image;
-- ``any`` (the claim predicts nothing here): **higher** or **lower** when the interval lies on
-  one side of 0, **tied** when it lies within ``±margin``, else **undecided**.
+- ``better``: **supported** when the interval lies above 0 (and, with a size, reaches it);
+  **contradicted** when it lies below 0 or wholly below the size; else **inconclusive**;
+  ``worse``: the mirror image;
+- ``same``: **supported** when the interval lies within ``±margin``; **contradicted** when it
+  lies wholly outside that band; else inconclusive;
+- ``no better``: **supported** when the interval's upper end is at most ``margin``;
+  **contradicted** when it lies wholly above ``margin``; else inconclusive; ``no worse``: the
+  mirror image;
+- ``any`` (no prediction): **higher** or **lower** when the interval lies on one side of 0,
+  **tied** when it lies within ``±margin``, else **undecided**.
 
-**Still improving**: an arm's last evaluation against its own evaluation at about two thirds of
-the budget, the same seed-level t; improving when that interval lies above 0.
+**Still improving**: an arm's last evaluation against its own at about two thirds of the budget,
+by the same seed-level t; improving when that interval lies above 0.
 """
 
 from __future__ import annotations
@@ -106,8 +101,7 @@ class Difference:
 
 
 def outcome_matrix(histories: list[list[dict[str, Any]]], index: int = -1) -> np.ndarray:
-    """``(seeds, problems)`` booleans: every seed's per-problem outcomes at its evaluation
-    ``index`` (default the last).
+    """``(seeds, problems)`` booleans: each seed's per-problem outcomes at its evaluation ``index``.
 
     Raises:
         ValueError: A run without per-problem outcomes, or runs evaluated on different numbers
@@ -125,8 +119,7 @@ def outcome_matrix(histories: list[list[dict[str, Any]]], index: int = -1) -> np
 
 
 def seed_differences(arm: np.ndarray, reference: np.ndarray) -> np.ndarray:
-    """``(seeds,)``: each seed's accuracy difference over the same problems, ``arm`` and
-    ``reference`` being ``(seeds, problems)`` outcome matrices paired by row."""
+    """``(seeds,)`` accuracy differences of two ``(seeds, problems)`` outcome matrices paired by row."""
     if arm.shape != reference.shape:
         raise ValueError(f"paired outcomes need equal shapes, got {arm.shape} and {reference.shape}")
     return arm.astype(np.float64).mean(axis=1) - reference.astype(np.float64).mean(axis=1)
@@ -199,9 +192,7 @@ def holm(p_values: Sequence[float], *, alpha: float = 1 - LEVEL) -> tuple[list[f
 
 
 def verdict(diff: Difference, expect: str, *, size: float | None = None, margin: float = MARGIN) -> str:
-    """``supported``, ``contradicted`` or ``inconclusive`` (``higher``, ``lower``, ``tied`` or
-    ``undecided`` for ``any``) by the rule of the module docstring; ``size`` and ``margin`` in
-    accuracy fractions."""
+    """The verdict by the rule of the module docstring; ``size`` and ``margin`` in accuracy fractions."""
     if expect not in EXPECTATIONS:
         raise ValueError(f"expect must be one of {', '.join(EXPECTATIONS)}, got {expect!r}")
     if expect == "any":
@@ -224,9 +215,8 @@ def verdict(diff: Difference, expect: str, *, size: float | None = None, margin:
 
 
 def previous_verdict(diff: Difference, expect: str, *, size: float | None = None, margin: float = MARGIN) -> str:
-    """The previous protocol's rule, kept to list the verdicts that changed: as :func:`verdict`
-    but a predicted tie (``same``) was contradicted by any interval excluding 0, and ``no
-    better`` / ``no worse`` by any interval wholly on the far side of 0."""
+    """The previous protocol's rule: as :func:`verdict`, but ``same`` is contradicted by any interval
+    excluding 0, and ``no better`` / ``no worse`` by any interval wholly on the far side of 0."""
     if expect == "same" and (diff.lo > 0 or diff.hi < 0):
         return "contradicted"
     if expect in ("no better", "no worse"):
@@ -237,15 +227,12 @@ def previous_verdict(diff: Difference, expect: str, *, size: float | None = None
 
 
 def still_improving(histories: list[list[dict[str, Any]]]) -> Difference | None:
-    """The last evaluation against the one at about two thirds of the run, by the seed-level t
-    (None with fewer than three evaluations or fewer than two seeds); improving when its
-    interval lies above 0."""
+    """The last evaluation against the one at about two thirds of the run, by the seed-level t;
+    None with fewer than three evaluations or fewer than two seeds."""
     evals = [r for r in histories[0] if "eval/accuracy" in r]
     if len(evals) < 3 or len(histories) < 2:
         return None
-    earlier = max(1, round(2 * (len(evals) - 1) / 3))
-    if earlier >= len(evals) - 1:
-        earlier = len(evals) - 2
+    earlier = min(max(1, round(2 * (len(evals) - 1) / 3)), len(evals) - 2)
     return paired_difference(outcome_matrix(histories, -1), outcome_matrix(histories, earlier))
 
 
@@ -254,9 +241,9 @@ _KEEP = 1 << 24  # rounds x problems up to which the draws are kept for the next
 
 
 def _rounds(seeds: int, problems: int, rounds: int, seed: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """The bootstrap's draws, which depend only on the shape and the seed, ``_CHUNK`` rounds at a
+    """The bootstrap's draws (a function of the shape and the seed alone), ``_CHUNK`` rounds at a
     time: each round's seed weights ``(n, seeds)`` and its drawn problems as flat indices into the
-    chunk's ``(n, problems)`` matrix (``take_along_axis``'s values, gathered faster)."""
+    chunk's ``(n, problems)`` matrix."""
     rng = np.random.default_rng(seed)
     seed_w = rng.multinomial(seeds, np.full(seeds, 1 / seeds), size=rounds) / seeds
     for start in range(0, rounds, _CHUNK):
@@ -276,11 +263,10 @@ def _kept_rounds(seeds: int, problems: int, rounds: int, seed: int) -> tuple[tup
 
 
 def bootstrap_difference(arm: np.ndarray, reference: np.ndarray, *, rounds: int = ROUNDS, seed: int = 0) -> Difference:
-    """The previous protocol's interval, kept to list the verdicts that changed: a two-level
-    paired bootstrap (each round draws the seeds with replacement, keeping an arm's seed ``s``
-    paired with the reference's, and independently the problems, and averages the paired
-    differences), the 2.5th and 97.5th percentiles of ``rounds`` seeded rounds, and
-    ``(z_0.975 + z_0.8)`` bootstrap SDs as its detectable effect."""
+    """The previous protocol's interval: a two-level paired bootstrap (each round draws the seeds,
+    keeping seed ``s`` of both arms paired, and independently the problems), the 2.5th and 97.5th
+    percentiles of ``rounds`` seeded rounds, and ``(z_0.975 + z_0.8)`` bootstrap SDs as its
+    detectable effect."""
     if arm.shape != reference.shape:
         raise ValueError(f"paired outcomes need equal shapes, got {arm.shape} and {reference.shape}")
     d = arm.astype(np.float64) - reference.astype(np.float64)
