@@ -276,27 +276,14 @@ def advance_generator(
             torch.rand(total, 1, generator=generator, dtype=torch.float64)
 
 
-def pack_generation(
-    n_prompts: int,
-    n: int,
-    requests: list[list[int]],
-    tokens: torch.Tensor,
-    logps: torch.Tensor,
-    limit: torch.Tensor,
-    eos_id: int,
-    stop_ids: tuple[int, ...] = (),
-) -> Generation:
-    """Cut each row of ``tokens``/``logps`` (N, steps) at its limit and after its first eos or
-    stop token; ``finished`` = the row ended with eos."""
-    out_tokens, out_logps, ended = [], [], []
-    enders = {eos_id, *stop_ids}
-    for row_t, row_l, lim in zip(tokens.tolist(), logps.tolist(), limit.tolist()):
-        row_t, row_l = row_t[:lim], row_l[:lim]
-        length = next((i + 1 for i, t in enumerate(row_t) if t in enders), len(row_t))
-        out_tokens.append(row_t[:length])
-        out_logps.append(row_l[:length])
-        ended.append(length > 0 and row_t[length - 1] == eos_id)
-    return Generation.prompt_major(n_prompts, n, requests, out_tokens, out_logps, ended)
+def cut_row(
+    tokens: list[int], logprobs: list[float], limit: int, eos_id: int, stop_ids: tuple[int, ...]
+) -> tuple[list[int], list[float], bool]:
+    """A sampled row cut at ``limit`` tokens and after its first eos or stop token, and whether it
+    ended with eos (``finished``)."""
+    tokens = tokens[:limit]
+    length = next((i + 1 for i, t in enumerate(tokens) if t == eos_id or t in stop_ids), len(tokens))
+    return tokens[:length], logprobs[:length], length > 0 and tokens[length - 1] == eos_id
 
 
 class InProcessEngine(ABC):
@@ -331,7 +318,9 @@ class InProcessEngine(ABC):
         requests, limit = expand_requests(prompts, n, params, budgets)
         with self.grad_mode(), inference(module_device(self.model), self.precision):
             tokens, logps = self._decode(requests, limit, params, generator, draw_rows)
-        return pack_generation(len(prompts), n, requests, tokens, logps, limit, self.eos_id, params.stop_ids)
+        rows = zip(tokens.tolist(), logps.tolist(), limit.tolist())
+        cut = [cut_row(t, lp, lim, self.eos_id, params.stop_ids) for t, lp, lim in rows]
+        return Generation.prompt_major(len(prompts), n, requests, *map(list, zip(*cut)))
 
     @abstractmethod
     def _decode(

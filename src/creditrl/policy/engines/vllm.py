@@ -57,7 +57,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from creditrl.policy.engines.base import Generation, SamplingParams, expand_requests
+from creditrl.policy.engines.base import Generation, SamplingParams, cut_row, expand_requests
 
 INSTALL_HINT = (
     "policy.engine=vllm needs vLLM and a CUDA GPU: pip install 'creditrl[vllm]' (without the constraints file; "
@@ -344,8 +344,7 @@ class VLLMEngine:
         )
         if len(outputs) != len(requests):
             raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(requests)} requests")
-        enders = {self.eos_id, *params.stop_ids}
-        tokens, logprobs, finished = [], [], []
+        rows = []
         for i, (request, out, cap) in enumerate(zip(requests, outputs, limits)):
             if list(out.prompt_token_ids) != request:
                 raise RuntimeError(f"vLLM output {i} answers another prompt than request {i}")
@@ -357,11 +356,8 @@ class VLLMEngine:
                 raise RuntimeError(f"vLLM output {i}: no log-prob for every token")
             lps = [_sampled_logprob(completion.logprobs[t], tok, i) for t, tok in enumerate(ids)]
             # vLLM stops exactly there; the cut only guards the contract
-            length = min(cap, next((t + 1 for t, tok in enumerate(ids) if tok in enders), len(ids)))
-            tokens.append(ids[:length])
-            logprobs.append(lps[:length])
-            finished.append(length > 0 and ids[length - 1] == self.eos_id)
-        return Generation.prompt_major(len(prompts), n, requests, tokens, logprobs, finished)
+            rows.append(cut_row(ids, lps, cap, self.eos_id, params.stop_ids))
+        return Generation.prompt_major(len(prompts), n, requests, *map(list, zip(*rows)))
 
 
 def _sampled_logprob(position: Mapping[int, Any], token: int, request: int) -> float:
