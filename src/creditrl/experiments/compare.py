@@ -1,36 +1,17 @@
 """``creditrl compare GRID.yaml``: a grid of arms x seeds at a fixed generation budget per run.
 
-Grid file (every key but ``arms``/``grid`` optional)::
-
-    name: estimators          # default: the file's stem; output in runs/compare-<name>
-    base: arith               # demo | arith | chain | paths | demo_quick (packaged) | a config path
-                              # (relative to the grid file or cwd); default demo
-    set: [train.eval_every=10]  # overrides common to every run (after base, before the arm's)
-    seeds: [0, 1, 2]
-    budget: {tokens: 400000}  # or {samples: 20000}, per run
-    target: {gain: 0.10}      # "to reach": absolute accuracy (0.5) or {gain: g} over the arm's start
-    init: auto                # auto (train.init=auto: the model as it is, SFT for the tiny preset),
-                              # policy, sft (the SFT of base + set, cached or kept), or a checkpoint
-    reference: grpo           # the arm the others are compared with (verdicts: default the first)
-    arms:                     # name -> overrides
-      grpo: [credit.estimator=grpo]
-    grid:                     # key -> values, expanded as a cartesian product (x arms when both)
-      task.args: [{min_ops: 4, max_ops: 6}, {min_ops: 5, max_ops: 7}]
+The grid file's keys are :data:`creditrl.experiments.grid_keys.KEY_HELP` (``creditrl compare
+--help`` prints them); docs/compare.md is the user's reference, with a worked example.
 
 Budgets: ``tokens`` sets ``train.max_tokens`` (and, before ``set``, ``train.iterations`` to
-1,000,000 so the budget ends a run; schedules over training such as ``credit.lam_end`` follow
-``train.iterations``, so set it in ``set`` to about the budget's iteration count if you use one,
-large enough for the budget to be reached, or the run is never "finished"); ``samples`` sets ``train.iterations =
-ceil(samples / (prompts_per_iter x group_size))`` per arm, since the trainer has no samples
-budget. Every run goes through :func:`creditrl.experiments.launch.run_arms`: a finished run in
-the output directory is read back, not rerun (an arm is keyed by its name, not its overrides).
+1,000,000 so that the budget ends a run: a schedule over training such as ``credit.lam_end``
+follows ``train.iterations``, so set it in ``set`` to about the budget's iteration count, large
+enough for the budget to be reached); ``samples`` sets ``train.iterations = ceil(samples /
+(prompts_per_iter x group_size))`` per arm. A finished run in the output directory is read back,
+not rerun (:func:`creditrl.experiments.launch.run_arms`; an arm is keyed by its name).
 
 The output ends with one line per arm against the reference
-(:func:`creditrl.experiments.compare_report.verdict_lines`): better, worse or no difference
-detectable (with the smallest detectable difference), the interval, by the seed-level paired t
-with Holm's correction over the arms judged; no verdict for an arm whose rewards had zero spread in
-at least 90% of its groups, nor for any when no arm moved from the start. docs/compare.md is the
-user's reference, with a worked example.
+(:func:`creditrl.experiments.compare_verdicts.verdict_lines`).
 """
 
 from __future__ import annotations
@@ -107,8 +88,7 @@ def run_compare(
         arm: [_cost(out / slug(arm) / f"seed{s}", h) for s, h in zip(grid.seeds, hs)] for arm, hs in results.items()
     }
     if summaries is not None:
-        files = summary_files(runs, summaries)
-        found = [read_summary(f) for f in files]  # a run shared with another grid: its summary there
+        found = [read_summary(f) for f in summary_files(runs, summaries)]  # a shared run: its summary there
         own = [f for f, s in zip(found, [s for _ in grid.arms for s in grid.seeds]) if s not in grid.sft_seeds]
         kept = kept_start(grid.base, run_common(runs), summaries.parent.parent / "starts", own)
         # a kept start, named as the repository holds it (findings/starts/<recipe>), else the runs' own path
@@ -133,35 +113,15 @@ def run_compare(
     verdicts = verdict_rows(results, judge)
     lines = verdict_lines(verdicts, judge)
     title = f"{grid.name}: {grid.budget:,} generated {grid.unit} per run, mean ± 95% CI over {len(grid.seeds)} seeds"
-    plot_seed_curves(
-        results,
-        out / "plots" / "accuracy_vs_samples.png",
-        title,
-        "samples/total",
-        "generated samples",
-        "ci95",
-        reference=grid.reference,
-    )
-    plot_seed_curves(
-        results,
-        out / "plots" / "accuracy_vs_wall_time.png",
-        title,
-        "time/total_s",
-        "RL wall time (s, evaluations excluded)",
-        "ci95",
-        reference=grid.reference,
-    )
-    plot_seed_curves(
-        results,
-        out / "plots" / "length_vs_samples.png",
-        title,
-        "samples/total",
-        "generated samples",
-        "ci95",
-        y_key="eval/length",
-        y_label="held-out greedy response length (tokens)",
-        reference=grid.reference,
-    )
+    length = {"y_key": "eval/length", "y_label": "held-out greedy response length (tokens)"}
+    for name, x_key, x_label, y in (
+        ("accuracy_vs_samples", "samples/total", "generated samples", {}),
+        ("accuracy_vs_wall_time", "time/total_s", "RL wall time (s, evaluations excluded)", {}),
+        ("length_vs_samples", "samples/total", "generated samples", length),
+    ):
+        plot_seed_curves(
+            results, out / "plots" / f"{name}.png", title, x_key, x_label, "ci95", reference=grid.reference, **y
+        )
     target = f"{100 * grid.target:.1f}%" if grid.target is not None else f"start + {100 * grid.gain:.1f} points"
     (out / "results.md").write_text(
         f"# compare: {grid.name}\n\nGrid {grid_path}; base {grid.base}; seeds {grid.seeds}; budget {grid.budget:,} "

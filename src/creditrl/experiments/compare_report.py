@@ -1,7 +1,5 @@
-"""What ``creditrl compare`` reports of a grid's runs: the per-arm table (means and Student-t
-intervals over seeds; median and range for what is counted up to the target), the paired
-differences to the reference arm, the compute and the launch. The verdict lines that end its
-output are :mod:`creditrl.experiments.compare_verdicts` (re-exported here)."""
+"""What ``creditrl compare`` reports of a grid's runs: the per-arm table, the paired differences to
+the reference arm, the PRMs, the costs, the compute and the launch."""
 
 from __future__ import annotations
 
@@ -12,8 +10,6 @@ from typing import Any
 
 import numpy as np
 
-from creditrl.experiments.compare_verdicts import NO_SIGNAL as NO_SIGNAL
-from creditrl.experiments.compare_verdicts import moved as moved
 from creditrl.experiments.compare_verdicts import verdict_lines as verdict_lines
 from creditrl.experiments.compare_verdicts import verdict_rows as verdict_rows
 from creditrl.experiments.report import eval_rows
@@ -42,28 +38,20 @@ class CompareRow:
     length_start: float | None = None  # the same before RL (mean over seeds)
 
 
-def first_reach(history: list[dict[str, Any]], target: float) -> dict[str, Any] | None:
-    """The first evaluation row with held-out accuracy >= target (the start row counts)."""
-    return next((r for r in eval_rows(history) if r["eval/accuracy"] >= target), None)
-
-
 def charged_s(history: list[dict[str, Any]], row: dict[str, Any]) -> float:
-    """The wall time a run is charged at ``row``: its RL time so far plus what the PRM its reward
-    reads cost to label for and train (``time/prm_s`` of the start row; each run pays it whole,
-    as a single run would, though the cached PRM is trained once for a grid)."""
+    """The wall time a run is charged at ``row``: its RL time so far plus its PRM's labelling and
+    training (``time/prm_s`` of the start row), paid whole by each run, as a single run would."""
     return row["time/total_s"] + (history[0].get("time/prm_s", 0.0) if history else 0.0)
 
 
 def reach_stat(values: list[float | None]) -> Reach | None:
-    """The median and range over seeds of a quantity counted up to the target (samples, seconds),
-    ``None`` for a seed that never reached it; None when no seed did.
+    """The median and range over seeds of a quantity counted up to the target (samples, seconds;
+    ``None`` for a seed that never reached it); None when no seed did.
 
-    A seed that never reached the target is counted as later than any that did, so the median is
-    the smallest value by which at least half the seeds had reached it (the inverted empirical
-    CDF, ``numpy.quantile(..., method="inverted_cdf")``; for samples, censored at the budget the
-    runs share, this is the Kaplan-Meier median) and None when fewer than half did; the range's
-    end is None when some seed never reached it. A mean over only the seeds that reached would
-    hide the others."""
+    A seed that never reached the target counts as later than any that did, so the median is the
+    smallest value by which at least half the seeds had reached it (the inverted empirical CDF; for
+    samples, censored at the shared budget, the Kaplan-Meier median), None when fewer than half
+    did; the range's end is None when some seed never reached it."""
     hits = sorted(v for v in values if v is not None)
     if not hits:
         return None
@@ -72,8 +60,7 @@ def reach_stat(values: list[float | None]) -> Reach | None:
 
 
 def reach_text(r: Reach | None, unit: str = "", digits: int = 0) -> str:
-    """``3,840 (2,560 – 5,120)``: median (first – last) over seeds; "not reached" where seeds did
-    not, and ``not reached (first 7,680)`` when fewer than half did."""
+    """``3,840 (2,560 – 5,120)``: median (first – last) over seeds, or ``not reached (first 7,680)``."""
     if r is None:
         return "–"
     num = lambda x: "not reached" if x is None else f"{x:,.{digits}f}{unit}"  # noqa: E731
@@ -86,7 +73,7 @@ def summarise_arm(
     evals = [eval_rows(h) for h in histories]
     start = float(np.mean([e[0]["eval/accuracy"] for e in evals]))
     target = round(start + gain, 9) if target is None else target  # 0.2 + 0.1 must reach 0.3
-    firsts = [(h, first_reach(h, target)) for h in histories]
+    firsts = [(h, next((r for r in eval_rows(h) if r["eval/accuracy"] >= target), None)) for h in histories]
     last = [h[-1] for h in histories]
     its = [[r["time/iter_s"] for r in h if "time/iter_s" in r] or [0.0] for h in histories]
     return CompareRow(
@@ -152,19 +139,18 @@ def results_csv(rows: list[CompareRow]) -> str:
 
 
 def comparable(machines: dict[str, list[str | None]] | None, a: str, b: str) -> bool:
-    """Whether arms ``a`` and ``b`` ran on one kind of CPU, so that their wall times compare
-    (``machines``: each arm's runs' CPU kinds, None where not recorded; all unrecorded counts as one)."""
+    """Whether arms ``a`` and ``b`` ran on one kind of CPU (``machines``: each arm's runs' CPU kinds,
+    None where not recorded; all unrecorded counts as one)."""
     return machines is None or len(set(machines.get(a, [None])) | set(machines.get(b, [None]))) == 1
 
 
 def wall_ratio(
     results: dict[str, list[list[dict[str, Any]]]], machines: dict[str, list[str | None]] | None, a: str, b: str
 ) -> float | None:
-    """Arm ``a``'s wall time (:func:`charged_s` at the end) over arm ``b``'s, compared only within a
-    kind of CPU: the ratio of the two arms' mean wall times on each kind both ran on, averaged over
-    those kinds with weights the number of ``a``'s runs on each. ``machines`` as in
-    :func:`comparable`, in the runs' order; a run whose kind was not recorded pairs only when no
-    run of either arm recorded one. None where the arms share no kind (or ``b`` took no time)."""
+    """Arm ``a``'s wall time (:func:`charged_s` at the end) over arm ``b``'s: the ratio of their mean
+    wall times on each kind of CPU both ran on, averaged weighted by ``a``'s runs on each
+    (``machines`` as in :func:`comparable`; an unrecorded kind pairs only when no run recorded
+    one). None where the arms share no kind (or ``b`` took no time)."""
     walls = {arm: [charged_s(h, h[-1]) for h in results[arm]] for arm in (a, b)}
     if machines is None or comparable(machines, a, b):  # every run of one kind
         kinds: dict[str, list[str | None]] = {arm: ["one"] * len(walls[arm]) for arm in (a, b)}
@@ -186,11 +172,8 @@ def difference_rows(
     reference: str,
     machines: dict[str, list[str | None]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Every arm against ``reference`` at the last evaluation, problem by problem and seed by seed
-    (:func:`creditrl.experiments.verdicts.paired_difference`: the seed-level paired t, 95%,
-    unadjusted; None with one seed, which gives no interval), with whether each arm (the
-    reference too) was still improving at the end and its wall-time ratio to the reference (None
-    where the two arms share no kind of CPU, :func:`wall_ratio`)."""
+    """Every arm against ``reference`` at the last evaluation: the unadjusted 95% seed-level paired
+    t (None with one seed), whether it was still improving, and its :func:`wall_ratio`."""
     from creditrl.experiments.verdicts import outcome_matrix, paired_difference, still_improving
 
     ref = outcome_matrix(results[reference])
@@ -217,10 +200,7 @@ def _points(x: float) -> str:
 def differences_markdown(
     rows: list[dict[str, Any]], reference: str, machines: dict[str, list[str | None]] | None = None
 ) -> str:
-    """The table of :func:`difference_rows`: accuracy points, 95% intervals and p-values (not
-    adjusted for multiplicity), the minimum detectable effect, the late change and the cost ratio.
-    Where the runs ran on more than one kind of CPU (``machines`` as in :func:`comparable`, not
-    recorded counting as a kind), the table says how its ratios pair runs (:func:`wall_ratio`)."""
+    """The table of :func:`difference_rows`, saying how wall-time ratios pair runs of several CPU kinds."""
     kinds = len({k for ks in (machines or {}).values() for k in ks})
     out = [
         f"Against **{reference}**: paired difference in held-out exact match at the last evaluation "
@@ -268,8 +248,8 @@ PRM_COLUMNS = (
 
 
 def prm_rows(results: dict[str, list[list[dict[str, Any]]]]) -> list[dict[str, Any]]:
-    """Per arm whose reward reads a PRM (its runs' start rows record it, see
-    ``creditrl.prm.cache.prm_record``): the mean over its seeds of each of :data:`PRM_COLUMNS`."""
+    """Per arm whose runs' start rows record a PRM (``creditrl.prm.cache.prm_record``): the mean over
+    its seeds of each of :data:`PRM_COLUMNS`."""
     out = []
     for arm, runs in results.items():
         starts = [h[0] for h in runs if h]
@@ -295,9 +275,8 @@ def prm_markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def cpu_hours(results: dict[str, list[list[dict[str, Any]]]], launches: list[dict[str, int]]) -> float:
-    """The grid's compute: every run's RL and evaluation wall time times its threads (one thread
-    where the launches differ or are unknown), plus each distinct PRM's cost once, in hours; the
-    SFT start is not counted."""
+    """The grid's compute in hours: every run's RL and evaluation wall time times its threads (one
+    where the launches differ or are unknown), plus each distinct PRM's cost once; no SFT."""
     shared = {d.get("threads", 1) for d in launches}
     threads = shared.pop() if len(shared) == 1 else 1
     runs = [h for hs in results.values() for h in hs]
@@ -308,7 +287,6 @@ def cpu_hours(results: dict[str, list[list[dict[str, Any]]]], launches: list[dic
 
 def launch_text(launches: list[dict[str, int]]) -> str:
     """How the runs were launched, for the reports: iteration and wall times depend on it."""
-
     recorded = any("cpu" in d for d in launches)
 
     def one(d: dict[str, int]) -> str:
@@ -325,14 +303,11 @@ def launch_text(launches: list[dict[str, int]]) -> str:
 def cost_rows(
     results: dict[str, list[list[dict[str, Any]]]], spent: dict[str, list[dict[str, Any]]]
 ) -> list[dict[str, Any]]:
-    """Per arm, what its runs cost in units no machine's speed or load changes, mean and 95%
-    half-width over seeds: generated tokens, and where every run recorded them (``spent``: each arm's
-    runs' costs in seed order, as a summary's ``cost``) the token positions its updates forwarded and
-    backpropagated and the CPU seconds of its process and the children it waited for. A run whose
-    reward reads a PRM is charged the PRM's labelling (the samples and MC continuations it generated)
-    and training (the positions it forwarded and backpropagated), as its start row records them
-    (``prm/generated_tokens``, ``prm/trained_positions``); where it does not, those two are not
-    recorded."""
+    """Per arm, the mean and 95% half-width over seeds of its runs' generated tokens and, where every
+    run recorded them (``spent``: each arm's runs' ``cost`` in seed order), trained token positions
+    and process-tree CPU seconds. A run that reads a PRM is charged the PRM's labelling and training
+    as its start row records them (``prm/generated_tokens``, ``prm/trained_positions``); None where
+    it does not."""
 
     def stat(values: list[Any]) -> tuple[float, float] | None:
         return mean_ci95([float(v) for v in values]) if values and None not in values else None
@@ -354,9 +329,7 @@ def cost_rows(
                     plus(c.get("trained_positions"), prm(h, "prm/trained_positions"))
                     for c, h in zip(spent.get(arm, []), hs)
                 ]
-            )
-            if spent.get(arm)
-            else None,
+            ),
             "cpu_s": stat([c.get("cpu_s") for c in spent.get(arm, [])]),
         }
         for arm, hs in results.items()

@@ -30,9 +30,8 @@ def draw_arms(
     reference: str | None = None,
 ) -> None:
     """On ``ax``: per arm the mean over seeds of ``y_key`` against ``x_key`` (each seed's curve
-    linearly interpolated on a common grid up to the smallest seed's last x) with a shaded band
-    (``minmax`` over seeds, or ``ci95``: mean ± Student-t 95% half-width at each grid point, as
-    :func:`~creditrl.experiments.seeds.mean_ci95`), seeds thin; the ``reference`` arm dashed and named so."""
+    interpolated on a common grid up to the smallest seed's last x) with a band (``minmax`` over
+    seeds, or ``ci95``: the Student-t 95% interval), seeds thin; the ``reference`` arm dashed."""
     if band not in ("minmax", "ci95"):
         raise ValueError(f"plot_seed_curves: band must be 'minmax' or 'ci95', got {band!r}")
     for name, histories in results.items():
@@ -67,9 +66,8 @@ def plot_seed_curves(
     y_label: str = "held-out exact match (%)",
     reference: str | None = None,
 ) -> None:
-    """Held-out exact match (or ``y_key``, unscaled unless it is an accuracy) against ``x_key``
-    (default generated tokens), as :func:`draw_arms`; each arm keeps the colour of its place in
-    ``results`` (:func:`arm_colours`); the legend sits outside the data, on the right."""
+    """Held-out exact match (or ``y_key``, in percent if it is an accuracy) against ``x_key``, as
+    :func:`draw_arms`, the legend outside the data on the right."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(9, 4.5), dpi=120)
     draw_arms(ax, results, arm_colours(list(results)), x_key, band, y_key, reference)
@@ -89,10 +87,9 @@ def plot_panels(
     x_key: str = "samples/total",
     x_label: str = "generated samples",
 ) -> None:
-    """Small multiples: one panel per ``(title, results, reference)`` (held-out exact match
-    against ``x_key``, 95% bands), side by side with their own axes; an arm has one colour in
-    every panel (:func:`arm_colours` over all panels' arms, in order) and one entry in the shared
-    legend, outside the panels on the right."""
+    """Small multiples: one panel per ``(title, results, reference)`` (held-out exact match against
+    ``x_key``, 95% bands), each with its own axes; an arm has one colour in every panel and one
+    entry in the shared legend, outside the panels on the right."""
     if not panels:
         raise ValueError("plot_panels: no panel to draw")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -134,11 +131,9 @@ def plot_differences_by_length(
     path: Path,
     title: str,
 ) -> None:
-    """One panel per task: each arm's paired difference to ``reference`` (points, its 95% interval
-    as error bars) against the generated length of the task's settings (log axis), one line per
-    arm through its settings in order of length, the reference as the zero line; ``tasks[task][arm]``
-    holds ``(length, {"mean", "lo", "hi"})`` pairs (fractions). The shared legend sits outside the
-    panels on the right."""
+    """One panel per task: each arm's paired difference to ``reference`` (points, 95% error bars)
+    against the generated length of the task's settings (log axis), the reference as the zero line;
+    ``tasks[task][arm]`` holds ``(length, {"mean", "lo", "hi"})`` pairs (fractions)."""
     if not tasks:
         raise ValueError("plot_differences_by_length: no task to draw")
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -26,7 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 def command_line(argv: list[str] | None = None, module: str | None = None) -> str:
     """The command as typed: ``creditrl findings``, ``python benchmarks/credit_speed.py`` or, for a
-    module run with ``-m`` (``module``; by default the running ``__main__``'s), ``python -m studies.prm``."""
+    module run with ``-m`` (``module``, by default ``__main__``'s), ``python -m studies.prm``."""
     argv = list(sys.argv if argv is None else argv)
     prog = Path(argv[0]).name
     if module is None:
@@ -53,8 +53,8 @@ def _cpu_model() -> str:
 
 
 def cpu_kind() -> str:
-    """The kind of CPU a run's numbers belong to: model, the instruction set torch's kernels use,
-    cores. Runs on another kind take other times (and, from the same seed, train other numbers)."""
+    """The kind of CPU a run's numbers belong to (another kind takes other times and, from the same
+    seed, trains other numbers): model, the instruction set torch's kernels use, cores."""
     import torch
 
     return f"{_cpu_model()}, {torch.backends.cpu.get_cpu_capability()}, {os.cpu_count()} cores"
@@ -85,8 +85,7 @@ def utc_stamp(seconds: float | None = None) -> str:
 
 
 def results_page(title: str, body: str, command: str | None = None, stamp: str | None = None) -> str:
-    """A results page: its title, then once the command that wrote it, the machine and the date
-    (``stamp``: when it was measured, for a page re-rendered from a saved run; else now)."""
+    """A results page: its title, the command that wrote it, the machine and the date (``stamp``)."""
     stamp = stamp or utc_stamp()
     return (
         f"# {title}\n\nWritten by `{command or command_line()}` on {stamp}; machine: {machine()}.\n\n{body.strip()}\n"
@@ -101,8 +100,8 @@ def write_results(
     figures: dict[str, Path] | None = None,
     stamp: str | None = None,
 ) -> Path | None:
-    """Write :func:`results_page` to ``path`` (nothing when ``path`` is None), and copy each of
-    ``figures`` (``{file name: source}``, which ``body`` links by name) next to it; returns the path."""
+    """Write :func:`results_page` to ``path`` (unless None) and copy ``figures`` (``{file name:
+    source}``, linked by name from ``body``) beside it; returns the path."""
     if path is None:
         return None
     path = Path(path)
@@ -151,12 +150,8 @@ def printed_results(path: str | Path | None, title: str) -> Iterator[None]:
         yield
         return
     captured = io.StringIO()
-    stdout = sys.stdout
-    sys.stdout = _Tee(stdout, captured)
-    try:
+    with contextlib.redirect_stdout(_Tee(sys.stdout, captured)):
         yield
-    finally:
-        sys.stdout = stdout
     text = captured.getvalue()
     if not any(line.startswith("|") for line in text.splitlines()):  # aligned plain text: keep it as printed
         text = f"```\n{text.rstrip()}\n```"
@@ -164,11 +159,8 @@ def printed_results(path: str | Path | None, title: str) -> Iterator[None]:
 
 
 def peak_rss_mb() -> float:
-    """This process's own peak resident set so far (MB): ``VmHWM``, the high-water mark of its
-    address space. ``ru_maxrss`` is not that in a child: Linux carries the larger of the parent's and
-    the child's across the exec, so a subprocess started by a large process (the performance bench
-    holds several GB by its section e) would report the parent's resident set. ``ru_maxrss`` (KiB on
-    Linux) where /proc has no VmHWM."""
+    """This process's own peak resident set so far (MB): ``VmHWM``, since a child's ``ru_maxrss`` can
+    be its parent's (Linux carries the larger across the exec); ``ru_maxrss`` where /proc has none."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
@@ -231,9 +223,8 @@ def markdown_table(arms: list[ArmSummary], target: float) -> str:
         reach = "not reached" if a.samples_to_target is None else f"{a.samples_to_target:,}"
         rows.append(
             f"| {a.name} | {100 * a.before_accuracy:.1f}% | {100 * a.after_accuracy:.1f}% | {a.gain_points:+.1f} "
-            f"| {100 * a.best_accuracy:.1f}% | {100 * a.before_step_accuracy:.1f}% | "
-            f"{100 * a.after_step_accuracy:.1f}% "
-            f"| {reach} | {a.samples:,} | {a.tokens:,} | {a.wall_s:.0f} s |"
+            f"| {100 * a.best_accuracy:.1f}% | {100 * a.before_step_accuracy:.1f}% | {100 * a.after_step_accuracy:.1f}%"
+            f" | {reach} | {a.samples:,} | {a.tokens:,} | {a.wall_s:.0f} s |"
         )
     return head + "\n".join(rows) + "\n"
 

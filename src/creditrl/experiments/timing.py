@@ -1,21 +1,17 @@
-"""``creditrl compare GRID --timing``: a controlled timing of a grid's arms (issue 58, item 6).
+"""``creditrl compare GRID --timing``: a controlled timing of a grid's arms.
 
-Wall times of a grid's runs depend on what else the machine ran meanwhile (two arms doing the same
-computation took 1.2-2.7x apart), so no claim about time is read from them. The timing step runs,
-for each of ``rounds`` rounds, every arm once for a few ``iterations`` from the grid's start with
-its first seed, each in a fresh ``creditrl train`` subprocess, one at a time, the arms' order
-rotated from round to round (A B C, B C A, C A B: :func:`rotation`) so that a drift of the
-machine's speed falls on every arm alike. Per run it records the wall seconds and the CPU seconds
-of the subprocess and everything it waited for (``RUSAGE_CHILDREN`` around it), the RL seconds
-per iteration the run logged (``time/total_s`` over its iterations: evaluations, start-up and a
-PRM's building left out) and the 1-minute load average before it; a load above 0.5 per core
-before a run is warned about in one line.
+Wall times of a grid's runs depend on what else the machine ran meanwhile, so no claim about time
+is read from them. The timing runs, in each of ``rounds`` rounds, every arm once for a few
+``iterations`` from the grid's start with its first seed, each in a fresh ``creditrl train``
+subprocess, one at a time, the arms' order rotated from round to round (:func:`rotation`) so that
+a drift of the machine's speed falls on every arm alike. Per run it records the wall and CPU
+seconds of the subprocess and its children, the RL seconds per iteration the run logged
+(``time/total_s`` over its iterations) and the 1-minute load average before it (a load above
+:data:`LOAD_PER_CORE` per core is warned about).
 
-Per arm (:func:`timing_summary`): the median over rounds of the seconds per iteration and of the
-process's wall and CPU seconds, and the ratio to the reference arm's seconds per iteration with
-its spread: the median, lowest and highest of the per-round ratios (each arm against the
-reference of the same round). A PRM's one-off labelling and training (``time/prm_s``, as recorded
-when the PRM was built) is listed apart, not in the ratio.
+Per arm (:func:`timing_summary`): medians over rounds, and the ratio to the reference arm's
+seconds per iteration with its spread over rounds. A PRM's one-off labelling and training
+(``time/prm_s``) is listed apart, not in the ratio.
 """
 
 from __future__ import annotations
@@ -61,9 +57,8 @@ def rotation(arms: list[str], rounds: int) -> list[list[str]]:
 
 
 def timing_summary(runs: list[TimingRun], reference: str) -> dict[str, dict[str, Any]]:
-    """Per arm (in the order of first appearance): medians over rounds of ``iter_s``, ``wall_s``
-    and ``cpu_s``, and ``ratio``: the median, ``lo`` and ``hi`` of the per-round ratios of its
-    ``iter_s`` to the reference's in the same round (only rounds where both ran)."""
+    """Per arm: medians over rounds of ``iter_s``, ``wall_s`` and ``cpu_s``, and ``ratio``: the
+    median, ``lo`` and ``hi`` of its per-round ``iter_s`` over the reference's in the same round."""
     ref = {r.round: r.iter_s for r in runs if r.arm == reference}
     if not ref:
         raise ValueError(f"timing: no run of the reference arm '{reference}'")
@@ -83,9 +78,8 @@ def timing_summary(runs: list[TimingRun], reference: str) -> dict[str, dict[str,
 
 
 def time_verdict(ratio: dict[str, float], claimed: float) -> str:
-    """Whether a ratio's spread (lo-hi over rounds) bears out "about ``claimed`` x", read as within a
-    factor :data:`ABOUT` of it: supported when the whole spread is inside, contradicted when it is
-    wholly outside, inconclusive otherwise."""
+    """Whether a ratio's spread (lo-hi) bears out "about ``claimed`` x", i.e. within a factor
+    :data:`ABOUT` of it: supported when wholly inside, contradicted when wholly outside."""
     low, high = claimed / ABOUT, claimed * ABOUT
     if low <= ratio["lo"] and ratio["hi"] <= high:
         return "supported"
@@ -155,9 +149,9 @@ def run_timing(
     threads: int = 0,
     log=print,
 ) -> dict[str, Any]:
-    """Time the grid's arms (module docstring) and write ``timing.json`` and ``timing.md`` to
-    ``out`` (default runs/timing-<grid name>), and a results page to ``results`` when given;
-    ``threads``: each run's ``train.threads`` (0: torch's default). Returns what timing.json holds."""
+    """Time the grid's arms and write ``timing.json`` and ``timing.md`` to ``out`` (default
+    runs/timing-<grid name>) and a results page to ``results``; ``threads``: each run's
+    ``train.threads`` (0: torch's default). Returns what timing.json holds."""
     from creditrl.config import load_config
     from creditrl.experiments.grid import load_grid
     from creditrl.experiments.report import write_results
