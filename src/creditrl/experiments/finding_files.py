@@ -1,6 +1,5 @@
 """A finding file (``findings/*.yaml``): its keys, checked on load (:func:`load_finding`), and its
-reading's placeholders filled from a grid's results (:func:`fill`; the syntax is in
-:mod:`creditrl.experiments.findings`)."""
+reading's placeholders filled from a grid's results (:func:`fill`)."""
 
 from __future__ import annotations
 
@@ -165,27 +164,18 @@ def fill(
     timing: dict[str, Any] | None = None,
     time_claim: float | None = None,
 ) -> str:
-    """Replace every placeholder of ``template`` (module docstring) by the number from ``rows``
-    (``CompareRow`` dicts); an unknown arm or field raises ValueError naming it. A ratio of times
-    between arms that ran on different kinds of CPU (``machines``, as in
-    :func:`creditrl.experiments.compare_report.comparable`) is not given: it says so instead;
-    with ``results``, a ratio of wall times is taken within each kind of CPU the two arms share
-    (:func:`creditrl.experiments.compare_report.wall_ratio`).
+    """Replace every placeholder of ``template`` (syntax in :mod:`creditrl.experiments.findings`)
+    by its number: per-arm fields from ``rows`` (``CompareRow`` dicts), differences, gains and
+    diagnostics from ``results`` (each arm's per-seed histories) at the levels of ``verdicts`` (the
+    finding's judged rows), time ratios from ``timing`` (:func:`load_timing`) against
+    ``time_claim``. A ratio of times between arms that ran on different kinds of CPU (``machines``,
+    :func:`creditrl.experiments.compare_report.comparable`) says so instead of a number; with
+    ``results``, a ratio of wall times is taken within each kind of CPU the two arms share
+    (:func:`~creditrl.experiments.compare_report.wall_ratio`).
 
-    From ``results`` (each arm's per-seed histories): ``{diff:A/B.final}``, the paired difference
-    of two arms' final held-out exact match, at the Holm-adjusted level of the verdict row that
-    compares them where ``verdicts`` (the finding's judged rows) has one, else the unadjusted 95%
-    seed-level t; ``{cmp:A/B.final}``, the words that interval decides: "above", "below" or "not
-    shown different from"; ``{ARM.gain}``, the arm's held-out exact match at the end minus at its
-    start with the 95% seed-level t-interval, and ``{ARM.moved}``, the words it decides: "above
-    its start", "below its start" or "not shown different from its start". ``{ARM.explained_variance}``,
-    ``{ARM.zero_spread}``, ``{ARM.kl}``, ``{ARM.entropy}``: the arm's diagnostics (:data:`DIAGNOSTICS`),
-    each run's mean over its iterations, then the mean over seeds; "not recorded" where a run kept none.
-
-    ``{timing:A/B.ratio}``: A's seconds per iteration against B's in the finding's committed
-    controlled timing (``timing``, :func:`load_timing`) and the verdict on "about ``time_claim`` x"
-    (:func:`creditrl.experiments.timing.timing_text`); without one, that there is none yet and no
-    time verdict."""
+    Raises:
+        ValueError: An unknown arm or field, or a placeholder that needs ``results`` without them.
+    """
     by_slug = {slug(r["arm"]): r for r in rows}
 
     def value(arm: str, field: str) -> Any:

@@ -1,52 +1,46 @@
 """``creditrl findings`` / ``make findings``: FINDINGS.md from committed finding files.
 
-A finding file (``findings/*.yaml``) names a grid (``grids/*.yaml``, run by
-:func:`creditrl.experiments.compare.run_compare`, resumably) and holds the prose: ``title``,
-``question``, ``claim`` (the folk claim it tests) and ``reading``, a paragraph whose numbers are
-placeholders filled from the grid's results, so no number in FINDINGS.md is typed by hand:
+A finding file (``findings/*.yaml``) names a grid (``grids/*.yaml``) and the ``plots`` of it to
+show (copied to ``docs/findings/``), and holds the prose: ``title``, ``question``, ``claim`` (the
+folk claim it tests), ``power`` (optional: why the grid has the seeds it has) and ``reading``, a
+paragraph whose numbers are placeholders filled from the grid's results, so no number in
+FINDINGS.md is typed by hand:
 
 - ``{ARM.FIELD}`` with ARM the arm's slug (``gae + critic`` -> ``gae_critic``) and FIELD one of
-  ``final``, ``step_final`` (accuracies, "27.3 ± 1.2%"), ``start`` ("23.4%"), ``iter_s``,
-  ``wall_s`` (seconds, "1.23 ± 0.05 s"), ``length`` (held-out response length, "31.2 ± 0.4
-  tokens"), ``length_start`` (the same before RL, "30.1 tokens"), ``tokens``, ``samples`` (counts), ``reached``
-  ("2/3"), ``samples_to_target``, ``wall_to_target`` (median and range over every seed,
-  "3,840 (2,560 – not reached)", "not reached (first 7,680)");
-- ``{ratio:ARM_A/ARM_B.FIELD}``: the ratio of the two means ("2.4x"; of the medians for the
-  to-target fields, "n/a" where one is not reached).
-- ``{diff:ARM_A/ARM_B.final}``: A's paired difference to B in final held-out exact match, with its
-  95% seed-level t-interval, unadjusted ("+2.3 points [-0.4, +5.0]").
-
-- ``{timing:ARM_A/ARM_B.ratio}``: A's RL seconds per iteration against B's in the controlled
-  timing the finding's ``timing`` key names (a ``creditrl compare GRID --timing`` timing.json,
-  relative to the repository root), with its spread over rounds and, with ``time_claim: 3``, the
-  verdict on "about 3x" (:mod:`creditrl.experiments.timing`); while none is committed, "no
-  controlled timing yet, so no time verdict": wall times of grid runs decide none.
-
-- ``{ARM.diff}`` (the paired difference to the grid's ``reference`` arm: an arm with a verdict
-  at its verdict's Holm-adjusted level, "+2.3 points [-1.1, +5.7] at 99.75%"; else at 95%) and
-  ``{ARM.verdict}``.
-
-Each finding gets its question, setting (the grid's base, overrides, budget, seeds and arms), the
-results table, the plots (copied to ``docs/findings/``) and the filled reading; ``power``
-(optional) says why the grid has the seeds it has where fewer than the protocol's five, or what
-bounds the difference it can detect, and stands under the setting.
+  ``final``, ``step_final`` ("27.3 ± 1.2%"), ``start`` ("23.4%"), ``iter_s``, ``wall_s`` ("1.23 ±
+  0.05 s"), ``length`` (held-out response length, "31.2 ± 0.4 tokens"), ``length_start`` ("30.1
+  tokens"), ``tokens``, ``samples`` (counts), ``reached`` ("2/3"), ``samples_to_target``,
+  ``wall_to_target`` (median and range over every seed, "3,840 (2,560 – not reached)");
+- ``{ARM.diff}`` and ``{ARM.verdict}``: the paired difference to the grid's ``reference`` arm (at
+  the verdict's Holm-adjusted level where the arm has one, "+2.3 points [-1.1, +5.7] at 99.75%";
+  else at 95%) and its verdict;
+- ``{ARM.gain}``: the arm's held-out exact match at the end minus at its start with its 95%
+  seed-level t-interval; ``{ARM.moved}``: "above", "below" or "not shown different from" its start;
+- ``{ARM.explained_variance}``, ``{ARM.zero_spread}``, ``{ARM.kl}``, ``{ARM.entropy}``: each run's
+  mean over its iterations, then the mean over seeds ("not recorded" where a run kept none);
+- ``{ratio:A/B.FIELD}``: the ratio of the two means ("2.4x"; of the medians for the to-target
+  fields, "n/a" where one is not reached), times only between arms run on one kind of CPU;
+- ``{diff:A/B.final}``: A's paired difference to B in final held-out exact match, at the level of
+  the verdict row comparing them where there is one, else the unadjusted 95% seed-level t;
+  ``{cmp:A/B.final}``: the words that interval decides ("above", "below", "not shown different
+  from");
+- ``{timing:A/B.ratio}``: A's RL seconds per iteration against B's, with its spread over rounds,
+  in the controlled timing the finding's ``timing`` key names (a ``creditrl compare GRID
+  --timing`` timing.json, relative to the repository root), and with ``time_claim: 3`` the verdict
+  on "about 3x"; without one, "no controlled timing yet, so no time verdict".
 
 **Verdicts.** A finding that tests a claim names it (``claim_id``: C1 ... C7, :data:`CLAIMS`), its
 ``regime`` and ``task`` (words for the table), and in ``expect`` what the claim predicts for each
-arm against the grid's ``reference``: ``better``, ``worse``, ``same``, ``no better`` or ``no
-worse``, ``better by 5`` (a claimed size in points), or ``any`` (the claim predicts nothing
-there). ``sequence_level`` names the setting's best sequence-level arm (outcome GRPO where it
-ran): where it is not the reference, each arm of ``expect`` is also compared with it, under the
-same prediction or under ``sequence_expect`` (:mod:`creditrl.experiments.claim_verdicts`). Each
-row gets a verdict by the rule of :mod:`creditrl.experiments.verdicts`, a claim's rows judged as
-one Holm family; FINDINGS.md opens with the protocol, the verdicts that changed from the previous
-protocol, the table of every verdict and each claim's sensitivity table.
+arm against the grid's ``reference``: ``better``, ``worse``, ``same``, ``no better``, ``no
+worse``, ``better by 5`` (a claimed size in points) or ``any`` (no prediction). ``sequence_level``
+and ``sequence_expect`` add rows against the setting's best sequence-level arm, ``also`` further
+pairs (:mod:`creditrl.experiments.claim_verdicts`); a claim's rows are judged as one Holm family
+(:mod:`creditrl.experiments.verdicts`).
 
 **Persistence.** Every finished run's summary is committed under ``findings/runs/<grid>/``
-(:mod:`creditrl.experiments.summaries`). ``creditrl findings --no-train`` builds FINDINGS.md from
-them alone; a finding whose runs are not all summarised shows how many are, without numbers.
-The findings of the protocol before verdicts (three seeds, no per-problem outcomes) are kept as
-they were written, from ``findings/legacy.md``.
+(:mod:`creditrl.experiments.summaries`); ``creditrl findings --no-train`` builds FINDINGS.md from
+them alone, and a finding whose runs are not all summarised shows how many are. The findings of
+the protocol before verdicts are kept as written, in ``findings/legacy.md``.
 """
 
 from __future__ import annotations
@@ -104,21 +98,16 @@ def _section(
         [CompareRow(**{k: tuple(v) if isinstance(v, list) else v for k, v in r.items()}) for r in summary["rows"]]
     )
     if summary.get("differences"):
-        table += "\n" + differences_markdown(summary["differences"], grid.reference, summary.get("machines"))
+        table += "\n" + differences_markdown(summary["differences"], grid.reference, machines)
     if summary.get("prm"):
         table += "\n" + prm_markdown(summary["prm"])
     if summary.get("costs"):
         table += "\n" + costs_markdown(summary["costs"])
-    arms = "; ".join(f"**{name}**: `{' '.join(over) or '(base)'}`" for name, over in grid.arms.items())
     images = "\n".join(f"![{p.stem}]({p.relative_to(root).as_posix()})" for p in plots)
     results, claim_x = summary.get("results"), finding.get("time_claim")
-    claim = f"\n*Folk claim:* {finding['claim'].strip()}\n" if finding.get("claim") else ""
     return (
-        f"{_anchor(finding)}## {finding['id']}: {finding['title']}\n\n"
-        f"*Question:* {finding['question'].strip()}\n{claim}\n"
-        f"*Setting:* base `{grid.base.name}` with `{' '.join(grid.common) or '-'}`; {grid.budget:,} generated "
-        f"{grid.unit} per run; seeds {grid.seeds}; start `{summary['init']}`; launched: "
-        f"{launch_text(summary.get('launches', [{}]))}. Arms: {arms}. "
+        f"{_head(finding, grid)}; start `{summary['init']}`; launched: "
+        f"{launch_text(summary.get('launches', [{}]))}. Arms: {_arms(grid)}. "
         f"Compute: {summary.get('cpu_hours', 0.0):.1f} CPU-hours of RL and evaluation over "
         f"{len(grid.arms) * len(grid.seeds)} runs (the SFT start not counted){_load_text(summary)}. "
         f"Regenerate: `creditrl compare {finding['grid']}` (then `creditrl findings`).\n{_power(finding)}\n"
@@ -131,10 +120,19 @@ def _section(
     )
 
 
-def _anchor(finding: dict[str, Any]) -> str:
-    """The target of the verdict table's links to the section (``#c1-short``), which a heading's own
-    anchor (its whole title) is not."""
-    return f'<a id="{finding["id"].lower()}"></a>\n\n'
+def _head(finding: dict[str, Any], grid) -> str:
+    """A section's anchor (``#c1-short``, the verdict table's link target) and head, up to its seeds."""
+    claim = f"\n*Folk claim:* {finding['claim'].strip()}\n" if finding.get("claim") else ""
+    return (
+        f'<a id="{finding["id"].lower()}"></a>\n\n## {finding["id"]}: {finding["title"]}\n\n'
+        f"*Question:* {finding['question'].strip()}\n{claim}\n"
+        f"*Setting:* base `{grid.base.name}` with `{' '.join(grid.common) or '-'}`; {grid.budget:,} generated "
+        f"{grid.unit} per run; seeds {grid.seeds}"
+    )
+
+
+def _arms(grid) -> str:
+    return "; ".join(f"**{name}**: `{' '.join(over) or '(base)'}`" for name, over in grid.arms.items())
 
 
 def _power(finding: dict[str, Any]) -> str:
@@ -151,15 +149,9 @@ def _load_text(summary: dict[str, Any]) -> str:
 
 
 def _pending_section(finding: dict[str, Any], grid, finished: list[tuple[Any, dict[str, Any]]], total: int) -> str:
-    """A finding whose runs are not all summarised: what it asks, how far its grid is and each
-    finished run's own numbers."""
-    claim = f"\n*Folk claim:* {finding['claim'].strip()}\n" if finding.get("claim") else ""
-    arms = "; ".join(f"**{name}**: `{' '.join(over) or '(base)'}`" for name, over in grid.arms.items())
+    """A finding whose runs are not all summarised: its question, its progress and its finished runs."""
     return (
-        f"{_anchor(finding)}## {finding['id']}: {finding['title']}\n\n"
-        f"*Question:* {finding['question'].strip()}\n{claim}\n"
-        f"*Setting:* base `{grid.base.name}` with `{' '.join(grid.common) or '-'}`; {grid.budget:,} generated "
-        f"{grid.unit} per run; seeds {grid.seeds}. Arms: {arms}.\n{_power(finding)}\n"
+        f"{_head(finding, grid)}. Arms: {_arms(grid)}.\n{_power(finding)}\n"
         f"*In progress:* {len(finished)} of {total} runs finished and summarised; `creditrl findings` runs the rest "
         f"(`creditrl compare {finding['grid']}`).\n{_runs_so_far(finished, grid.reference)}"
     )
@@ -172,9 +164,8 @@ _WAITING = (
 
 
 def _runs_so_far(finished: list[tuple[Any, dict[str, Any]]], reference: str, lead: str = _WAITING) -> str:
-    """Each finished run's held-out exact match at its start, at its end and at its best, and its
-    RL wall time (the PRM's charged) on its CPU, under ``lead``: no differences and no verdicts,
-    which wait until the run's arm (and the reference) have every seed ("" without a run)."""
+    """A table of each finished run's held-out exact match at its start, end and best, its RL wall
+    time (the PRM's charged) and its CPU, under ``lead`` ("" without a run)."""
     if not finished:
         return ""
     rows = []
@@ -231,10 +222,10 @@ Render = Callable[[list[dict[str, Any]]], str]  # a section, given its finding's
 def _grid_section(
     finding: dict[str, Any], root: Path, runs: Path, docs: Path, out: Path, quick: bool, jobs: int, train: bool
 ) -> tuple[Render, list[Comparison], list[str], tuple[dict[str, Any], dict[str, Any]] | None]:
-    """A grid finding's section (rendered once the claim's rows are judged, since Holm's family
-    spans the claim's settings), its verdict rows unjudged, the days its runs were summarised and
-    its panel for the claim's small multiples: the finding with its grid's reference arm, and the
-    reported arms' histories (None while no arm is reported)."""
+    """A grid finding's section (rendered once the claim's rows are judged: Holm's family spans the
+    claim's settings), its unjudged verdict rows, the days its runs were summarised and its panel
+    for the claim's figures: (the finding with its grid's reference, the reported arms' histories),
+    None while no arm is reported."""
     grid_path = root / finding["grid"]
     grid = load_grid(grid_path, quick=quick)
     summaries = None if quick else root / "findings" / "runs" / grid.name
@@ -311,10 +302,9 @@ def _grid_section(
 
 
 def _seeds_so_far(grid, so_far: list[tuple[Any, dict[str, Any]]]) -> int:
-    """How many of the grid's first seeds (in its order) the reference arm and at least one other
-    arm have every run of, summarised: all of them when the grid is complete, fewer while its seeds
-    grow (a grid extended from 3 to 5 seeds reports on its first 3 meanwhile), 0 when there are
-    none to report. Only a prefix 0, 1, ..., k-1 counts, the seeds a shorter grid would run."""
+    """The largest k such that the reference arm and at least one other arm have a summarised run
+    of each of the grid's first k seeds: all of them when the grid is complete, fewer while its seeds
+    grow, 0 when there is nothing to report. Only a prefix 0, 1, ..., k-1 counts."""
     have = {a: {r.seed for r, _ in so_far if r.arm == a} for a in grid.arms}
     reference = grid.reference or next(iter(grid.arms))
     for k in range(len(grid.seeds), 0, -1):
@@ -325,13 +315,11 @@ def _seeds_so_far(grid, so_far: list[tuple[Any, dict[str, Any]]]) -> int:
     return 0
 
 
-def _train_only(root: Path, files: list[Path], only: list[str], quick: bool, runs: Path | None, jobs: int) -> None:
+def _train_only(root: Path, files: list[Path], only: list[str], quick: bool, runs: Path, jobs: int) -> None:
     """Run the grids of the findings ``only`` names, in that order."""
     by_id = {f["id"]: f for f in map(load_finding, files) if "grid" in f}
-    unknown = [i for i in only if i not in by_id]
-    if unknown:
+    if unknown := [i for i in only if i not in by_id]:
         raise ConfigError(f"--only: no grid finding {', '.join(unknown)}; findings: {', '.join(sorted(by_id))}")
-    runs = Path(runs or root / "runs" / ("findings-quick" if quick else "findings"))
     for finding_id in only:
         grid_path = root / by_id[finding_id]["grid"]
         name = load_grid(grid_path, quick=quick).name
@@ -349,19 +337,18 @@ def run_findings(
     train: bool = True,
     only: tuple[str, ...] | list[str] = (),
 ) -> Path:
-    """Run every finding's grid (resumably, from the committed summaries; ``jobs`` runs at a
-    time; ``train=False``: nothing trains; ``only``: the grids of these finding ids train, in
-    this order, and the rest are read from their summaries) and write FINDINGS.md (``out``)
-    with its plots."""
+    """Run every finding's grid (resumably, ``jobs`` runs at a time) and write FINDINGS.md (``out``)
+    with its plots. ``train=False``: nothing trains; ``only``: only the grids of these finding ids
+    train, in this order, and the rest are read from their summaries."""
     root = Path(root)
     files = sorted((root / "findings").glob("*.yaml"))
     if not files:
         raise ConfigError(f"{root / 'findings'}: no finding files (*.yaml)")
+    runs = Path(runs or root / "runs" / ("findings-quick" if quick else "findings"))
     if only:
         _train_only(root, files, list(only), quick, runs, jobs)
         train = False
     out = Path(out or root / "FINDINGS.md")
-    runs = Path(runs or root / "runs" / ("findings-quick" if quick else "findings"))
     docs = out.parent / "docs" / "findings"
     docs.mkdir(parents=True, exist_ok=True)
     sections: list[Render] = []

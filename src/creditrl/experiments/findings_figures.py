@@ -23,8 +23,7 @@ def _setting_order(item: tuple[dict[str, Any], dict[str, Any]]) -> tuple[str, in
 
 
 def settings_figure(claim: str, panels: list[tuple[dict[str, Any], dict[str, Any]]], docs: Path, root: Path) -> str:
-    """A claim measured in several settings: one panel per setting (ordered by task, then by the
-    generated length its regime names), each arm one colour across the panels; its markdown line."""
+    """One panel per setting of the claim (by task, then length) and its markdown line."""
     shown = sorted(panels, key=_setting_order)
     dest = docs / f"{claim}_settings.png"
     plot_panels(
@@ -39,12 +38,10 @@ def settings_figure(claim: str, panels: list[tuple[dict[str, Any], dict[str, Any
 def length_points(
     panels: list[tuple[dict[str, Any], dict[str, Any]]],
 ) -> tuple[str | None, dict[str, dict[str, list[tuple[int, dict[str, float]]]]]]:
-    """Each arm's paired difference to the reference at the last evaluation (the seed-level paired
-    t, 95%, unadjusted), by task and generated length, for the tasks a claim measured at two
-    lengths or more:
+    """Each arm's paired difference to the reference at the last evaluation (unadjusted 95%
+    seed-level t), by task and generated length, for the tasks measured at two lengths or more:
     ``(reference, {task: {arm: [(length, {"mean", "lo", "hi"})]}})``; ``(None, {})`` when the
-    settings have different reference arms. An arm whose seeds differ from the reference's is left
-    out of its setting."""
+    settings have different references. An arm whose seeds differ from the reference's is left out."""
     from creditrl.experiments.verdicts import outcome_matrix, paired_difference
 
     references = {f["reference"] for f, _ in panels}
@@ -70,9 +67,7 @@ def length_points(
 
 
 def length_figure(claim: str, panels: list[tuple[dict[str, Any], dict[str, Any]]], docs: Path, root: Path) -> str:
-    """The claim's differences to its reference against generated length (:func:`length_points`),
-    one panel per task measured at several lengths, arms in the colours of the settings figure;
-    its markdown line, or "" when no task was measured at two lengths."""
+    """The figure of :func:`length_points`, one panel per task, and its markdown ("" without a task)."""
     reference, points = length_points(panels)
     if not points:
         return ""
