@@ -8,7 +8,6 @@ credit assignment and nothing else.
 from __future__ import annotations
 
 import json
-import re
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -18,6 +17,7 @@ from creditrl.config import Config, ConfigError, load_config, merge, parse_overr
 from creditrl.config.loader import demo_config_path
 from creditrl.experiments.evaluate import errors_table, evaluate_checkpoints
 from creditrl.experiments.evaluate import markdown_table as eval_table
+from creditrl.experiments.plan import slug
 from creditrl.experiments.report import (
     ArmSummary,
     markdown_table,
@@ -32,8 +32,7 @@ from creditrl.train.rl import RLTrainer
 from creditrl.train.sft import cached_sft
 
 # Process-GRPO sums up to one normalised reward per step, so its advantages are several times
-# larger than GRPO's; without batch whitening the same lr blew its entropy up (0.25 -> 0.7 in
-# 105 iterations in our tuning runs). Whitening puts both arms on the same advantage scale.
+# larger than GRPO's; batch whitening puts both arms on the same advantage scale at one lr.
 ARMS: dict[str, dict[str, Any]] = {
     "outcome + grpo": {"reward": {"source": "outcome"}, "credit": {"estimator": "grpo"}},
     "oracle steps + grpo_process": {
@@ -42,14 +41,8 @@ ARMS: dict[str, dict[str, Any]] = {
     },
 }
 TARGET_GAIN = 0.10  # "samples to target" = samples until held-out exact match is SFT + 10 points
-# After training, the SFT start and each arm's final checkpoint are evaluated once more on this
-# many held-out problems of the same stream (the runs' own evaluations use the first
-# train.eval_size): one standard error near 25% is 0.9 points at 2,048 against 2.7 at 256.
+# the final check of the SFT start and each arm's last checkpoint: held-out problems of the same stream
 FINAL_EVAL_SIZE = {False: 2048, True: 32}
-
-
-def _slug(name: str) -> str:
-    return re.sub(r"[^0-9a-zA-Z]+", "_", name).strip("_")
 
 
 def run_demo(
@@ -60,9 +53,8 @@ def run_demo(
     config: str | Path | None = None,
     results: str | Path | None = None,
 ) -> list[ArmSummary]:
-    """Run the demo into ``run_dir`` (on ``config`` instead of the packaged demo.yaml when given,
-    e.g. configs/arith.yaml for the operand-1-9 setting); print and return the per-arm summaries.
-    ``results``: also write the report as a results page there (its plot beside it)."""
+    """Run the demo into ``run_dir`` (on ``config`` instead of the packaged demo.yaml when given);
+    print and return the per-arm summaries. ``results``: also write the report as a results page."""
     if config is not None and quick:
         raise ConfigError("creditrl demo: give a config or --quick, not both (--quick has its own sizes)")
     base_path = Path(config) if config is not None else demo_config_path(quick)
@@ -87,7 +79,7 @@ def run_demo(
             f"{cfg.rollout.prompts_per_iter} prompts x {cfg.rollout.group_size} samples",
             flush=True,
         )
-        result = RLTrainer.from_config(cfg, run_dir / _slug(name), init_path=str(sft_path), overwrite=True).run()
+        result = RLTrainer.from_config(cfg, run_dir / slug(name), init_path=str(sft_path), overwrite=True).run()
         histories[name] = result.history
     target = sft_metrics["eval/accuracy"] + TARGET_GAIN
     arms = [summarise(name, h, target) for name, h in histories.items()]
@@ -100,7 +92,7 @@ def run_demo(
     )
     final = evaluate_checkpoints(
         str(base_path),
-        [str(sft_path)] + [str(run_dir / _slug(n)) for n in ARMS],
+        [str(sft_path)] + [str(run_dir / slug(n)) for n in ARMS],
         size=size,
         overrides=overrides,
         errors=classified,

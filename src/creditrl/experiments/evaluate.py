@@ -1,19 +1,14 @@
 """``creditrl eval``: greedy held-out exact match of checkpoints on one larger problem set, with
 paired differences against a baseline.
 
-A run evaluates on ``train.eval_size`` held-out problems (256 in the demo: one standard error of
-an accuracy near 25% is about 2.7 points). This command evaluates any number of checkpoints (a
-checkpoint directory, a run directory -- its latest checkpoint -- or an SFT cache entry) on the
-first ``--size`` problems of the *same* held-out stream (``task.sample(n, split="heldout",
-seed=EVAL_SEED)``), so its first ``train.eval_size`` problems are the ones the runs saw.
+Checkpoints (a checkpoint directory, a run directory's latest checkpoint, or an SFT cache entry)
+are evaluated on the first ``--size`` problems of the held-out stream the runs evaluate on
+(``task.sample(n, split="heldout", seed=EVAL_SEED)``). Against the baseline each row reports the
+paired difference in exact match, ``mean(c_i - b_i)`` over the problems, with its standard error
+``sd(c_i - b_i) / sqrt(n)``, and how many problems it newly solves and newly fails.
 
-Against the baseline (the first checkpoint unless ``--baseline``) each row reports the paired
-difference in exact match, ``mean(c_i - b_i)`` over the problems, with its standard error
-``sd(c_i - b_i) / sqrt(n)``, and how many problems it newly solves and newly fails: the problems
-are shared, so this error is smaller than that of two independent accuracies.
-
-:func:`exposure_bias` measures a model's exposure bias: its teacher-forced against its
-free-running step accuracy (what scheduled sampling, :mod:`creditrl.train.scheduled_sampling`, targets).
+:func:`exposure_bias`: a model's teacher-forced against its free-running step accuracy (what
+:mod:`creditrl.train.scheduled_sampling` targets).
 """
 
 from __future__ import annotations
@@ -179,11 +174,10 @@ def exposure_bias(
     """Teacher-forced against free-running step accuracy of ``model`` on ``problems``.
 
     ``tf_step_accuracy``: the mean over problems of the share of the reference solution's steps
-    (split at ``task.step_separator``, the answer segment included) whose every token is the
-    model's argmax given the reference prefix. ``free_step_accuracy``: the mean share of the
-    reference's steps that the model's own greedy solution gets right (``task.label_completion``,
-    stop at the first error), with ``accuracy`` its exact match. ``gap`` = teacher-forced minus
-    free-running."""
+    (the answer segment included) whose every token is the model's argmax given the reference
+    prefix. ``free_step_accuracy``: the mean share of the reference's steps that the model's own
+    greedy solution gets right (``task.label_completion``), with ``accuracy`` its exact match.
+    ``gap`` = teacher-forced minus free-running."""
     import torch
 
     from creditrl.train.evaluate import evaluate
@@ -207,9 +201,8 @@ def exposure_bias(
 
 
 def _step_tokens(tokenizer: Any, solution: str, sep: str) -> list[tuple[int, int]]:
-    """Token spans of a solution's steps (tokenized as SFT tokenizes it): a step ends after its
-    separator; the answer segment (from the first ``#``) is the last. A token belongs to the step
-    its first character lies in."""
+    """Token spans of a solution's steps: a step ends after its separator, the answer segment (from
+    the first ``#``) is the last, and a token belongs to the step its first character lies in."""
     bounds, start = [], 0
     hash_at = solution.find("#")
     head = solution if hash_at < 0 else solution[:hash_at]

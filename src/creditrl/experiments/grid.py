@@ -1,5 +1,5 @@
-"""Grid files of ``creditrl compare``: parsed, validated and expanded into arms (the file format
-is in :mod:`creditrl.experiments.compare` and docs/compare.md; :data:`KEY_HELP` lists the keys)."""
+"""Grid files of ``creditrl compare``: parsed, validated and expanded into arms (the format is in
+docs/compare.md; :data:`KEY_HELP` lists the keys)."""
 
 from __future__ import annotations
 
@@ -17,13 +17,7 @@ from creditrl.train.resolve import checked, start_kind
 
 KEYS = set(KEY_HELP)
 INITS = ("auto", "policy", "sft")
-PACKAGED = (
-    "demo",
-    "demo_quick",
-    "arith",
-    "chain",
-    "paths",
-)  # configs shipped in creditrl/configs, named in a grid's base
+PACKAGED = ("demo", "demo_quick", "arith", "chain", "paths")  # creditrl/configs, named in a grid's base
 TOKEN_ITERATIONS = 1_000_000
 # --quick: demo_quick sizes on any base, a tiny budget, 2 seeds (numbers meaningless)
 QUICK_SET = [
@@ -60,8 +54,8 @@ class Grid:
 
 
 def run_common(grid: Grid) -> list[str]:
-    """The overrides every run of ``grid`` takes before its arm's: ``common``, after (for a tokens
-    budget) an iteration count the budget stops the run before (``TOKEN_ITERATIONS``)."""
+    """The overrides every run of ``grid`` takes before its arm's: (for a tokens budget, which is to
+    stop the run) ``TOKEN_ITERATIONS`` iterations, then ``common``."""
     return ([f"train.iterations={TOKEN_ITERATIONS}"] if grid.unit == "tokens" else []) + list(grid.common)
 
 
@@ -125,15 +119,9 @@ def load_grid(path: str | Path, *, quick: bool = False, seeds: int | None = None
         raise ConfigError(f"{path}: key 'seeds' must be a non-empty list of integers, got {seed_list!r}")
     seed_list = list(range(seeds)) if seeds is not None else (seed_list[:2] if quick else seed_list)
     budget = data.get("budget")
-    if not (
-        isinstance(budget, dict)
-        and len(budget) == 1
-        and next(iter(budget)) in ("tokens", "samples")
-        and isinstance(next(iter(budget.values())), int)
-        and next(iter(budget.values())) > 0
-    ):
+    ((unit, amount),) = budget.items() if isinstance(budget, dict) and len(budget) == 1 else [(None, None)]
+    if unit not in ("tokens", "samples") or not isinstance(amount, int) or amount <= 0:
         raise ConfigError(f"{path}: key 'budget' must be {{tokens: N}} or {{samples: N}} with N > 0, got {budget!r}")
-    ((unit, amount),) = budget.items()
     target = data.get("target", {"gain": 0.10})
     if isinstance(target, dict) and set(target) == {"gain"} and isinstance(target["gain"], (int, float)):
         absolute, gain = None, float(target["gain"])

@@ -1,6 +1,5 @@
-"""The keys of a ``creditrl compare`` grid file, each with what it holds: one list that the grid
-reader checks files against and ``creditrl compare --help`` prints (a leaf module, so that building
-the command line's parser imports nothing heavy)."""
+"""The keys of a ``creditrl compare`` grid file, which the grid reader checks and ``creditrl compare
+--help`` prints (a leaf module: building the parser imports nothing heavy)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,8 @@
 """A grid's pending runs, launched: one at a time or several in spawned processes, resumably.
 
-:func:`run_arms` plans the grid (:mod:`creditrl.experiments.plan`), reads finished runs back,
-resolves the start (:mod:`creditrl.experiments.starts`) only when something is left to run, and
-runs the rest seed by seed; an interrupted run continues from its last checkpoint (a grid's runs
-checkpoint at every evaluation), and each finished run is summarised at once.
+:func:`run_arms` reads finished runs back, resolves the start only when something is left to run,
+and runs the rest seed by seed; an interrupted run continues from its last checkpoint, and each
+finished run is summarised at once.
 """
 
 from __future__ import annotations
@@ -36,24 +35,19 @@ def run_arms(
     jobs: int = 1,
     summaries: Path | None = None,
 ) -> dict[str, list[list[dict[str, Any]]]]:
-    """``{arm: [history per seed]}`` of ``grid``; each run is ``base`` + ``common`` + the arm's
-    overrides + ``train.seed=s`` + the budget (:func:`~creditrl.experiments.plan.plan_runs`),
-    written to ``run_dir/<arm>/seed<s>``. The budget is
-    ``train.max_tokens=budget`` for ``unit="tokens"``; for ``unit="samples"`` it is
-    ``train.iterations`` = :func:`samples_iterations` (and ``train.max_tokens=0``), and a run is
-    finished when its last row is that iteration.
+    """``{arm: [history per seed]}`` of ``grid``, each run planned by
+    :func:`~creditrl.experiments.plan.plan_runs` and written to ``run_dir/<arm>/seed<s>``.
 
-    ``summaries``: a folder of committed run summaries (:mod:`creditrl.experiments.summaries`),
-    ``<arm>/seed<s>.json``; a run with a matching summary is read from it and not rerun, and
-    every finished run gets one. ``init_path`` is only resolved (``"sft"``: the cached warm start
-    of ``base`` + ``common``) when some run is still to do; None starts each run where its own
-    ``train.init`` says (``policy``: its ``policy.model`` as it is). ``sft_seeds`` (RL seed -> SFT
-    seed): those seeds' runs start from the SFT start of that ``sft.seed``, resolved the same way.
+    ``summaries``: a folder of committed run summaries (``<arm>/seed<s>.json``); a run with a
+    matching summary is read from it and not rerun, and every finished run gets one.
+    ``init_path`` is only resolved (``"sft"``: the cached warm start of ``base`` + ``common``, per
+    the grid's ``sft_seeds``) when some run is still to do; None starts each run where its own
+    ``train.init`` says.
 
-    ``jobs > 1`` runs that many at once, each in its own (spawned) process with
-    ``max(1, torch threads // jobs)`` intra-op threads and no progress bar; a run's numbers then
-    equal those of a one-at-a-time run with the same thread count (tested). Every run writes
-    ``launch.json`` (threads, jobs), which the reports state, since iteration times depend on it."""
+    ``jobs > 1`` runs that many at once, each in its own spawned process with ``max(1, torch
+    threads // jobs)`` intra-op threads and no progress bar; a run's numbers equal those of a
+    one-at-a-time run with the same thread count. Every run writes ``launch.json`` (threads, jobs,
+    CPU kind), which the reports state."""
     base, arms, seeds, budget, unit = grid.base, grid.arms, grid.seeds, grid.budget, grid.unit
     sft_seeds = grid.sft_seeds
     if unit not in ("tokens", "samples"):
@@ -62,9 +56,8 @@ def run_arms(
         raise ValueError(f"run_arms: jobs must be >= 1, got {jobs}")
     runs = plan_runs(grid, run_dir, init_path, summaries)
     done = {(r.arm, r.seed): finished_history(r, budget, unit) for r in runs}
-    # seed by seed (each arm of seed 0, then of seed 1, ...): runs that first build different cached
-    # things (a PRM per labeler) build them side by side rather than one waiting on the other's
-    # lock, and an interrupted grid leaves whole seeds, which pair
+    # seed by seed: runs that first build different cached things (a PRM per labeler) build them side
+    # by side rather than waiting on each other's lock, and an interrupted grid leaves whole seeds
     pending = sorted((r for r in runs if done[(r.arm, r.seed)] is None), key=lambda r: seeds.index(r.seed))
     for r in runs:
         if done[(r.arm, r.seed)] is not None:
@@ -101,8 +94,7 @@ def _sft_seed(run: PlannedRun, sft_seeds: dict[int, int] | None) -> int | None:
 
 
 def _launch(pending: list[PlannedRun], budget: int, unit: str, jobs: int, log, base: Path) -> None:
-    """Run ``pending`` (each from the start its identity names), ``jobs`` at a time; each finished
-    run is summarised at once."""
+    """Run ``pending`` ``jobs`` at a time, each from its own start, summarising each as it finishes."""
     if jobs == 1:
         for r in pending:
             log(f"arm '{r.arm}' seed {r.seed}: {_start_text(r)}up to {budget:,} generated {unit}")
@@ -172,9 +164,8 @@ def _run_one(
     resume: int | None = None,
 ) -> float:
     """One run (also the worker of a parallel :func:`run_arms`); returns its wall seconds. The run
-    checkpoints at each evaluation (or more often, as its config says), so that ``resume`` (the
-    same plan interrupted) continues it from the last one -- a resumed run's metrics equal an
-    uninterrupted run's, and the replayed iterations' time is not counted twice."""
+    checkpoints at least at each evaluation, so that ``resume`` (the same plan interrupted)
+    continues it from the last one with the metrics an uninterrupted run has."""
     import resource
     import time
 
@@ -209,8 +200,7 @@ def run_launch(run: Path) -> dict[str, Any]:
 
 
 def launch_settings(run_dir: Path) -> list[dict[str, int]]:
-    """The distinct ``launch.json`` settings of the runs under ``run_dir`` (runs from before it
-    existed count as ``{}``)."""
+    """The distinct ``launch.json`` settings of the runs under ``run_dir`` (``{}``: none)."""
     found = []
     for metrics in sorted(Path(run_dir).glob("*/seed*/metrics.jsonl")):
         d = {k: v for k, v in run_launch(metrics.parent).items() if k != "load"}

@@ -2,10 +2,9 @@
 
 Every arm of a grid starts from the same SFT checkpoint and stops at the first iteration whose
 generated tokens reach the budget (``train.max_tokens``), or after the iterations a samples budget
-buys, so arms that spend tokens differently (a tree generates shared prefixes once) are compared at
-equal generation cost. A run is finished when its committed summary matches its plan, or when its
-run directory's last metrics row reached the budget and was evaluated; finished runs are read
-back, not rerun (:mod:`creditrl.experiments.launch` runs the rest).
+buys, so arms that spend tokens differently are compared at equal generation cost. A run is
+finished when its committed summary matches its plan, or when its run directory's last metrics
+row reached the budget and was evaluated.
 """
 
 from __future__ import annotations
@@ -28,8 +27,7 @@ def slug(name: str) -> str:
 
 
 def samples_iterations(cfg, samples: int) -> int:
-    """Iterations for a budget of generated samples: ``ceil(samples / (prompts_per_iter x
-    group_size))`` (the trainer has no samples budget; an iteration generates that many)."""
+    """Iterations for a budget of generated samples: ``ceil(samples / (prompts_per_iter x group_size))``."""
     return max(1, math.ceil(samples / (cfg.rollout.prompts_per_iter * cfg.rollout.group_size)))
 
 
@@ -44,10 +42,7 @@ class PlannedRun:
     resume: int | None = None  # an interrupted run of this very plan: the iteration it continues from
 
 
-# in a grid's run directory: the run's identity, so that a rerun of the grid continues an
-# interrupted run of the same plan from its last checkpoint, and starts any other afresh
-PLAN_FILE = "grid_run.json"
-# in a grid's run directory: how the run was launched, and the CPU seconds it took
+PLAN_FILE = "grid_run.json"  # the run's identity: a rerun continues only an interrupted run of the same plan
 RUN_FILES = ("launch.json", "cost.json")
 
 
@@ -56,10 +51,9 @@ def plan_text(run: PlannedRun) -> str:
 
 
 def plan_runs(grid: Grid, run_dir: Path, init_path: str, summaries: Path | None) -> list[PlannedRun]:
-    """Every (arm, seed) run of the grid, with its overrides and the budget's stopping rule; a seed
-    that ``sft_seeds`` names starts from the SFT start of that ``sft.seed`` (its overrides say so).
-    Each run's overrides are :func:`~creditrl.experiments.grid.run_common`, the arm's, its start's,
-    its seed and its stopping rule; it is written to ``run_dir/<arm>/seed<s>``."""
+    """Every (arm, seed) run of the grid in ``run_dir/<arm>/seed<s>``, its overrides being
+    :func:`~creditrl.experiments.grid.run_common`, the arm's, its ``sft.seed`` (``sft_seeds``), its
+    seed and the budget's stopping rule."""
     base, budget, unit, sft_seeds = grid.base, grid.budget, grid.unit, grid.sft_seeds
     common = run_common(grid)
     runs = []
@@ -88,9 +82,8 @@ def plan_runs(grid: Grid, run_dir: Path, init_path: str, summaries: Path | None)
 
 
 def _summary_path(summaries: Path, arm: str, seed: int, identity: dict[str, Any]) -> Path:
-    """Where the run's summary is: in the grid's own folder, or where another grid's folder beside
-    it (``findings/runs/*``) holds the very same run (arm name, base, overrides, budget), which is
-    then read from there rather than rerun -- two claims with one reference arm share its runs."""
+    """Where the run's summary is: in the grid's own folder, or in another grid's folder beside it
+    that holds the very same run (two claims with one reference arm share its runs)."""
     own = summaries / arm / f"seed{seed}.json"
     if own.is_file() or not summaries.parent.is_dir():
         return own
@@ -101,9 +94,8 @@ def _summary_path(summaries: Path, arm: str, seed: int, identity: dict[str, Any]
 
 
 def _finished(path: Path, budget: int, key: str = "tokens/total") -> list[dict[str, Any]] | None:
-    """The run's metrics rows if it ran to exactly this ``budget`` of ``key`` and was evaluated at
-    the end: for ``iteration`` the last row is that iteration; for a total (tokens) the last row
-    reached it and the row before had not (a run made for a larger budget is not reused)."""
+    """The run's metrics rows if it ran to exactly this ``budget`` of ``key`` (a run made for a
+    larger budget is not reused) and was evaluated at the end; else None."""
     rows = load_metrics(path.parent)
     if not rows or rows[-1].get(key, 0) < budget or "eval/accuracy" not in rows[-1]:
         return None
@@ -114,8 +106,7 @@ def _finished(path: Path, budget: int, key: str = "tokens/total") -> list[dict[s
 
 
 def finished_history(run: PlannedRun, budget: int, unit: str) -> list[dict[str, Any]] | None:
-    """The run's history when it is finished: its committed summary, else its run directory's
-    metrics (summarised then, when summaries are kept)."""
+    """The run's history when it is finished, from its summary or else its run directory."""
     if run.summary is not None:
         found = read_summary(run.summary)
         if summary_matches(found, run.identity):
@@ -160,5 +151,4 @@ def summarised_runs(grid: Grid, summaries: Path) -> list[tuple[PlannedRun, dict[
 
 def summary_files(grid: Grid, summaries: Path) -> list[Path]:
     """Each run's summary file, in the grid's own folder or in the grid it shares the run with."""
-    runs = plan_runs(grid, Path("."), "sft", summaries)
-    return [r.summary for r in runs]
+    return [r.summary for r in plan_runs(grid, Path("."), "sft", summaries)]

@@ -1,15 +1,11 @@
 """A grid's SFT start: cached per recipe, kept in the repository, and checked against its summarised runs.
 
 The same SFT recipe trains other weights on another CPU kind or torch version, and a grid's runs
-pair only when they share their start; a start is therefore kept under ``findings/starts`` once
-it is known to be the one the committed runs started from, and a start that is not theirs stops a
-grid before it trains. A kept start's state holds its held-out outcomes on the RL task it was kept
-with; its outcomes on each other RL task it served (a grid of the same SFT recipe on other problems)
-are kept beside it in ``heldout.json``, so that the findings can name it as those runs' start too.
-
-A grid anywhere else (a user's, keeping no summaries) starts from the cache entry of its SFT recipe
-when there is one, else from a start a checkout keeps for that recipe (:func:`known_starts`), and
-trains one only when neither exists (:func:`any_start`).
+pair only when they share their start; a start is therefore kept under ``findings/starts`` once it
+is known to be the one the committed runs started from, and a start that is not theirs stops a
+grid before it trains. Its held-out outcomes on each other RL task it served are kept beside it in
+``heldout.json``, so that the findings can name it as those runs' start too. A grid that keeps no
+summaries starts from :func:`any_start`.
 """
 
 from __future__ import annotations
@@ -34,9 +30,7 @@ def grid_start(
 ) -> str:
     """The SFT start of a grid on ``base`` + ``common`` (cached). With ``starts`` (a repository's
     folder of kept starts, one per SFT recipe), a start kept there is used as it is, and one built
-    here is kept there once it is known to be the one the ``summarised`` runs started from: the same
-    recipe trains other weights on another CPU kind (an arithmetic start held out 20.8% on one
-    machine, 11.2% on another), and a grid's runs pair only when they share their start."""
+    here is kept there once it is known to be the one the ``summarised`` runs started from."""
     from creditrl.train.sft import cached_sft, keep_start, recipe_key
 
     cfg = load_config(base, common)
@@ -52,9 +46,8 @@ def grid_start(
 
 
 def known_starts(*places: Path) -> list[Path]:
-    """The folders of kept starts (``findings/starts``) a grid anywhere may start from: under the
-    working directory, under ``places`` (a grid file's folder) or one above them, and in the
-    checkout creditrl runs from; those that exist, each once."""
+    """The existing folders of kept starts (``findings/starts``) under the working directory, under
+    ``places`` (a grid file's folder) or a folder above them, and in the checkout creditrl runs from."""
     roots = [Path.cwd(), *(q for p in places for q in (p.resolve(), *p.resolve().parents))]
     roots.append(Path(__file__).resolve().parents[3])  # src/creditrl/experiments/starts.py -> the checkout
     found = [r / "findings" / "starts" for r in roots]
@@ -74,9 +67,8 @@ def _cached(cfg: Config) -> bool:
 
 def any_start(base: Path, common: list[str], known: Sequence[Path], log: Callable[[str], None] = print) -> str:
     """The SFT start of a grid on ``base`` + ``common`` that keeps no summaries: the cache entry of
-    its recipe when there is one, else a start kept for the recipe in one of ``known`` (used as it
-    is, not trained again), else trained now; ``log`` says which (a start trained with progress on
-    is announced by the warm start itself, with its step count and time estimate)."""
+    its recipe, else a start kept for the recipe in one of ``known``, else trained now; ``log``
+    says which."""
     from creditrl.train.sft import cached_sft, recipe_key
 
     cfg = load_config(base, common)
@@ -110,10 +102,8 @@ def _keep_heldout(cfg: Config, path: Path, kept: Path) -> None:
 
 
 def kept_start(base: Path, common: list[str], starts: Path, found: list[dict[str, Any]]) -> Path | None:
-    """The start kept under ``starts`` for the recipe of ``base`` + ``common`` when it is the one
-    the summarised runs ``found`` started from (its held-out outcomes on their RL task, as kept, equal
-    their iteration-0 outcomes on every problem); None otherwise (nothing kept, or no outcomes kept
-    for their task)."""
+    """The start kept under ``starts`` for the recipe of ``base`` + ``common`` when its held-out
+    outcomes on their RL task equal the iteration-0 outcomes of the summarised runs ``found``; else None."""
     from creditrl.train.sft import recipe_key, sft_key
 
     cfg = load_config(base, common)
@@ -129,16 +119,13 @@ def kept_start(base: Path, common: list[str], starts: Path, found: list[dict[str
 
 
 def _start_evals(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The iteration-0 evaluations (the start's outcome on every held-out problem) of the run
-    summaries ``found`` that hold one."""
+    """The iteration-0 evaluations with per-problem outcomes of the run summaries ``found``."""
     first = [f["evals"][0] for f in found if f["evals"]]
     return [e for e in first if e.get("iteration") == 0 and "eval/correct" in e]
 
 
 def _check_start(cfg: Config, start: Path, summaries: list[Path] | tuple[Path, ...]) -> None:
-    """Stop before training when ``start`` is not the one the summarised runs started from: their
-    iteration-0 evaluations (the start's greedy outcome on every held-out problem) must equal its
-    own, or new runs would not pair with them."""
+    """Raise ConfigError when ``start`` is not the start the summarised runs began from (by outcomes)."""
     from creditrl.train.metrics import unpack_outcomes
     from creditrl.train.sft import start_outcomes
 

@@ -1,17 +1,14 @@
 """A finished run's summary: the kilobytes of it the findings need, committed under ``findings/``.
 
-A run directory (checkpoints, the inspector's records, every metric) stays on the machine that
-ran it; its summary travels with the repository, so ``creditrl findings`` rebuilds FINDINGS.md
-on a fresh clone without training, and an interrupted grid resumes at the first run without one.
+A run directory stays on the machine that ran it; its summary travels with the repository, so
+``creditrl findings`` rebuilds FINDINGS.md on a fresh clone without training.
 
 A summary (``findings/runs/<grid>/<arm>/seed<S>.json``) holds what identifies the run (its
-overrides, budget and start), how it was launched, every iteration's ``time/iter_s``, and every
-evaluation row restricted to :data:`EVAL_KEYS` (the per-problem outcomes ``eval/correct``
-included), the diagnostics of :data:`WINDOW_KEYS` averaged over each evaluation's window of
-iterations (``windows``; summaries written before them have none), and what the run cost
-(``cost``: generated tokens, the token positions its updates forwarded and backpropagated, CPU
-seconds; optional too). :func:`history` turns it back into the
-metrics rows the reports read, a window's means as ``window/<key>`` on its evaluation's row.
+overrides, budget and start), how it was launched, every iteration's ``time/iter_s``, every
+evaluation row restricted to :data:`EVAL_KEYS`, the diagnostics of :data:`WINDOW_KEYS` averaged
+over each evaluation's window of iterations (``windows``, optional), and what the run cost
+(``cost``: generated tokens, trained token positions, CPU seconds; optional). :func:`history`
+turns it back into metrics rows, a window's means as ``window/<key>`` on its evaluation's row.
 """
 
 from __future__ import annotations
@@ -59,8 +56,6 @@ EVAL_KEYS = (
     "eval/timeouts",
     "eval/correct",
 )
-# the diagnostics a summary keeps per evaluation window: the critic's fit (when a critic runs), the
-# sampled responses' length, the groups that give no signal, the drift from the start, the entropy
 WINDOW_KEYS = (
     "value/explained_variance",
     "loss/value",
@@ -73,10 +68,8 @@ DIGITS = 6  # significant digits a window's means keep (kilobytes, not a metrics
 
 
 def diagnostic_windows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per evaluation, the mean of each of :data:`WINDOW_KEYS` the run logged over the iterations
-    since the previous evaluation (that evaluation's iteration excluded, its own included):
-    ``{"iteration": its iteration, "iterations": how many were averaged, key: mean, ...}``. An
-    evaluation with no iteration in its window (the start's) has no window."""
+    """Per evaluation after the start, the mean of each of :data:`WINDOW_KEYS` the run logged over
+    the iterations since the previous evaluation: ``{"iteration", "iterations": how many, key: mean}``."""
     out, window = [], []
     for r in rows:
         if "time/iter_s" in r:
@@ -96,9 +89,7 @@ def diagnostic_windows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def run_summary(
     rows: list[dict[str, Any]], identity: dict[str, Any], launch: dict[str, Any], cost: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """The summary of a finished run's metrics ``rows``; ``identity`` (overrides, budget, unit,
-    init) says which run it is, ``launch`` how it ran (threads, jobs), ``cost`` what it took
-    (``cpu_s``: the CPU seconds of its process and the children it waited for)."""
+    """The summary of a finished run's metrics ``rows``, with its ``identity``, ``launch`` and ``cost``."""
     spent = {"generated_tokens": rows[-1]["tokens/total"]} if rows and "tokens/total" in rows[-1] else {}
     if any("update/positions" in r for r in rows):
         spent["trained_positions"] = int(sum(r.get("update/positions", 0) for r in rows))
@@ -150,9 +141,8 @@ def history(summary: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def run_mean(rows: list[dict[str, Any]], key: str) -> float | None:
-    """The mean of ``key`` over a run's iterations: over its metrics rows that log it, else over a
-    summary's windows (:func:`history`'s ``window/<key>``, weighted by their iterations); None when
-    neither holds it."""
+    """The mean of ``key`` over a run's iterations, from its rows or else from a summary's windows
+    (weighted by their iterations); None when neither holds it."""
     logged = [r[key] for r in rows if key in r]
     if logged:
         return sum(logged) / len(logged)
