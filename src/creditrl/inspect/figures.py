@@ -4,10 +4,9 @@
 the page's diverging scale (blue < 0, white at 0, red > 0, symmetric: ``RdBu_r`` over
 ``[-max|A|, max|A|]``, advantages under :data:`~creditrl.inspect.scale.ADV_FLOOR` in size white),
 a bar after each step end, a dot over each placed reward, the oracle step label (a green tick or
-red cross) after each step, and the outcome at the row's start. A token's characters that the
-monospace font has no glyph for (control characters, say) are written as escapes (``\x08``),
-and the colour bar's ticks carry their own exponent (no offset text to collide with the title).
-``metrics_figure`` draws the page's per-iteration charts.
+red cross) after each step, and the outcome at the row's start; characters the font has no
+glyph for are written as escapes (``\x08``). ``metrics_figure`` draws the page's per-iteration
+charts.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """The inspector's colour scale for advantages: diverging and symmetric around 0, with a floor.
 
-A group whose rewards are all equal gets advantages that are 0 up to float rounding (about
-``5.7e-08`` after a group's std is divided out); a scale fitted to ``max |A|`` of such a group
-would draw that rounding fully saturated. So an advantage under :data:`ADV_FLOOR` in size is
-shown as 0 (white), and a group whose every advantage is under it has no scale (``max |A| = 0``).
-The page's JavaScript reads the same floor from the page data (``floor``).
+A group whose rewards are all equal gets advantages that are 0 up to float rounding, which a
+scale fitted to its ``max |A|`` would draw fully saturated. So an advantage under
+:data:`ADV_FLOOR` in size is shown as 0 (white), and a group whose every advantage is under it has
+no scale (``max |A| = 0``). The page's JavaScript reads the same floor from the page data.
 """
 
 from __future__ import annotations
