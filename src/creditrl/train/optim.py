@@ -31,9 +31,7 @@ OPTIMIZERS: dict[str, Callable[[Iterable[torch.nn.Parameter], OptimConfig], torc
 
 
 def make_optimizer(params: Iterable[torch.nn.Parameter], optim: OptimConfig) -> torch.optim.Optimizer:
-    """The optimizer ``optim.name`` names, over ``params``."""
-    if optim.name not in OPTIMIZERS:
-        raise ValueError(f"optim.name: unknown value '{optim.name}'; valid: {', '.join(sorted(OPTIMIZERS))}")
+    """The optimizer ``optim.name`` names, over ``params`` (the name is checked when a run is resolved)."""
     return OPTIMIZERS[optim.name](params, optim)
 
 
