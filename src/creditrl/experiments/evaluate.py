@@ -216,7 +216,6 @@ def _step_tokens(tokenizer: Any, solution: str, sep: str) -> list[tuple[int, int
     firsts = [a for a, _ in offsets]
     spans = []
     for a, b in bounds:
-        toks = [j for j, f in enumerate(firsts) if a <= f < b]
-        if toks:
+        if toks := [j for j, f in enumerate(firsts) if a <= f < b]:
             spans.append((toks[0], toks[-1] + 1))
     return spans

@@ -224,8 +224,7 @@ def fill(
         if results is None:
             raise ValueError(f"reading: {{{kind}{a}/{b}.final}} needs the arms' results")
         x, y = value(a, "arm"), value(b, "arm")
-        judged = [r["difference"] for r in verdicts or [] if (r["arm"], r["reference"]) == (x, y)]
-        if judged:
+        if judged := [r["difference"] for r in verdicts or [] if (r["arm"], r["reference"]) == (x, y)]:
             return judged[0]
         return asdict(paired_difference(outcome_matrix(results[x]), outcome_matrix(results[y])))
 

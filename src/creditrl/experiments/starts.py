@@ -133,8 +133,7 @@ def _check_start(cfg: Config, start: Path, summaries: list[Path] | tuple[Path, .
     if not first:
         return
     own = start_outcomes(cfg, start)
-    other = [e for e in first if e["eval/correct"] != own]
-    if other:
+    if other := [e for e in first if e["eval/correct"] != own]:
         share = float(np.mean(unpack_outcomes(own)))
         raise ConfigError(
             f"start {start}: held out {share:.1%} here, but {len(other)} of the {len(first)} summarised runs "

@@ -143,8 +143,7 @@ def history(summary: dict[str, Any]) -> list[dict[str, Any]]:
 def run_mean(rows: list[dict[str, Any]], key: str) -> float | None:
     """The mean of ``key`` over a run's iterations, from its rows or else from a summary's windows
     (weighted by their iterations); None when neither holds it."""
-    logged = [r[key] for r in rows if key in r]
-    if logged:
+    if logged := [r[key] for r in rows if key in r]:
         return sum(logged) / len(logged)
     windows = [(r[f"window/{key}"], r["window/iterations"]) for r in rows if f"window/{key}" in r]
     total = sum(n for _, n in windows)
