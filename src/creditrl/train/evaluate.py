@@ -69,31 +69,25 @@ def evaluate(
         gen = gen_engine.generate(prompts[start : start + rows], 1, params)
         completions += [decode_response(tokenizer, t) for t in gen.tokens]
         lengths += [len(t) for t in gen.tokens]
-    checks = _checks(task, problems, completions, calls, on_error)
-    n = max(1, len(checks.counted))
+    correct, step_acc, counted, counts = _checks(task, problems, completions, calls, on_error)
+    n = max(1, len(counted))
     return EvalResult(
-        accuracy=sum(checks.correct[i] for i in checks.counted) / n,
-        step_accuracy=sum(checks.step_acc[i] for i in checks.counted) / n,
+        accuracy=sum(correct[i] for i in counted) / n,
+        step_accuracy=sum(step_acc[i] for i in counted) / n,
         mean_length=sum(lengths) / max(1, len(problems)),
-        errors=sum(checks.counts.errors.values()) + sum(checks.counts.timeouts.values()),
-        timeouts=sum(checks.counts.timeouts.values()),
+        errors=sum(counts.errors.values()) + sum(counts.timeouts.values()),
+        timeouts=sum(counts.timeouts.values()),
         completions=completions,
-        correct=checks.correct,
+        correct=correct,
     )
-
-
-@dataclass
-class _Checks:
-    correct: list[bool]
-    step_acc: list[float]
-    counted: list[int]  # the problems in the averages (all but those skipped under on_error=skip)
-    counts: CallCounts
 
 
 def _checks(
     task: Task, problems: list[Problem], completions: list[str], calls: BoundedCalls | None, on_error: str
-) -> _Checks:
-    """The outcome and step checks of every completion, bounded and under ``on_error``."""
+) -> tuple[list[bool], list[float], list[int], CallCounts]:
+    """The outcome and step checks of every completion, bounded and under ``on_error``: per problem
+    its outcome and step accuracy, the problems in the averages (all but those skipped under
+    ``on_error=skip``), and the failed calls' counts."""
     if calls is None:  # a caller without a run (an SFT report): in process, unbounded
         calls = BoundedCalls(0)
         calls.register("check_outcome", task.check_outcome)
@@ -118,4 +112,4 @@ def _checks(
         step_acc = [sum(lab) / len(lab) if lab else acc for lab, acc in zip((x or [] for x in labels), step_acc)]
         ok = [a and b for a, b in zip(ok, steps_ok)]
     counted = [i for i, good in enumerate(ok) if good or on_error != "skip"]
-    return _Checks(correct, step_acc, counted, counts)
+    return correct, step_acc, counted, counts
