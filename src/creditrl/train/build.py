@@ -71,7 +71,6 @@ class RunParts:
     plan: RunPlan  # every setting the loop reads, resolved from ``config`` once
     task: Task
     init_path: str  # the start policy, and the reference for KL
-    device: torch.device
     model: PreTrainedModel  # the policy that generates, is evaluated and saved (LoRA-wrapped with lora_r)
     tokenizer: PreTrainedTokenizerBase
     reference: PreTrainedModel | None  # frozen start policy, for KL terms
@@ -214,7 +213,6 @@ def build_run(
         plan=plan_of(cfg),
         task=task,
         init_path=init_path,
-        device=device,
         model=model,
         tokenizer=tokenizer,
         reference=reference,
