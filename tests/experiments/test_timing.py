@@ -126,3 +126,21 @@ def test_a_readings_timing_placeholder_quotes_the_committed_timing_or_says_there
     bad.write_text("id: X\ntitle: t\nquestion: q\nreading: r\ngrid: g.yaml\ntime_claim: fast\n")
     with pytest.raises(ConfigError, match="key 'time_claim' must be a positive number"):
         load_finding(bad)
+
+
+def test_timed_runs_evaluate_only_a_few_problems_whatever_the_grid_says(tmp_path: Path, monkeypatch):
+    from creditrl.experiments import timing
+
+    seen: list[list[str]] = []
+
+    def fake_run(base, overrides, where):
+        seen.append(list(overrides))
+        return 1.0, 1.0, {"time/total_s": 2.0, "prm_s": 0.0}
+
+    monkeypatch.setattr(timing, "_one_run", fake_run)
+    grid = tmp_path / "g.yaml"
+    grid.write_text("name: g\nset: [train.eval_size=1024]\nbudget: {samples: 100}\ninit: policy\narms:\n  a: []\n")
+    timing.run_timing(grid, tmp_path / "out", rounds=1, iterations=2, log=lambda _: None)
+    (overrides,) = seen
+    assert overrides.index("train.eval_size=1024") < overrides.index(f"train.eval_size={timing.EVAL_SIZE}")
+    assert timing.EVAL_SIZE == 16

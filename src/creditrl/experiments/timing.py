@@ -6,8 +6,10 @@ is read from them. The timing runs, in each of ``rounds`` rounds, every arm once
 subprocess, one at a time, the arms' order rotated from round to round (:func:`rotation`) so that
 a drift of the machine's speed falls on every arm alike. Per run it records the wall and CPU
 seconds of the subprocess and its children, the RL seconds per iteration the run logged
-(``time/total_s`` over its iterations) and the 1-minute load average before it (a load above
-:data:`LOAD_PER_CORE` per core is warned about).
+(``time/total_s`` over its iterations, evaluations left out) and the 1-minute load average before
+it (a load above :data:`LOAD_PER_CORE` per core is warned about). A run evaluates only
+:data:`EVAL_SIZE` held-out problems (at its start and end): the timing measures training, and a
+grid's full evaluation at 500 tokens would take longer than the iterations timed.
 
 Per arm (:func:`timing_summary`): medians over rounds, and the ratio to the reference arm's
 seconds per iteration with its spread over rounds. A PRM's one-off labelling and training
@@ -31,6 +33,7 @@ from typing import Any
 from creditrl.experiments.report import cpu_kind
 
 LOAD_PER_CORE = 0.5  # above this 1-minute load per core before a run, the machine is not idle
+EVAL_SIZE = 16  # held-out problems per evaluation of a timed run
 ABOUT = 1.5  # "about c x" is read as within a factor 1.5 of c
 
 
@@ -173,6 +176,7 @@ def run_timing(
         f"train.seed={grid.seeds[0]}",
         f"train.iterations={iterations}",
         "train.max_tokens=0",
+        f"train.eval_size={EVAL_SIZE}",
         f"train.checkpoint_every={iterations}",
         "train.progress=false",
     ] + ([f"train.threads={threads}"] if threads else [])
