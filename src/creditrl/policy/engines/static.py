@@ -164,12 +164,9 @@ class StaticEngine(InProcessEngine):
         if whole and self.use_onednn(dec.hidden_size):
             dec.prepack(n_req)
         slots = Slots(prompt_of, self.share_rows, compiled_step=compiled.available())
-        if not fused:
-            kv: TensorCache | SharedCache | RowsCache = TensorCache(dec, prefix, attn, slots.prompt, steps, n_req)
-        elif self.rows_layout(n_req, len(uniq), width, steps):
-            kv = RowsCache(dec, prefix, attn, slots.prompt, steps, n_req)
-        else:
-            kv = SharedCache(dec, prefix, attn, slots.prompt, steps, n_req)
+        innermost = fused and self.rows_layout(n_req, len(uniq), width, steps)
+        cache = RowsCache if innermost else SharedCache if fused else TensorCache
+        kv = cache(dec, prefix, attn, slots.prompt, steps, n_req)
         slot_pos = torch.zeros(n_req, dtype=torch.long)  # each slot's next position
         slot_pos[: slots.n] = pos[slots.prompt, -1] + 1
         logits = plogits[prompt_of].float()  # float32 also under bf16/fp16 autocast (policy.precision)
