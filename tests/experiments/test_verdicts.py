@@ -249,14 +249,23 @@ def _c1_long_like() -> tuple[np.ndarray, float, float]:
     from creditrl.experiments.summaries import history, read_summary
 
     runs = Path(__file__).resolve().parents[2] / "findings" / "runs" / "c1_chain_long"
-    arms = {
-        d.name: outcome_matrix([history(read_summary(p)) for p in sorted(d.glob("seed*.json"))]).astype(float)
-        for d in sorted(runs.iterdir())
-    }
-    ref = arms.pop("sequence_GAE")
+
+    def outcomes(arm: str, seeds) -> np.ndarray:
+        return outcome_matrix([history(read_summary(runs / arm / f"{s}.json")) for s in sorted(seeds)]).astype(float)
+
+    seeds = {d.name: {p.stem for p in d.glob("seed*.json")} for d in sorted(runs.iterdir())}
+    ref_seeds = seeds.pop("sequence_GAE")
+    ref = outcomes("sequence_GAE", ref_seeds)
+    arms = {name: outcomes(name, s) for name, s in seeds.items()}
     q = np.mean([x.mean(axis=0) for x in [ref, *arms.values()]], axis=0)
     bernoulli = float(np.sum(q * (1 - q))) / q.size**2  # the variance of one arm's accuracy given the problems
-    diff_var = np.mean([seed_differences(a, ref).var(ddof=1) for a in arms.values()])
+    # a grid still running leaves arms with fewer seeds than the reference: pair by seed
+    diff_var = np.mean(
+        [
+            seed_differences(outcomes(n, s & ref_seeds), outcomes("sequence_GAE", s & ref_seeds)).var(ddof=1)
+            for n, s in seeds.items()
+        ]
+    )
     acc_var = np.mean([x.mean(axis=1).var(ddof=1) for x in [ref, *arms.values()]])
     return q, float(np.sqrt(max(0.0, diff_var - 2 * bernoulli))), float(np.sqrt(max(0.0, acc_var - bernoulli)))
 
