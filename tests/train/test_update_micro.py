@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from creditrl.config import load_config
-from creditrl.losses import AGGREGATIONS, aggregate, chunk_weight
+from creditrl.losses import AGGREGATIONS, aggregate, aggregation_count
 from creditrl.policy.engines import HFEngine, SamplingParams
 from creditrl.policy.model import build_tiny
 from creditrl.rollout.batch import batch_from_generation, micro_batches
@@ -15,17 +15,20 @@ from creditrl.values.critic import build_critic
 
 
 @pytest.mark.parametrize("name", sorted(AGGREGATIONS))
-def test_chunk_weights_recombine_the_aggregate(name):
+def test_chunk_counts_recombine_the_aggregate(name):
+    """Each chunk's aggregate weighted by its share of the aggregation's count (as the update
+    weights micro-batches and ranks) sums to the aggregate over all rows."""
     g = torch.Generator().manual_seed(0)
     loss = torch.randn(9, 7, generator=g)
     mask = torch.rand(9, 7, generator=g) > 0.4
     mask[3] = False  # a response without a valid token
     chunks = [torch.tensor([0, 1, 2]), torch.tensor([3, 4]), torch.tensor([5, 6, 7, 8])]
     whole = aggregate(name, loss, mask, norm=7.0)
-    full = sum(chunk_weight(name, mask[c], mask) * aggregate(name, loss[c], mask[c], norm=7.0) for c in chunks)
+    total = aggregation_count(name, mask)
+    full = sum(aggregation_count(name, mask[c]) / total * aggregate(name, loss[c], mask[c], norm=7.0) for c in chunks)
     assert float(full) == pytest.approx(float(whole), rel=1e-6)
     with pytest.raises(ValueError, match="unknown loss aggregation 'nope'"):
-        chunk_weight("nope", mask, mask)
+        aggregation_count("nope", mask)
 
 
 def _batch(model, tok, seed=0):

@@ -71,11 +71,3 @@ def aggregation_count(name: str, mask: torch.Tensor) -> float:
     if name == "seq-mean-token-sum-norm":
         return float(mask.shape[0])
     raise ValueError(f"unknown loss aggregation '{name}'; valid: {', '.join(sorted(AGGREGATIONS))}")
-
-
-def chunk_weight(name: str, chunk_mask: torch.Tensor, full_mask: torch.Tensor) -> float:
-    """The weight that makes ``sum_chunks weight * aggregate(name, loss[chunk], mask[chunk])``
-    equal ``aggregate(name, loss, mask)`` over rows split into chunks: the chunk's share of
-    :func:`aggregation_count` (``seq-mean-token-sum-norm`` then needs the full batch's padded
-    length as its ``norm``, passed explicitly)."""
-    return aggregation_count(name, chunk_mask) / max(1.0, aggregation_count(name, full_mask))

@@ -81,10 +81,6 @@ class SandboxResult:
     output_truncated: bool = False  # stdout or stderr was cut at ``output_bytes``
     channel: bytes = field(default=b"", repr=False)  # what the program wrote to fd 3 (the harness)
 
-    @property
-    def network_isolated(self) -> bool:
-        return "net" in self.isolation
-
 
 def reason_for(
     returncode: int | None,
