@@ -96,6 +96,19 @@ def test_fill_gives_each_arms_diagnostics_from_its_runs_windows():
     assert fill("{grpo.entropy}", ROWS[:1], results={"grpo": _histories([[True]])}) == "not recorded"
 
 
+def test_fill_gives_each_seeds_final_accuracy_in_seed_order():
+    """``{ARM.finals}``: each seed's last held-out exact match, so a reading can say which seeds
+    collapsed where a mean and interval hide it."""
+    runs = [
+        [{"eval/accuracy": 0.2}, {"eval/accuracy": 0.243}],
+        [{"eval/accuracy": 0.2}, {"eval/accuracy": 0.0}],
+        [{"eval/accuracy": 0.2}, {"eval/accuracy": 0.229}],
+    ]
+    assert fill("{grpo.finals}", ROWS[:1], results={"grpo": runs}) == "24.3, 0.0, 22.9%"
+    with pytest.raises(ValueError, match="needs the arms' results"):
+        fill("{grpo.finals}", ROWS[:1])
+
+
 def test_fill_gives_the_paired_difference_between_two_arms():
     """``{diff:A/B.final}`` is A's paired difference to B, seed by seed over the same problems, in
     points with the 95% seed-level t-interval: B right on 4 of 10 problems in each of 3 seeds, A on

@@ -50,7 +50,7 @@ CLAIMS = {
 PLOTS = ("accuracy_vs_samples", "accuracy_vs_wall_time", "length_vs_samples")  # what run_compare draws
 DEFAULT_PLOTS = PLOTS[:2]
 _PLACEHOLDER = re.compile(r"\{(ratio:|diff:|cmp:|timing:)?([A-Za-z0-9_]+)(?:/([A-Za-z0-9_]+))?\.([a-z_]+)\}")
-_FROM_RESULTS = ("gain", "moved")  # per-arm fields computed from the runs' histories, not the table's rows
+_FROM_RESULTS = ("gain", "moved", "finals")  # per-arm fields computed from the runs' histories, not the table's rows
 # per-arm diagnostics from the runs' histories (a summary's windows): the mean over the run, then over seeds
 DIAGNOSTICS = {
     "explained_variance": ("value/explained_variance", "{:.2f}"),
@@ -209,6 +209,8 @@ def fill(
                 return "not comparable, the arms ran on different kinds of CPU"
             num, den = _mean(value(a, field)), _mean(value(b, field))
             return "n/a" if not num or not den else f"{num / den:.1f}x"
+        if field == "finals":  # each seed's last held-out exact match, in seed order
+            return ", ".join(f"{100 * e[-1]:.1f}" for e in evals(a, m.group(0))) + "%"
         if field in _FROM_RESULTS:
             d = gain(a, m.group(0))
             return diff_text(d) if field == "gain" else f"{_side(d)} its start"
@@ -228,13 +230,15 @@ def fill(
             return judged[0]
         return asdict(paired_difference(outcome_matrix(results[x]), outcome_matrix(results[y])))
 
+    def evals(arm: str, text: str) -> list[list[float]]:
+        if results is None:
+            raise ValueError(f"reading: {text} needs the arms' results")
+        return [[r["eval/accuracy"] for r in h if "eval/accuracy" in r] for h in results[value(arm, "arm")]]
+
     def gain(arm: str, text: str) -> dict[str, Any]:
         from creditrl.experiments.verdicts import t_difference
 
-        if results is None:
-            raise ValueError(f"reading: {text} needs the arms' results")
-        ends = [[r["eval/accuracy"] for r in h if "eval/accuracy" in r] for h in results[value(arm, "arm")]]
-        return asdict(t_difference([e[-1] - e[0] for e in ends]))
+        return asdict(t_difference([e[-1] - e[0] for e in evals(arm, text)]))
 
     def diagnostic(arm: str, field: str, text: str) -> str:
         from creditrl.experiments.summaries import run_mean
