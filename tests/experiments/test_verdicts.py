@@ -250,21 +250,23 @@ def _c1_long_like() -> tuple[np.ndarray, float, float]:
 
     runs = Path(__file__).resolve().parents[2] / "findings" / "runs" / "c1_chain_long"
 
-    def outcomes(arm: str, seeds) -> np.ndarray:
-        return outcome_matrix([history(read_summary(runs / arm / f"{s}.json")) for s in sorted(seeds)]).astype(float)
+    rows = {  # arm -> seed -> that seed's per-problem outcomes, each summary read once
+        d.name: {p.stem: outcome_matrix([history(read_summary(p))])[0] for p in sorted(d.glob("seed*.json"))}
+        for d in sorted(runs.iterdir())
+    }
 
-    seeds = {d.name: {p.stem for p in d.glob("seed*.json")} for d in sorted(runs.iterdir())}
-    ref_seeds = seeds.pop("sequence_GAE")
-    ref = outcomes("sequence_GAE", ref_seeds)
-    arms = {name: outcomes(name, s) for name, s in seeds.items()}
+    def matrix(arm: dict[str, np.ndarray], seeds) -> np.ndarray:
+        return np.array([arm[s] for s in sorted(seeds)], dtype=float)
+
+    reference = rows.pop("sequence_GAE")
+    ref = matrix(reference, reference)
+    arms = {name: matrix(r, r) for name, r in rows.items()}
     q = np.mean([x.mean(axis=0) for x in [ref, *arms.values()]], axis=0)
     bernoulli = float(np.sum(q * (1 - q))) / q.size**2  # the variance of one arm's accuracy given the problems
     # a grid still running leaves arms with fewer seeds than the reference: pair by seed
+    both = {name: r.keys() & reference.keys() for name, r in rows.items()}
     diff_var = np.mean(
-        [
-            seed_differences(outcomes(n, s & ref_seeds), outcomes("sequence_GAE", s & ref_seeds)).var(ddof=1)
-            for n, s in seeds.items()
-        ]
+        [seed_differences(matrix(r, both[n]), matrix(reference, both[n])).var(ddof=1) for n, r in rows.items()]
     )
     acc_var = np.mean([x.mean(axis=1).var(ddof=1) for x in [ref, *arms.values()]])
     return q, float(np.sqrt(max(0.0, diff_var - 2 * bernoulli))), float(np.sqrt(max(0.0, acc_var - bernoulli)))

@@ -209,9 +209,9 @@ def fill(
                 return "not comparable, the arms ran on different kinds of CPU"
             num, den = _mean(value(a, field)), _mean(value(b, field))
             return "n/a" if not num or not den else f"{num / den:.1f}x"
-        if field == "finals":  # each seed's last held-out exact match, in seed order
-            return ", ".join(f"{100 * e[-1]:.1f}" for e in evals(a, m.group(0))) + "%"
         if field in _FROM_RESULTS:
+            if field == "finals":  # each seed's last held-out exact match, in seed order
+                return ", ".join(f"{100 * e[-1]:.1f}" for e in evals(a, m.group(0))) + "%"
             d = gain(a, m.group(0))
             return diff_text(d) if field == "gain" else f"{_side(d)} its start"
         if field in DIAGNOSTICS:
