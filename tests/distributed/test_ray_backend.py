@@ -19,7 +19,7 @@ from creditrl.distributed.workers import import_ray, split_rows
 from creditrl.policy.engines import SamplingParams, make_engine
 from creditrl.policy.model import apply_lora, build_tiny, sharpen
 from creditrl.rewards.sources import make_source, score_batch
-from creditrl.rewards.stage import Scorer
+from creditrl.rewards.stage import Scorer, ScoreSettings
 from creditrl.tasks import make_task
 from creditrl.tasks.bounded import UserFunctionError
 from creditrl.train.resolve import checked
@@ -324,8 +324,10 @@ def test_scoring_workers_score_like_the_driver(source: str, score_pool, scored_b
         steps = p.solution.split(";")
         completions += [p.solution, ";".join([steps[0] + "1"] + steps[1:-1]) + f";#{int(p.answer) + 1}"]
     problems = [p for p in problems for _ in range(2)]
-    here = scored_by(None, problems, completions, scorer=Scorer(cfg, task, tok), tokenizer=tok, group_size=2)
-    remote_scorer = Scorer(cfg, task, tok)
+    here = scored_by(
+        None, problems, completions, scorer=Scorer(ScoreSettings.of(cfg), task, tok), tokenizer=tok, group_size=2
+    )
+    remote_scorer = Scorer(ScoreSettings.of(cfg), task, tok)
     score_pool.attach(remote_scorer)
     calls = [i["calls"] for i in pool_info(score_pool.pool)]
     there = scored_by(None, problems, completions, scorer=remote_scorer, tokenizer=tok, group_size=2)

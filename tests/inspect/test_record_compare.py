@@ -13,7 +13,14 @@ from creditrl.inspect import record as record_mod
 from creditrl.inspect.compare import TRAINED, compare_iteration, parse_estimators, recompute
 from creditrl.inspect.data import InspectError, load_iteration, saved_iterations, spread
 from creditrl.inspect.html import iteration_view, render_page
-from creditrl.inspect.record import choose_groups, iteration_record, record_iteration, should_record, step_spans
+from creditrl.inspect.record import (
+    InspectSettings,
+    choose_groups,
+    iteration_record,
+    record_iteration,
+    should_record,
+    step_spans,
+)
 from creditrl.inspect.report import build_report
 from creditrl.policy.engines import Generation
 from creditrl.policy.tokenizer import build_char_tokenizer
@@ -53,7 +60,9 @@ def scored_batch(overrides: list[str], *, all_right_group: bool = True, values_s
     )
     batch = batch_from_generation(gen, index, tok.pad_token_id)
     batch.extras.update(problems=[problems[i] for i in index], completions=texts)
-    scored = stages.Scorer(cfg, task, tok)(batch, progress=0.0, generator=torch.Generator().manual_seed(0))
+    scored = stages.Scorer(stages.ScoreSettings.of(cfg), task, tok)(
+        batch, progress=0.0, generator=torch.Generator().manual_seed(0)
+    )
     values = None
     if values_seed is not None:
         values = torch.rand(batch.response_mask.shape, generator=torch.Generator().manual_seed(values_seed))
@@ -90,7 +99,9 @@ def test_recompute_reproduces_the_runs_advantages(name: str) -> None:
     values_seed = 1 if "gae" in name else None
     cfg, task, tok, batch, scored, values, adv, ret = scored_batch(CONFIGS[name], values_seed=values_seed)
     cfg = cfg.updated({"train": {"inspect_groups": 3}})
-    rec = json.loads(json.dumps(iteration_record(4, batch, scored, adv, ret, cfg, tok, task, values=values)))
+    rec = json.loads(
+        json.dumps(iteration_record(4, batch, scored, adv, ret, InspectSettings.of(cfg), tok, task, values=values))
+    )
     assert rec["settings"]["resolution"] == ("step" if "mc" in name else "token")
     rows = [r["row"] for g in rec["groups"] for r in g["responses"]]
     again = recompute(rec, cfg.credit.estimator)
@@ -104,7 +115,7 @@ def test_recompute_reproduces_the_runs_advantages(name: str) -> None:
 def test_saved_response_contents() -> None:
     cfg, task, tok, batch, scored, values, adv, ret = scored_batch(["reward.source=oracle_steps"])
     cfg = cfg.updated({"train": {"inspect_groups": 1}})
-    rec = iteration_record(2, batch, scored, adv, ret, cfg, tok, task)
+    rec = iteration_record(2, batch, scored, adv, ret, InspectSettings.of(cfg), tok, task)
     (g,) = rec["groups"]
     assert g["group_id"] == 1  # group 0 is all right (no mixed outcomes), so group 1 comes first
     right, wrong_answer, wrong_first, garbage = g["responses"]
@@ -135,7 +146,7 @@ def test_files_are_bounded_and_written_on_schedule(tmp_path: Path, monkeypatch: 
     first = int(batch.response_lengths[batch.group_ids == 1].sum())
     monkeypatch.setattr(record_mod, "MAX_TOKENS_PER_FILE", first + 1)  # room for one group only
     for it in range(1, 6):
-        record_iteration(tmp_path, it, batch, scored, adv, ret, cfg, tok, task)
+        record_iteration(tmp_path, it, batch, scored, adv, ret, InspectSettings.of(cfg), tok, task)
     assert saved_iterations(tmp_path) == [1, 2, 4, 5]
     assert [g["group_id"] for g in load_iteration(tmp_path, 4)["groups"]] == [1]
     assert not list((tmp_path / "inspect").glob("*.tmp"))
@@ -143,7 +154,7 @@ def test_files_are_bounded_and_written_on_schedule(tmp_path: Path, monkeypatch: 
 
 def test_estimators_needing_values_are_marked_unavailable() -> None:
     cfg, task, tok, batch, scored, values, adv, ret = scored_batch([])
-    rec = iteration_record(1, batch, scored, adv, ret, cfg, tok, task)
+    rec = iteration_record(1, batch, scored, adv, ret, InspectSettings.of(cfg), tok, task)
     out = compare_iteration(rec, ["grpo", "gae", "reinforce"])
     assert list(out) == [TRAINED, "grpo", "gae", "reinforce"]
     assert not out["gae"]["available"] and "needs values" in out["gae"]["reason"] and out["gae"]["adv"] is None
@@ -174,7 +185,7 @@ def test_bad_input_errors(tmp_path: Path) -> None:
 
 def test_page_is_self_contained_and_escapes_token_text() -> None:
     cfg, task, tok, batch, scored, values, adv, ret = scored_batch([])
-    rec = json.loads(json.dumps(iteration_record(1, batch, scored, adv, ret, cfg, tok, task)))
+    rec = json.loads(json.dumps(iteration_record(1, batch, scored, adv, ret, InspectSettings.of(cfg), tok, task)))
     rec["groups"][0]["responses"][0]["texts"][0] = "</script><script>alert(1)</script>"
     data = {"run": "r", "initial": 0, "iterations": [iteration_view(rec, ["grpo"])], "metrics": [], "charts": []}
     page = render_page(data)
@@ -186,7 +197,7 @@ def test_page_is_self_contained_and_escapes_token_text() -> None:
 def test_a_group_without_reward_spread_says_why() -> None:
     cfg, task, tok, batch, scored, values, adv, ret = scored_batch([])  # group 0: four right completions
     cfg = cfg.updated({"train": {"inspect_groups": 3}})
-    rec = json.loads(json.dumps(iteration_record(1, batch, scored, adv, ret, cfg, tok, task)))
+    rec = json.loads(json.dumps(iteration_record(1, batch, scored, adv, ret, InspectSettings.of(cfg), tok, task)))
     view = iteration_view(rec, ["grpo", "reinforce"])
     assert [(g["group_id"], g["spread"]) for g in view["groups"]] == [(1, True), (2, True), (0, False)]
     assert view["groups"][2]["spread_note"] == "no reward spread: all 4 completions scored 1"
@@ -210,7 +221,7 @@ def test_a_group_without_reward_spread_says_why() -> None:
     # batch whitening moves the group's zeros to one shared value, which tells nothing apart either
     cfg, task, tok, batch, scored, values, adv, ret = scored_batch(["credit.normaliser=batch"])
     cfg = cfg.updated({"train": {"inspect_groups": 3}})
-    rec = json.loads(json.dumps(iteration_record(1, batch, scored, adv, ret, cfg, tok, task)))
+    rec = json.loads(json.dumps(iteration_record(1, batch, scored, adv, ret, InspectSettings.of(cfg), tok, task)))
     note = iteration_view(rec, [])["estimators"][TRAINED]["precision"]["groups"][2]["note"]
     assert note.startswith("no reward spread: all 4 completions scored 1; every advantage is -")
 
@@ -218,7 +229,7 @@ def test_a_group_without_reward_spread_says_why() -> None:
 def test_report_can_open_on_groups_with_spread(tmp_path: Path) -> None:
     cfg, task, tok, batch, scored, values, adv, ret = scored_batch([])
     cfg = cfg.updated({"train": {"inspect_groups": 3}})
-    record_iteration(tmp_path, 1, batch, scored, adv, ret, cfg, tok, task)
+    record_iteration(tmp_path, 1, batch, scored, adv, ret, InspectSettings.of(cfg), tok, task)
     for only in (False, True):
         report = build_report(tmp_path, estimators="grpo", out=tmp_path / f"r{only}", png=False, only_spread=only)
         page = report.html.read_text()
@@ -232,7 +243,17 @@ def test_cli_only_spread_opens_the_page_filtered(tmp_path: Path) -> None:
     from creditrl.cli import main
 
     cfg, task, tok, batch, scored, values, adv, ret = scored_batch([])
-    record_iteration(tmp_path, 1, batch, scored, adv, ret, cfg.updated({"train": {"inspect_groups": 3}}), tok, task)
+    record_iteration(
+        tmp_path,
+        1,
+        batch,
+        scored,
+        adv,
+        ret,
+        InspectSettings.of(cfg.updated({"train": {"inspect_groups": 3}})),
+        tok,
+        task,
+    )
     assert main(["inspect", str(tmp_path), "--out", str(tmp_path / "r"), "--no-png", "--only-spread"]) == 0
     page = (tmp_path / "r" / "index.html").read_text()
     data = json.loads(page.split('id="inspector-data">', 1)[1].split("</script>", 1)[0])

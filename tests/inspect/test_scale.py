@@ -16,7 +16,7 @@ from matplotlib.colors import to_rgba
 from creditrl.config import load_config
 from creditrl.inspect.figures import credit_figure, draw_credit, printable
 from creditrl.inspect.html import page_data
-from creditrl.inspect.record import iteration_record
+from creditrl.inspect.record import InspectSettings, iteration_record
 from creditrl.inspect.report import build_report
 from creditrl.inspect.scale import ADV_FLOOR, scale_label, scale_max, shown
 from creditrl.policy.engines import Generation
@@ -125,9 +125,13 @@ def record(iteration: int, all_same: bool) -> dict:
     gen = Generation(index, prompts, tokens, [[0.0] * len(t) for t in tokens], [True] * len(tokens))
     batch = batch_from_generation(gen, index, tok.pad_token_id)
     batch.extras.update(problems=[problems[i] for i in index], completions=texts)
-    scored = stages.Scorer(cfg, task, tok)(batch, progress=0.0, generator=torch.Generator().manual_seed(0))
+    scored = stages.Scorer(stages.ScoreSettings.of(cfg), task, tok)(
+        batch, progress=0.0, generator=torch.Generator().manual_seed(0)
+    )
     adv, ret = stages.credit(batch, scored, CreditSettings.of(cfg))
-    return json.loads(json.dumps(iteration_record(iteration, batch, scored, adv, ret, cfg, tok, task)))
+    return json.loads(
+        json.dumps(iteration_record(iteration, batch, scored, adv, ret, InspectSettings.of(cfg), tok, task))
+    )
 
 
 @pytest.fixture(scope="module")

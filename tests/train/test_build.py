@@ -110,7 +110,10 @@ def test_the_config_cannot_be_mutated_after_build(tmp_path: Path) -> None:
         trainer.cfg.train.iterations = 5
     with pytest.raises(TypeError):
         trainer.cfg.task.args["min_ops"] = 3
-    assert trainer.parts.scorer.cfg is trainer.cfg and trainer.parts.value_stage.cfg is trainer.cfg
+    # the stages hold the run's own frozen sections, not copies that could drift
+    parts = trainer.parts
+    assert parts.scorer.settings.reward is trainer.cfg.reward and parts.scorer.settings.hybrid is trainer.cfg.hybrid
+    assert parts.value_stage.settings is trainer.cfg.value
 
 
 def test_the_engine_choice_is_logged_with_its_reason(tmp_path: Path, caplog) -> None:

@@ -48,6 +48,24 @@ def test_the_loop_reads_no_config_attribute(name: str) -> None:
     assert reads == PASSED_WHOLE.get(name, [])
 
 
+# the parts the loop calls: each takes its settings (its config sections), read from the config in
+# at most one ``of`` classmethod
+STAGES = ("rewards/stage.py", "values/stage.py", "inspect/record.py")
+
+
+@pytest.mark.parametrize("name", STAGES)
+def test_the_stages_read_the_config_only_where_their_settings_are_made(name: str) -> None:
+    source = (TRAIN.parent / name).read_text()
+    made = [
+        range(node.lineno, node.end_lineno + 1)
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.FunctionDef) and node.name == "of"
+    ]
+    reads = config_reads(source)
+    outside = [r for r in reads if not any(int(r.split(":")[0]) in lines for lines in made)]
+    assert outside == []
+
+
 def test_the_checker_finds_config_reads() -> None:
     src = "def f(self, cfg, p):\n    a = cfg.train.seed\n    b = self.cfg\n    c = p.config.x\n    self.cfg = 1\n"
     assert config_reads(src) == ["2: cfg.train", "3: self.cfg", "4: p.config"]

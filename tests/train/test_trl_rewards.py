@@ -167,14 +167,14 @@ def test_bad_function_sources_are_one_line_errors() -> None:
 
 def test_a_dense_function_places_one_reward_per_step(scored_by) -> None:
     from creditrl.policy.model import build_tiny
-    from creditrl.rewards.stage import Scorer
+    from creditrl.rewards.stage import Scorer, ScoreSettings
 
     _, tok = build_tiny(0)
     cfg = checked(load_config(overrides=RUN + ["reward.source=trl_rewards:well_formed_steps"]))
     task = make_task(cfg.task.name, **cfg.task.args)
     (p,) = task.sample(1, split="train", seed=0)
     completion = "1+2=3;oops;#3"  # a well-formed step, a malformed one, the answer
-    scored = scored_by(None, [p], [completion], scorer=Scorer(cfg, task, tok), tokenizer=tok)
+    scored = scored_by(None, [p], [completion], scorer=Scorer(ScoreSettings.of(cfg), task, tok), tokenizer=tok)
     placed = scored.rewards[0][scored.reward_mask[0]].tolist()
     assert placed == [1.0, 0.0, 0.0]  # "1+2=3;" and "oops;" and the final "#3" span
 
@@ -325,7 +325,7 @@ def step_rewards(tmp_path: Path) -> str:
 
 def test_reward_step_separator_gives_any_task_its_steps(step_rewards: str, scored_by) -> None:
     from creditrl.policy.model import build_tiny
-    from creditrl.rewards.stage import Scorer
+    from creditrl.rewards.stage import Scorer, ScoreSettings
     from creditrl.train.resolve import run_task
 
     math = ["task.name=math", "task.args={}", f"reward.source={step_rewards}"]
@@ -337,7 +337,7 @@ def test_reward_step_separator_gives_any_task_its_steps(step_rewards: str, score
     _, tok = build_tiny(0)
     (p,) = task.sample(1, split="train", seed=0)
     good, wrong = f"a;bb;\\boxed{{{p.answer}}}", "a;\\boxed{99}"
-    scored = scored_by(None, [p, p], [good, wrong], scorer=Scorer(cfg, task, tok), tokenizer=tok)
+    scored = scored_by(None, [p, p], [good, wrong], scorer=Scorer(ScoreSettings.of(cfg), task, tok), tokenizer=tok)
     assert scored.rewards[0][scored.reward_mask[0]].tolist() == [2.0, 3.0, float(len(good) - 5)]
     assert scored.rewards[1][scored.reward_mask[1]].tolist() == [2.0, float(len(wrong) - 2)]
     assert scored.step_correct.tolist() == [1.0, 0.0]  # math's step checker: every step takes the outcome
@@ -362,14 +362,14 @@ def test_the_users_solution_column_reaches_reward_functions_as_it_is(step_reward
 
 def test_the_evaluation_reward_leaves_none_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from creditrl.policy.model import build_tiny
-    from creditrl.rewards.stage import Scorer
+    from creditrl.rewards.stage import Scorer, ScoreSettings
 
     (tmp_path / "eval_rewards.py").write_text(
         "def some(prompts, completions, **kwargs):\n    return [1.0, None, 0.5][: len(completions)]\n"
     )
     cfg = checked(load_config(overrides=RUN + [f"reward.source={tmp_path / 'eval_rewards.py'}:some"]))
     task = make_task(cfg.task.name, **cfg.task.args)
-    scorer = Scorer(cfg, task, build_tiny(0)[1])
+    scorer = Scorer(ScoreSettings.of(cfg), task, build_tiny(0)[1])
     try:
         problems = task.sample(3, split="heldout", seed=0)
         assert scorer.eval_reward(problems, ["a", "b", "c"]) == pytest.approx(0.75)  # (1.0 + 0.5) / 2

@@ -9,12 +9,13 @@ Training saves a few whole groups every ``train.inspect_every`` iterations (:fun
 from creditrl.inspect.compare import compare_iteration, parse_estimators, recompute
 from creditrl.inspect.data import InspectError, load_iteration, saved_iterations
 from creditrl.inspect.precision import NegativeCredit, negative_credit, percent, pooled
-from creditrl.inspect.record import MAX_TOKENS_PER_FILE, record_iteration, should_record
+from creditrl.inspect.record import MAX_TOKENS_PER_FILE, InspectSettings, record_iteration, should_record
 from creditrl.inspect.report import Report, build_report
 
 __all__ = [
     "MAX_TOKENS_PER_FILE",
     "InspectError",
+    "InspectSettings",
     "NegativeCredit",
     "Report",
     "build_report",

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -127,13 +128,42 @@ def _response(
     }
 
 
+@dataclass(frozen=True)
+class InspectSettings:
+    """What the inspector reads of a resolved config: the cadence (``train.inspect_every``,
+    ``train.iterations``), the groups per file (``train.inspect_groups``) and the run's settings
+    written into every record (``credit.*``, the value and reward sources, the granularity, the
+    task)."""
+
+    every: int
+    iterations: int
+    groups: int
+    settings: dict[str, Any]  # the record's "settings"; "lam" is the schedule's start
+
+    @classmethod
+    def of(cls, cfg: Config) -> InspectSettings:
+        c, t = cfg.credit, cfg.train
+        settings = {
+            "estimator": c.estimator,
+            "normaliser": c.normaliser,
+            "resolution": c.resolution,
+            "gamma": c.gamma,
+            "lam": c.lam,
+            "value_source": cfg.value.source,
+            "reward_source": cfg.reward.source,
+            "granularity": cfg.reward.granularity,
+            "task": cfg.task.name,
+        }
+        return cls(t.inspect_every, t.iterations, t.inspect_groups, settings)
+
+
 def iteration_record(
     iteration: int,
     batch: TrajectoryBatch,
     scored: Scored,
     adv: torch.Tensor,
     ret: torch.Tensor,
-    cfg: Config,
+    settings: InspectSettings,
     tokenizer: PreTrainedTokenizerBase,
     task: Task,
     *,
@@ -141,11 +171,12 @@ def iteration_record(
     credit_step_ends: torch.Tensor | None = None,
     lam: float | None = None,
 ) -> dict[str, Any]:
-    """The JSON object :func:`record_iteration` writes (see the module docstring)."""
+    """The JSON object :func:`record_iteration` writes (see the module docstring); ``lam``: the
+    iteration's lambda under a schedule (default: ``credit.lam``)."""
     texts_of = TokenTexts(tokenizer)
     problems = batch.extras.get("problems")
     groups, tokens = [], 0
-    for g in choose_groups(batch.group_ids, scored.outcome, cfg.train.inspect_groups):
+    for g in choose_groups(batch.group_ids, scored.outcome, settings.groups):
         rows = (batch.group_ids == g).nonzero().squeeze(-1).tolist()
         size = int(batch.response_lengths[rows].sum())
         if tokens + size > MAX_TOKENS_PER_FILE:
@@ -163,21 +194,10 @@ def iteration_record(
                 ],
             }
         )
-    c = cfg.credit
     return {
         "version": FORMAT_VERSION,
         "iteration": iteration,
-        "settings": {
-            "estimator": c.estimator,
-            "normaliser": c.normaliser,
-            "resolution": cfg.credit.resolution,
-            "gamma": c.gamma,
-            "lam": c.lam if lam is None else lam,
-            "value_source": cfg.value.source,
-            "reward_source": cfg.reward.source,
-            "granularity": cfg.reward.granularity,
-            "task": cfg.task.name,
-        },
+        "settings": {**settings.settings, **({} if lam is None else {"lam": lam})},
         "batch_size": batch.size,
         "groups_in_batch": len(set(batch.group_ids.tolist())),
         "groups": groups,
@@ -191,7 +211,7 @@ def record_iteration(
     scored: Scored,
     adv: torch.Tensor,
     ret: torch.Tensor,
-    cfg: Config,
+    settings: InspectSettings,
     tokenizer: PreTrainedTokenizerBase,
     task: Task,
     **optional: Any,
@@ -200,9 +220,9 @@ def record_iteration(
     its path, or None. ``iteration`` is 1-based (the ``metrics.jsonl`` row); the tensors are the
     credit stage's: adv, ret, values float (B, T), credit_step_ends bool (B, T) or None
     (``optional``: ``values``, ``credit_step_ends`` and ``lam`` of :func:`iteration_record`)."""
-    if not should_record(iteration, cfg.train.inspect_every, cfg.train.iterations):
+    if not should_record(iteration, settings.every, settings.iterations):
         return None
-    record = iteration_record(iteration, batch, scored, adv, ret, cfg, tokenizer, task, **optional)
+    record = iteration_record(iteration, batch, scored, adv, ret, settings, tokenizer, task, **optional)
     out = Path(run_dir) / INSPECT_DIR
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"iter_{iteration:06d}.json"

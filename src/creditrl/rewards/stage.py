@@ -1,7 +1,7 @@
 """The score stage: outcome, [hybrid filter], reward sources placed by granularity, [mix], shaping.
 
-It reads a resolved config (:mod:`creditrl.train.resolve`): the granularities and the step
-separator are the ones the run resolved.
+It reads :class:`ScoreSettings`, taken from a resolved config (:mod:`creditrl.train.resolve`)
+once: the granularities and the step separator are the ones the run resolved.
 
     outcome checker ─► filter (hybrid) ─► source at its granularity ─┐
                                        └► dense source (hybrid) ─────┴► mix (schedule x calibration)
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from creditrl.config import Config
+from creditrl.config import Config, HybridConfig, RewardConfig, ShapingConfig
 from creditrl.rewards.hybrid import Calibrator, apply_filter, dense_verdict, mix_rewards, mix_weights
 from creditrl.rewards.placement import get_granularity, make_segmenter, place
 from creditrl.rewards.shaping import add_shaping, kl_penalty, length_penalty, overlong_penalty
@@ -44,6 +44,27 @@ class Scored:
     filtered: int = 0  # responses the hybrid filter dropped
     stats: dict[str, float] = field(default_factory=dict)  # mix weights, calibration
     counts: CallCounts = field(default_factory=CallCounts)  # failed user-function calls, per function
+
+
+@dataclass(frozen=True)
+class ScoreSettings:
+    """What the score stage reads of a resolved config: the ``reward``, ``hybrid`` and ``shaping``
+    sections, the options a model-backed source is built with, and ``rollout.max_new_tokens``
+    (the overlong penalty's limit)."""
+
+    reward: RewardConfig
+    hybrid: HybridConfig
+    shaping: ShapingConfig
+    source_options: dict[str, Any]  # make_source's options: the PRM, its format, device, start policy, seed
+    max_new_tokens: int
+
+    @classmethod
+    def of(cls, cfg: Config) -> ScoreSettings:
+        rc = cfg.reward
+        options = {"prm": rc.prm, "prm_format": cfg.prm.format, "device": cfg.policy.device, "init": cfg.train.init}
+        options |= {k: getattr(rc, k) for k in ("implicit_beta", "implicit_lr", "implicit_steps", "implicit_center")}
+        options["init_seed"] = cfg.policy.init_seed
+        return cls(rc, cfg.hybrid, cfg.shaping, options, cfg.rollout.max_new_tokens)
 
 
 class _Placed:
@@ -146,10 +167,10 @@ def _span_ends(value: object) -> list[int]:
 class Scorer:
     """The score stage of a run; call it once per iteration."""
 
-    def __init__(self, cfg: Config, task: Task, tokenizer: PreTrainedTokenizerBase) -> None:
-        self.cfg, self.task = cfg, task
+    def __init__(self, settings: ScoreSettings, task: Task, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.settings, self.task = settings, task
         self.texts_of = TokenTexts(tokenizer)
-        rc = cfg.reward
+        rc = settings.reward
         separator = rc.step_separator
         # every user function this stage calls, bounded by reward.timeout_s (creditrl.tasks.bounded)
         self.calls = BoundedCalls(rc.timeout_s)
@@ -176,11 +197,7 @@ class Scorer:
             self.calls.register("check_steps", task.check_steps)
 
         def placed(source: str, granularity: str) -> _Placed:
-            options = {"prm": rc.prm, "prm_format": cfg.prm.format, "device": cfg.policy.device, "init": cfg.train.init}
-            options |= {
-                k: getattr(rc, k) for k in ("implicit_beta", "implicit_lr", "implicit_steps", "implicit_center")
-            }
-            made = make_source(source, {**options, "init_seed": cfg.policy.init_seed})
+            made = make_source(source, dict(settings.source_options))
             worker = made.worker_fn()  # None: a model-backed source (batch_fn) runs here (creditrl.tasks.bounded)
             if worker is not None:
                 self.calls.register(made.name, functools.partial(worker, task))
@@ -189,7 +206,7 @@ class Scorer:
         self.primary = placed(rc.source, rc.granularity)
         self.extra = [placed(name, get_source(name).default_granularity) for name in rc.sources]
         self.weights = list(rc.weights) or [1.0] * (1 + len(self.extra))
-        h = cfg.hybrid
+        h = settings.hybrid
         self.dense = placed(h.dense_source, h.dense_granularity) if h.dense_source else None
         self.steps = segmenter("step") if separator or rc.cut_fn else None
         self.calibrator = Calibrator(momentum=h.calibration_momentum) if h.calibrate else None
@@ -214,7 +231,7 @@ class Scorer:
     ) -> Scored:
         """Score one batch at training ``progress`` in [0, 1]; ``ref_logprobs`` (B, T) feed the
         KL-in-reward shaping term (required when ``shaping.kl_coef > 0``)."""
-        task, h, on_error = self.task, self.cfg.hybrid, self.cfg.reward.on_error
+        task, h, on_error = self.task, self.settings.hybrid, self.settings.reward.on_error
         problems, completions = batch.extras["problems"], batch.extras["completions"]
         counts = CallCounts.zeros(self.calls.names)  # every function's count in every row, 0 or not
         for bounded in self.bounded_segmenters:
@@ -275,7 +292,7 @@ class Scorer:
         values, ok = covered(
             "check_outcome",
             self.calls.map("check_outcome", list(zip(problems, completions))),
-            self.cfg.reward.on_error,
+            self.settings.reward.on_error,
             counts,
             check=finite_number,
             describe=lambda i: f"response {i} ({shorten(completions[i])!r})",
@@ -300,7 +317,9 @@ class Scorer:
         stats[f"reward/by_source/{self.primary.source.name}"] = float((rewards * mask).sum(-1).mean())
         total, total_mask, errors = self.weights[0] * rewards, reward_mask.clone(), 0
         for placed, weight in zip(self.extra, self.weights[1:]):
-            r, m, keep, result, _ = placed(batch, self.task, self.texts_of, keep, self.cfg.reward.on_error, outcome)
+            r, m, keep, result, _ = placed(
+                batch, self.task, self.texts_of, keep, self.settings.reward.on_error, outcome
+            )
             errors += self._count(placed, result, counts, stats)
             stats[f"reward/by_source/{placed.source.name}"] = float((r * mask).sum(-1).mean())
             total, total_mask = total + weight * r, total_mask | m
@@ -346,11 +365,11 @@ class Scorer:
 
     def _shaping(self, batch: TrajectoryBatch, ref_logprobs: torch.Tensor | None) -> list:
         """The shaping terms (``shaping.*``) to add onto the placed rewards, each (rewards, mask) (B, T)."""
-        sh, terms = self.cfg.shaping, []
+        sh, terms = self.settings.shaping, []
         if sh.length_coef > 0:
             terms.append(length_penalty(batch.response_mask, budget=sh.length_budget, coef=sh.length_coef))
         if sh.overlong_cache > 0:
-            max_len = self.cfg.rollout.max_new_tokens
+            max_len = self.settings.max_new_tokens
             terms.append(
                 overlong_penalty(batch.response_mask, max_len=max_len, cache=sh.overlong_cache, coef=sh.overlong_coef)
             )
@@ -385,7 +404,7 @@ class Scorer:
         labels, ok = covered(
             "check_steps",
             self.calls.map("check_steps", list(zip(batch.extras["problems"], seg.texts))),
-            self.cfg.reward.on_error,
+            self.settings.reward.on_error,
             counts,
             check=step_labels,
             describe=lambda i: f"response {i} ({shorten(completions[i])!r})",

@@ -20,12 +20,12 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from creditrl.config import Config
 from creditrl.distributed import ddp
 from creditrl.errors import ConfigError
-from creditrl.inspect.record import record_iteration
+from creditrl.inspect.record import InspectSettings, record_iteration
 from creditrl.policy.device import grad_scaler, resolve_device
 from creditrl.policy.engines import GenerationEngine, SamplingParams, choose_engine, engine_for
 from creditrl.policy.model import apply_lora, load_policy, policy_options
 from creditrl.prm.cache import cached_prm, prm_cost_s, prm_record
-from creditrl.rewards.stage import Scorer
+from creditrl.rewards.stage import Scorer, ScoreSettings
 from creditrl.rollout.segment import step_stop_ids
 from creditrl.tasks import Problem, Task
 from creditrl.train.evaluate import EVAL_SEED
@@ -83,7 +83,7 @@ class RunParts:
     params: SamplingParams
     stop_ids: tuple[int, ...]  # tree rollouts stop a segment at these tokens
     heldout: list[Problem]
-    inspector: Callable[..., Path | None]  # record_iteration bound to the config, tokenizer and task
+    inspector: Callable[..., Path | None]  # record_iteration bound to its settings, the tokenizer and task
     prm_s: float = 0.0  # what the PRM a reward reads cost to label for and train (prm_cost_s)
     prm: dict[str, float] = field(default_factory=dict)  # its labels' and its own quality (prm_record)
 
@@ -201,12 +201,22 @@ def build_run(
         learners.policy = ddp.wrap(copy.deepcopy(model), strategy="fsdp")
     trained = learners.policy if sharded else model
     optimizer = make_optimizer([p for p in trained.parameters() if p.requires_grad], cfg.optim)
-    scorer = Scorer(cfg, task, tokenizer)
+    scorer = Scorer(ScoreSettings.of(cfg), task, tokenizer)
     engine = _engine(cfg, init_path, model, tokenizer, scorer)
     params = SamplingParams(
         max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p
     )
-    value_stage = ValueStage(cfg, critic_source, engine, tokenizer, task, params, calls=scorer.calls)
+    value_stage = ValueStage(
+        cfg.value,
+        critic_source,
+        engine,
+        tokenizer,
+        task,
+        params,
+        precision=cfg.policy.precision,
+        on_error=cfg.reward.on_error,
+        calls=scorer.calls,
+    )
     stop_ids = step_stop_ids(tokenizer, cfg.reward.step_separator) if value_stage.tree else ()
     return RunParts(
         config=cfg,
@@ -225,7 +235,7 @@ def build_run(
         params=params,
         stop_ids=stop_ids,
         heldout=task.sample(cfg.train.eval_size, split="heldout", seed=EVAL_SEED),
-        inspector=partial(record_iteration, cfg=cfg, tokenizer=tokenizer, task=task),
+        inspector=partial(record_iteration, settings=InspectSettings.of(cfg), tokenizer=tokenizer, task=task),
         prm_s=prm_cost_s(cfg),
         prm=prm_record(cfg),
     )

@@ -16,7 +16,7 @@ from creditrl.distributed import ddp
 from creditrl.policy.device import inference, module_device
 from creditrl.policy.engines import GenerationEngine, SamplingParams
 from creditrl.policy.tokenizer import decode_response, encode_problem
-from creditrl.rewards.stage import Scored, Scorer
+from creditrl.rewards.stage import Scored, Scorer, ScoreSettings
 from creditrl.rollout.batch import TrajectoryBatch, batch_from_generation, chunked_response_logprobs
 from creditrl.tasks.base import Problem
 from creditrl.train.build import RunParts
@@ -34,6 +34,7 @@ __all__ = [
     "learn",
     "Scored",
     "Scorer",
+    "ScoreSettings",
     "CriticTarget",
     "update",
 ]

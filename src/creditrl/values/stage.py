@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from creditrl.config import Config
+from creditrl.config import ValueConfig
 from creditrl.policy.device import autocast, module_device
 from creditrl.policy.engines import GenerationEngine, InProcessEngine, SamplingParams
 from creditrl.rollout.batch import TrajectoryBatch, response_forward
@@ -51,36 +51,42 @@ class ValueStage:
 
     def __init__(
         self,
-        cfg: Config,
+        settings: ValueConfig,
         policy: PreTrainedModel,
         engine: GenerationEngine,
         tokenizer: PreTrainedTokenizerBase,
         task: Task,
         params: SamplingParams,
+        *,
+        precision: str,
+        on_error: str,
         calls: BoundedCalls | None = None,
     ) -> None:
-        """``calls``: where the task's outcome checker runs for Monte-Carlo and tree values (the
-        score stage's bounded calls, :mod:`creditrl.tasks.bounded`); default in process."""
-        self.cfg, self.policy, self.engine = cfg, policy, engine
+        """``settings``: the run's resolved ``value`` section; ``precision``: ``policy.precision``
+        of the critic's forward; ``on_error``: ``reward.on_error`` for the value targets' outcome
+        checks; ``calls``: where the task's outcome checker runs for Monte-Carlo and tree values
+        (the score stage's bounded calls, :mod:`creditrl.tasks.bounded`); default in process."""
+        self.settings, self.policy, self.engine = settings, policy, engine
+        self.precision, self.on_error = precision, on_error
         self.tokenizer, self.task, self.params = tokenizer, task, params
         if calls is None:
             calls = BoundedCalls(0)
             calls.register("check_outcome", task.check_outcome)
         self.calls = calls
-        self.info = VALUE_SOURCES[cfg.value.source]
-        self.tree = TreeShape(cfg.value.tree_branching, cfg.value.tree_depth) if self.info.kind == "tree" else None
+        self.info = VALUE_SOURCES[settings.source]
+        self.tree = TreeShape(settings.tree_branching, settings.tree_depth) if self.info.kind == "tree" else None
         self.critic: Critic | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         if self.info.kind == "critic":
             self.critic = build_critic(
                 policy,
                 members=self.info.members,
-                placement=cfg.value.model,
-                seed=cfg.value.seed,
-                backbone=cfg.value.backbone,
+                placement=settings.model,
+                seed=settings.seed,
+                backbone=settings.backbone,
             )
             self.critic.to(module_device(policy))  # policy.device; new heads are built on the CPU
-            self.optimizer = torch.optim.AdamW(self.critic.parameters(), lr=cfg.value.lr, betas=(0.9, 0.99))
+            self.optimizer = torch.optim.AdamW(self.critic.parameters(), lr=settings.lr, betas=(0.9, 0.99))
 
     @torch.no_grad()
     def __call__(self, batch: TrajectoryBatch, step_ends: torch.Tensor, generator: torch.Generator) -> ValueOut:
@@ -88,7 +94,7 @@ class ValueStage:
             return ValueOut(None, None)
         if self.critic is not None:
             states = None
-            with autocast(module_device(self.critic), self.cfg.policy.precision):
+            with autocast(module_device(self.critic), self.precision):
                 if self.critic.shared:
                     self.policy.eval()
                     states = response_forward(self.policy, batch, hidden=True)[1]
@@ -114,12 +120,12 @@ class ValueStage:
             batch,
             step_ends,
             lambda row, text: self._outcomes([(problems[row], text)], counts)[0],
-            samples=self.cfg.value.mc_samples,
+            samples=self.settings.mc_samples,
             params=self.params,
             generator=generator,
             decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True),
-            max_rows=self.cfg.value.mc_rows_per_call if bounded else None,
-            max_positions=self.cfg.value.mc_positions_per_call if bounded else None,
+            max_rows=self.settings.mc_rows_per_call if bounded else None,
+            max_positions=self.settings.mc_positions_per_call if bounded else None,
         )
         stats = {"value/mc_states": float(out.n_states), "value/mc_tokens": float(out.n_tokens), **_failures(counts)}
         return ValueOut(out.values, None, stats)
@@ -130,7 +136,7 @@ class ValueStage:
         values, _ = covered(
             "check_outcome",
             self.calls.map("check_outcome", pairs),
-            self.cfg.reward.on_error,
+            self.on_error,
             counts,
             check=finite_number,
             describe=lambda i: f"a value rollout ({shorten(pairs[i][1])!r})",
