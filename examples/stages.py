@@ -16,7 +16,8 @@ task = make_task(cfg.task.name, **cfg.task.args)
 engine = make_engine(model, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)  # static or hf, by architecture
 gen = torch.Generator().manual_seed(0)
 batch = stages.rollout(engine, tok, task.sample(4, split="train", seed=0), 8, SamplingParams(max_new_tokens=64), gen)
-scored = stages.Scorer(cfg, task, tok)(batch, progress=0.0, generator=gen)  # rewards (B, T)
+scorer = stages.Scorer(stages.ScoreSettings.of(cfg), task, tok)  # the score stage's settings, read once
+scored = scorer(batch, progress=0.0, generator=gen)  # rewards (B, T)
 adv, ret = estimate("grpo_process", scored.rewards, scored.reward_mask, batch.response_mask, group_ids=batch.group_ids)
 adv = normalise("batch", adv, batch.response_mask)
 values = torch.zeros(batch.response_mask.shape)  # a critic's or MC values, V(s_t)

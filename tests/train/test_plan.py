@@ -138,3 +138,14 @@ def test_resolution_is_one_pass(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(behaviour, "FIXTURES", fixture.parent)
     got = behaviour.generate.strip(tmp_path / "run" / "metrics.jsonl")
     assert behaviour._compare("demo_quick", {"outcome_grpo": got}) > 0
+
+
+def test_a_stage_given_the_whole_config_says_what_it_takes() -> None:
+    from creditrl.rewards.stage import Scorer
+    from creditrl.values.stage import ValueStage
+
+    cfg = load_config()
+    with pytest.raises(TypeError, match=r"Scorer takes ScoreSettings\.of\(config\), got Config"):
+        Scorer(cfg, None, None)
+    with pytest.raises(TypeError, match=r"value section \(config\.value\), got Config"):
+        ValueStage(cfg, None, None, None, None, None, precision="fp32", on_error="raise")

@@ -168,6 +168,8 @@ class Scorer:
     """The score stage of a run; call it once per iteration."""
 
     def __init__(self, settings: ScoreSettings, task: Task, tokenizer: PreTrainedTokenizerBase) -> None:
+        if not isinstance(settings, ScoreSettings):
+            raise TypeError(f"Scorer takes ScoreSettings.of(config), got {type(settings).__name__}")
         self.settings, self.task = settings, task
         self.texts_of = TokenTexts(tokenizer)
         rc = settings.reward

@@ -66,6 +66,10 @@ class ValueStage:
         of the critic's forward; ``on_error``: ``reward.on_error`` for the value targets' outcome
         checks; ``calls``: where the task's outcome checker runs for Monte-Carlo and tree values
         (the score stage's bounded calls, :mod:`creditrl.tasks.bounded`); default in process."""
+        if not isinstance(settings, ValueConfig):
+            raise TypeError(
+                f"ValueStage takes the config's value section (config.value), got {type(settings).__name__}"
+            )
         self.settings, self.policy, self.engine = settings, policy, engine
         self.precision, self.on_error = precision, on_error
         self.tokenizer, self.task, self.params = tokenizer, task, params
