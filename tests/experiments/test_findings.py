@@ -96,7 +96,7 @@ def test_fill_gives_each_arms_diagnostics_from_its_runs_windows():
     assert fill("{grpo.entropy}", ROWS[:1], results={"grpo": _histories([[True]])}) == "not recorded"
 
 
-def test_fill_gives_each_seeds_final_accuracy_in_seed_order():
+def test_fill_gives_each_seeds_final_and_start_accuracy_in_seed_order():
     """``{ARM.finals}``: each seed's last held-out exact match, so a reading can say which seeds
     collapsed where a mean and interval hide it."""
     runs = [
@@ -105,6 +105,8 @@ def test_fill_gives_each_seeds_final_accuracy_in_seed_order():
         [{"eval/accuracy": 0.2}, {"eval/accuracy": 0.229}],
     ]
     assert fill("{grpo.finals}", ROWS[:1], results={"grpo": runs}) == "24.3, 0.0, 22.9%"
+    runs[2][0]["eval/accuracy"] = 0.314  # a seed from another SFT start (sft_seeds)
+    assert fill("{grpo.starts}", ROWS[:1], results={"grpo": runs}) == "20.0, 20.0, 31.4%"
     with pytest.raises(ValueError, match="needs the arms' results"):
         fill("{grpo.finals}", ROWS[:1])
 

@@ -50,7 +50,12 @@ CLAIMS = {
 PLOTS = ("accuracy_vs_samples", "accuracy_vs_wall_time", "length_vs_samples")  # what run_compare draws
 DEFAULT_PLOTS = PLOTS[:2]
 _PLACEHOLDER = re.compile(r"\{(ratio:|diff:|cmp:|timing:)?([A-Za-z0-9_]+)(?:/([A-Za-z0-9_]+))?\.([a-z_]+)\}")
-_FROM_RESULTS = ("gain", "moved", "finals")  # per-arm fields computed from the runs' histories, not the table's rows
+_FROM_RESULTS = (
+    "gain",
+    "moved",
+    "finals",
+    "starts",
+)  # per-arm fields computed from the runs' histories, not the table's rows
 # per-arm diagnostics from the runs' histories (a summary's windows): the mean over the run, then over seeds
 DIAGNOSTICS = {
     "explained_variance": ("value/explained_variance", "{:.2f}"),
@@ -210,8 +215,9 @@ def fill(
             num, den = _mean(value(a, field)), _mean(value(b, field))
             return "n/a" if not num or not den else f"{num / den:.1f}x"
         if field in _FROM_RESULTS:
-            if field == "finals":  # each seed's last held-out exact match, in seed order
-                return ", ".join(f"{100 * e[-1]:.1f}" for e in evals(a, m.group(0))) + "%"
+            if field in ("finals", "starts"):  # each seed's last (first) held-out exact match, in seed order
+                at = -1 if field == "finals" else 0
+                return ", ".join(f"{100 * e[at]:.1f}" for e in evals(a, m.group(0))) + "%"
             d = gain(a, m.group(0))
             return diff_text(d) if field == "gain" else f"{_side(d)} its start"
         if field in DIAGNOSTICS:

@@ -17,6 +17,8 @@ FINDINGS.md is typed by hand:
 - ``{ARM.gain}``: the arm's held-out exact match at the end minus at its start with its 95%
   seed-level t-interval; ``{ARM.moved}``: "above", "below" or "not shown different from" its start;
   ``{ARM.finals}``: each seed's final held-out exact match, in seed order ("24.3, 0.0, 22.8%");
+  ``{ARM.starts}``: each seed's held-out exact match at its start, in seed order (seeds from
+  several SFT starts, ``sft_seeds``, differ there);
 - ``{ARM.explained_variance}``, ``{ARM.zero_spread}``, ``{ARM.kl}``, ``{ARM.entropy}``: each run's
   mean over its iterations, then the mean over seeds ("not recorded" where a run kept none);
 - ``{ratio:A/B.FIELD}``: the ratio of the two means ("2.4x"; of the medians for the to-target
