@@ -50,12 +50,8 @@ CLAIMS = {
 PLOTS = ("accuracy_vs_samples", "accuracy_vs_wall_time", "length_vs_samples")  # what run_compare draws
 DEFAULT_PLOTS = PLOTS[:2]
 _PLACEHOLDER = re.compile(r"\{(ratio:|diff:|cmp:|timing:)?([A-Za-z0-9_]+)(?:/([A-Za-z0-9_]+))?\.([a-z_]+)\}")
-_FROM_RESULTS = (
-    "gain",
-    "moved",
-    "finals",
-    "starts",
-)  # per-arm fields computed from the runs' histories, not the table's rows
+# per-arm fields computed from the runs' histories, not the table's rows
+_FROM_RESULTS = ("gain", "moved", "finals", "starts")
 # per-arm diagnostics from the runs' histories (a summary's windows): the mean over the run, then over seeds
 DIAGNOSTICS = {
     "explained_variance": ("value/explained_variance", "{:.2f}"),
