@@ -86,6 +86,32 @@ def test_each_arm_is_compared_with_the_baseline_and_the_best_sequence_level_arm(
     assert [r.best for r in rows] == [False, False, False, True, True]
 
 
+def test_each_row_pairs_the_seeds_its_two_arms_share_while_seeds_are_running() -> None:
+    """Arms with different seeds so far (the reference on 5, one arm on 4, one on 3, one sharing
+    one seed with another): each row pairs seed s with seed s over the seeds both arms ran, its gains
+    are over those seeds, and a pair sharing under two seeds gets no row."""
+    results = {
+        "gae": _runs([0.30, 0.31, 0.29, 0.35, 0.33]),
+        "grpo": _runs([0.40, 0.42, 0.41, 0.45]),
+        "token": [RESULTS["token"][i] for i in (1, 2)] + _runs([0.50]),  # seeds 1, 2, 4 in that order
+        "step": _runs([0.39, 0.45]),  # seeds 3, 4: one shared with token, two with gae
+    }
+    seeds = {"gae": [0, 1, 2, 3, 4], "grpo": [0, 1, 2, 3], "token": [1, 2, 4], "step": [3, 4]}
+    rows = comparisons(FINDING, results, "gae", seeds)
+    pairs = {(r.arm, r.reference): r for r in rows}
+    assert list(pairs) == [("grpo", "gae"), ("token", "gae"), ("step", "gae"), ("token", "grpo")]  # step, grpo: 1 seed
+    assert pairs["grpo", "gae"].seeds == [0, 1, 2, 3]
+    assert pairs["grpo", "gae"].per_seed == pytest.approx([0.10, 0.11, 0.12, 0.10])
+    assert pairs["token", "gae"].seeds == [1, 2, 4]
+    assert pairs["token", "gae"].per_seed == pytest.approx([0.44 - 0.31, 0.42 - 0.29, 0.50 - 0.33])
+    assert pairs["token", "gae"].reference_gain == pytest.approx(np.mean([0.31, 0.29, 0.33]) - 0.3)
+    assert pairs["token", "grpo"].seeds == [1, 2] and pairs["step", "gae"].seeds == [3, 4]
+    assert pairs["step", "gae"].per_seed == pytest.approx([0.39 - 0.35, 0.45 - 0.33])
+    same = comparisons(FINDING, RESULTS, "gae", dict.fromkeys(RESULTS, [0, 1, 2]))
+    listed = comparisons(FINDING, RESULTS, "gae", [0, 1, 2])
+    assert [r.per_seed.tolist() for r in same] == [r.per_seed.tolist() for r in listed]
+
+
 def test_a_findings_also_rows_compare_the_pairs_it_names_in_the_claims_holm_family(tmp_path: Path) -> None:
     """``also``: each named pair is one more row, with its own expectation, after the baseline and
     best-sequence-level rows (a pair that is already one of those is not repeated), judged in the

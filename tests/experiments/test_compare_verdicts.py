@@ -100,6 +100,14 @@ def test_no_verdict_when_no_arm_moved_and_none_from_one_seed():
     ]
     one = {"ref": _runs([4], [6]), "other": _runs([4], [9])}
     assert verdict_lines(verdict_rows(one, "ref"), "ref")[-1] == "other: no verdict, one seed gives no interval"
+    # seeds still running: two runs each, one seed shared, so no interval; two shared seeds pair by seed
+    apart = {"ref": _runs([4, 4], [6, 8]), "other": _runs([4, 4], [9, 12])}
+    rows = verdict_rows(apart, "ref", {"ref": [0, 1], "other": [1, 2]})
+    assert rows[1]["why"] == "one seed"
+    three = {"ref": _runs([4, 4, 4], [6, 8, 7]), "other": _runs([4, 4], [12, 10])}  # other: seeds 2, 1
+    rows = verdict_rows(three, "ref", {"ref": [0, 1, 2], "other": [2, 1]})
+    d = rows[1]["difference"]  # +5 and +2 problems of 20 on seeds 2 and 1
+    assert d["seeds"] == 2 and d["mean"] == pytest.approx((0.25 + 0.10) / 2)
     # every seed the same difference: the t has no spread, said so rather than a zero-width interval
     same = {"ref": _runs([4, 4], [6, 7]), "other": _runs([4, 4], [8, 9])}
     assert verdict_lines(verdict_rows(same, "ref"), "ref")[-1] == (

@@ -337,7 +337,7 @@ def test_findings_persist_run_summaries_and_rebuild_from_them_alone(tmp_path: Pa
     assert "*Reading.* rloo moved " in section and "; grpo is the reference.\n" in section
     assert "the table, the verdicts and the reading above are those of the arms with every seed (" in section
     assert "| rloo | 2 |" in section and "| reinforce |" not in section
-    assert "still waiting for seeds" not in section  # reinforce has no finished run to list
+    assert "arms not reported yet" not in section  # reinforce has no finished run to list
     assert text.count("| rloo vs grpo | better by 5 points |") == 2  # C9's row and C10's
     assert "reinforce vs grpo" not in text
     # the waiting arm with one of its seeds summarised: that run is listed on its own, with no verdict
@@ -351,7 +351,7 @@ def test_findings_persist_run_summaries_and_rebuild_from_them_alone(tmp_path: Pa
     text = partial.read_text()
     section = text[text.index("## C10:") : text.index("## C9:")]
     assert "*In progress:* **reinforce** 1 of 2 seeds;" in section
-    listed = section[section.index("The finished runs of the arms still waiting for seeds") :]
+    listed = section[section.index("The finished runs of the arms not reported yet") :]
     end = 100 * made["evals"][-1]["eval/accuracy"]
     assert "| reinforce | 0 | " in listed and f"| {end:.1f}% |" in listed and "| rloo |" not in listed
     assert "reinforce vs grpo" not in text
@@ -381,8 +381,8 @@ def test_findings_persist_run_summaries_and_rebuild_from_them_alone(tmp_path: Pa
         assert row in section
     assert section.index("| grpo | 1 |") < section.index("| rloo | 0 |") and "| reinforce" not in section
     assert "(#c11)" not in text and "(#c9)" in text  # no verdict row of it in the table at the top
-    # a grid whose seeds grew from 2 to 3 (its seeds 0 and 1 read from g's summaries): reported on the
-    # first 2 seeds, with a verdict, and the note says so
+    # a grid whose seeds grew from 2 to 3 (its seeds 0 and 1 read from g's summaries): each arm on the
+    # seeds it has, with a verdict, and the note says so
     (tmp_path / "grids" / "g5.yaml").write_text(GRID.replace("name: g\n", "name: g5\n").replace("[0, 1]", "[0, 1, 2]"))
     c12 = FINDING.replace("id: C9", "id: C12").replace("claim_id: C4", "claim_id: C6").replace("g.yaml", "g5.yaml")
     (tmp_path / "findings" / "C12.yaml").write_text(c12)
@@ -393,13 +393,33 @@ def test_findings_persist_run_summaries_and_rebuild_from_them_alone(tmp_path: Pa
         "*In progress:* **grpo** 2 of 3 seeds; **rloo** 2 of 3 seeds; the table, the verdicts and the reading"
         in section
     )
-    assert "those of the arms with the grid's first 2 seeds, on those only ([0, 1] of [0, 1, 2])" in section
+    assert "each on the seeds it has run, each difference and verdict on the seeds its two arms share" in section
     c9 = text[text.index("## C9:") :]
     assert (
         section[section.index("| arm |") : section.index("*Reading.*")].split("\n\n")[0]
         == (c9[c9.index("| arm |") :].split("\n\n")[0])
     )  # the same runs, the same table as the 2-seed grid's
     assert text.count("| rloo vs grpo | better by 5 points |") == 3  # C9's, C10's and C12's rows
+    # the reference's seed 2 lands first (a copy of its seed 0's summary as seed 2): the reference is
+    # shown on 3 seeds, and its difference to rloo and their verdict pair the 2 seeds both ran
+    made = json.loads(files[0].read_text())  # grpo seed 0
+    made["seed"] = 2
+    made["overrides"] = [o.replace("train.seed=0", "train.seed=2") for o in made["overrides"]]
+    third = tmp_path / "findings" / "runs" / "g5" / "grpo" / "seed2.json"
+    third.parent.mkdir(parents=True)
+    third.write_text(json.dumps(made))
+    assert main(["findings", "--root", str(tmp_path), "--no-train", "--out", str(partial)]) == 0
+    text = partial.read_text()
+    section = text[text.index("## C12:") : text.index("## C9:")]
+    assert "*In progress:* **rloo** 2 of 3 seeds; the table" in section
+    assert "| grpo | 3 |" in section and "| rloo | 2 |" in section
+    rloo = next(line for line in section.splitlines() if line.startswith("| rloo | +"))  # the differences row
+    assert rloo.endswith("| 2 |")  # the seeds it pairs
+    c9_rloo = next(line for line in c9.splitlines() if line.startswith("| rloo | +"))
+    assert rloo.split("|")[2:6] == c9_rloo.split("|")[2:6]  # the 2-seed grid's difference, to the digit
+    row = next(line for line in text.splitlines() if line.startswith("| [C6](#c12) | rloo vs grpo |"))
+    assert "seed-level paired t, 2 seeds," in row
+    third.unlink()
 
 
 def test_the_committed_findings_rebuild_from_their_summaries(tmp_path: Path) -> None:

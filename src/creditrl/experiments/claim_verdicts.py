@@ -36,6 +36,7 @@ from creditrl.experiments.verdicts import (
     outcome_matrix,
     previous_verdict,
     seed_differences,
+    shared_runs,
     t_difference,
     verdict,
 )
@@ -121,12 +122,18 @@ def comparisons(
     finding: dict[str, Any],
     results: dict[str, list[list[dict[str, Any]]]],
     reference: str,
-    seeds: list[int],
+    seeds: list[int] | dict[str, list[int]],
     costs: list[dict[str, Any]] | None = None,
 ) -> list[Comparison]:
     """The finding's verdict rows: each arm of ``expect`` against ``reference``, then against its
     ``sequence_level`` arm where that is another arm, then the pairs its ``also`` names, each with
-    its own expectation; ``costs`` as in :func:`cost_ratios` (None: generated tokens only)."""
+    its own expectation; ``costs`` as in :func:`cost_ratios` (None: generated tokens only).
+    ``seeds``: the seeds every arm ran, or each arm's own (in the order of its runs in
+    ``results``): a row pairs the seeds its two arms share
+    (:func:`~creditrl.experiments.verdicts.shared_runs`), its gains are over those seeds, and a
+    pair that shares fewer than two seeds gets no row."""
+    if not isinstance(seeds, dict):
+        seeds = dict.fromkeys(results, list(seeds))
     if costs is None:
         costs = [{"arm": a, "generated_tokens": _tokens(hs)} for a, hs in results.items()]
     named = finding.get("sequence_level")
@@ -139,7 +146,10 @@ def comparisons(
     pairs += [(arm, against, NAMED) for arm, against in also if (arm, against) not in done]
     rows = []
     for arm, ref, role in pairs:
-        x, y = outcome_matrix(results[arm]), outcome_matrix(results[ref])
+        runs, against, both = shared_runs(results, seeds, arm, ref)
+        if len(runs) < 2:  # a grid still running: two arms that share under two seeds have no interval yet
+            continue
+        x, y = outcome_matrix(runs), outcome_matrix(against)
         if role == NAMED:
             expect, size = also[(arm, ref)]
         elif role == SEQUENCE:
@@ -156,10 +166,10 @@ def comparisons(
                 expect=expect,
                 size=size,
                 per_seed=seed_differences(x, y),
-                seeds=list(seeds),
+                seeds=both,
                 problems=x.shape[1],
-                gain=_gain(results[arm]),
-                reference_gain=_gain(results[ref]),
+                gain=_gain(runs),
+                reference_gain=_gain(against),
                 cost=cost_ratios(costs, results, arm, ref),
                 regime=finding.get("regime", ""),
                 task=finding.get("task", ""),

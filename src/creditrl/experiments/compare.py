@@ -58,14 +58,20 @@ def run_compare(
     jobs: int = 1,
     summaries: Path | None = None,
     arms: list[str] | None = None,
+    arm_seeds: dict[str, list[int]] | None = None,
 ) -> dict[str, Any]:
     """Run (resumably) and report a grid. ``summaries``: a folder of committed run summaries
     (:func:`creditrl.experiments.launch.run_arms`); when every run has one, nothing trains.
-    ``arms``: only these of the grid's arms (in the grid's order). Returns what summary.json
-    holds, plus ``results``: each arm's per-seed metric histories."""
+    ``arms``: only these of the grid's arms (in the grid's order). ``arm_seeds``: the seeds of the
+    arms it names, where they run fewer than the grid's (a report while seeds are still running);
+    each difference then pairs the seeds its two arms share. Returns what summary.json holds
+    (``seeds``: each arm's), plus ``results``: each arm's per-seed metric histories."""
     grid = load_grid(grid_path, quick=quick, seeds=seeds)
     if arms is not None:
         grid = dataclasses.replace(grid, arms={k: v for k, v in grid.arms.items() if k in arms})
+    if arm_seeds:
+        grid = dataclasses.replace(grid, arm_seeds={a: list(s) for a, s in arm_seeds.items() if a in grid.arms})
+    arm_seed = {name: grid.seeds_of(name) for name in grid.arms}
     out = Path(out or Path("runs") / f"compare-{grid.name}")
     out.mkdir(parents=True, exist_ok=True)
     start = time.time()
@@ -81,36 +87,36 @@ def run_compare(
     results = run_arms(runs, out, init, log, jobs=jobs, summaries=summaries)
     launches = launch_settings(out)
     machines = {  # each arm's runs' CPU kinds (None: not recorded): wall times compare only within one
-        name: [run_launch(out / slug(name) / f"seed{s}").get("cpu") for s in grid.seeds] for name in grid.arms
+        name: [run_launch(out / slug(name) / f"seed{s}").get("cpu") for s in arm_seed[name]] for name in grid.arms
     }
     loads: list[float] = []
     spent = {
-        arm: [_cost(out / slug(arm) / f"seed{s}", h) for s, h in zip(grid.seeds, hs)] for arm, hs in results.items()
+        arm: [_cost(out / slug(arm) / f"seed{s}", h) for s, h in zip(arm_seed[arm], hs)] for arm, hs in results.items()
     }
     if summaries is not None:
         found = [read_summary(f) for f in summary_files(runs, summaries)]  # a shared run: its summary there
-        own = [f for f, s in zip(found, [s for _ in grid.arms for s in grid.seeds]) if s not in grid.sft_seeds]
+        own = [f for f, s in zip(found, [s for a in grid.arms for s in arm_seed[a]]) if s not in grid.sft_seeds]
         kept = kept_start(grid.base, run_common(runs), summaries.parent.parent / "starts", own)
         # a kept start, named as the repository holds it (findings/starts/<recipe>), else the runs' own path
         init = found[0]["init"] if kept is None else kept.relative_to(summaries.parent.parent.parent).as_posix()
         loads = [f["load"] for f in found if f.get("load") is not None]
         launches = [x for i, x in enumerate(f["launch"] for f in found) if x not in [f["launch"] for f in found[:i]]]
         cpus = iter(f["launch"].get("cpu") for f in found)  # in the plan's order: arm by arm, seed by seed
-        machines = {name: [next(cpus) for _ in grid.seeds] for name in grid.arms}
+        machines = {name: [next(cpus) for _ in arm_seed[name]] for name in grid.arms}
         costs = iter(f.get("cost", {}) for f in found)
-        spent = {name: [next(costs) for _ in grid.seeds] for name in grid.arms}
+        spent = {name: [next(costs) for _ in arm_seed[name]] for name in grid.arms}
     rows = [summarise_arm(name, hs, grid.target, grid.gain) for name, hs in results.items()]
     table = results_markdown(rows)
-    differences = difference_rows(results, grid.reference, machines) if grid.reference else []
+    differences = difference_rows(results, grid.reference, machines, arm_seed) if grid.reference else []
     if differences:
-        table += "\n" + differences_markdown(differences, grid.reference, machines)
+        table += "\n" + differences_markdown(differences, grid.reference, machines, arm_seed)
     prms = prm_rows(results)
     if prms:
         table += "\n" + prm_markdown(prms)
     costs = cost_rows(results, spent)
     table += "\n" + costs_markdown(costs)
     judge = grid.reference or next(iter(grid.arms))
-    verdicts = verdict_rows(results, judge)
+    verdicts = verdict_rows(results, judge, arm_seed)
     lines = verdict_lines(verdicts, judge)
     title = f"{grid.name}: {grid.budget:,} generated {grid.unit} per run, mean ± 95% CI over {len(grid.seeds)} seeds"
     length = {"y_key": "eval/length", "y_label": "held-out greedy response length (tokens)"}
@@ -137,6 +143,7 @@ def run_compare(
     summary = {
         "grid": {**asdict(grid), "base": str(grid.base)},
         "init": init or "policy",
+        "seeds": arm_seed,
         "rows": [asdict(r) for r in rows],
         "differences": differences,
         "verdicts": verdicts,

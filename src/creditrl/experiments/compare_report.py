@@ -171,16 +171,19 @@ def difference_rows(
     results: dict[str, list[list[dict[str, Any]]]],
     reference: str,
     machines: dict[str, list[str | None]] | None = None,
+    seeds: dict[str, list[int]] | None = None,
 ) -> list[dict[str, Any]]:
     """Every arm against ``reference`` at the last evaluation: the unadjusted 95% seed-level paired
-    t (None with one seed), whether it was still improving, and its :func:`wall_ratio`."""
-    from creditrl.experiments.verdicts import outcome_matrix, paired_difference, still_improving
+    t over the seeds both ran (None with one; ``seeds`` as in
+    :func:`~creditrl.experiments.verdicts.shared_runs`), whether it was still improving, and its
+    :func:`wall_ratio`."""
+    from creditrl.experiments.verdicts import outcome_matrix, paired_difference, shared_runs, still_improving
 
-    ref = outcome_matrix(results[reference])
     rows = []
     for arm, hs in results.items():
-        paired = arm != reference and len(hs) > 1
-        diff = paired_difference(outcome_matrix(hs), ref) if paired else None
+        x, y, _ = shared_runs(results, seeds, arm, reference)
+        paired = arm != reference and len(x) > 1
+        diff = paired_difference(outcome_matrix(x), outcome_matrix(y)) if paired else None
         late = still_improving(hs)
         rows.append(
             {
@@ -198,10 +201,15 @@ def _points(x: float) -> str:
 
 
 def differences_markdown(
-    rows: list[dict[str, Any]], reference: str, machines: dict[str, list[str | None]] | None = None
+    rows: list[dict[str, Any]],
+    reference: str,
+    machines: dict[str, list[str | None]] | None = None,
+    seeds: dict[str, list[int]] | None = None,
 ) -> str:
-    """The table of :func:`difference_rows`, saying how wall-time ratios pair runs of several CPU kinds."""
+    """The table of :func:`difference_rows`, saying how wall-time ratios pair runs of several CPU
+    kinds, and, where the arms ran different seeds (``seeds``: each arm's), how many each pairs."""
     kinds = len({k for ks in (machines or {}).values() for k in ks})
+    varied = seeds is not None and len({tuple(s) for s in seeds.values()}) > 1
     out = [
         f"Against **{reference}**: paired difference in held-out exact match at the last evaluation "
         "(points; 95% seed-level paired t-interval over the per-seed differences and its p-value, neither adjusted "
@@ -220,10 +228,16 @@ def differences_markdown(
             if any(r["cost"] is None and r["difference"] is not None for r in rows)
             else ""
         )
+        + (
+            " The arms ran different seeds so far: each difference pairs the seeds the arm and the reference "
+            "both ran (the seeds column)."
+            if varied
+            else ""
+        )
         + "\n",
         "| arm | difference | 95% interval | p | detectable | last third | still improving "
-        "| loaded-grid wall time vs reference |",
-        "|---|---|---|---|---|---|---|---|",
+        "| loaded-grid wall time vs reference |" + (" seeds |" if varied else ""),
+        "|---|---|---|---|---|---|---|---|" + ("---|" if varied else ""),
     ]
     for r in rows:
         d, late = r["difference"], r["improving"]
@@ -234,7 +248,8 @@ def differences_markdown(
         change = "–" if late is None else f"{_points(late['mean'])} [{_points(late['lo'])}, {_points(late['hi'])}]"
         going = "–" if late is None else ("yes" if late["lo"] > 0 else "no")
         cost = "–" if r["cost"] is None else f"{r['cost']:.2f}x"
-        out.append(f"| {r['arm']} | {diff} | {ci} | {p} | {mde} | {change} | {going} | {cost} |")
+        paired = (f" {'–' if d is None else d['seeds']} |") if varied else ""
+        out.append(f"| {r['arm']} | {diff} | {ci} | {p} | {mde} | {change} | {going} | {cost} |{paired}")
     return "\n".join(out) + "\n"
 
 

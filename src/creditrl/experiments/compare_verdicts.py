@@ -25,13 +25,20 @@ def moved(histories: list[list[dict[str, Any]]]) -> bool:
     return False
 
 
-def verdict_rows(results: dict[str, list[list[dict[str, Any]]]], reference: str) -> list[dict[str, Any]]:
+def verdict_rows(
+    results: dict[str, list[list[dict[str, Any]]]], reference: str, seeds: dict[str, list[int]] | None = None
+) -> list[dict[str, Any]]:
     """One row per arm against ``reference`` at the last evaluation: ``verdict`` is ``better``,
-    ``worse`` or ``no difference detectable`` by the seed-level paired t, Holm-adjusted over the
+    ``worse`` or ``no difference detectable`` by the seed-level paired t over the seeds both ran
+    (``seeds`` as in :func:`~creditrl.experiments.verdicts.shared_runs`), Holm-adjusted over the
     arms judged, or None with ``why`` it gets none (module docstring). ``zero_spread``: the share
     of its groups with zero reward spread (None: not logged); ``moved``: :func:`moved`."""
     from creditrl.experiments.summaries import run_mean
-    from creditrl.experiments.verdicts import holm, outcome_matrix, paired_difference
+    from creditrl.experiments.verdicts import LEVEL, holm, outcome_matrix, paired_difference, shared_runs
+
+    def paired(arm: str, level: float = LEVEL):  # the arm against the reference on the seeds both ran
+        x, y, _ = shared_runs(results, seeds, arm, reference)
+        return paired_difference(outcome_matrix(x), outcome_matrix(y), level=level)
 
     spread: dict[str, float | None] = {}
     for arm, hs in results.items():
@@ -51,7 +58,7 @@ def verdict_rows(results: dict[str, list[list[dict[str, Any]]]], reference: str)
             return "no signal"
         if still:
             return "none moved"
-        return "one seed" if len(results[arm]) < 2 else None
+        return "one seed" if len(shared_runs(results, seeds, arm, reference)[0]) < 2 else None
 
     rows = [
         {"arm": a, "verdict": None, "why": why(a), "zero_spread": spread[a], "moved": moved(hs), "difference": None}
@@ -60,11 +67,9 @@ def verdict_rows(results: dict[str, list[list[dict[str, Any]]]], reference: str)
     judged = [r for r in rows if r["why"] is None]
     if not judged:
         return rows
-    ref = outcome_matrix(results[reference])
-    first = [paired_difference(outcome_matrix(results[r["arm"]]), ref) for r in judged]
-    adjusted, levels = holm([d.p for d in first])
+    adjusted, levels = holm([paired(r["arm"]).p for r in judged])
     for r, p, level in zip(judged, adjusted, levels):
-        d = paired_difference(outcome_matrix(results[r["arm"]]), ref, level=level)
+        d = paired(r["arm"], level)
         r["verdict"] = "better" if d.lo > 0 else "worse" if d.hi < 0 else "no difference detectable"
         r["difference"] = {**asdict(d), "p_holm": p, "family": len(judged)}
     return rows

@@ -164,12 +164,15 @@ def fill(
     verdicts: list[dict[str, Any]] | None = None,
     timing: dict[str, Any] | None = None,
     time_claim: float | None = None,
+    seeds: dict[str, list[int]] | None = None,
 ) -> str:
     """Replace every placeholder of ``template`` (syntax in :mod:`creditrl.experiments.findings`)
     by its number: per-arm fields from ``rows`` (``CompareRow`` dicts), differences, gains and
     diagnostics from ``results`` (each arm's per-seed histories) at the levels of ``verdicts`` (the
     finding's judged rows), time ratios from ``timing`` (:func:`load_timing`) against
-    ``time_claim``. A ratio of times between arms that ran on different kinds of CPU (``machines``,
+    ``time_claim``; a difference pairs the seeds both arms ran (``seeds``: each arm's, in the order
+    of its runs in ``results``; None: every arm ran the same). A ratio of times between arms that
+    ran on different kinds of CPU (``machines``,
     :func:`creditrl.experiments.compare_report.comparable`) says so instead of a number; with
     ``results``, a ratio of wall times is taken within each kind of CPU the two arms share
     (:func:`~creditrl.experiments.compare_report.wall_ratio`).
@@ -178,6 +181,7 @@ def fill(
         ValueError: An unknown arm or field, or a placeholder that needs ``results`` without them.
     """
     by_slug = {slug(r["arm"]): r for r in rows}
+    varied = seeds is not None and len({tuple(s) for s in seeds.values()}) > 1  # then a difference names its seeds
 
     def value(arm: str, field: str) -> Any:
         if arm not in by_slug:
@@ -199,7 +203,7 @@ def fill(
             return timing_text(timing, value(a, "arm"), value(b, "arm"), time_claim)
         if kind in ("diff:", "cmp:"):
             d = pair(a, b, field, kind)
-            return diff_text(d) if kind == "diff:" else _side(d)
+            return diff_text(d, varied) if kind == "diff:" else _side(d)
         if kind:
             if field == "wall_s" and results is not None:  # within each kind of CPU both ran on
                 ratio = wall_ratio(results, machines, value(a, "arm"), value(b, "arm"))
@@ -218,10 +222,12 @@ def fill(
             return diff_text(d) if field == "gain" else f"{_side(d)} its start"
         if field in DIAGNOSTICS:
             return diagnostic(a, field, m.group(0))
+        if field == "diff" and value(a, field) is not None:
+            return diff_text(value(a, field), varied)
         return _fmt(field, value(a, field))
 
     def pair(a: str, b: str, field: str, kind: str) -> dict[str, Any]:
-        from creditrl.experiments.verdicts import outcome_matrix, paired_difference
+        from creditrl.experiments.verdicts import outcome_matrix, paired_difference, shared_runs
 
         if field != "final":
             raise ValueError(f"reading: {{{kind}{a}/{b}.{field}}}: a difference between arms is of 'final' only")
@@ -230,7 +236,8 @@ def fill(
         x, y = value(a, "arm"), value(b, "arm")
         if judged := [r["difference"] for r in verdicts or [] if (r["arm"], r["reference"]) == (x, y)]:
             return judged[0]
-        return asdict(paired_difference(outcome_matrix(results[x]), outcome_matrix(results[y])))
+        runs, against, _ = shared_runs(results, seeds, x, y)
+        return asdict(paired_difference(outcome_matrix(runs), outcome_matrix(against)))
 
     def evals(arm: str, text: str) -> list[list[float]]:
         if results is None:
@@ -276,9 +283,11 @@ def names_only(template: str, arms: list[str]) -> bool:
     return all(m.group(2) in slugs and m.group(3) in (None, *slugs) for m in _PLACEHOLDER.finditer(template))
 
 
-def diff_text(d: dict[str, float]) -> str:
+def diff_text(d: dict[str, float], seeds: bool = False) -> str:
     """A paired difference in points with its interval: ``+2.3 points [-0.4, +5.0]`` at 95%, its
-    level named otherwise (``+2.3 points [-1.1, +5.7] at 99.4%``, Holm-adjusted)."""
+    level named otherwise (``+2.3 points [-1.1, +5.7] at 99.4%``, Holm-adjusted); ``seeds``: with
+    the seeds it pairs (``... on 3 seeds``, where a grid's arms ran different seeds)."""
     level = d.get("level", 0.95)
     at = "" if level == 0.95 else f" at {level_text(level)}"
-    return f"{100 * d['mean']:+.1f} points [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}]{at}"
+    on = f" on {d['seeds']} seeds" if seeds else ""
+    return f"{100 * d['mean']:+.1f} points [{100 * d['lo']:+.1f}, {100 * d['hi']:+.1f}]{at}{on}"

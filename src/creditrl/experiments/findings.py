@@ -42,7 +42,10 @@ pairs (:mod:`creditrl.experiments.claim_verdicts`); a claim's rows are judged as
 
 **Persistence.** Every finished run's summary is committed under ``findings/runs/<grid>/``
 (:mod:`creditrl.experiments.summaries`); ``creditrl findings --no-train`` builds FINDINGS.md from
-them alone, and a finding whose runs are not all summarised shows how many are. The findings of
+them alone, and a finding whose runs are not all summarised shows how many are. While a grid's
+seeds are still running, each arm that shares at least two seeds with the reference is shown on the
+seeds it has, and each difference, interval and verdict pairs the seeds its two arms share (seed
+``s`` with seed ``s``: the same start and prompts), naming how many where they differ. The findings of
 the protocol before verdicts are kept as written, in ``findings/legacy.md``.
 """
 
@@ -101,25 +104,26 @@ def _section(
         [CompareRow(**{k: tuple(v) if isinstance(v, list) else v for k, v in r.items()}) for r in summary["rows"]]
     )
     if summary.get("differences"):
-        table += "\n" + differences_markdown(summary["differences"], grid.reference, machines)
+        table += "\n" + differences_markdown(summary["differences"], grid.reference, machines, summary.get("seeds"))
     if summary.get("prm"):
         table += "\n" + prm_markdown(summary["prm"])
     if summary.get("costs"):
         table += "\n" + costs_markdown(summary["costs"])
     images = "\n".join(f"![{p.stem}]({p.relative_to(root).as_posix()})" for p in plots)
-    results, claim_x = summary.get("results"), finding.get("time_claim")
+    results, claim_x, seeds = summary.get("results"), finding.get("time_claim"), summary.get("seeds")
+    text = (
+        ""
+        if not reading
+        else fill(finding["reading"].strip(), rows, machines, results, verdicts, timing, claim_x, seeds)
+    )
+    runs = sum(map(len, seeds.values())) if seeds else len(grid.arms) * len(grid.seeds)
     return (
         f"{_head(finding, grid)}; start `{summary['init']}`; launched: "
         f"{launch_text(summary.get('launches', [{}]))}. Arms: {_arms(grid)}. "
         f"Compute: {summary.get('cpu_hours', 0.0):.1f} CPU-hours of RL and evaluation over "
-        f"{len(grid.arms) * len(grid.seeds)} runs (the SFT start not counted){_load_text(summary)}. "
+        f"{runs} runs (the SFT start not counted){_load_text(summary)}. "
         f"Regenerate: `creditrl compare {finding['grid']}` (then `creditrl findings`).\n{_power(finding)}\n"
-        f"{table}\n{images}\n"
-        + (
-            f"\n*Reading.* {fill(finding['reading'].strip(), rows, machines, results, verdicts, timing, claim_x)}\n"
-            if reading
-            else ""
-        )
+        f"{table}\n{images}\n" + (f"\n*Reading.* {text}\n" if reading else "")
     )
 
 
@@ -232,22 +236,17 @@ def _grid_section(
     grid_path = root / finding["grid"]
     grid = load_grid(grid_path, quick=quick)
     summaries = None if quick else root / "findings" / "runs" / grid.name
-    arms = None  # every arm
+    arms = None  # every arm, on every seed
     if summaries is not None and not train:
         so_far = summarised_runs(grid, summaries)
-        done = {a: sum(run.arm == a for run, _ in so_far) for a in grid.arms}
-        first = _seeds_so_far(grid, so_far)
-        if first < min(2, len(grid.seeds)):
+        have = {a: [r.seed for r, _ in so_far if r.arm == a] for a in grid.arms}
+        arms = _reported(grid, have)
+        if not arms:
             pending = _pending_section(finding, grid, so_far, len(grid.arms) * len(grid.seeds))
             return lambda _: pending, [], [], None
-        # the reference and the arms that have the grid's first `first` seeds (every seed, unless the
-        # grid's seeds grew): reported now, on those seeds
-        ready = [a for a in grid.arms if {r.seed for r, _ in so_far if r.arm == a} >= set(grid.seeds[:first])]
-        if len(ready) < len(grid.arms) or first < len(grid.seeds):
-            arms, all_seeds = ready, grid.seeds
-            grid = dataclasses.replace(grid, seeds=grid.seeds[:first])
+        if len(arms) == len(grid.arms) and all(have[a] == grid.seeds for a in arms):
+            arms = None
     where = runs / grid.name
-    fewer = arms is not None and len(grid.seeds) < len(all_seeds)  # then grid.seeds is 0, 1, ..., first - 1
     summary = run_compare(
         grid_path,
         where,
@@ -255,7 +254,7 @@ def _grid_section(
         jobs=jobs,
         summaries=summaries,
         arms=arms,
-        seeds=len(grid.seeds) if fewer else None,
+        arm_seeds=None if arms is None else {a: have[a] for a in arms},
     )
     plots = []
     for name in finding["plots"]:
@@ -268,7 +267,7 @@ def _grid_section(
             finding.pop("sequence_level", None)
         finding["also"] = [x for x in finding.get("also", []) if x["arm"] in arms and x["against"] in arms]
     rows = (
-        comparisons(finding, summary["results"], grid.reference, grid.seeds, summary.get("costs"))
+        comparisons(finding, summary["results"], grid.reference, summary["seeds"], summary.get("costs"))
         if finding.get("expect")
         else []
     )
@@ -278,23 +277,24 @@ def _grid_section(
     if arms is None:
         render = lambda judged: _section(finding, grid, summary, plots, out.parent, judged, timing=timing)  # noqa: E731
         return render, rows, days, panel
-    pending = {a: n for a, n in done.items() if n < len(all_seeds)}
-    note = "; ".join(f"**{a}** {n} of {len(all_seeds)} seeds" for a, n in pending.items())
+    pending = {a: len(have[a]) for a in grid.arms if len(have[a]) < len(grid.seeds)}
+    note = "; ".join(f"**{a}** {n} of {len(grid.seeds)} seeds" for a, n in pending.items())
     shown = dataclasses.replace(grid, arms={a: o for a, o in grid.arms.items() if a in arms})
     reads = names_only(finding["reading"], arms)  # a reading of the reported arms only is given now
     what = "the table, the verdicts and the reading above are" if reads else "the table and the verdicts above are"
     wait = "" if reads else ", and the reading waits for the rest"
     which = (
         "the arms with every seed"
-        if len(grid.seeds) == len(all_seeds)
-        else f"the arms with the grid's first {len(grid.seeds)} seeds, on those only ({grid.seeds} of {all_seeds})"
+        if all(have[a] == grid.seeds for a in arms)
+        else "the arms that share at least two seeds with the reference, each on the seeds it has run, each "
+        "difference and verdict on the seeds its two arms share"
     )
     tail = f"\n*In progress:* {note}; {what} those of {which}{wait} (`creditrl compare {finding['grid']}`).\n"
     tail += _runs_so_far(
-        [(run, s) for run, s in so_far if run.arm not in arms or run.seed not in grid.seeds],
+        [(run, s) for run, s in so_far if run.arm not in arms],
         grid.reference,
-        "The finished runs of the arms still waiting for seeds, each on its own (their differences, "
-        "intervals and verdicts wait until the arm has every seed):",
+        "The finished runs of the arms not reported yet, each on its own (their differences, intervals and "
+        "verdicts wait until the arm shares at least two seeds with the reference):",
     )
     return (
         lambda judged: _section(finding, shown, summary, plots, out.parent, judged, reads, timing) + tail,
@@ -304,18 +304,13 @@ def _grid_section(
     )
 
 
-def _seeds_so_far(grid, so_far: list[tuple[Any, dict[str, Any]]]) -> int:
-    """The largest k such that the reference arm and at least one other arm have a summarised run
-    of each of the grid's first k seeds: all of them when the grid is complete, fewer while its seeds
-    grow, 0 when there is nothing to report. Only a prefix 0, 1, ..., k-1 counts."""
-    have = {a: {r.seed for r, _ in so_far if r.arm == a} for a in grid.arms}
+def _reported(grid, have: dict[str, list[int]]) -> list[str]:
+    """The arms a report of a grid still running shows (``have``: each arm's summarised seeds), in
+    the grid's order: the reference (which needs two seeds) and every arm that shares at least two
+    seeds with it, each to be shown on the seeds it has; none while no other arm has two."""
     reference = grid.reference or next(iter(grid.arms))
-    for k in range(len(grid.seeds), 0, -1):
-        head = set(grid.seeds[:k])
-        if grid.seeds[:k] == list(range(k)) or k == len(grid.seeds):
-            if head <= have[reference] and any(head <= have[a] for a in grid.arms if a != reference):
-                return k
-    return 0
+    shared = [a for a in grid.arms if a != reference and len(set(have[a]) & set(have[reference])) >= 2]
+    return [a for a in grid.arms if a == reference or a in shared] if shared else []
 
 
 def _train_only(root: Path, files: list[Path], only: list[str], quick: bool, runs: Path, jobs: int) -> None:

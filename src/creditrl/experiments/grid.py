@@ -51,6 +51,12 @@ class Grid:
     init: str = "sft"  # resolved: sft, policy or a checkpoint directory
     reference: str | None = None  # the arm every other is compared with, problem by problem
     sft_seeds: dict[int, int] = field(default_factory=dict)  # RL seed -> the sft.seed of its start (init: sft)
+    # an arm's own seeds, where a report of a grid whose seeds are still running gives it fewer
+    arm_seeds: dict[str, list[int]] = field(default_factory=dict)
+
+    def seeds_of(self, arm: str) -> list[int]:
+        """The seeds of ``arm``'s runs: :attr:`arm_seeds` where it names the arm, else :attr:`seeds`."""
+        return self.arm_seeds.get(arm, self.seeds)
 
 
 def run_common(grid: Grid) -> list[str]:

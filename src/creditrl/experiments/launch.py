@@ -85,7 +85,10 @@ def run_arms(
         _launch(group, budget, unit, jobs, log, base)
     if summaries is not None:  # what a rebuild from the summaries alone will read, to the digit
         return {name: [history(read_summary(r.summary)) for r in runs if r.arm == name] for name in arms}
-    return {name: [done[(name, s)] or load_metrics(run_dir / slug(name) / f"seed{s}") for s in seeds] for name in arms}
+    return {
+        name: [done[(name, s)] or load_metrics(run_dir / slug(name) / f"seed{s}") for s in grid.seeds_of(name)]
+        for name in arms
+    }
 
 
 def _sft_seed(run: PlannedRun, sft_seeds: dict[int, int] | None) -> int | None:

@@ -63,7 +63,7 @@ def plan_runs(grid: Grid, run_dir: Path, init_path: str, summaries: Path | None)
         else:
             stop = samples_iterations(load_config(base, common + over), budget)
             extra = [f"train.iterations={stop}", "train.max_tokens=0"]
-        for seed in grid.seeds:
+        for seed in grid.seeds_of(name):
             start = [f"sft.seed={sft_seeds[seed]}"] if seed in sft_seeds else []
             overrides = common + over + start + [f"train.seed={seed}"] + extra
             identity = {

@@ -69,6 +69,7 @@ __all__ = [
     "paired_difference",
     "previous_verdict",
     "seed_differences",
+    "shared_runs",
     "still_improving",
     "t_difference",
     "verdict",
@@ -116,6 +117,20 @@ def outcome_matrix(histories: list[list[dict[str, Any]]], index: int = -1) -> np
     if len({len(r) for r in rows}) != 1:
         raise ValueError(f"the runs were evaluated on different numbers of problems: {sorted({len(r) for r in rows})}")
     return np.array(rows, dtype=bool)
+
+
+def shared_runs(
+    results: dict[str, list[list[dict[str, Any]]]], seeds: dict[str, list[int]] | None, a: str, b: str
+) -> tuple[list[list[dict[str, Any]]], list[list[dict[str, Any]]], list[int] | None]:
+    """Arms ``a``'s and ``b``'s runs of the seeds both ran, in ``a``'s seed order, and those seeds:
+    a difference pairs seed ``s`` of one arm with seed ``s`` of the other (the same start and
+    prompts). ``seeds``: each arm's seeds, in the order of its runs in ``results``; None: every arm
+    ran the same seeds in the same order (then the seeds returned are None too)."""
+    if seeds is None:
+        return results[a], results[b], None
+    both = [s for s in seeds[a] if s in seeds[b]]
+    pick = lambda arm: [results[arm][seeds[arm].index(s)] for s in both]  # noqa: E731
+    return pick(a), pick(b), both
 
 
 def seed_differences(arm: np.ndarray, reference: np.ndarray) -> np.ndarray:
