@@ -170,6 +170,10 @@ def test_summarise_arm_table_numbers_against_hand_computed_histories():
         h[0]["eval/length"] = 20.0
     assert summarise_arm("x", hs, gain=0.1).length_start == 20.0
     assert results_markdown([with_len]).rstrip().endswith("| 34.0 ± 9.9 |")
+    # seeds from two SFT starts: each seed's target is its own start + gain (0.3 and 0.5), the row's their mean
+    apart = [_hist([0.2, 0.3, 0.3], 1.0), _hist([0.4, 0.45, 0.45], 1.0)]
+    two = summarise_arm("x", apart, gain=0.1)
+    assert two.target == pytest.approx(0.4) and two.reached == 1 and two.samples_to_target == (10.0, 10.0, None)
 
 
 def test_reach_stat_is_the_smallest_value_by_which_half_the_seeds_reached_against_a_count():

@@ -70,10 +70,16 @@ def reach_text(r: Reach | None, unit: str = "", digits: int = 0) -> str:
 def summarise_arm(
     arm: str, histories: list[list[dict[str, Any]]], target: float | None = None, gain: float | None = None
 ) -> CompareRow:
+    """An arm's row over its runs. With ``gain`` (no absolute ``target``) each run's target is its own
+    start plus ``gain`` (seeds from several SFT starts start apart), and the row's is their mean."""
     evals = [eval_rows(h) for h in histories]
-    start = float(np.mean([e[0]["eval/accuracy"] for e in evals]))
-    target = round(start + gain, 9) if target is None else target  # 0.2 + 0.1 must reach 0.3
-    firsts = [(h, next((r for r in eval_rows(h) if r["eval/accuracy"] >= target), None)) for h in histories]
+    starts = [e[0]["eval/accuracy"] for e in evals]
+    start = float(np.mean(starts))
+    goals = [round(s + gain, 9) if target is None else target for s in starts]  # 0.2 + 0.1 must reach 0.3
+    target = round(start + gain, 9) if target is None else target
+    firsts = [
+        (h, next((r for r in eval_rows(h) if r["eval/accuracy"] >= goal), None)) for h, goal in zip(histories, goals)
+    ]
     last = [h[-1] for h in histories]
     its = [[r["time/iter_s"] for r in h if "time/iter_s" in r] or [0.0] for h in histories]
     return CompareRow(
