@@ -242,6 +242,16 @@ FINDING = (
 )
 
 
+def _planted(source: Path, dest: Path, old: str, new: str, **fields) -> dict:
+    """A run summary made from ``source``'s: ``old`` replaced by ``new`` in its overrides, ``fields``
+    set, written to ``dest``; returned."""
+    made = {**json.loads(source.read_text()), **fields}
+    made["overrides"] = [o.replace(old, new) for o in made["overrides"]]
+    dest.parent.mkdir(parents=True)
+    dest.write_text(json.dumps(made))
+    return made
+
+
 def test_findings_persist_run_summaries_and_rebuild_from_them_alone(tmp_path: Path, monkeypatch, capsys):
     """Each finished run leaves a committed-size summary; --no-train rebuilds FINDINGS.md from the
     summaries alone, byte for byte, after the run directories are gone; a grid with runs missing
@@ -341,12 +351,9 @@ def test_findings_persist_run_summaries_and_rebuild_from_them_alone(tmp_path: Pa
     assert text.count("| rloo vs grpo | better by 5 points |") == 2  # C9's row and C10's
     assert "reinforce vs grpo" not in text
     # the waiting arm with one of its seeds summarised: that run is listed on its own, with no verdict
-    made = json.loads(files[2].read_text())  # rloo seed 0, under the waiting arm's name and overrides
-    made["arm"] = "reinforce"
-    made["overrides"] = [o.replace("estimator=rloo", "estimator=reinforce") for o in made["overrides"]]
     waiting = tmp_path / "findings" / "runs" / "g3" / "reinforce" / "seed0.json"
-    waiting.parent.mkdir(parents=True)
-    waiting.write_text(json.dumps(made))
+    # rloo seed 0, under the waiting arm's name and overrides
+    made = _planted(files[2], waiting, "estimator=rloo", "estimator=reinforce", arm="reinforce")
     assert main(["findings", "--root", str(tmp_path), "--no-train", "--out", str(partial)]) == 0
     text = partial.read_text()
     section = text[text.index("## C10:") : text.index("## C9:")]
@@ -402,12 +409,8 @@ def test_findings_persist_run_summaries_and_rebuild_from_them_alone(tmp_path: Pa
     assert text.count("| rloo vs grpo | better by 5 points |") == 3  # C9's, C10's and C12's rows
     # the reference's seed 2 lands first (a copy of its seed 0's summary as seed 2): the reference is
     # shown on 3 seeds, and its difference to rloo and their verdict pair the 2 seeds both ran
-    made = json.loads(files[0].read_text())  # grpo seed 0
-    made["seed"] = 2
-    made["overrides"] = [o.replace("train.seed=0", "train.seed=2") for o in made["overrides"]]
     third = tmp_path / "findings" / "runs" / "g5" / "grpo" / "seed2.json"
-    third.parent.mkdir(parents=True)
-    third.write_text(json.dumps(made))
+    _planted(files[0], third, "train.seed=0", "train.seed=2", seed=2)  # grpo seed 0
     assert main(["findings", "--root", str(tmp_path), "--no-train", "--out", str(partial)]) == 0
     text = partial.read_text()
     section = text[text.index("## C12:") : text.index("## C9:")]

@@ -215,7 +215,9 @@ def differences_markdown(
     """The table of :func:`difference_rows`, saying how wall-time ratios pair runs of several CPU
     kinds, and, where the arms ran different seeds (``seeds``: each arm's), how many each pairs."""
     kinds = len({k for ks in (machines or {}).values() for k in ks})
-    varied = seeds is not None and len({tuple(s) for s in seeds.values()}) > 1
+    from creditrl.experiments.verdicts import seeds_differ
+
+    varied = seeds_differ(seeds)
     out = [
         f"Against **{reference}**: paired difference in held-out exact match at the last evaluation "
         "(points; 95% seed-level paired t-interval over the per-seed differences and its p-value, neither adjusted "

@@ -181,7 +181,9 @@ def fill(
         ValueError: An unknown arm or field, or a placeholder that needs ``results`` without them.
     """
     by_slug = {slug(r["arm"]): r for r in rows}
-    varied = seeds is not None and len({tuple(s) for s in seeds.values()}) > 1  # then a difference names its seeds
+    from creditrl.experiments.verdicts import seeds_differ
+
+    varied = seeds_differ(seeds)  # then a difference names its seeds
 
     def value(arm: str, field: str) -> Any:
         if arm not in by_slug:

@@ -69,6 +69,7 @@ __all__ = [
     "paired_difference",
     "previous_verdict",
     "seed_differences",
+    "seeds_differ",
     "shared_runs",
     "still_improving",
     "t_difference",
@@ -131,6 +132,12 @@ def shared_runs(
     both = [s for s in seeds[a] if s in seeds[b]]
     pick = lambda arm: [results[arm][seeds[arm].index(s)] for s in both]  # noqa: E731
     return pick(a), pick(b), both
+
+
+def seeds_differ(seeds: dict[str, list[int]] | None) -> bool:
+    """Whether the arms of ``seeds`` (each arm's seeds; None: all the same) ran different seeds, so
+    that a difference should say how many seeds it pairs."""
+    return seeds is not None and len({tuple(s) for s in seeds.values()}) > 1
 
 
 def seed_differences(arm: np.ndarray, reference: np.ndarray) -> np.ndarray:
