@@ -82,6 +82,23 @@ def test_evaluate_checkpoints_pairs_against_the_first(checkpoints):
     assert "| checkpoint | exact match |" in table and f"{100 * rows[1].diff:+.1f}" in table
 
 
+def test_the_train_split_evaluates_the_prompts_rl_draws(checkpoints, capsys):
+    from creditrl.tasks import make_task
+    from creditrl.train.build import EVAL_SEED
+    from creditrl.train.evaluate import evaluate
+
+    (m0, _), _ = checkpoints
+    (row,) = evaluate_checkpoints(None, [str(m0)], size=24, overrides=TASK, split="train", log=lambda _: None)
+    task = make_task("arithmetic", min_ops=1, max_ops=2, operand_min=1, operand_max=5, operators="+")
+    problems = task.sample(24, split="train", seed=EVAL_SEED)
+    assert all(task.split_of(p.prompt) == "train" for p in problems)
+    direct = evaluate(*build_tiny(0), task, problems, max_new_tokens=8)
+    assert (row.split, row.n, row.accuracy, row.step_accuracy) == ("train", 24, direct.accuracy, direct.step_accuracy)
+    assert markdown_table([row]).startswith("Greedy train-split exact match on 24 problems")
+    with pytest.raises(ConfigError, match="--split: must be heldout or train, got 'test'"):
+        evaluate_checkpoints(None, [str(m0)], size=4, overrides=TASK, split="test", log=lambda _: None)
+
+
 def test_eval_cli_writes_json_and_rejects_bad_input(checkpoints, tmp_path, capsys):
     (m0, m1), _ = checkpoints
     out = tmp_path / "eval.json"

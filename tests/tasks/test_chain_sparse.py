@@ -155,6 +155,41 @@ def test_no_heldout_computation_occurs_in_a_training_chain() -> None:
     assert {cycles[s] for s in held_states}.isdisjoint({cycles[s] for s in train_states})
 
 
+UNSEEN = ChainTask(min_steps=51, max_steps=79, distinct_heldout=True, train_unseen=True, **SPARSE)
+
+
+def _states(prompt: str) -> set[tuple[int, int, int]]:
+    steps, _ = chain_steps(prompt, 10)
+    return {(int(s[4]), int(s[6]), int(s[:3]) % 10) for s in steps}
+
+
+def test_train_unseen_halves_the_cycles_sft_never_saw() -> None:
+    prompts = [f"{a}{b}~{n:03d}=" for a in range(10) for b in range(10) for n in range(1, 100)]
+    for p in prompts:  # the two RL splits are the SFT's held-out prompts, the rest is neither
+        assert (UNSEEN.split_of(p) == "seen") is (SFT.split_of(p) == "train")
+    band = [f"{a}{b}~{n:03d}=" for a in range(10) for b in range(10) for n in range(51, 80)]
+    assert Counter(UNSEEN.split_of(p) for p in band) == {"seen": 2291, "heldout": 319, "train": 290}
+    cycles = state_cycles(10)
+    halves = {}
+    for p in band:
+        halves.setdefault(UNSEEN.split_of(p), set()).add(cycles[_parse_state(p)])
+    sizes = Counter(cycles.values())
+    assert sorted(sizes[c] for c in halves["heldout"]) == [10, 10, 30, 30, 30]  # longest first, alternating
+    assert sorted(sizes[c] for c in halves["train"]) == [10, 30, 30, 30]
+    # Exhaustively, 1-99 steps: no state of a held-out chain is a state of an RL or SFT training chain.
+    held, trained = set(), set()
+    for p in prompts:
+        (held if UNSEEN.split_of(p) == "heldout" else trained).update(_states(p))
+    assert held and held.isdisjoint(trained)
+    assert _contained(UNSEEN.sample(319, split="heldout", seed=0), UNSEEN.sample(1000, split="train", seed=0)) == (0, 0)
+    # every RL training prompt is one the SFT start was never trained on
+    assert all(SFT.split_of(p.prompt) == "heldout" for p in UNSEEN.sample(500, split="train", seed=1))
+
+
+def _parse_state(prompt: str) -> tuple[int, int, int]:
+    return int(prompt[0]), int(prompt[1]), int(prompt[3:6]) % 10
+
+
 def test_the_prompt_split_holds_out_suffixes_of_training_chains() -> None:
     # The committed C1-long setting: 41-61-step held-out chains, SFT on 1-99-step chains.
     long = ChainTask(min_steps=41, max_steps=61, modulus=10, heldout_mod=2, distinct_heldout=True)
@@ -172,6 +207,12 @@ def test_the_prompt_split_holds_out_suffixes_of_training_chains() -> None:
             {"modulus": 10, "heldout": "cycle", "heldout_mod": 4},
             "heldout='cycle' with modulus 10 and heldout_mod 4 holds out every state of the facts 0\\+0, 0-0: "
             "training would never show them; choose another heldout_mod",
+        ),
+        ({"train_unseen": True}, "train_unseen needs heldout='cycle', got heldout='prompt'"),
+        (
+            {"modulus": 2, "heldout": "cycle", "heldout_mod": 3, "train_unseen": True},
+            "train_unseen with modulus 2 and heldout_mod 3: the held-out cycles do not split into a train and a "
+            "held-out half; choose another heldout_mod",
         ),
     ],
 )

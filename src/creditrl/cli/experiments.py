@@ -62,7 +62,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from creditrl.experiments.evaluate import errors_table, evaluate_checkpoints, markdown_table
 
     rows = evaluate_checkpoints(
-        args.config, args.checkpoints, size=args.size, baseline=args.baseline, overrides=args.set, errors=args.errors
+        args.config,
+        args.checkpoints,
+        size=args.size,
+        baseline=args.baseline,
+        overrides=args.set,
+        errors=args.errors,
+        split=args.split,
     )
     print(markdown_table(rows))
     if args.errors:
@@ -144,6 +150,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=2048,
         help="held-out problems (default 2048; a run evaluates the first train.eval_size)",
+    )
+    p.add_argument(
+        "--split",
+        choices=("heldout", "train"),
+        default="heldout",
+        help="the problems' split (train: the split RL draws its prompts from, to see how often a start solves them)",
     )
     p.add_argument("--baseline", help="the checkpoint the differences are against (default: the first one)")
     p.add_argument("--out", help="also write the rows as JSON here")

@@ -34,6 +34,7 @@ class CheckpointEval:
     gained: int | None = None  # problems this checkpoint solves and the baseline does not
     lost: int | None = None
     errors: dict[str, int] | None = None  # problems per first-error kind (task.first_error), with --errors
+    split: str = "heldout"  # the problems' split: "train" is the split RL samples its prompts from
 
 
 def paired_difference(base: list[bool], other: list[bool]) -> tuple[float, float, int, int]:
@@ -71,10 +72,13 @@ def evaluate_checkpoints(
     baseline: str | None = None,
     overrides: list[str] | None = None,
     errors: bool = False,
+    split: str = "heldout",
     log=print,
 ) -> list[CheckpointEval]:
-    """Evaluate ``checkpoints`` (and ``baseline``, first, when given) on ``size`` held-out problems;
-    with ``errors``, also count each checkpoint's problems by the task's ``first_error`` kind."""
+    """Evaluate ``checkpoints`` (and ``baseline``, first, when given) on ``size`` problems of
+    ``split`` (``"train"``: the prompts RL trains on, drawn as a run's evaluation draws, with
+    repeats where the task draws them); with ``errors``, also count each checkpoint's problems by
+    the task's ``first_error`` kind."""
     import torch
 
     from creditrl.policy.model import load_policy, policy_options
@@ -92,7 +96,9 @@ def evaluate_checkpoints(
     task = run_task(cfg)
     if errors and not hasattr(task, "first_error"):
         raise ConfigError(f"--errors: task {cfg.task.name!r} has no first_error classifier (arithmetic has)")
-    problems = task.sample(size, split="heldout", seed=EVAL_SEED)
+    if split not in ("heldout", "train"):
+        raise ConfigError(f"--split: must be heldout or train, got {split!r}")
+    problems = task.sample(size, split=split, seed=EVAL_SEED)
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     rows: list[CheckpointEval] = []
@@ -111,7 +117,7 @@ def evaluate_checkpoints(
             kernels=cfg.policy.kernels,
         )
         p, n = res.accuracy, len(problems)
-        row = CheckpointEval(given, p, math.sqrt(p * (1 - p) / n), res.step_accuracy, res.mean_length, n)
+        row = CheckpointEval(given, p, math.sqrt(p * (1 - p) / n), res.step_accuracy, res.mean_length, n, split=split)
         if base_correct is None:
             base_correct = res.correct
         else:
@@ -131,7 +137,8 @@ def evaluate_checkpoints(
 
 def markdown_table(rows: list[CheckpointEval]) -> str:
     lines = [
-        f"Greedy held-out exact match on {rows[0].n:,} problems; differences are paired against "
+        f"Greedy {'held-out' if rows[0].split == 'heldout' else 'train-split'} exact match on {rows[0].n:,} problems; "
+        "differences are paired against "
         f"the first row ({rows[0].checkpoint}).",
         "",
         "| checkpoint | exact match | step accuracy | difference (points) | newly solved / newly failed |",

@@ -37,6 +37,13 @@ Every single-digit fact ``a op b`` still occurs in training (the config refuses 
 would hold one out), so a held-out chain asks for known facts in an order SFT never saw. With mod
 10 and ``heldout_mod=5``, 9 of the 50 cycles are held out, 21 of the 100 prompts of every length
 (``heldout_mod`` 2, 3 and 4 hold out the all-zero cycle, the only one with ``0+0`` and ``0-0``).
+
+**Training on unseen computations** (``train_unseen``, with ``heldout="cycle"``). The cycles held
+out above are split in two halves of about equal size: taken longest first (ties by least state),
+the first, third, ... stay held out and the second, fourth, ... become the train split; the cycles
+an SFT with the same ``heldout_mod`` trains on belong to neither (split ``"seen"``). RL then trains on chains
+whose every state SFT never saw, and is evaluated on chains that neither SFT nor RL saw: the start
+solves its RL prompts about as rarely as its held-out ones, which is what a sparse outcome means.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ import functools
 import hashlib
 import random
 import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +76,7 @@ _MAX_CONSECUTIVE_MISSES = 100_000
 MAX_STEPS = 999  # the counter has three digits
 OUTCOMES = ("answer", "steps")
 HELDOUT_SPLITS = ("prompt", "cycle")
+SEEN = "seen"  # with train_unseen: a prompt of the cycles SFT trains on, in neither RL split
 State = tuple[int, int, int]  # (a, b, counter mod 10): all that the rest of a chain depends on
 
 
@@ -113,6 +122,9 @@ class ChainConfig:
         heldout: ``"prompt"``: held out by a hash of the prompt (held-out chains are suffixes of
             training ones); ``"cycle"``: by a hash of the state cycle the chain walks, so no
             held-out computation occurs in training (the module docstring).
+        train_unseen: With ``heldout="cycle"``: the train split is half of the held-out cycles,
+            the held-out split the other half, so RL trains on computations that an SFT without
+            this option never saw (the module docstring).
     """
 
     min_steps: int = 25
@@ -122,6 +134,7 @@ class ChainConfig:
     distinct_heldout: bool = False
     outcome: str = "answer"
     heldout: str = "prompt"
+    train_unseen: bool = False
 
     def __post_init__(self) -> None:
         """Reject out-of-range fields with a ValueError naming the field and its allowed range."""
@@ -141,6 +154,13 @@ class ChainConfig:
             raise ValueError(
                 f"heldout='cycle' with modulus {self.modulus} and heldout_mod {self.heldout_mod} holds out every "
                 f"state of the facts {', '.join(unseen)}: training would never show them; choose another heldout_mod"
+            )
+        if self.train_unseen and self.heldout != "cycle":
+            raise ValueError(f"train_unseen needs heldout='cycle', got heldout={self.heldout!r}")
+        if self.train_unseen and len(set(_unseen_halves(self.modulus, self.heldout_mod).values())) < 2:
+            raise ValueError(
+                f"train_unseen with modulus {self.modulus} and heldout_mod {self.heldout_mod}: the held-out cycles "
+                "do not split into a train and a held-out half; choose another heldout_mod"
             )
 
 
@@ -186,6 +206,15 @@ def _cycle_held_out(least: State, modulus: int, heldout_mod: int) -> bool:
 
 
 @functools.cache
+def _unseen_halves(modulus: int, heldout_mod: int) -> dict[State, str]:
+    """Each held-out cycle (by its least state) mapped to its split under ``train_unseen``: in the
+    order longest first, ties by least state, the cycles alternate ``"heldout"``, ``"train"``, ..."""
+    sizes = Counter(state_cycles(modulus).values())
+    held = sorted((-size, least) for least, size in sizes.items() if _cycle_held_out(least, modulus, heldout_mod))
+    return {least: ("heldout", "train")[i % 2] for i, (_, least) in enumerate(held)}
+
+
+@functools.cache
 def _facts_held_out(modulus: int, heldout_mod: int) -> tuple[str, ...]:
     """The facts ``a op b`` whose every state lies on a held-out cycle (none for a usable split)."""
     cycles = state_cycles(modulus)
@@ -228,7 +257,8 @@ class ChainTask(StepTask):
 
     def split_of(self, prompt: str) -> str:
         """With ``heldout="prompt"``: ``"heldout"`` iff ``int(sha256(prompt), 16) % heldout_mod ==
-        0``, else ``"train"``; with ``"cycle"``: that of the cycle of the prompt's first state."""
+        0``, else ``"train"``; with ``"cycle"``: that of the cycle of the prompt's first state (with
+        ``train_unseen``: ``"heldout"`` or ``"train"`` on a held-out cycle, else ``"seen"``)."""
         cfg = self.config
         if cfg.heldout == "prompt":
             return hash_split(prompt, cfg.heldout_mod)
@@ -236,6 +266,8 @@ class ChainTask(StepTask):
         if max(a, b) >= cfg.modulus:
             raise ValueError(f"chain prompt {prompt!r} has a digit >= the modulus {cfg.modulus}")
         least = state_cycles(cfg.modulus)[(a, b, n % 10)]
+        if cfg.train_unseen:
+            return _unseen_halves(cfg.modulus, cfg.heldout_mod).get(least, SEEN)
         return "heldout" if _cycle_held_out(least, cfg.modulus, cfg.heldout_mod) else "train"
 
     def make_problem(self, prompt: str) -> Problem:
