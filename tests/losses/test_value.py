@@ -129,3 +129,25 @@ def test_explained_variance_of_returns_that_vary_only_by_rounding_is_zero():
     # a spread just above the bound is real variance again (the ratio is finite and negative)
     returns = 1e-5 * torch.randn(4, 9)
     assert -1e12 < explained_variance(values, returns, mask) < 0
+
+
+def test_explained_variance_at_lambda_1_without_reward_is_zero_at_any_length():
+    # The sparse long regime: a batch with no success, 860-token responses, returns A + V from
+    # float32 GAE at lambda 1 -- the rewards to go (0) plus T accumulated roundings of the values.
+    from creditrl.credit.gae import gae
+
+    g = torch.Generator().manual_seed(0)
+    for t in (9, 100, 860, 2000):
+        values = 0.3 + torch.randn(8, t, generator=g)
+        mask = torch.ones(8, t, dtype=torch.bool)
+        _, returns = gae(torch.zeros(8, t), mask, mask, values=values, lam=1.0)
+        assert 0 < float(returns.abs().max()) < 1e-4  # not exactly 0: rounding
+        assert explained_variance(values, returns, mask) == 0.0
+        one = torch.zeros(8, t)
+        one[3, -1] = 1.0  # one success: the returns vary, the ratio is real again
+        _, returns = gae(one, mask, mask, values=values, lam=1.0)
+        ev = explained_variance(values, returns, mask)
+        assert ev == pytest.approx(
+            1 - (returns - values)[mask].double().var().item() / returns[mask].double().var().item()
+        )
+        assert -1e3 < ev < 0

@@ -56,8 +56,11 @@ def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
     predicts the mean return, negative for one worse than that.
 
     Defined as 0.0 (never NaN) when the returns do not vary: fewer than two valid tokens, or a
-    spread of the returns no larger than float32 rounding (relative 1e-6 of the largest return
-    or value), where the ratio would be rounding noise.
+    spread of the returns no larger than the float32 rounding of a sum along the response, where
+    the ratio would be rounding noise. Returns ``A + V`` at lambda 1 are the rewards to go plus the
+    rounding of ``T`` accumulated TD errors, so the bound is ``max(1e-6, T eps32)`` of the largest
+    return or value, ``T`` the tokens per row (``mask``'s last dimension): with no reward in a
+    batch of 860-token responses, a spread of about 1e-6 of the values is rounding, not a return.
     """
     with torch.no_grad():
         r = returns[mask].double()
@@ -65,6 +68,7 @@ def explained_variance(values: Tensor, returns: Tensor, mask: Tensor) -> float:
         if r.numel() < 2:
             return 0.0
         scale = max(float(r.abs().max()), float(v.abs().max()))
-        if float(r.max() - r.min()) <= 1e-6 * scale:
+        rounding = max(1e-6, mask.shape[-1] * torch.finfo(torch.float32).eps)
+        if float(r.max() - r.min()) <= rounding * scale:
             return 0.0
         return float(1.0 - (r - v).var() / r.var())
