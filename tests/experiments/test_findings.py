@@ -94,6 +94,13 @@ def test_fill_gives_each_arms_diagnostics_from_its_runs_windows():
     text = "{grpo.explained_variance}, {grpo.zero_spread}, {grpo.kl}"
     assert fill(text, ROWS[:1], results=results) == "0.20, 60%, not recorded"
     assert fill("{grpo.entropy}", ROWS[:1], results={"grpo": _histories([[True]])}) == "not recorded"
+    # runs of which only some kept windows: the mean over those, naming their seeds
+    mixed = {"grpo": [_histories([[True]])[0], run([0.2, 0.6], 0.5), run([0.0, 0.4], 0.7)]}
+    assert fill("{grpo.explained_variance}", ROWS[:1], results=mixed, seeds={"grpo": [0, 3, 4]}) == (
+        "0.20 on seeds 3, 4 (the others' summaries keep none)"
+    )
+    one = {"grpo": [_histories([[True]])[0], run([0.0, 0.4], 0.7)]}
+    assert fill("{grpo.zero_spread}", ROWS[:1], results=one) == "70% on seed 1 (the others' summaries keep none)"
 
 
 def test_fill_gives_each_seeds_final_and_start_accuracy_in_seed_order():

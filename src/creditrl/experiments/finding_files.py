@@ -257,10 +257,17 @@ def fill(
         if results is None:
             raise ValueError(f"reading: {text} needs the arms' results")
         key, fmt = DIAGNOSTICS[field]
-        per_seed = [run_mean(h, key) for h in results[value(arm, "arm")]]
-        if not per_seed or None in per_seed:
+        name = value(arm, "arm")
+        per_seed = [run_mean(h, key) for h in results[name]]
+        kept = [x for x in per_seed if x is not None]
+        if not kept:
             return "not recorded"
-        return fmt.format(sum(per_seed) / len(per_seed))
+        mean = fmt.format(sum(kept) / len(kept))
+        if len(kept) == len(per_seed):
+            return mean
+        labels = (seeds or {}).get(name) or range(len(per_seed))
+        which = ", ".join(str(s) for s, x in zip(labels, per_seed) if x is not None)
+        return f"{mean} on seed{'s' if len(kept) > 1 else ''} {which} (the others' summaries keep none)"
 
     return _PLACEHOLDER.sub(sub, template)
 
