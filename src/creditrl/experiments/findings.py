@@ -166,7 +166,7 @@ def _pending_section(finding: dict[str, Any], grid, finished: list[tuple[Any, di
 
 _WAITING = (
     "The runs finished so far, each on its own (differences to the reference, their intervals and the "
-    "verdicts wait until the reference arm and another arm have every seed):"
+    "verdicts wait until another arm shares at least two seeds with the reference arm):"
 )
 
 
