@@ -66,6 +66,15 @@ def test_readme_is_a_user_document() -> None:
             assert page.read_text().splitlines()[2].startswith("Written by `"), link  # command, machine, date
 
 
+def test_every_file_findings_links_is_in_the_repository() -> None:
+    """FINDINGS.md's plots and pages resolve in a checkout (a plot written but never committed
+    breaks the page in every clone)."""
+    findings = README.parent / "FINDINGS.md"
+    links = [x for x in re.findall(r"\]\(([^)#]+)", findings.read_text()) if not x.startswith("http")]
+    assert any(x.endswith(".png") for x in links)
+    assert [x for x in links if not (README.parent / x).is_file()] == []
+
+
 def test_readme_results_table_is_generated_from_its_pages_json() -> None:
     """The results table has at most 8 rows, no cell over 20 words, and is exactly what
     docs/glance.py renders from the JSON of the pages it links (FINDINGS' verdicts.json, the
