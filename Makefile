@@ -64,7 +64,9 @@ CPU_KINDS ?= avx2 default
 test-cpu-kinds: lint
 	for kind in $(CPU_KINDS); do echo "== CPU kind $$kind"; .ci/cpu-kind $$kind $(BIN)/python -m pytest || exit 1; done
 
-# every page under docs/results/, each written by the command that measures it (a few hours on 2 cores)
+# every page under docs/results/, each written by the command that measures it (a few hours on 2 cores);
+# PACKAGE_BASE=DIR compares the package's size with another checkout (git worktree add DIR cd01afc)
+PACKAGE_BASE ?=
 results: $(STAMP)
 	$(BIN)/creditrl demo --run-dir runs/demo --results docs/results/demo.md
 	$(BIN)/creditrl demo src/creditrl/configs/arith.yaml --run-dir runs/demo-arith --results docs/results/demo_arith.md
@@ -73,6 +75,7 @@ results: $(STAMP)
 	$(BIN)/python benchmarks/credit_speed.py --results docs/results/credit_speed.md
 	$(BIN)/python benchmarks/ray_overhead.py --results docs/results/scale_out.md
 	$(BIN)/python benchmarks/dependency_check.py --results docs/results/dependencies.md
+	$(BIN)/python benchmarks/package_size.py --results docs/results/package.md $(if $(PACKAGE_BASE),--base $(PACKAGE_BASE))
 	$(BIN)/python -m studies.long_outputs --results docs/results/long_outputs.md
 	$(BIN)/python -m studies.long_outputs --set "task.args={min_steps: 41, max_steps: 61, modulus: 10, heldout_mod: 2}" --set "sft.task_args={min_steps: 1, max_steps: 99, modulus: 10, heldout_mod: 2}" --set sft.steps=2000 --results docs/results/long_outputs_mod10.md
 	$(BIN)/python -m studies.scheduled_sampling --jobs 2 --summaries findings/runs/exposure --results docs/results/scheduled_sampling.md
