@@ -137,6 +137,11 @@ def _contained(heldout: list, train: list) -> tuple[int, int]:
     return sum(w in with_counters for w, _ in held), sum(o in without for _, o in held)
 
 
+def _states(prompt: str) -> set[tuple[int, int, int]]:
+    steps, _ = chain_steps(prompt, 10)
+    return {(int(s[4]), int(s[6]), int(s[:3]) % 10) for s in steps}
+
+
 def test_no_heldout_computation_occurs_in_a_training_chain() -> None:
     heldout = RL.sample(609, split="heldout", seed=0)  # every held-out prompt of the band
     train = SFT.sample(2000, split="train", seed=0) + RL.sample(1000, split="train", seed=0)
@@ -148,19 +153,12 @@ def test_no_heldout_computation_occurs_in_a_training_chain() -> None:
         for b in range(10):
             for n in range(1, 100):
                 prompt = f"{a}{b}~{n:03d}="
-                steps, _ = chain_steps(prompt, 10)
-                states = {(int(s[4]), int(s[6]), int(s[:3]) % 10) for s in steps}
-                (held_states if SFT.split_of(prompt) == "heldout" else train_states).update(states)
+                (held_states if SFT.split_of(prompt) == "heldout" else train_states).update(_states(prompt))
     assert held_states and train_states.isdisjoint(held_states)
     assert {cycles[s] for s in held_states}.isdisjoint({cycles[s] for s in train_states})
 
 
 UNSEEN = ChainTask(min_steps=51, max_steps=79, distinct_heldout=True, train_unseen=True, **SPARSE)
-
-
-def _states(prompt: str) -> set[tuple[int, int, int]]:
-    steps, _ = chain_steps(prompt, 10)
-    return {(int(s[4]), int(s[6]), int(s[:3]) % 10) for s in steps}
 
 
 def test_train_unseen_halves_the_cycles_sft_never_saw() -> None:
