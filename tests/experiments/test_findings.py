@@ -118,6 +118,38 @@ def test_fill_gives_each_seeds_final_and_start_accuracy_in_seed_order():
         fill("{grpo.finals}", ROWS[:1])
 
 
+def test_fill_reads_another_findings_verdict_rows():
+    """``{ID:A/B.verdict}`` and ``{ID:A/B.diff}``: a verdict row of another finding, so a reading
+    sets its rows beside another setting's; a row not judged yet says so, an unknown finding or
+    field is an error naming it."""
+    from creditrl.experiments.finding_files import names_only
+
+    difference = {"mean": 0.016, "lo": -0.037, "hi": 0.07, "level": 0.9989, "seeds": 5}
+    row = {
+        "arm": "token",
+        "reference": "sequence + GRPO",
+        "verdict": "inconclusive",
+        "fragile": [],
+        "difference": difference,
+    }
+    others = {"C1-long": [row, {**row, "arm": "step", "fragile": ["seed 3 left out"]}], "C1-longest": []}
+    text = "{C1-long:token/sequence_GRPO.verdict} ({C1-long:token/sequence_GRPO.diff}); "
+    text += "{C1-long:step/sequence_GRPO.verdict}"
+    assert fill(text, ROWS[:1], others=others) == (
+        "inconclusive (+1.6 points [-3.7, +7.0] at 99.89% on 5 seeds); inconclusive, fragile"
+    )
+    assert fill("{C1-longest:token/sequence_GRPO.verdict}", ROWS[:1], others=others) == "not judged yet"
+    with pytest.raises(ValueError, match=r"names finding 'C9-long'; findings: C1-long, C1-longest"):
+        fill("{C9-long:token/sequence_GRPO.verdict}", ROWS[:1], others=others)
+    with pytest.raises(ValueError, match=r"gives 'verdict' or 'diff' only"):
+        fill("{C1-long:token/sequence_GRPO.final}", ROWS[:1], others=others)
+    with pytest.raises(ValueError, match=r"needs two arms"):
+        fill("{C1-long:token.verdict}", ROWS[:1], others=others)
+    # another finding's rows do not hold back a reading of this grid's reported arms
+    assert names_only("{grpo.final} {C1-long:token/sequence_GRPO.verdict}", ["grpo"])
+    assert not names_only("{grpo.final} {token.final}", ["grpo"])
+
+
 def test_fill_gives_the_paired_difference_between_two_arms():
     """``{diff:A/B.final}`` is A's paired difference to B, seed by seed over the same problems, in
     points with the 95% seed-level t-interval: B right on 4 of 10 problems in each of 3 seeds, A on

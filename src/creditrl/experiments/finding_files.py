@@ -49,7 +49,10 @@ CLAIMS = {
 }
 PLOTS = ("accuracy_vs_samples", "accuracy_vs_wall_time", "length_vs_samples")  # what run_compare draws
 DEFAULT_PLOTS = PLOTS[:2]
-_PLACEHOLDER = re.compile(r"\{(ratio:|diff:|cmp:|timing:)?([A-Za-z0-9_]+)(?:/([A-Za-z0-9_]+))?\.([a-z_]+)\}")
+# a kind is a word (ratio: ...) or another finding's id (C1-long:), whose verdict rows the field reads
+_PLACEHOLDER = re.compile(
+    r"\{(ratio:|diff:|cmp:|timing:|[A-Z][A-Z0-9]*-[a-z]+:)?([A-Za-z0-9_]+)(?:/([A-Za-z0-9_]+))?\.([a-z_]+)\}"
+)
 # per-arm fields computed from the runs' histories, not the table's rows
 _FROM_RESULTS = ("gain", "moved", "finals", "starts")
 # per-arm diagnostics from the runs' histories (a summary's windows): the mean over the run, then over seeds
@@ -165,6 +168,7 @@ def fill(
     timing: dict[str, Any] | None = None,
     time_claim: float | None = None,
     seeds: dict[str, list[int]] | None = None,
+    others: dict[str, list[dict[str, Any]]] | None = None,
 ) -> str:
     """Replace every placeholder of ``template`` (syntax in :mod:`creditrl.experiments.findings`)
     by its number: per-arm fields from ``rows`` (``CompareRow`` dicts), differences, gains and
@@ -175,10 +179,13 @@ def fill(
     ran on different kinds of CPU (``machines``,
     :func:`creditrl.experiments.compare_report.comparable`) says so instead of a number; with
     ``results``, a ratio of wall times is taken within each kind of CPU the two arms share
-    (:func:`~creditrl.experiments.compare_report.wall_ratio`).
+    (:func:`~creditrl.experiments.compare_report.wall_ratio`). ``others``: every finding's judged
+    verdict rows by finding id (an empty list for a finding without any yet), which
+    ``{ID:A/B.verdict}`` and ``{ID:A/B.diff}`` read.
 
     Raises:
-        ValueError: An unknown arm or field, or a placeholder that needs ``results`` without them.
+        ValueError: An unknown arm or field, a placeholder that needs ``results`` without them, or
+            one naming a finding ``others`` does not hold.
     """
     by_slug = {slug(r["arm"]): r for r in rows}
     from creditrl.experiments.verdicts import seeds_differ
@@ -199,6 +206,8 @@ def fill(
         kind, a, b, field = m.groups()
         if kind and b is None:
             raise ValueError(f"reading: {m.group(0)} needs two arms, {{{kind}A/B.{field}}}")
+        if kind and kind[0].isupper():
+            return other_row(kind[:-1], a, b, field, m.group(0))
         if kind == "timing:":
             if field != "ratio":
                 raise ValueError(f"reading: {{timing:{a}/{b}.{field}}}: a controlled timing gives 'ratio' only")
@@ -240,6 +249,19 @@ def fill(
             return judged[0]
         runs, against, _ = shared_runs(results, seeds, x, y)
         return asdict(paired_difference(outcome_matrix(runs), outcome_matrix(against)))
+
+    def other_row(finding: str, a: str, b: str, field: str, text: str) -> str:
+        if others is None or finding not in others:
+            raise ValueError(f"reading: {text} names finding '{finding}'; findings: {', '.join(sorted(others or {}))}")
+        if field not in ("verdict", "diff"):
+            raise ValueError(f"reading: {text}: another finding's row gives 'verdict' or 'diff' only")
+        found = [r for r in others[finding] if (slug(r["arm"]), slug(r["reference"])) == (a, b)]
+        if not found:
+            return "not judged yet"
+        row = found[0]
+        if field == "diff":
+            return diff_text(row["difference"], seeds=True)
+        return row["verdict"] + (", fragile" if row["fragile"] else "")
 
     def evals(arm: str, text: str) -> list[list[float]]:
         if results is None:
@@ -289,7 +311,8 @@ def names_only(template: str, arms: list[str]) -> bool:
     """Whether every placeholder of ``template`` names only arms among ``arms`` (by slug), so that
     it can be filled before the grid's other arms have run."""
     slugs = {slug(a) for a in arms}
-    return all(m.group(2) in slugs and m.group(3) in (None, *slugs) for m in _PLACEHOLDER.finditer(template))
+    own = [m for m in _PLACEHOLDER.finditer(template) if not (m.group(1) or "?")[0].isupper()]
+    return all(m.group(2) in slugs and m.group(3) in (None, *slugs) for m in own)
 
 
 def diff_text(d: dict[str, float], seeds: bool = False) -> str:

@@ -27,6 +27,10 @@ FINDINGS.md is typed by hand:
   the verdict row comparing them where there is one, else the unadjusted 95% seed-level t;
   ``{cmp:A/B.final}``: the words that interval decides ("above", "below", "not shown different
   from");
+- ``{ID:A/B.verdict}``, ``{ID:A/B.diff}``: the verdict (", fragile" where it is) and the difference
+  with its interval and seeds of the verdict row A against B of the finding whose id is ``ID``
+  (``{C1-long:token/sequence_GRPO.verdict}``), so a reading can set its rows beside another
+  setting's; "not judged yet" while that finding has no such row;
 - ``{timing:A/B.ratio}``: A's RL seconds per iteration against B's, with its spread over rounds,
   in the controlled timing the finding's ``timing`` key names (a ``creditrl compare GRID
   --timing`` timing.json, relative to the repository root), and with ``time_claim: 3`` the verdict
@@ -94,6 +98,7 @@ def _section(
     verdicts: list[dict],
     reading: bool = True,
     timing: dict[str, Any] | None = None,
+    others: dict[str, list[dict[str, Any]]] | None = None,
 ) -> str:
     diffs = {r["arm"]: r["difference"] for r in summary.get("differences", [])}
     diffs |= {r["arm"]: r["difference"] for r in verdicts if r["role"] == BASELINE}  # at the verdict's level
@@ -114,7 +119,7 @@ def _section(
     text = (
         ""
         if not reading
-        else fill(finding["reading"].strip(), rows, machines, results, verdicts, timing, claim_x, seeds)
+        else fill(finding["reading"].strip(), rows, machines, results, verdicts, timing, claim_x, seeds, others)
     )
     runs = sum(map(len, seeds.values())) if seeds else len(grid.arms) * len(grid.seeds)
     return (
@@ -223,7 +228,8 @@ _PROTOCOL = (
     "each table says whether an arm was still improving over the last third of it."
 )
 
-Render = Callable[[list[dict[str, Any]]], str]  # a section, given its finding's judged verdict rows
+# a section, given its finding's judged verdict rows and every finding's, by finding id
+Render = Callable[[list[dict[str, Any]], dict[str, list[dict[str, Any]]]], str]
 
 
 def _grid_section(
@@ -243,7 +249,7 @@ def _grid_section(
         arms = _reported(grid, have)
         if not arms:
             pending = _pending_section(finding, grid, so_far, len(grid.arms) * len(grid.seeds))
-            return lambda _: pending, [], [], None
+            return lambda *_: pending, [], [], None
         if len(arms) == len(grid.arms) and all(have[a] == grid.seeds for a in arms):
             arms = None
     where = runs / grid.name
@@ -275,7 +281,9 @@ def _grid_section(
     panel = ({**finding, "reference": grid.reference}, summary["results"])
     timing = load_timing(finding, root)
     if arms is None:
-        render = lambda judged: _section(finding, grid, summary, plots, out.parent, judged, timing=timing)  # noqa: E731
+        render = lambda judged, others: _section(  # noqa: E731
+            finding, grid, summary, plots, out.parent, judged, timing=timing, others=others
+        )
         return render, rows, days, panel
     pending = {a: len(have[a]) for a in grid.arms if len(have[a]) < len(grid.seeds)}
     note = "; ".join(f"**{a}** {n} of {len(grid.seeds)} seeds" for a, n in pending.items())
@@ -297,7 +305,9 @@ def _grid_section(
         "verdicts wait until the arm shares at least two seeds with the reference):",
     )
     return (
-        lambda judged: _section(finding, shown, summary, plots, out.parent, judged, reads, timing) + tail,
+        lambda judged, others: (
+            _section(finding, shown, summary, plots, out.parent, judged, reads, timing, others) + tail
+        ),
         rows,
         days,
         panel,
@@ -349,22 +359,21 @@ def run_findings(
     out = Path(out or root / "FINDINGS.md")
     docs = out.parent / "docs" / "findings"
     docs.mkdir(parents=True, exist_ok=True)
-    sections: list[Render] = []
+    sections: list[tuple[str, Render]] = []
     compared: list[Comparison] = []
     days: list[str] = []
     panels: dict[str, list[tuple[dict[str, Any], dict[str, Any]]]] = {}
     for f in files:
         finding = load_finding(f)
         render, rows, when, panel = _grid_section(finding, root, runs, docs, out, quick, jobs, train)
-        sections.append(
-            lambda judged, render=render, id=finding["id"]: render([r for r in judged if r["finding"] == id])
-        )
+        sections.append((finding["id"], render))
         compared += rows
         days += when
         if panel is not None and finding.get("claim_id"):
             panels.setdefault(finding["claim_id"], []).append(panel)
     verdicts = judge(compared)
-    texts = [render(verdicts) for render in sections]
+    by_finding = {id: [r for r in verdicts if r["finding"] == id] for id, _ in sections}
+    texts = [render(by_finding[id], by_finding) for id, render in sections]
     figures = "".join(
         "\n" + settings_figure(claim, found, docs, out.parent) + length_figure(claim, found, docs, out.parent)
         for claim, found in panels.items()
