@@ -20,6 +20,7 @@ from creditrl.experiments.claim_verdicts import (
     Comparison,
     changes_markdown,
     comparisons,
+    family_changes,
     judge,
     sensitivity_markdown,
     verdicts_markdown,
@@ -211,6 +212,35 @@ def test_a_claims_rows_are_one_holm_family_and_claims_are_apart() -> None:
     for r, c in zip(judged, [*c1, *c2], strict=True):  # never narrower than the unadjusted t
         ci = stats.ttest_1samp(c.per_seed, 0.0).confidence_interval(0.95)
         assert r["difference"]["lo"] <= ci.low + 1e-12 and r["difference"]["hi"] >= ci.high - 1e-12
+
+
+def test_a_findings_rows_say_which_verdicts_of_the_claims_other_settings_they_change() -> None:
+    """``family_changes``: a row significant at 95% alone (p between 0.025 and 0.05) is supported
+    while it is its claim's only row and inconclusive once another setting's weaker row joins the
+    Holm family (then it is tested at 97.5%); the joining finding names that change."""
+    z = np.array([-2.0, -1.0, 0.0, 1.0, 2.0]) / np.std([-2, -1, 0, 1, 2], ddof=1)
+    earlier = _row("C1", list(0.03 + z * 0.03 * np.sqrt(5) / 3.0))  # t = 3 on 4 degrees of freedom
+    assert 0.025 < t_difference(earlier.per_seed).p < 0.05
+    earlier = dataclasses.replace(earlier, finding="C1-long", arm="token", reference="sequence + GAE")
+    joining = dataclasses.replace(_row("C1", [0.01, -0.01, 0.03, 0.0, 0.02]), finding="C1-sparse")
+    other = dataclasses.replace(_row("C2", [0.05, 0.06, 0.04, 0.05, 0.07]), finding="C2-long")
+    assert judge([earlier])[0]["verdict"] == "supported"
+    rows = [earlier, joining, other]
+    judged = judge(rows)
+    assert judged[0]["verdict"] == "inconclusive"
+    assert family_changes(rows, judged, "C1-sparse") == (
+        "with them in C1's Holm family (2 rows), 1 of its other 1 row changes verdict: "
+        "C1-long token vs sequence + GAE is inconclusive (without them supported)"
+    )
+    assert family_changes(rows, judged, "C2-long") == (
+        "no verdict of C2's other 0 rows changes with them in its Holm family (1 row)"
+    )
+    stronger = dataclasses.replace(joining, per_seed=np.array([0.05, 0.06, 0.04, 0.05, 0.07]))
+    rows = [earlier, stronger]  # a smaller p joins: the earlier row keeps the 95% level and its verdict
+    assert family_changes(rows, judge(rows), "C1-sparse") == (
+        "no verdict of C1's other 1 row changes with them in its Holm family (2 rows)"
+    )
+    assert family_changes(rows, judge(rows), "C3-arith") == "no verdict rows of its own yet"
 
 
 def test_a_verdict_that_one_seed_or_another_margin_flips_is_fragile() -> None:

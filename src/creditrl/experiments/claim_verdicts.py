@@ -235,6 +235,34 @@ def judge(rows: list[Comparison]) -> list[dict[str, Any]]:
     return [r for r in out if r is not None]
 
 
+def family_changes(rows: list[Comparison], judged: list[dict[str, Any]], finding: str) -> str:
+    """What ``finding``'s rows change in the rest of their claim's Holm family: each other row of
+    the claim whose verdict (in ``judged``, every row's) differs when ``finding``'s rows are left
+    out of the family, or that none does."""
+    claims = list(dict.fromkeys(c.claim for c in rows if c.finding == finding))
+    if not claims:
+        return "no verdict rows of its own yet"
+    family = [c for c in rows if c.claim in claims]
+    without = judge([c for c in family if c.finding != finding])
+    kept = [r for r in judged if r["claim"] in claims and r["finding"] != finding]
+    changed = [
+        f"{a['finding']} {_vs(a)} is {a['verdict']} (without them {b['verdict']})"
+        for a, b in zip(kept, without, strict=True)
+        if a["verdict"] != b["verdict"]
+    ]
+    named, others, size = " and ".join(claims), _rows(len(kept)), _rows(len(family))
+    if not changed:
+        return f"no verdict of {named}'s other {others} changes with them in its Holm family ({size})"
+    verb = "changes" if len(changed) == 1 else "change"
+    return f"with them in {named}'s Holm family ({size}), {len(changed)} of its other {others} {verb} verdict: " + (
+        "; ".join(changed)
+    )
+
+
+def _rows(n: int) -> str:
+    return f"{n} row{'' if n == 1 else 's'}"
+
+
 def _pts(x: float) -> str:
     return f"{100 * x:+.1f}"
 

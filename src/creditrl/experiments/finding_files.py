@@ -53,6 +53,7 @@ DEFAULT_PLOTS = PLOTS[:2]
 _PLACEHOLDER = re.compile(
     r"\{(ratio:|diff:|cmp:|timing:|[A-Z][A-Z0-9]*-[a-z]+:)?([A-Za-z0-9_]+)(?:/([A-Za-z0-9_]+))?\.([a-z_]+)\}"
 )
+FAMILY = "family"  # {family.changes}: what the finding's rows change in its claim's Holm family
 # per-arm fields computed from the runs' histories, not the table's rows
 _FROM_RESULTS = ("gain", "moved", "finals", "starts")
 # per-arm diagnostics from the runs' histories (a summary's windows): the mean over the run, then over seeds
@@ -169,6 +170,7 @@ def fill(
     time_claim: float | None = None,
     seeds: dict[str, list[int]] | None = None,
     others: dict[str, list[dict[str, Any]]] | None = None,
+    changes: str | None = None,
 ) -> str:
     """Replace every placeholder of ``template`` (syntax in :mod:`creditrl.experiments.findings`)
     by its number: per-arm fields from ``rows`` (``CompareRow`` dicts), differences, gains and
@@ -181,7 +183,8 @@ def fill(
     ``results``, a ratio of wall times is taken within each kind of CPU the two arms share
     (:func:`~creditrl.experiments.compare_report.wall_ratio`). ``others``: every finding's judged
     verdict rows by finding id (an empty list for a finding without any yet), which
-    ``{ID:A/B.verdict}`` and ``{ID:A/B.diff}`` read.
+    ``{ID:A/B.verdict}`` and ``{ID:A/B.diff}`` read; ``changes``: what ``{family.changes}`` says
+    (:func:`~creditrl.experiments.claim_verdicts.family_changes`).
 
     Raises:
         ValueError: An unknown arm or field, a placeholder that needs ``results`` without them, or
@@ -208,6 +211,10 @@ def fill(
             raise ValueError(f"reading: {m.group(0)} needs two arms, {{{kind}A/B.{field}}}")
         if kind and kind[0].isupper():
             return other_row(kind[:-1], a, b, field, m.group(0))
+        if (kind, a, field) == (None, FAMILY, "changes"):
+            if changes is None:
+                raise ValueError(f"reading: {m.group(0)} needs the claim's judged rows")
+            return changes
         if kind == "timing:":
             if field != "ratio":
                 raise ValueError(f"reading: {{timing:{a}/{b}.{field}}}: a controlled timing gives 'ratio' only")
@@ -311,7 +318,11 @@ def names_only(template: str, arms: list[str]) -> bool:
     """Whether every placeholder of ``template`` names only arms among ``arms`` (by slug), so that
     it can be filled before the grid's other arms have run."""
     slugs = {slug(a) for a in arms}
-    own = [m for m in _PLACEHOLDER.finditer(template) if not (m.group(1) or "?")[0].isupper()]
+    own = [
+        m
+        for m in _PLACEHOLDER.finditer(template)
+        if not (m.group(1) or "?")[0].isupper() and (m.group(1), m.group(2)) != (None, FAMILY)
+    ]
     return all(m.group(2) in slugs and m.group(3) in (None, *slugs) for m in own)
 
 

@@ -31,6 +31,8 @@ FINDINGS.md is typed by hand:
   with its interval and seeds of the verdict row A against B of the finding whose id is ``ID``
   (``{C1-long:token/sequence_GRPO.verdict}``), so a reading can set its rows beside another
   setting's; "not judged yet" while that finding has no such row;
+- ``{family.changes}``: which verdicts of the claim's other settings change when this finding's
+  rows join the claim's Holm family (each with its verdict without them), or that none does;
 - ``{timing:A/B.ratio}``: A's RL seconds per iteration against B's, with its spread over rounds,
   in the controlled timing the finding's ``timing`` key names (a ``creditrl compare GRID
   --timing`` timing.json, relative to the repository root), and with ``time_claim: 3`` the verdict
@@ -68,6 +70,7 @@ from creditrl.experiments.claim_verdicts import (
     Comparison,
     changes_markdown,
     comparisons,
+    family_changes,
     judge,
     sensitivity_markdown,
     verdicts_markdown,
@@ -99,6 +102,7 @@ def _section(
     reading: bool = True,
     timing: dict[str, Any] | None = None,
     others: dict[str, list[dict[str, Any]]] | None = None,
+    changes: str | None = None,
 ) -> str:
     diffs = {r["arm"]: r["difference"] for r in summary.get("differences", [])}
     diffs |= {r["arm"]: r["difference"] for r in verdicts if r["role"] == BASELINE}  # at the verdict's level
@@ -119,7 +123,9 @@ def _section(
     text = (
         ""
         if not reading
-        else fill(finding["reading"].strip(), rows, machines, results, verdicts, timing, claim_x, seeds, others)
+        else fill(
+            finding["reading"].strip(), rows, machines, results, verdicts, timing, claim_x, seeds, others, changes
+        )
     )
     runs = sum(map(len, seeds.values())) if seeds else len(grid.arms) * len(grid.seeds)
     return (
@@ -228,8 +234,9 @@ _PROTOCOL = (
     "each table says whether an arm was still improving over the last third of it."
 )
 
-# a section, given its finding's judged verdict rows and every finding's, by finding id
-Render = Callable[[list[dict[str, Any]], dict[str, list[dict[str, Any]]]], str]
+# a section, given its finding's judged verdict rows, every finding's by finding id, and what its rows
+# change in its claim's Holm family (claim_verdicts.family_changes)
+Render = Callable[[list[dict[str, Any]], dict[str, list[dict[str, Any]]], str], str]
 
 
 def _grid_section(
@@ -281,8 +288,8 @@ def _grid_section(
     panel = ({**finding, "reference": grid.reference}, summary["results"])
     timing = load_timing(finding, root)
     if arms is None:
-        render = lambda judged, others: _section(  # noqa: E731
-            finding, grid, summary, plots, out.parent, judged, timing=timing, others=others
+        render = lambda judged, others, changes: _section(  # noqa: E731
+            finding, grid, summary, plots, out.parent, judged, timing=timing, others=others, changes=changes
         )
         return render, rows, days, panel
     pending = {a: len(have[a]) for a in grid.arms if len(have[a]) < len(grid.seeds)}
@@ -305,8 +312,8 @@ def _grid_section(
         "verdicts wait until the arm shares at least two seeds with the reference):",
     )
     return (
-        lambda judged, others: (
-            _section(finding, shown, summary, plots, out.parent, judged, reads, timing, others) + tail
+        lambda judged, others, changes: (
+            _section(finding, shown, summary, plots, out.parent, judged, reads, timing, others, changes) + tail
         ),
         rows,
         days,
@@ -373,7 +380,7 @@ def run_findings(
             panels.setdefault(finding["claim_id"], []).append(panel)
     verdicts = judge(compared)
     by_finding = {id: [r for r in verdicts if r["finding"] == id] for id, _ in sections}
-    texts = [render(by_finding[id], by_finding) for id, render in sections]
+    texts = [render(by_finding[id], by_finding, family_changes(compared, verdicts, id)) for id, render in sections]
     figures = "".join(
         "\n" + settings_figure(claim, found, docs, out.parent) + length_figure(claim, found, docs, out.parent)
         for claim, found in panels.items()
