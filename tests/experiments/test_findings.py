@@ -145,6 +145,15 @@ def test_fill_reads_another_findings_verdict_rows():
         fill("{C1-long:token/sequence_GRPO.final}", ROWS[:1], others=others)
     with pytest.raises(ValueError, match=r"needs two arms"):
         fill("{C1-long:token.verdict}", ROWS[:1], others=others)
+    changes = {"family": "no verdict of C1's other 3 rows changes", "grpo": "grpo's own"}
+    assert fill("{family.changes}; {grpo.changes}", ROWS, changes=changes) == (
+        "no verdict of C1's other 3 rows changes; grpo's own"
+    )
+    assert fill("{gae_mc_VinePPO.changes}", ROWS, changes=changes) == "no verdict rows of its own yet"
+    with pytest.raises(ValueError, match="unknown arm 'ppo'"):
+        fill("{ppo.changes}", ROWS, changes=changes)
+    with pytest.raises(ValueError, match="needs the claim's judged rows"):
+        fill("{family.changes}", ROWS)
     # another finding's rows do not hold back a reading of this grid's reported arms
     assert names_only("{grpo.final} {C1-long:token/sequence_GRPO.verdict}", ["grpo"])
     assert not names_only("{grpo.final} {token.final}", ["grpo"])

@@ -235,20 +235,21 @@ def judge(rows: list[Comparison]) -> list[dict[str, Any]]:
     return [r for r in out if r is not None]
 
 
-def family_changes(rows: list[Comparison], judged: list[dict[str, Any]], finding: str) -> str:
-    """What ``finding``'s rows change in the rest of their claim's Holm family: each other row of
-    the claim whose verdict (in ``judged``, every row's) differs when ``finding``'s rows are left
-    out of the family, or that none does."""
-    claims = list(dict.fromkeys(c.claim for c in rows if c.finding == finding))
+def family_changes(rows: list[Comparison], judged: list[dict[str, Any]], finding: str, arm: str | None = None) -> str:
+    """What ``finding``'s rows (``arm``'s only, if given) change in the rest of their claim's Holm
+    family: each other row of the claim whose verdict (``judged``: every row's, in the order of
+    ``rows``) differs when those rows are left out of the family, or that none does."""
+    new = {i for i, c in enumerate(rows) if c.finding == finding and (arm is None or c.arm == arm)}
+    claims = list(dict.fromkeys(rows[i].claim for i in sorted(new)))
     if not claims:
         return "no verdict rows of its own yet"
-    family = [c for c in rows if c.claim in claims]
-    without = judge([c for c in family if c.finding != finding])
-    kept = [r for r in judged if r["claim"] in claims and r["finding"] != finding]
+    family = [i for i, c in enumerate(rows) if c.claim in claims]
+    kept = [i for i in family if i not in new]
+    without = judge([rows[i] for i in kept])
     changed = [
-        f"{a['finding']} {_vs(a)} is {a['verdict']} (without them {b['verdict']})"
-        for a, b in zip(kept, without, strict=True)
-        if a["verdict"] != b["verdict"]
+        f"{judged[i]['finding']} {_vs(judged[i])} is {judged[i]['verdict']} (without them {b['verdict']})"
+        for i, b in zip(kept, without, strict=True)
+        if judged[i]["verdict"] != b["verdict"]
     ]
     named, others, size = " and ".join(claims), _rows(len(kept)), _rows(len(family))
     if not changed:

@@ -53,7 +53,9 @@ DEFAULT_PLOTS = PLOTS[:2]
 _PLACEHOLDER = re.compile(
     r"\{(ratio:|diff:|cmp:|timing:|[A-Z][A-Z0-9]*-[a-z]+:)?([A-Za-z0-9_]+)(?:/([A-Za-z0-9_]+))?\.([a-z_]+)\}"
 )
-FAMILY = "family"  # {family.changes}: what the finding's rows change in its claim's Holm family
+FAMILY = (
+    "family"  # {family.changes}: what the finding's rows change in its claim's Holm family ({ARM.changes}: an arm's)
+)
 # per-arm fields computed from the runs' histories, not the table's rows
 _FROM_RESULTS = ("gain", "moved", "finals", "starts")
 # per-arm diagnostics from the runs' histories (a summary's windows): the mean over the run, then over seeds
@@ -170,7 +172,7 @@ def fill(
     time_claim: float | None = None,
     seeds: dict[str, list[int]] | None = None,
     others: dict[str, list[dict[str, Any]]] | None = None,
-    changes: str | None = None,
+    changes: dict[str, str] | None = None,
 ) -> str:
     """Replace every placeholder of ``template`` (syntax in :mod:`creditrl.experiments.findings`)
     by its number: per-arm fields from ``rows`` (``CompareRow`` dicts), differences, gains and
@@ -183,7 +185,8 @@ def fill(
     ``results``, a ratio of wall times is taken within each kind of CPU the two arms share
     (:func:`~creditrl.experiments.compare_report.wall_ratio`). ``others``: every finding's judged
     verdict rows by finding id (an empty list for a finding without any yet), which
-    ``{ID:A/B.verdict}`` and ``{ID:A/B.diff}`` read; ``changes``: what ``{family.changes}`` says
+    ``{ID:A/B.verdict}`` and ``{ID:A/B.diff}`` read; ``changes``: what ``{family.changes}`` (key
+    ``family``) and ``{ARM.changes}`` (key: the arm's slug) say
     (:func:`~creditrl.experiments.claim_verdicts.family_changes`).
 
     Raises:
@@ -211,10 +214,12 @@ def fill(
             raise ValueError(f"reading: {m.group(0)} needs two arms, {{{kind}A/B.{field}}}")
         if kind and kind[0].isupper():
             return other_row(kind[:-1], a, b, field, m.group(0))
-        if (kind, a, field) == (None, FAMILY, "changes"):
+        if not kind and field == "changes":
             if changes is None:
                 raise ValueError(f"reading: {m.group(0)} needs the claim's judged rows")
-            return changes
+            if a != FAMILY:
+                value(a, "arm")  # a known arm
+            return changes.get(a, "no verdict rows of its own yet")
         if kind == "timing:":
             if field != "ratio":
                 raise ValueError(f"reading: {{timing:{a}/{b}.{field}}}: a controlled timing gives 'ratio' only")
