@@ -243,11 +243,11 @@ def test_a_findings_rows_say_which_verdicts_of_the_claims_other_settings_they_ch
     assert family_changes(rows, judge(rows), "C3-arith") == "no verdict rows of its own yet"
     # one arm's rows: a new arm beside a finding's earlier ones
     rows = [earlier, dataclasses.replace(joining, finding="C1-long", arm="step")]
-    assert family_changes(rows, judge(rows), "C1-long", "step") == (
+    assert family_changes(rows, judge(rows), "C1-long", ["step"]) == (
         "with them in C1's Holm family (2 rows), 1 of its other 1 row changes verdict: "
         "C1-long token vs sequence + GAE is inconclusive (without them supported)"
     )
-    assert family_changes(rows, judge(rows), "C1-long", "segment") == "no verdict rows of its own yet"
+    assert family_changes(rows, judge(rows), "C1-long", ["segment"]) == "no verdict rows of its own yet"
 
 
 def test_a_verdict_that_one_seed_or_another_margin_flips_is_fragile() -> None:

@@ -145,13 +145,13 @@ def test_fill_reads_another_findings_verdict_rows():
         fill("{C1-long:token/sequence_GRPO.final}", ROWS[:1], others=others)
     with pytest.raises(ValueError, match=r"needs two arms"):
         fill("{C1-long:token.verdict}", ROWS[:1], others=others)
-    changes = {"family": "no verdict of C1's other 3 rows changes", "grpo": "grpo's own"}
-    assert fill("{family.changes}; {grpo.changes}", ROWS, changes=changes) == (
-        "no verdict of C1's other 3 rows changes; grpo's own"
-    )
-    assert fill("{gae_mc_VinePPO.changes}", ROWS, changes=changes) == "no verdict rows of its own yet"
+    changes = lambda arms: "all rows" if arms is None else " + ".join(arms)  # noqa: E731
+    text = "{family.changes}; {grpo.changes}; {changes:grpo/gae_mc_VinePPO.verdicts}"
+    assert fill(text, ROWS, changes=changes) == "all rows; grpo; grpo + gae + mc (VinePPO)"
     with pytest.raises(ValueError, match="unknown arm 'ppo'"):
         fill("{ppo.changes}", ROWS, changes=changes)
+    with pytest.raises(ValueError, match=r"the changes of two arms' rows are '.verdicts'"):
+        fill("{changes:grpo/gae_mc_VinePPO.final}", ROWS, changes=changes)
     with pytest.raises(ValueError, match="needs the claim's judged rows"):
         fill("{family.changes}", ROWS)
     # another finding's rows do not hold back a reading of this grid's reported arms
@@ -243,6 +243,7 @@ def test_committed_findings_name_existing_grids_and_arms():
 
     files = sorted((root / "findings").glob("*.yaml"))
     assert files
+    others = {load_finding(f)["id"]: [] for f in files}  # another finding's rows: its id must exist
     for f in files:
         finding = load_finding(f)
         grid = load_grid(root / finding["grid"])
@@ -250,7 +251,8 @@ def test_committed_findings_name_existing_grids_and_arms():
         fake = [{**ROWS[0], "arm": name, "diff": diff, "verdict": "inconclusive"} for name in grid.arms]
         results = {name: _histories([[True, False], [False, True]]) for name in grid.arms}
         # every placeholder names a real arm and field
-        assert "{" not in fill(finding["reading"], fake, results=results), f
+        filled = fill(finding["reading"], fake, results=results, others=others, changes=lambda arms: "changes")
+        assert "{" not in filled, f
         assert {slug(a) for a in grid.arms}
         assert set(finding.get("expect", {})) <= set(grid.arms) - {grid.reference}, f
         assert finding.get("sequence_level", grid.reference) in grid.arms, f

@@ -21,6 +21,7 @@ wall seconds.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -235,11 +236,13 @@ def judge(rows: list[Comparison]) -> list[dict[str, Any]]:
     return [r for r in out if r is not None]
 
 
-def family_changes(rows: list[Comparison], judged: list[dict[str, Any]], finding: str, arm: str | None = None) -> str:
-    """What ``finding``'s rows (``arm``'s only, if given) change in the rest of their claim's Holm
-    family: each other row of the claim whose verdict (``judged``: every row's, in the order of
-    ``rows``) differs when those rows are left out of the family, or that none does."""
-    new = {i for i, c in enumerate(rows) if c.finding == finding and (arm is None or c.arm == arm)}
+def family_changes(
+    rows: list[Comparison], judged: list[dict[str, Any]], finding: str, arms: Collection[str] | None = None
+) -> str:
+    """What ``finding``'s rows (those whose arm is among ``arms``, if given) change in the rest of
+    their claim's Holm family: each other row of the claim whose verdict (``judged``: every row's,
+    in the order of ``rows``) differs when those rows are left out of the family, or that none does."""
+    new = {i for i, c in enumerate(rows) if c.finding == finding and (arms is None or c.arm in arms)}
     claims = list(dict.fromkeys(rows[i].claim for i in sorted(new)))
     if not claims:
         return "no verdict rows of its own yet"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -51,7 +52,7 @@ PLOTS = ("accuracy_vs_samples", "accuracy_vs_wall_time", "length_vs_samples")  #
 DEFAULT_PLOTS = PLOTS[:2]
 # a kind is a word (ratio: ...) or another finding's id (C1-long:), whose verdict rows the field reads
 _PLACEHOLDER = re.compile(
-    r"\{(ratio:|diff:|cmp:|timing:|[A-Z][A-Z0-9]*-[a-z]+:)?([A-Za-z0-9_]+)(?:/([A-Za-z0-9_]+))?\.([a-z_]+)\}"
+    r"\{(ratio:|diff:|cmp:|timing:|changes:|[A-Z][A-Z0-9]*-[a-z]+:)?([A-Za-z0-9_]+)(?:/([A-Za-z0-9_]+))?\.([a-z_]+)\}"
 )
 FAMILY = (
     "family"  # {family.changes}: what the finding's rows change in its claim's Holm family ({ARM.changes}: an arm's)
@@ -172,7 +173,7 @@ def fill(
     time_claim: float | None = None,
     seeds: dict[str, list[int]] | None = None,
     others: dict[str, list[dict[str, Any]]] | None = None,
-    changes: dict[str, str] | None = None,
+    changes: Callable[[tuple[str, ...] | None], str] | None = None,
 ) -> str:
     """Replace every placeholder of ``template`` (syntax in :mod:`creditrl.experiments.findings`)
     by its number: per-arm fields from ``rows`` (``CompareRow`` dicts), differences, gains and
@@ -185,9 +186,10 @@ def fill(
     ``results``, a ratio of wall times is taken within each kind of CPU the two arms share
     (:func:`~creditrl.experiments.compare_report.wall_ratio`). ``others``: every finding's judged
     verdict rows by finding id (an empty list for a finding without any yet), which
-    ``{ID:A/B.verdict}`` and ``{ID:A/B.diff}`` read; ``changes``: what ``{family.changes}`` (key
-    ``family``) and ``{ARM.changes}`` (key: the arm's slug) say
-    (:func:`~creditrl.experiments.claim_verdicts.family_changes`).
+    ``{ID:A/B.verdict}`` and ``{ID:A/B.diff}`` read; ``changes``: given arm names (None: every arm),
+    what their rows change in the claim's Holm family
+    (:func:`~creditrl.experiments.claim_verdicts.family_changes`), which ``{family.changes}``,
+    ``{ARM.changes}`` and ``{changes:A/B.verdicts}`` read.
 
     Raises:
         ValueError: An unknown arm or field, a placeholder that needs ``results`` without them, or
@@ -214,12 +216,12 @@ def fill(
             raise ValueError(f"reading: {m.group(0)} needs two arms, {{{kind}A/B.{field}}}")
         if kind and kind[0].isupper():
             return other_row(kind[:-1], a, b, field, m.group(0))
-        if not kind and field == "changes":
+        if (not kind and field == "changes") or kind == "changes:":
+            if kind and field != "verdicts":
+                raise ValueError(f"reading: {m.group(0)}: the changes of two arms' rows are '.verdicts'")
             if changes is None:
                 raise ValueError(f"reading: {m.group(0)} needs the claim's judged rows")
-            if a != FAMILY:
-                value(a, "arm")  # a known arm
-            return changes.get(a, "no verdict rows of its own yet")
+            return changes(None if a == FAMILY and not kind else tuple(value(x, "arm") for x in (a, b) if x))
         if kind == "timing:":
             if field != "ratio":
                 raise ValueError(f"reading: {{timing:{a}/{b}.{field}}}: a controlled timing gives 'ratio' only")

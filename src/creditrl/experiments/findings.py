@@ -33,7 +33,8 @@ FINDINGS.md is typed by hand:
   setting's; "not judged yet" while that finding has no such row;
 - ``{family.changes}``: which verdicts of the claim's other rows change when this finding's rows
   join the claim's Holm family (each with its verdict without them), or that none does;
-  ``{ARM.changes}``: the same for the rows of this finding in which ARM is the arm (a new arm);
+  ``{ARM.changes}``, ``{changes:A/B.verdicts}``: the same for this finding's rows in which ARM (A
+  or B) is the arm (new arms beside a finding's earlier ones);
 - ``{timing:A/B.ratio}``: A's RL seconds per iteration against B's, with its spread over rounds,
   in the controlled timing the finding's ``timing`` key names (a ``creditrl compare GRID
   --timing`` timing.json, relative to the repository root), and with ``time_claim: 3`` the verdict
@@ -89,7 +90,7 @@ from creditrl.experiments.compare_report import (
 from creditrl.experiments.finding_files import CLAIMS, fill, load_finding, load_timing, names_only
 from creditrl.experiments.findings_figures import length_figure, settings_figure
 from creditrl.experiments.grid import load_grid
-from creditrl.experiments.plan import slug, summarised_runs
+from creditrl.experiments.plan import summarised_runs
 from creditrl.experiments.summaries import history, read_summary
 
 
@@ -103,7 +104,7 @@ def _section(
     reading: bool = True,
     timing: dict[str, Any] | None = None,
     others: dict[str, list[dict[str, Any]]] | None = None,
-    changes: dict[str, str] | None = None,
+    changes: Callable[[tuple[str, ...] | None], str] | None = None,
 ) -> str:
     diffs = {r["arm"]: r["difference"] for r in summary.get("differences", [])}
     diffs |= {r["arm"]: r["difference"] for r in verdicts if r["role"] == BASELINE}  # at the verdict's level
@@ -235,9 +236,9 @@ _PROTOCOL = (
     "each table says whether an arm was still improving over the last third of it."
 )
 
-# a section, given its finding's judged verdict rows, every finding's by finding id, and what its rows
-# (key "family") and each arm's (key: its slug) change in its claim's Holm family (family_changes)
-Render = Callable[[list[dict[str, Any]], dict[str, list[dict[str, Any]]], dict[str, str]], str]
+# a section, given its finding's judged verdict rows, every finding's by finding id, and what the rows of
+# given arms (None: all) change in its claim's Holm family (family_changes)
+Render = Callable[[list[dict[str, Any]], dict[str, list[dict[str, Any]]], Callable[[tuple[str, ...] | None], str]], str]
 
 
 def _grid_section(
@@ -381,7 +382,10 @@ def run_findings(
             panels.setdefault(finding["claim_id"], []).append(panel)
     verdicts = judge(compared)
     by_finding = {id: [r for r in verdicts if r["finding"] == id] for id, _ in sections}
-    texts = [render(by_finding[id], by_finding, _changes(compared, verdicts, id)) for id, render in sections]
+    texts = [
+        render(by_finding[id], by_finding, lambda arms, id=id: family_changes(compared, verdicts, id, arms))
+        for id, render in sections
+    ]
     figures = "".join(
         "\n" + settings_figure(claim, found, docs, out.parent) + length_figure(claim, found, docs, out.parent)
         for claim, found in panels.items()
@@ -420,15 +424,6 @@ def run_findings(
         _write_verdicts_json(verdicts, docs / VERDICTS_JSON, when)
     print(f"[creditrl findings] wrote {out} ({len(texts)} findings)")
     return out
-
-
-def _changes(compared: list[Comparison], verdicts: list[dict[str, Any]], finding: str) -> dict[str, str]:
-    """What ``finding``'s rows change in their claim's Holm family (key ``family``), and each of its
-    arms' rows (key: the arm's slug)."""
-    arms = dict.fromkeys(c.arm for c in compared if c.finding == finding)
-    return {"family": family_changes(compared, verdicts, finding)} | {
-        slug(a): family_changes(compared, verdicts, finding, a) for a in arms
-    }
 
 
 VERDICTS_JSON = "verdicts.json"  # beside the findings' figures: every verdict row's numbers, read by README's table
