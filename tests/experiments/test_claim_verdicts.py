@@ -228,26 +228,23 @@ def test_a_findings_rows_say_which_verdicts_of_the_claims_other_settings_they_ch
     rows = [earlier, joining, other]
     judged = judge(rows)
     assert judged[0]["verdict"] == "inconclusive"
-    assert family_changes(rows, judged, "C1-sparse") == (
-        "with them in C1's Holm family (2 rows), 1 of its other 1 row changes verdict: "
-        "C1-long token vs sequence + GAE is inconclusive (without them supported)"
-    )
-    assert family_changes(rows, judged, "C2-long") == (
-        "no verdict of C2's other 0 rows changes with them in its Holm family (1 row)"
-    )
+    change = family_changes(rows, judged, "C1-sparse")
+    assert (change.claims, change.size, change.others) == (["C1"], 2, 1)
+    assert [(r["finding"], r["arm"], r["verdict"], was) for r, was in change.changed] == [
+        ("C1-long", "token", "inconclusive", "supported")
+    ]
+    change = family_changes(rows, judged, "C2-long")  # alone in its claim: nothing to change
+    assert (change.claims, change.size, change.others, change.changed) == (["C2"], 1, 0, [])
     stronger = dataclasses.replace(joining, per_seed=np.array([0.05, 0.06, 0.04, 0.05, 0.07]))
     rows = [earlier, stronger]  # a smaller p joins: the earlier row keeps the 95% level and its verdict
-    assert family_changes(rows, judge(rows), "C1-sparse") == (
-        "no verdict of C1's other 1 row changes with them in its Holm family (2 rows)"
-    )
-    assert family_changes(rows, judge(rows), "C3-arith") == "no verdict rows of its own yet"
+    change = family_changes(rows, judge(rows), "C1-sparse")
+    assert (change.size, change.others, change.changed) == (2, 1, [])
+    assert family_changes(rows, judge(rows), "C3-arith").claims == []  # no rows of its own
     # one arm's rows: a new arm beside a finding's earlier ones
     rows = [earlier, dataclasses.replace(joining, finding="C1-long", arm="step")]
-    assert family_changes(rows, judge(rows), "C1-long", ["step"]) == (
-        "with them in C1's Holm family (2 rows), 1 of its other 1 row changes verdict: "
-        "C1-long token vs sequence + GAE is inconclusive (without them supported)"
-    )
-    assert family_changes(rows, judge(rows), "C1-long", ["segment"]) == "no verdict rows of its own yet"
+    change = family_changes(rows, judge(rows), "C1-long", ["step"])
+    assert [(r["arm"], r["verdict"], was) for r, was in change.changed] == [("token", "inconclusive", "supported")]
+    assert family_changes(rows, judge(rows), "C1-long", ["segment"]).claims == []
 
 
 def test_a_verdict_that_one_seed_or_another_margin_flips_is_fragile() -> None:

@@ -236,31 +236,45 @@ def judge(rows: list[Comparison]) -> list[dict[str, Any]]:
     return [r for r in out if r is not None]
 
 
+@dataclass(frozen=True)
+class FamilyChange:
+    """What some rows change in their claim's Holm family: the claims, the family's size with them,
+    and each other row whose verdict differs without them, as ``(row, verdict without them)``."""
+
+    claims: list[str]
+    size: int
+    others: int
+    changed: list[tuple[dict[str, Any], str]]
+
+    def text(self) -> str:
+        """The reading's words for it: the rows that change and their verdicts, or that none does."""
+        if not self.claims:
+            return "no verdict rows of its own yet"
+        named, others, size = " and ".join(self.claims), _rows(self.others), _rows(self.size)
+        if not self.changed:
+            return f"no verdict of {named}'s other {others} changes with them in its Holm family ({size})"
+        items = "; ".join(f"{r['finding']} {_vs(r)} is {r['verdict']} (without them {was})" for r, was in self.changed)
+        verb = "changes" if len(self.changed) == 1 else "change"
+        return f"with them in {named}'s Holm family ({size}), {len(self.changed)} of its other {others} {verb} " + (
+            f"verdict: {items}"
+        )
+
+
 def family_changes(
     rows: list[Comparison], judged: list[dict[str, Any]], finding: str, arms: Collection[str] | None = None
-) -> str:
+) -> FamilyChange:
     """What ``finding``'s rows (those whose arm is among ``arms``, if given) change in the rest of
     their claim's Holm family: each other row of the claim whose verdict (``judged``: every row's,
-    in the order of ``rows``) differs when those rows are left out of the family, or that none does."""
+    in the order of ``rows``) differs when those rows are left out of the family."""
     new = {i for i, c in enumerate(rows) if c.finding == finding and (arms is None or c.arm in arms)}
     claims = list(dict.fromkeys(rows[i].claim for i in sorted(new)))
-    if not claims:
-        return "no verdict rows of its own yet"
     family = [i for i, c in enumerate(rows) if c.claim in claims]
     kept = [i for i in family if i not in new]
     without = judge([rows[i] for i in kept])
     changed = [
-        f"{judged[i]['finding']} {_vs(judged[i])} is {judged[i]['verdict']} (without them {b['verdict']})"
-        for i, b in zip(kept, without, strict=True)
-        if judged[i]["verdict"] != b["verdict"]
+        (judged[i], b["verdict"]) for i, b in zip(kept, without, strict=True) if judged[i]["verdict"] != b["verdict"]
     ]
-    named, others, size = " and ".join(claims), _rows(len(kept)), _rows(len(family))
-    if not changed:
-        return f"no verdict of {named}'s other {others} changes with them in its Holm family ({size})"
-    verb = "changes" if len(changed) == 1 else "change"
-    return f"with them in {named}'s Holm family ({size}), {len(changed)} of its other {others} {verb} verdict: " + (
-        "; ".join(changed)
-    )
+    return FamilyChange(claims, len(family), len(kept), changed)
 
 
 def _rows(n: int) -> str:

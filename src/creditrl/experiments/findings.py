@@ -383,7 +383,7 @@ def run_findings(
     verdicts = judge(compared)
     by_finding = {id: [r for r in verdicts if r["finding"] == id] for id, _ in sections}
     texts = [
-        render(by_finding[id], by_finding, lambda arms, id=id: family_changes(compared, verdicts, id, arms))
+        render(by_finding[id], by_finding, lambda arms, id=id: family_changes(compared, verdicts, id, arms).text())
         for id, render in sections
     ]
     figures = "".join(
