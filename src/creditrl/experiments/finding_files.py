@@ -54,9 +54,7 @@ DEFAULT_PLOTS = PLOTS[:2]
 _PLACEHOLDER = re.compile(
     r"\{(ratio:|diff:|cmp:|timing:|changes:|[A-Z][A-Z0-9]*-[a-z]+:)?([A-Za-z0-9_]+)(?:/([A-Za-z0-9_]+))?\.([a-z_]+)\}"
 )
-FAMILY = (
-    "family"  # {family.changes}: what the finding's rows change in its claim's Holm family ({ARM.changes}: an arm's)
-)
+FAMILY = "family"  # {family.changes}: what the finding's rows change in its claim's Holm family
 # per-arm fields computed from the runs' histories, not the table's rows
 _FROM_RESULTS = ("gain", "moved", "finals", "starts")
 # per-arm diagnostics from the runs' histories (a summary's windows): the mean over the run, then over seeds
@@ -214,7 +212,7 @@ def fill(
         kind, a, b, field = m.groups()
         if kind and b is None:
             raise ValueError(f"reading: {m.group(0)} needs two arms, {{{kind}A/B.{field}}}")
-        if kind and kind[0].isupper():
+        if _other_finding(kind):
             return other_row(kind[:-1], a, b, field, m.group(0))
         if (not kind and field == "changes") or kind == "changes:":
             if kind and field != "verdicts":
@@ -269,10 +267,9 @@ def fill(
             raise ValueError(f"reading: {text} names finding '{finding}'; findings: {', '.join(sorted(others or {}))}")
         if field not in ("verdict", "diff"):
             raise ValueError(f"reading: {text}: another finding's row gives 'verdict' or 'diff' only")
-        found = [r for r in others[finding] if (slug(r["arm"]), slug(r["reference"])) == (a, b)]
-        if not found:
+        row = next((r for r in others[finding] if (slug(r["arm"]), slug(r["reference"])) == (a, b)), None)
+        if row is None:
             return "not judged yet"
-        row = found[0]
         if field == "diff":
             return diff_text(row["difference"], seeds=True)
         return row["verdict"] + (", fragile" if row["fragile"] else "")
@@ -321,6 +318,11 @@ def _side(d: dict[str, Any]) -> str:
     return "above" if d["lo"] > 0 else "below" if d["hi"] < 0 else "not shown different from"
 
 
+def _other_finding(kind: str | None) -> bool:
+    """Whether a placeholder's kind names another finding (``C1-long:``), not a word (``diff:``)."""
+    return bool(kind) and kind[0].isupper()
+
+
 def names_only(template: str, arms: list[str]) -> bool:
     """Whether every placeholder of ``template`` names only arms among ``arms`` (by slug), so that
     it can be filled before the grid's other arms have run."""
@@ -328,7 +330,7 @@ def names_only(template: str, arms: list[str]) -> bool:
     own = [
         m
         for m in _PLACEHOLDER.finditer(template)
-        if not (m.group(1) or "?")[0].isupper() and (m.group(1), m.group(2)) != (None, FAMILY)
+        if not _other_finding(m.group(1)) and (m.group(1), m.group(2)) != (None, FAMILY)
     ]
     return all(m.group(2) in slugs and m.group(3) in (None, *slugs) for m in own)
 
