@@ -20,12 +20,16 @@ START, END = "<!-- glance:start -->", "<!-- glance:end -->"
 VERDICTS = "docs/findings/verdicts.json"
 PERFORMANCE = "docs/results/performance.json"
 GPU = "docs/results/gpu/gpu_realsize.json"
-MAX_ROWS, MAX_WORDS = 8, 20
 
 # (what, finding, arm, reference): one verdict row of FINDINGS.md each
 FINDING_ROWS = [
     ("C1, ~45 tokens: token credit vs outcome GRPO", "C1-short", "token", "sequence + GRPO"),
-    ("C1, ~515 tokens: token credit vs outcome GRPO", "C1-long", "token", "sequence + GRPO"),
+    (
+        "C1, ~655 tokens, rare success: step credit vs PPO as VC-PPO/VAPO run it",
+        "C1-sparse",
+        "step",
+        "sequence + repaired PPO",
+    ),
     (
         "C2, ~45 tokens: RL on a PRM (oracle labels) vs outcome + GAE",
         "C2-arith",
