@@ -249,9 +249,10 @@ def test_wall_times_compare_only_between_arms_run_on_one_kind_of_cpu():
     )
     launches = [{"jobs": 2, "threads": 1}, {"jobs": 2, "threads": 1, "cpu": "EPYC, AVX512, 2 cores"}]
     assert launch_text(launches) == (
-        "2 runs at a time, 1 thread each (CPU not recorded); 2 runs at a time, 1 thread each on EPYC, AVX512, 2 cores"
+        "2 runs at a time in the grid's process, 1 thread each (CPU not recorded); "
+        "2 runs at a time in the grid's process, 1 thread each on EPYC, AVX512, 2 cores"
     )
-    assert launch_text(launches[:1]) == "2 runs at a time, 1 thread each"
+    assert launch_text(launches[:1]) == "2 runs at a time in the grid's process, 1 thread each"
     assert cpu_hours(results, launches) == pytest.approx(12 / 3600)  # one thread each, in both launches
 
 
@@ -336,7 +337,10 @@ def test_parallel_runs_equal_one_at_a_time_runs_and_record_their_launch(tmp_path
             for where, jobs in ((serial, 1), (parallel, 2)):
                 launch = json.loads((where / arm / f"seed{seed}" / "launch.json").read_text())
                 assert launch.pop("load") >= 0 and launch == {"threads": 1, "jobs": jobs, "cpu": cpu_kind()}
-    assert f"launched: 2 runs at a time, 1 thread each on {cpu_kind()}." in (parallel / "results.md").read_text()
+    assert (
+        f"launched: 2 runs at a time in the grid's process, 1 thread each on {cpu_kind()}."
+        in (parallel / "results.md").read_text()
+    )
     assert json.loads((serial / "summary.json").read_text())["launches"] == [
         {"threads": 1, "jobs": 1, "cpu": cpu_kind()}
     ]

@@ -316,9 +316,9 @@ def launch_text(launches: list[dict[str, int]]) -> str:
         if not d:
             return "runs from before launch.json was recorded"
         where = f" on {d['cpu']}" if "cpu" in d else " (CPU not recorded)" if recorded else ""
-        return (
-            "one run at a time" if d["jobs"] == 1 else f"{d['jobs']} runs at a time"
-        ) + f", {d['threads']} thread{'s' if d['threads'] > 1 else ''} each{where}"
+        runs = "one run" if d["jobs"] == 1 else f"{d['jobs']} runs"  # in this grid's process; another grid may share
+        threads = f"{d['threads']} thread{'s' if d['threads'] > 1 else ''}"
+        return f"{runs} at a time in the grid's process, {threads} each{where}"
 
     return "; ".join(one(d) for d in launches) or "no runs"
 
