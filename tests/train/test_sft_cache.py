@@ -156,3 +156,59 @@ def test_an_entry_in_the_old_layout_is_used_as_is(tmp_path: Path, monkeypatch: p
     assert verify_checkpoint(entry) is None and outcomes.startswith(f"{cfg.train.eval_size}:")
     _forbid(monkeypatch, "heldout_report")
     assert start_outcomes(cfg, entry) == outcomes  # read back
+
+
+@pytest.mark.parametrize("kept", [True, False], ids=["kept start", "same-recipe entry"])
+def test_an_entry_stopped_before_its_report_is_not_left_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kept: bool
+) -> None:
+    """A new entry linked from a start of the same recipe (kept in a repository, or cached for another
+    RL task) appears only with its own held-out report: a process stopped while evaluating leaves no
+    entry carrying the source's outcomes on another task, which a grid's start check would then read
+    as this task's and refuse runs that began from these very weights."""
+    monkeypatch.setenv("CREDITRL_CACHE", str(tmp_path))
+    first_cfg, other_cfg = load_config(overrides=TINY), load_config(overrides=OTHER_TASK)
+    first, _ = cached_sft(first_cfg, progress=False)
+    weights = None
+    if kept:
+        weights = tmp_path / "kept"
+        sft.keep_start(first, weights)
+        shutil.rmtree(first)
+    entry = tmp_path / "sft" / sft_key(other_cfg)
+
+    class Stopped(BaseException):  # as SIGTERM stops a grid: not an Exception a caller might handle
+        pass
+
+    def stopped(*args, **kwargs):
+        raise Stopped
+
+    with monkeypatch.context() as mp:
+        _forbid(mp, "train_sft")
+        mp.setattr(sft, "heldout_report", stopped)
+        with pytest.raises(Stopped):
+            cached_sft(other_cfg, progress=False, weights=weights)
+    assert not (entry / "trainer_state.json").exists()
+
+    with monkeypatch.context() as mp:
+        _forbid(mp, "train_sft")
+        path, metrics = cached_sft(other_cfg, progress=False, weights=weights)
+    model, tokenizer = load_policy(str(path), **policy_options(other_cfg))
+    own = heldout_report(other_cfg, model, tokenizer, make_task("chain", **other_cfg.task.args))
+    assert path == entry and start_outcomes(other_cfg, entry) == own.pop("eval/correct")
+    assert {k: v for k, v in metrics.items() if k.startswith("eval/")} == own
+    assert verify_checkpoint(entry) is None and not list((tmp_path / "sft").glob("*.tmp"))
+
+    # an entry an older creditrl left that way (its state holding the source's outcomes on another task)
+    # is evaluated again by a grid's start check before it refuses the runs that began from these weights
+    from creditrl.experiments.starts import _check_start
+
+    truth, state = _state(entry)["heldout_correct"], _state(entry)
+    count, _, digits = truth.partition(":")
+    state["heldout_correct"] = f"{count}:{int(digits[0], 16) ^ 8:x}{digits[1:]}"  # another task's, as it were
+    sft._write_state(entry, state)
+    summary = tmp_path / "seed0.json"
+    summary.write_text(
+        json.dumps({"version": 1, "evals": [{"iteration": 0, "eval/correct": truth, "eval/accuracy": 0.5}]})
+    )
+    _check_start(other_cfg, entry, [summary])
+    assert _state(entry)["heldout_correct"] == truth and verify_checkpoint(entry) is None

@@ -133,6 +133,10 @@ def _check_start(cfg: Config, start: Path, summaries: list[Path] | tuple[Path, .
     if not first:
         return
     own = start_outcomes(cfg, start)
+    if any(e["eval/correct"] != own for e in first):
+        # evaluated again before refusing: an entry that an older creditrl linked from a start of the same
+        # recipe, stopped before its own report, holds the other task's outcomes as this one's
+        own = start_outcomes(cfg, start, fresh=True)
     if other := [e for e in first if e["eval/correct"] != own]:
         share = float(np.mean(unpack_outcomes(own)))
         raise ConfigError(

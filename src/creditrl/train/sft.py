@@ -140,11 +140,11 @@ def _metrics_of(report: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in report.items() if k != "eval/correct"}
 
 
-def start_outcomes(cfg: Config, path: Path) -> str:
+def start_outcomes(cfg: Config, path: Path, *, fresh: bool = False) -> str:
     """The packed held-out outcomes of the SFT checkpoint at ``path`` on ``cfg``'s RL task: read
-    from its state, or evaluated now and stored there when the entry predates them."""
+    from its state, or evaluated now and stored there when the entry predates them or ``fresh``."""
     state = json.loads((path / "trainer_state.json").read_text())
-    if "heldout_correct" not in state:
+    if fresh or "heldout_correct" not in state:
         _report_on(cfg, path, None)
         state = json.loads((path / "trainer_state.json").read_text())
     return state["heldout_correct"]
@@ -225,9 +225,20 @@ def recipe_key(cfg: Config) -> str:
     )
 
 
-def _link_entry(source: Path, path: Path, *, link: bool = True, drop: tuple[str, ...] = ()) -> None:
+def _link_entry(
+    source: Path,
+    path: Path,
+    *,
+    link: bool = True,
+    drop: tuple[str, ...] = (),
+    cfg: Config | None = None,
+    task: Task | None = None,
+) -> dict[str, Any] | None:
     """A new checkpoint at ``path`` holding ``source``'s files but ``drop`` (hard links where asked
-    and the file system allows, copies otherwise), its state file and manifest written anew."""
+    and the file system allows, copies otherwise), its state file and manifest written anew. With
+    ``cfg``: its held-out report on ``cfg``'s RL task (``task``), written before the entry appears
+    at ``path`` and returned, so that a process stopped midway leaves no entry holding ``source``'s
+    report on another task as its own."""
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -241,8 +252,10 @@ def _link_entry(source: Path, path: Path, *, link: bool = True, drop: tuple[str,
                     pass
             shutil.copy2(f, tmp / f.name)
     _write_state(tmp, json.loads((source / "trainer_state.json").read_text()))
+    metrics = None if cfg is None else _report_on(cfg, tmp, task)
     shutil.rmtree(path, ignore_errors=True)
     tmp.rename(path)
+    return metrics
 
 
 def _write_state(path: Path, state: dict[str, Any]) -> None:
@@ -307,14 +320,14 @@ def cached_sft(
                 problem = verify_checkpoint(weights)
                 if problem is not None:
                     raise ConfigError(f"kept start {weights}: {problem}")
-                _link_entry(weights, path, drop=("heldout.json",))  # the kept start's notes on other tasks
+                # drop: the kept start's notes on other tasks
+                metrics = _link_entry(weights, path, drop=("heldout.json",), cfg=cfg, task=task)
                 recipe.parent.mkdir(parents=True, exist_ok=True)
                 recipe.write_text(path.name)
-                return path, _report_on(cfg, path, task)
+                return path, metrics
             source = root / recipe.read_text().strip() if recipe.exists() else None
             if source is not None and (source / "trainer_state.json").exists():
-                _link_entry(source, path)
-                return path, _report_on(cfg, path, task)
+                return path, _link_entry(source, path, cfg=cfg, task=task)
             if progress:
                 print(
                     f"creditrl: supervised warm start of {cfg.policy.model}, {cfg.sft.steps} steps "
