@@ -145,7 +145,8 @@ def start_outcomes(cfg: Config, path: Path, *, fresh: bool = False) -> str:
     from its state, or evaluated now and stored there when the entry predates them or ``fresh``."""
     state = json.loads((path / "trainer_state.json").read_text())
     if fresh or "heldout_correct" not in state:
-        _report_on(cfg, path, None)
+        with cache_lock(path):  # grids sharing this start evaluate it one at a time
+            _report_on(cfg, path, None)
         state = json.loads((path / "trainer_state.json").read_text())
     return state["heldout_correct"]
 
@@ -261,7 +262,9 @@ def _link_entry(
 def _write_state(path: Path, state: dict[str, Any]) -> None:
     """Checkpoint ``path``'s state file, rewritten, and its manifest with it (a new file: a linked
     entry's manifest is not its source's)."""
-    (path / "trainer_state.json").write_text(json.dumps(state))
+    tmp = path / "trainer_state.json.tmp"  # renamed into place: a reader never sees a half-written state
+    tmp.write_text(json.dumps(state))
+    os.replace(tmp, path / "trainer_state.json")
     write_manifest(path)
 
 
