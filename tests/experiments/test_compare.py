@@ -613,3 +613,29 @@ def test_wall_time_ratios_pair_runs_within_each_kind_of_cpu():
     )
     idle = {"ref": runs(0.0, 0.0, 0.0), "arm": results["arm"]}  # no time to divide by: no ratio, said so
     assert fill("{ratio:arm/ref.wall_s}", arm_rows, nothing, idle) == "n/a"
+
+
+def test_a_grid_with_a_second_sft_start_names_each_start_with_its_seeds(tmp_path: Path, monkeypatch):
+    """With ``sft_seeds``, the report names every start its runs began from: the grid's own for the
+    other seeds, then each second start for its seeds, each judged kept or not on its own runs only."""
+    from creditrl.experiments import compare
+    from creditrl.experiments.findings import _starts_text
+
+    grid = Grid(base=demo_config_path(True), arms={"a": [], "b": []}, seeds=[0, 1, 3], budget=32, unit="samples")
+    grid = dataclasses.replace(grid, sft_seeds={3: 1})
+    seeds = [0, 1, 3, 0, 1, 3]
+    found = [{"init": f"/cache/sft/{'second' if s == 3 else 'first'}", "seed": s} for s in seeds]
+    summaries = tmp_path / "findings" / "runs" / "g"
+    asked: list[tuple[list[str], list[int]]] = []
+
+    def fake_kept(base, common, starts, group):
+        asked.append(([c for c in common if c.startswith("sft.seed")], [f["seed"] for f in group]))
+        return None if common and common[-1] == "sft.seed=1" else tmp_path / "findings" / "starts" / "own"
+
+    monkeypatch.setattr(compare, "kept_start", fake_kept)
+    starts = compare._starts(grid, found, seeds, summaries)
+    assert asked == [([], [0, 1, 0, 1]), (["sft.seed=1"], [3, 3])]
+    assert starts == [{"init": "findings/starts/own", "seeds": [0, 1]}, {"init": "/cache/sft/second", "seeds": [3]}]
+    text = _starts_text({"init": starts[0]["init"], "starts": starts})
+    assert text.index("`findings/starts/own` (seeds 0, 1)") < text.index("`/cache/sft/second` (seeds 3)")
+    assert _starts_text({"init": "findings/starts/own"}) == "start `findings/starts/own`"

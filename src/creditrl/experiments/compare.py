@@ -90,15 +90,14 @@ def run_compare(
         name: [run_launch(out / slug(name) / f"seed{s}").get("cpu") for s in arm_seed[name]] for name in grid.arms
     }
     loads: list[float] = []
+    starts: list[dict[str, Any]] = []  # with summaries: each SFT start and the seeds that began from it
     spent = {
         arm: [_cost(out / slug(arm) / f"seed{s}", h) for s, h in zip(arm_seed[arm], hs)] for arm, hs in results.items()
     }
     if summaries is not None:
         found = [read_summary(f) for f in summary_files(runs, summaries)]  # a shared run: its summary there
-        own = [f for f, s in zip(found, [s for a in grid.arms for s in arm_seed[a]]) if s not in grid.sft_seeds]
-        kept = kept_start(grid.base, run_common(runs), summaries.parent.parent / "starts", own)
-        # a kept start, named as the repository holds it (findings/starts/<recipe>), else the runs' own path
-        init = found[0]["init"] if kept is None else kept.relative_to(summaries.parent.parent.parent).as_posix()
+        starts = _starts(runs, found, [s for a in grid.arms for s in arm_seed[a]], summaries)
+        init = starts[0]["init"] if starts else init
         loads = [f["load"] for f in found if f.get("load") is not None]
         launches = [x for i, x in enumerate(f["launch"] for f in found) if x not in [f["launch"] for f in found[:i]]]
         cpus = iter(f["launch"].get("cpu") for f in found)  # in the plan's order: arm by arm, seed by seed
@@ -143,6 +142,7 @@ def run_compare(
     summary = {
         "grid": {**asdict(grid), "base": str(grid.base)},
         "init": init or "policy",
+        **({"starts": starts} if len(starts) > 1 else {}),  # several SFT starts (sft_seeds): each with its seeds
         "seeds": arm_seed,
         "rows": [asdict(r) for r in rows],
         "differences": differences,
@@ -160,6 +160,22 @@ def run_compare(
     log(f"results: {out / 'results.md'}")
     print(f"\nVerdicts against {judge}:\n" + "\n".join(lines), flush=True)
     return {**summary, "results": results}  # and each arm's histories, not written to summary.json
+
+
+def _starts(grid, found: list[dict[str, Any]], seeds: list[int], summaries: Path) -> list[dict[str, Any]]:
+    """Each SFT start of the summarised runs ``found`` (``seeds``: theirs, in the same order), the
+    grid's own first and then one per ``sft_seeds`` value: ``{"init", "seeds"}``, a start named as the
+    repository keeps it (findings/starts/<recipe>) when it is kept there, else as the runs name it."""
+    out = []
+    for k in dict.fromkeys([None] + [grid.sft_seeds.get(s) for s in seeds]):
+        group = [f for f, s in zip(found, seeds) if grid.sft_seeds.get(s) == k]
+        if not group:
+            continue
+        common = run_common(grid) + ([] if k is None else [f"sft.seed={k}"])
+        kept = kept_start(grid.base, common, summaries.parent.parent / "starts", group)
+        init = group[0]["init"] if kept is None else kept.relative_to(summaries.parent.parent.parent).as_posix()
+        out.append({"init": init, "seeds": sorted({s for s in seeds if grid.sft_seeds.get(s) == k})})
+    return out
 
 
 def _cost(run: Path, rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -131,7 +131,7 @@ def _section(
     )
     runs = sum(map(len, seeds.values())) if seeds else len(grid.arms) * len(grid.seeds)
     return (
-        f"{_head(finding, grid)}; start `{summary['init']}`; launched: "
+        f"{_head(finding, grid)}; {_starts_text(summary)}; launched: "
         f"{launch_text(summary.get('launches', [{}]))}. Arms: {_arms(grid)}. "
         f"Compute: {summary.get('cpu_hours', 0.0):.1f} CPU-hours of RL and evaluation over "
         f"{runs} runs (the SFT start not counted){_load_text(summary)}. "
@@ -153,6 +153,14 @@ def _head(finding: dict[str, Any], grid) -> str:
 
 def _arms(grid) -> str:
     return "; ".join(f"**{name}**: `{' '.join(over) or '(base)'}`" for name, over in grid.arms.items())
+
+
+def _starts_text(summary: dict[str, Any]) -> str:
+    """The runs' start ("start `findings/starts/<recipe>`"), or each of their SFT starts with its seeds."""
+    starts = summary.get("starts") or [{"init": summary["init"]}]
+    if len(starts) == 1:
+        return f"start `{starts[0]['init']}`"
+    return "starts " + " and ".join(f"`{s['init']}` (seeds {', '.join(map(str, s['seeds']))})" for s in starts)
 
 
 def _power(finding: dict[str, Any]) -> str:
