@@ -498,6 +498,11 @@ def test_only_names_grid_findings_and_an_unknown_id_is_one_line(tmp_path: Path, 
     (tmp_path / "findings" / "C9.yaml").write_text(FINDING)
     assert main(["findings", "--root", str(tmp_path), "--only", "C9", "C7-x"]) == 2
     assert "--only: no grid finding C7-x; findings: C9" in capsys.readouterr().err
+    # --only trains; with --no-train (nothing trains) it is refused before anything runs
+    assert main(["findings", "--root", str(tmp_path), "--only", "C9", "--no-train"]) == 2
+    err = capsys.readouterr().err
+    assert "--only C9 trains those grids, and --no-train trains nothing" in err and "Traceback" not in err
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "FINDINGS.md").exists()
 
 
 def _committed(finding_file: str) -> tuple[dict, dict, list[int]]:

@@ -366,6 +366,10 @@ def run_findings(
     with its plots. ``train=False``: nothing trains; ``only``: only the grids of these finding ids
     train, in this order, and the rest are read from their summaries."""
     root = Path(root)
+    if only and not train:
+        raise ConfigError(
+            f"--only {' '.join(only)} trains those grids, and --no-train trains nothing: give one of them"
+        )
     files = sorted((root / "findings").glob("*.yaml"))
     if not files:
         raise ConfigError(f"{root / 'findings'}: no finding files (*.yaml)")
