@@ -366,7 +366,10 @@ def costs_markdown(rows: list[dict[str, Any]]) -> str:
         "updates forwarded and backpropagated over every PPO epoch, and the CPU seconds (user + system) of the "
         "run's process and the helper processes it waited for, which a machine's load does not inflate as it "
         "does wall time. A run whose reward reads a PRM is charged the tokens the PRM's labelling generated and "
-        "the positions its training forwarded and backpropagated (– where the run did not record them).\n",
+        "the positions its training forwarded and backpropagated (– where the run did not record them). Its CPU "
+        "seconds hold the PRM's labelling and training only where the run built that PRM: a PRM that several runs "
+        "read (one per labeller, or one per seed with `prm.seed=run`, read by each of that seed's arms) is in the CPU "
+        "seconds of the first run that needed it and of no other.\n",
         "| arm | generated tokens | trained token-positions | CPU seconds |",
         "|---|---|---|---|",
     ]
