@@ -161,11 +161,13 @@ def _summary(
 ) -> dict:
     """A hand-made run summary: a start and a last evaluation over 400 problems, ``tokens``
     generated, ``cost`` as a summary records it (None: one summarised before the cost record);
-    ``prm``: its PRM's labelling tokens and training positions, as the start row records them."""
+    ``prm``: its PRM's labelling tokens, training positions and (a third item) CPU seconds, as the
+    start row records them."""
     start, last = _runs([rate])[0]
     start = {**start, "iteration": 0, "tokens/total": 0, **({} if prm_s is None else {"time/prm_s": prm_s})}
     if prm is not None:
         start |= {"prm/generated_tokens": prm[0], "prm/trained_positions": prm[1]}
+        start |= {"prm/cpu_s": prm[2]} if len(prm) > 2 else {}
     last = {**last, "iteration": 2, "tokens/total": tokens}
     summary = {"version": 1, "iter_s": [[1, 5.0], [2, 5.0]], "evals": [start, last]}
     return summary if cost is None else {**summary, "cost": cost}
@@ -185,12 +187,16 @@ def _cost_cells(arm: dict[str, list[dict]], reference: dict[str, list[dict]]) ->
 
 def test_the_verdict_tables_costs_are_ratios_of_what_the_summaries_record() -> None:
     recorded = lambda t, p, c: {"generated_tokens": t, "trained_positions": p, "cpu_s": c}  # noqa: E731
-    # a PRM's labelling (300 tokens) and training (1,000 positions) are charged to the run that reads it
-    token = {"token": [_summary(0.4, 1200, recorded(1200, 6000, 30.0), 178.4, (300, 1000)) for _ in range(3)]}
+    # a PRM's labelling (300 tokens), training (1,000 positions) and both's 15 CPU seconds are charged to
+    # each run that reads it
+    token = {"token": [_summary(0.4, 1200, recorded(1200, 6000, 30.0), 178.4, (300, 1000, 15.0)) for _ in range(3)]}
     gae = {"gae": [_summary(0.3, 1000, recorded(1000, 2000, 20.0)) for _ in range(3)]}
-    assert _cost_cells(token, gae) == ["1.50x", "3.50x", "1.50x", "178 s / –"]
+    assert _cost_cells(token, gae) == ["1.50x", "3.50x", "2.25x", "178 s / –"]
     unrecorded = {"token": [_summary(0.4, 1200, recorded(1200, 6000, 30.0), prm_s=178.4) for _ in range(3)]}
-    assert _cost_cells(unrecorded, gae) == ["not recorded", "not recorded", "1.50x", "178 s / –"]
+    assert _cost_cells(unrecorded, gae) == ["not recorded", "not recorded", "not recorded", "178 s / –"]
+    # a PRM recorded before its CPU seconds were: its builder's CPU may hold it, no reader's does
+    no_cpu = {"token": [_summary(0.4, 1200, recorded(1200, 6000, 30.0), 178.4, (300, 1000)) for _ in range(3)]}
+    assert _cost_cells(no_cpu, gae) == ["1.50x", "3.50x", "not recorded", "178 s / –"]
     old = {"gae": [_summary(0.3, 1000) for _ in range(3)]}  # summarised before the cost record: tokens only
     assert _cost_cells(token, old) == ["1.50x", "not recorded", "not recorded", "178 s / –"]
     one = {"gae": [_summary(0.3, 1000, recorded(1000, 2000, 20.0)) for _ in range(2)] + [_summary(0.3, 1000)]}

@@ -203,6 +203,7 @@ def test_reward_prm_auto_trains_once_and_is_read_back(workdir: Path, tmp_path: P
     # and its cost in units no machine changes: the tokens its labelling generated, the positions it trained
     assert history[0]["prm/generated_tokens"] == info["prm/generated_tokens"] >= info["prm/sample_tokens"] > 0
     assert history[0]["prm/trained_positions"] == info["prm/trained_positions"] > 0
+    assert history[0]["prm/cpu_s"] == info["prm/cpu_s"] > 0  # and the CPU seconds labelling and training took
     assert not any(k.startswith("prm/") for row in history[1:] for k in row)  # once, in the start row
     assert load_config(tmp_path / "a" / "config.yaml").reward.prm == str(prm_dir)  # the run records the PRM it used
     second = RLTrainer.from_config(load_config(overrides=over), tmp_path / "b")

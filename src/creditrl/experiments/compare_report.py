@@ -329,8 +329,10 @@ def cost_rows(
     """Per arm, the mean and 95% half-width over seeds of its runs' generated tokens and, where every
     run recorded them (``spent``: each arm's runs' ``cost`` in seed order), trained token positions
     and process-tree CPU seconds. A run that reads a PRM is charged the PRM's labelling and training
-    as its start row records them (``prm/generated_tokens``, ``prm/trained_positions``); None where
-    it does not."""
+    as its start row records them (``prm/generated_tokens``, ``prm/trained_positions``,
+    ``prm/cpu_s``), whole, as a single run would be; None where it does not. A run's own CPU seconds
+    leave out a PRM built in its process (:func:`creditrl.prm.cache.built_prm_cpu_s`); a run
+    recorded before ``prm/cpu_s`` was may hold one, and is None."""
 
     def stat(values: list[Any]) -> tuple[float, float] | None:
         return mean_ci95([float(v) for v in values]) if values and None not in values else None
@@ -353,7 +355,7 @@ def cost_rows(
                     for c, h in zip(spent.get(arm, []), hs)
                 ]
             ),
-            "cpu_s": stat([c.get("cpu_s") for c in spent.get(arm, [])]),
+            "cpu_s": stat([plus(c.get("cpu_s"), prm(h, "prm/cpu_s")) for c, h in zip(spent.get(arm, []), hs)]),
         }
         for arm, hs in results.items()
     ]
@@ -365,11 +367,11 @@ def costs_markdown(rows: list[dict[str, Any]]) -> str:
         "Cost per run, mean ± 95% over seeds: generated tokens, the token positions (prompt and response) the "
         "updates forwarded and backpropagated over every PPO epoch, and the CPU seconds (user + system) of the "
         "run's process and the helper processes it waited for, which a machine's load does not inflate as it "
-        "does wall time. A run whose reward reads a PRM is charged the tokens the PRM's labelling generated and "
-        "the positions its training forwarded and backpropagated (– where the run did not record them). Its CPU "
-        "seconds hold the PRM's labelling and training only where the run built that PRM: a PRM that several runs "
-        "read (one per labeller, or one per seed with `prm.seed=run`, read by each of that seed's arms) is in the CPU "
-        "seconds of the first run that needed it and of no other.\n",
+        "does wall time. A run whose reward reads a PRM is charged, whole, the tokens the PRM's labelling generated, "
+        "the positions its training forwarded and backpropagated and the CPU seconds both took, as a single run "
+        "would be, also where several runs read one PRM (one per labeller, or one per seed with `prm.seed=run`, "
+        "read by each of that seed's arms); – where the run or its PRM did not record them (a PRM built before "
+        "`prm/cpu_s` was recorded has no CPU seconds, and the run that built it may hold them).\n",
         "| arm | generated tokens | trained token-positions | CPU seconds |",
         "|---|---|---|---|",
     ]

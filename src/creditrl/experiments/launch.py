@@ -23,8 +23,10 @@ from creditrl.experiments.report import cpu_kind
 from creditrl.experiments.starts import grid_start
 from creditrl.experiments.summaries import history, read_summary
 from creditrl.inspect.data import load_metrics
+from creditrl.prm.cache import built_prm_cpu_s
 from creditrl.train.checkpoint import resume_checkpoint
 from creditrl.train.rl import RLTrainer
+from creditrl.usage import process_cpu_s
 
 
 def run_arms(
@@ -169,15 +171,10 @@ def _run_one(
     """One run (also the worker of a parallel :func:`run_arms`); returns its wall seconds. The run
     checkpoints at least at each evaluation, so that ``resume`` (the same plan interrupted)
     continues it from the last one with the metrics an uninterrupted run has."""
-    import resource
     import time
 
-    def cpu_s() -> float:  # this process and the children it waited for (math-verify, sandboxes), user + system
-        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
-
     torch.set_num_threads(threads)
-    cpu = cpu_s()
+    cpu, built = process_cpu_s(), built_prm_cpu_s()
     if jobs > 1:  # parallel runs: their log lines, not interleaved progress bars
         import transformers
 
@@ -192,7 +189,9 @@ def _run_one(
     # train.threads wins; the load average over the run's last 15 minutes says what else shared the machine
     launch = {"threads": torch.get_num_threads(), "jobs": jobs, "cpu": cpu_kind(), "load": round(os.getloadavg()[2], 2)}
     (where / "launch.json").write_text(json.dumps(launch))
-    (where / "cost.json").write_text(json.dumps({"cpu_s": round(cpu_s() - cpu, 2)}))  # a resumed run: since the resume
+    # a resumed run: since the resume; a PRM built in this process is left out (each run reading it is charged it)
+    own = process_cpu_s() - cpu - (built_prm_cpu_s() - built)
+    (where / "cost.json").write_text(json.dumps({"cpu_s": round(own, 2)}))
     return time.time() - start
 
 

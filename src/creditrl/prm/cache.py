@@ -23,9 +23,18 @@ import torch
 from creditrl.config import Config, config_hash
 from creditrl.policy.engines import SamplingParams
 from creditrl.tasks import make_task
+from creditrl.usage import process_cpu_s
 
 CACHE_VERSION = 2
 EVAL_PROBLEMS = 128  # held-out problems (x prm.samples solutions) for the cached PRM's AUROC
+_BUILT_CPU_S = [0.0]  # the CPU seconds this process spent building PRMs (cached_prm), all of it
+
+
+def built_prm_cpu_s() -> float:
+    """The CPU seconds (:func:`creditrl.usage.process_cpu_s`) this process has spent building PRMs
+    in :func:`cached_prm` (labelling, training and the held-out check), so that a run that built
+    one can leave it out of its own: each run that reads a PRM is charged its ``prm/cpu_s``."""
+    return _BUILT_CPU_S[0]
 
 
 def label_policy_samples(
@@ -109,7 +118,11 @@ def cached_prm(cfg: Config, init_path: str, *, progress: bool = False) -> Path:
     path = cache_root() / "prm" / prm_key(cfg, init_path)
     with cache_lock(path):  # parallel runs needing the same PRM: the first trains it, the others wait
         if not (path / "prm_info.json").exists():
-            _train_prm(cfg, init_path, path, progress)
+            cpu = process_cpu_s()
+            try:
+                _train_prm(cfg, init_path, path, progress)
+            finally:
+                _BUILT_CPU_S[0] += process_cpu_s() - cpu
     return path
 
 
@@ -138,6 +151,7 @@ PRM_RECORD = {
     "prm/heldout_auroc": "prm/heldout_auroc",
     "prm/generated_tokens": "prm/generated_tokens",
     "prm/trained_positions": "prm/trained_positions",
+    "prm/cpu_s": "prm/cpu_s",
 }
 
 
@@ -156,17 +170,19 @@ def _train_prm(cfg: Config, init_path: str, path: Path, progress: bool) -> None:
 
     model, tokenizer = load_policy(str(init_path), seed=cfg.policy.init_seed, **policy_options(cfg))
     model.eval()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), process_cpu_s()
     with torch.no_grad():
         examples, info = label_policy_samples(cfg, model, tokenizer)
-    label_s = time.perf_counter() - start
+    label_s, label_cpu_s = time.perf_counter() - start, process_cpu_s() - cpu
     with torch.no_grad():
         heldout, _ = label_policy_samples(
             cfg, model, tokenizer, problems=EVAL_PROBLEMS, split="heldout", seed=cfg.prm_seed + 1, labeler="oracle"
         )
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
+    cpu = process_cpu_s()
     metrics = train_prm_from_examples(cfg, str(init_path), examples, tmp, progress)
+    train_cpu_s = process_cpu_s() - cpu
     prm, prm_tok = load_prm.__wrapped__(str(tmp))  # not the lru cache: the directory is renamed next
     try:  # a diagnostic: a start that never (or always) gets a step right has no AUROC
         auroc, note = evaluate_prm(prm, prm_tok, heldout)[0], None
@@ -182,6 +198,7 @@ def _train_prm(cfg: Config, init_path: str, path: Path, progress: bool) -> None:
         **{k: v for k, v in metrics.items() if k != "prm/loss_curve"},
         "prm/label_s": label_s,
         "prm/cost_s": label_s + metrics["prm/time_s"],  # what a run using this PRM is charged
+        "prm/cpu_s": label_cpu_s + train_cpu_s,  # the same in CPU seconds (user + system)
         # the same in units no machine's speed changes: the samples and MC continuations generated
         # to label, and the token positions training forwarded and backpropagated
         "prm/generated_tokens": info["prm/sample_tokens"] + info.get("mc/tokens", 0),
