@@ -9,18 +9,20 @@ from pathlib import Path
 
 import pytest
 
+from creditrl import usage
 from creditrl.config import load_config
 from creditrl.experiments import launch
 from creditrl.experiments.compare_report import cost_rows
 from creditrl.experiments.demo import demo_config_path
 from creditrl.prm import cache as prm_cache
+from creditrl.train.rl import RLTrainer
 
 
 @pytest.fixture
 def clock(monkeypatch, tmp_path: Path) -> list[float]:
     """A fake CPU clock for the run and the PRM build, and a PRM build that takes 40 CPU seconds."""
     now = [100.0]
-    monkeypatch.setattr(launch, "process_cpu_s", lambda: now[0])
+    monkeypatch.setattr(usage, "process_cpu_s", lambda: now[0])
     monkeypatch.setattr(prm_cache, "process_cpu_s", lambda: now[0])
     monkeypatch.setenv("CREDITRL_CACHE", str(tmp_path / "cache"))
 
@@ -41,6 +43,11 @@ def _trainer(now: list[float], seconds: float, prm: bool):
                 prm_cache.cached_prm(cfg, "start")
             return cls()
 
+        def __init__(self) -> None:
+            self.cpu_base, self.cpu_carried = usage.run_cpu_s(), 0.0
+
+        cpu_s = RLTrainer.cpu_s
+
         def run(self) -> None:
             now[0] += seconds
 
@@ -48,7 +55,7 @@ def _trainer(now: list[float], seconds: float, prm: bool):
 
 
 def test_the_run_that_builds_a_prm_leaves_it_out_of_its_own_cpu_seconds(clock, monkeypatch, tmp_path: Path) -> None:
-    before = prm_cache.built_prm_cpu_s()
+    before = usage.charged_elsewhere_s()
     cost = {}
     for name, seconds in (("builder", 7.0), ("reader", 9.0)):  # the second finds the PRM cached
         monkeypatch.setattr(launch, "RLTrainer", _trainer(clock, seconds, prm=True))
@@ -56,7 +63,7 @@ def test_the_run_that_builds_a_prm_leaves_it_out_of_its_own_cpu_seconds(clock, m
         launch._run_one(demo_config_path(True), [], tmp_path / name, None, threads=1, jobs=1)
         cost[name] = json.loads((tmp_path / name / "cost.json").read_text())
     assert cost == {"builder": {"cpu_s": 7.0}, "reader": {"cpu_s": 9.0}}
-    assert prm_cache.built_prm_cpu_s() - before == 40.0  # built once
+    assert usage.charged_elsewhere_s() - before == 40.0  # built once
     (info,) = (tmp_path / "cache" / "prm").glob("*/prm_info.json")
     assert json.loads(info.read_text())["prm/cpu_s"] == 40.0
     cfg = load_config(demo_config_path(True), ["reward.source=prm", f"reward.prm={info.parent}"])
@@ -75,7 +82,7 @@ def test_a_failed_build_still_counts_as_built_in_this_process(clock, monkeypatch
         raise RuntimeError("labelling failed")
 
     monkeypatch.setattr(prm_cache, "_train_prm", broken)
-    before = prm_cache.built_prm_cpu_s()
+    before = usage.charged_elsewhere_s()
     with pytest.raises(RuntimeError, match="labelling failed"):
         prm_cache.cached_prm(load_config(demo_config_path(True)), "start")
-    assert prm_cache.built_prm_cpu_s() - before == 5.0
+    assert usage.charged_elsewhere_s() - before == 5.0

@@ -154,3 +154,37 @@ def test_pass_at_k_metrics_match_hand_counts() -> None:
     m2 = _pass_at_k(torch.tensor([0, 0, 0, 1, 1]), torch.tensor([1.0, 0, 0, 0, 1]))
     # k = 2 (the smallest group): group 0: 1 - C(2,2)/C(3,2) = 2/3; group 1: 1 - 0 = 1
     assert m2["train/pass_k"] == 2 and m2["train/pass@k"] == pytest.approx((2 / 3 + 1) / 2)
+
+
+def test_a_resumed_run_carries_its_cpu_seconds_from_the_checkpoint(
+    sft_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from creditrl.train import checkpoint, rl
+
+    now = [100.0]  # a fake run clock: it moves only where the test moves it
+    monkeypatch.setattr(rl, "run_cpu_s", lambda: now[0])
+    over = EASY + ["train.iterations=2", "train.eval_every=2", "train.checkpoint_every=1", "train.threads=1"]
+    part = RLTrainer.from_config(load_config(overrides=over), tmp_path / "part", init_path=sft_dir)
+    now[0] = 130.0
+    part.run()
+    ckpts = tmp_path / "part" / "checkpoints"
+    state = json.loads((ckpts / "iter_000002" / "trainer_state.json").read_text())
+    assert state["cpu_s"] == 30.0  # this process's seconds since the trainer was built
+    cfg_text = (tmp_path / "part" / "config.yaml").read_text().replace("\n  iterations: 2\n", "\n  iterations: 3\n")
+    (tmp_path / "part" / "config.yaml").write_text(cfg_text)
+    now[0] = 500.0  # a new process: its own clock reading is not the run's
+    resumed = RLTrainer.resume(tmp_path / "part")
+    now[0] = 510.0
+    resumed.run()
+    assert resumed.cpu_s() == 40.0  # 30 carried from iteration 2's checkpoint + 10 of its own
+    assert json.loads((ckpts / "iter_000003" / "trainer_state.json").read_text())["cpu_s"] == 40.0
+
+    # a checkpoint written before runs recorded their CPU seconds: the run's total is unknown, not its last part
+    ckpt = ckpts / "iter_000003"
+    state = json.loads((ckpt / "trainer_state.json").read_text())
+    del state["cpu_s"]
+    (ckpt / "trainer_state.json").write_text(json.dumps(state))
+    checkpoint.write_manifest(ckpt)
+    (tmp_path / "part" / "config.yaml").write_text(cfg_text.replace("\n  iterations: 3\n", "\n  iterations: 4\n"))
+    again = RLTrainer.resume(tmp_path / "part")
+    assert again.start_iteration == 3 and again.cpu_s() is None

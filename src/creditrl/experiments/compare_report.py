@@ -331,7 +331,7 @@ def cost_rows(
     and process-tree CPU seconds. A run that reads a PRM is charged the PRM's labelling and training
     as its start row records them (``prm/generated_tokens``, ``prm/trained_positions``,
     ``prm/cpu_s``), whole, as a single run would be; None where it does not. A run's own CPU seconds
-    leave out a PRM built in its process (:func:`creditrl.prm.cache.built_prm_cpu_s`); a run
+    leave out a PRM built in its process (:func:`creditrl.usage.charge_elsewhere`); a run
     recorded before ``prm/cpu_s`` was may hold one, and is None."""
 
     def stat(values: list[Any]) -> tuple[float, float] | None:

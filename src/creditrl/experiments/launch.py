@@ -23,10 +23,9 @@ from creditrl.experiments.report import cpu_kind
 from creditrl.experiments.starts import grid_start
 from creditrl.experiments.summaries import history, read_summary
 from creditrl.inspect.data import load_metrics
-from creditrl.prm.cache import built_prm_cpu_s
 from creditrl.train.checkpoint import resume_checkpoint
 from creditrl.train.rl import RLTrainer
-from creditrl.usage import process_cpu_s
+from creditrl.usage import run_cpu_s
 
 
 def run_arms(
@@ -174,24 +173,27 @@ def _run_one(
     import time
 
     torch.set_num_threads(threads)
-    cpu, built = process_cpu_s(), built_prm_cpu_s()
+    cpu = run_cpu_s()
     if jobs > 1:  # parallel runs: their log lines, not interleaved progress bars
         import transformers
 
         transformers.utils.logging.disable_progress_bar()
     start = time.time()
     if resume is not None:
-        RLTrainer.resume(where).run()
+        trainer = RLTrainer.resume(where)
     else:
         train = load_config(base, overrides).train
         every = [f"train.checkpoint_every={min(train.checkpoint_every, train.eval_every)}"]
-        RLTrainer.from_config(load_config(base, overrides + every), where, init_path=init_path).run()
+        trainer = RLTrainer.from_config(load_config(base, overrides + every), where, init_path=init_path)
+    trainer.cpu_base = cpu  # the run's CPU seconds count its build too
+    trainer.run()
     # train.threads wins; the load average over the run's last 15 minutes says what else shared the machine
     launch = {"threads": torch.get_num_threads(), "jobs": jobs, "cpu": cpu_kind(), "load": round(os.getloadavg()[2], 2)}
     (where / "launch.json").write_text(json.dumps(launch))
-    # a resumed run: since the resume; a PRM built in this process is left out (each run reading it is charged it)
-    own = process_cpu_s() - cpu - (built_prm_cpu_s() - built)
-    (where / "cost.json").write_text(json.dumps({"cpu_s": round(own, 2)}))
+    # a resumed run: its earlier processes' share comes from its checkpoint; a PRM built here is left out
+    # (each run reading it is charged it); a run resumed from a checkpoint without the record has none
+    cpu_s = trainer.cpu_s()
+    (where / "cost.json").write_text(json.dumps({} if cpu_s is None else {"cpu_s": round(cpu_s, 2)}))
     return time.time() - start
 
 

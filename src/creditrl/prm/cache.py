@@ -23,18 +23,10 @@ import torch
 from creditrl.config import Config, config_hash
 from creditrl.policy.engines import SamplingParams
 from creditrl.tasks import make_task
-from creditrl.usage import process_cpu_s
+from creditrl.usage import charge_elsewhere, process_cpu_s
 
 CACHE_VERSION = 2
 EVAL_PROBLEMS = 128  # held-out problems (x prm.samples solutions) for the cached PRM's AUROC
-_BUILT_CPU_S = [0.0]  # the CPU seconds this process spent building PRMs (cached_prm), all of it
-
-
-def built_prm_cpu_s() -> float:
-    """The CPU seconds (:func:`creditrl.usage.process_cpu_s`) this process has spent building PRMs
-    in :func:`cached_prm` (labelling, training and the held-out check), so that a run that built
-    one can leave it out of its own: each run that reads a PRM is charged its ``prm/cpu_s``."""
-    return _BUILT_CPU_S[0]
 
 
 def label_policy_samples(
@@ -122,7 +114,7 @@ def cached_prm(cfg: Config, init_path: str, *, progress: bool = False) -> Path:
             try:
                 _train_prm(cfg, init_path, path, progress)
             finally:
-                _BUILT_CPU_S[0] += process_cpu_s() - cpu
+                charge_elsewhere(process_cpu_s() - cpu)  # each run reading the PRM is charged its prm/cpu_s
     return path
 
 

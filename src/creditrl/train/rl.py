@@ -52,6 +52,7 @@ from creditrl.train.metrics import IterationRecord, StageTimer, iteration_row, s
 from creditrl.train.rl_output import RunOutput
 from creditrl.train.rl_start import RANK_SEED_STRIDE, RunStart, iteration_seed
 from creditrl.train.trackers import Tracker, make_trackers
+from creditrl.usage import run_cpu_s
 
 log = logging.getLogger("creditrl")
 
@@ -83,6 +84,8 @@ class RLTrainer(RunStart, RunOutput):
         self.finished_rng: dict[str, Any] | None = None  # the RNG states right after it
         self.signals = Signals(active=False)  # SIGINT / SIGTERM while run() runs
         self.totals = {"samples": 0, "tokens": 0, "time_s": 0.0}
+        self.cpu_base = run_cpu_s()  # this process's share of the run counts from here (cpu_s)
+        self.cpu_carried: float | None = 0.0  # the earlier processes' share, up to the checkpoint resumed from
         self.completions_per_iter = self.plan.log_completions if ddp.is_main() else 0
         self.completions: list[dict[str, Any]] = []  # the last iteration's sample (train.log_completions)
 
@@ -109,7 +112,7 @@ class RLTrainer(RunStart, RunOutput):
         """
         p = self.parts
         name = f"iter_{iteration:06d}"
-        state = {"iteration": iteration, "totals": self.totals, "init_path": p.init_path}
+        state = {"iteration": iteration, "totals": self.totals, "init_path": p.init_path, "cpu_s": self.cpu_s()}
         extra = {"value": p.value_stage.state_dict()}
         if p.scorer.calibrator is not None:
             extra["calibrator"] = p.scorer.calibrator.state_dict()
@@ -168,7 +171,18 @@ class RLTrainer(RunStart, RunOutput):
             p.scaler.load_state_dict(extra["grad_scaler"])
         self.start_iteration = self.finished = state["iteration"]
         self.totals = state["totals"]
+        self.cpu_carried = state.get("cpu_s")  # None: a checkpoint written before runs recorded it
         self._restart()
+
+    def cpu_s(self) -> float | None:
+        """The CPU seconds (:func:`creditrl.usage.run_cpu_s`) the run has spent so far over the
+        processes that ran it: the checkpoint it resumed from records the earlier ones' share up to
+        that checkpoint, and this process adds its own since ``cpu_base`` (set at construction; a
+        caller that also wants the build counted sets it to its own earlier reading). A stopped
+        process's CPU after its last checkpoint is not counted: those iterations are run again, and
+        charged, by the process that resumes. None when the run resumed from a checkpoint that does
+        not record it."""
+        return None if self.cpu_carried is None else self.cpu_carried + run_cpu_s() - self.cpu_base
 
     def _restart(self) -> None:
         """Resume at ``start_iteration``: drop the metric rows and completions written after it
