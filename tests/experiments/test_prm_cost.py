@@ -43,6 +43,12 @@ def _trainer(now: list[float], seconds: float, prm: bool):
                 prm_cache.cached_prm(cfg, "start")
             return cls()
 
+        @classmethod
+        def resume(cls, where):  # as a checkpoint records it: 25 s before it, or None (written before the record)
+            trainer = cls()
+            trainer.cpu_carried = json.loads((where / "state.json").read_text())["cpu_s"]
+            return trainer
+
         def __init__(self) -> None:
             self.cpu_base, self.cpu_carried = usage.run_cpu_s(), 0.0
 
@@ -86,3 +92,16 @@ def test_a_failed_build_still_counts_as_built_in_this_process(clock, monkeypatch
     with pytest.raises(RuntimeError, match="labelling failed"):
         prm_cache.cached_prm(load_config(demo_config_path(True)), "start")
     assert usage.charged_elsewhere_s() - before == 5.0
+
+
+@pytest.mark.parametrize("carried", [25.0, None])
+def test_a_resumed_run_is_charged_its_earlier_processes_share_or_nothing(
+    clock, monkeypatch, tmp_path: Path, carried: float | None
+) -> None:
+    (tmp_path / "state.json").write_text(json.dumps({"cpu_s": carried}))
+    monkeypatch.setattr(launch, "RLTrainer", _trainer(clock, 6.0, prm=False))
+    launch._run_one(demo_config_path(True), [], tmp_path, None, threads=1, jobs=1, resume=3)
+    cost = json.loads((tmp_path / "cost.json").read_text())
+    assert cost == ({"cpu_s": 31.0} if carried else {})  # not the 6 s since the resume alone
+    h = [{"iteration": 0, "tokens/total": 0}, {"iteration": 2, "tokens/total": 10}]
+    assert (cost_rows({"a": [h]}, {"a": [cost]})[0]["cpu_s"] is None) == (carried is None)
